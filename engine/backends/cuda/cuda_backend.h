@@ -1,0 +1,17 @@
+// Entry points of the CUDA backend used by the backend registry (only compiled with
+// LATENT_HAVE_CUDA). The backend class itself is private to engine/backends/cuda/.
+#pragma once
+
+#include <memory>
+
+#include "engine/backends/backend.h"
+
+namespace latent {
+
+// Number of CUDA devices the runtime sees; 0 (not an error) without a driver or GPU.
+int cuda_runtime_device_count();
+// Creates the backend for device `index` computing in `dtype` (bf16 default, fp16, fp32 with
+// TF32). Errors name the device and the CUDA/cuDNN failure.
+Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype);
+
+}  // namespace latent

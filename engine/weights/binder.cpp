@@ -1,0 +1,125 @@
+#include "engine/weights/binder.h"
+
+#include <algorithm>
+
+namespace latent {
+
+namespace {
+
+// errors_ keeps one line per problem; missing tensors are kept as bare names behind this tag
+// so that finish() can list them together.
+constexpr char kMissingTag[] = "\x01missing:";
+constexpr size_t kMaxListed = 20;
+
+bool is_missing_entry(const std::string& e) { return e.rfind(kMissingTag, 0) == 0; }
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
+WeightBinder::WeightBinder(const WeightStore& store, Backend& backend,
+                           std::function<std::string(const std::string&)> rename)
+    : store_(store), backend_(backend), rename_(std::move(rename)) {}
+
+Tensor WeightBinder::take(const std::string& name, const Shape& shape) {
+  return take_impl(name, shape, /*optional=*/false, /*upload=*/true);
+}
+
+Tensor WeightBinder::take_optional(const std::string& name, const Shape& shape) {
+  return take_impl(name, shape, /*optional=*/true, /*upload=*/true);
+}
+
+Tensor WeightBinder::take_host(const std::string& name, const Shape& shape) {
+  return take_impl(name, shape, /*optional=*/false, /*upload=*/false);
+}
+
+bool WeightBinder::has(const std::string& name) const {
+  return store_.contains(rename_ ? rename_(name) : name);
+}
+
+void WeightBinder::ignore_prefix(const std::string& prefix) { ignored_prefixes_.push_back(prefix); }
+
+Tensor WeightBinder::take_impl(const std::string& name, const Shape& shape, bool optional,
+                               bool upload) {
+  const std::string stored = rename_ ? rename_(name) : name;
+  // "encoder.conv_in.weight" or "encoder.conv_in.weight (stored as 'first_stage_model....')".
+  const std::string label =
+      stored == name ? str_cat("'", name, "'") : str_cat("'", name, "' (stored as '", stored, "')");
+  const bool first_take = used_.insert(stored).second;
+
+  const TensorRecord* rec = store_.find(stored);
+  if (!rec) {
+    auto probe = store_.get(stored);  // says "unsupported dtype ..." when that is the reason
+    const bool unsupported = !probe.ok() && probe.status().message().rfind("unsupported", 0) == 0;
+    if (unsupported) {
+      errors_.push_back(probe.status().message());
+    } else if (!optional) {
+      errors_.push_back(kMissingTag + (stored == name ? name : str_cat(name, " (as ", stored, ")")));
+    }
+    return Tensor();
+  }
+  if (!shape.empty() && rec->shape != shape) {
+    errors_.push_back(str_cat("tensor ", label, " in ", store_.path(), " has shape ",
+                              shape_str(rec->shape), ", expected ", shape_str(shape)));
+    return Tensor();
+  }
+  auto host = store_.get(stored);
+  if (!host.ok()) {
+    errors_.push_back(host.status().message());
+    return Tensor();
+  }
+  if (first_take) {
+    parameters_ += host->numel();
+    dtypes_[dtype_name(host->dtype())] += host->numel();
+  }
+  if (!upload) return host->to_dtype(DType::kF32);
+  auto dev = backend_.upload(*host);
+  if (!dev.ok()) {
+    errors_.push_back(str_cat("uploading tensor ", label, " from ", store_.path(), " to ",
+                              backend_.name(), ": ", dev.status().message()));
+    return Tensor();
+  }
+  return std::move(dev).value();
+}
+
+Status WeightBinder::finish() const {
+  std::vector<std::string> missing, other, unexpected;
+  for (const auto& e : errors_) {
+    if (is_missing_entry(e)) missing.push_back(e.substr(sizeof(kMissingTag) - 1));
+    else other.push_back(e);
+  }
+  for (const auto& n : store_.names()) {
+    if (used_.count(n)) continue;
+    bool ignored = std::any_of(ignored_prefixes_.begin(), ignored_prefixes_.end(),
+                               [&](const std::string& p) { return starts_with(n, p); });
+    if (!ignored) unexpected.push_back(n);
+  }
+  if (missing.empty() && other.empty() && unexpected.empty()) return ok_status();
+
+  // One message, at most kMaxListed names in all, then "and N more".
+  size_t budget = kMaxListed, left_out = 0;
+  std::string msg = str_cat(store_.path(), " does not match the model:");
+  auto add_list = [&](const char* title, const std::vector<std::string>& items, bool names) {
+    if (items.empty()) return;
+    std::string part;
+    size_t shown = 0;
+    for (const auto& it : items) {
+      if (budget == 0) break;
+      part += (shown ? (names ? ", " : "; ") : "") + it;
+      ++shown;
+      --budget;
+    }
+    left_out += items.size() - shown;
+    if (shown > 0) msg += str_cat(" ", items.size(), " ", title, ": ", part, ".");
+    else msg += str_cat(" ", items.size(), " ", title, ".");
+  };
+  add_list(missing.size() == 1 ? "missing tensor" : "missing tensors", missing, true);
+  add_list(other.size() == 1 ? "error" : "errors", other, false);
+  add_list(unexpected.size() == 1 ? "unexpected tensor" : "unexpected tensors", unexpected, true);
+  if (left_out > 0) msg += str_cat(" (and ", left_out, " more)");
+  return Status::error(msg);
+}
+
+}  // namespace latent

@@ -1,0 +1,536 @@
+#include "engine/weights/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "engine/core/log.h"
+
+namespace latent {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A header this large is either corrupt or not a safetensors file; real ones are a few MB.
+constexpr uint64_t kMaxHeaderBytes = 100u * 1000u * 1000u;
+// A valid header nests three levels ({name: {shape: [...]}}); deeper input is rejected before
+// it reaches the JSON parser.
+constexpr int kMaxHeaderDepth = 16;
+
+bool parse_supported_dtype(const std::string& s, DType* out) {
+  if (s == "F32") *out = DType::kF32;
+  else if (s == "BF16") *out = DType::kBF16;
+  else if (s == "F16") *out = DType::kF16;
+  else return false;
+  return true;
+}
+
+const char* safetensors_dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+  }
+  return "?";
+}
+
+// Bits per element of the safetensors dtypes this engine does not compute in. A tensor of one
+// of these is skipped when the file is opened (its byte range is still checked) and named as
+// unsupported when it is asked for.
+bool unsupported_dtype_bits(const std::string& s, uint64_t* bits) {
+  static const std::map<std::string, uint64_t> sizes = {
+      {"BOOL", 8}, {"U8", 8},   {"I8", 8},       {"U16", 16},     {"I16", 16},     {"U32", 32},
+      {"I32", 32}, {"U64", 64}, {"I64", 64},     {"F64", 64},     {"C64", 64},     {"F8_E4M3", 8},
+      {"F8_E5M2", 8}, {"F8_E8M0", 8}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
+  auto it = sizes.find(s);
+  if (it == sizes.end()) return false;
+  *bits = it->second;
+  return true;
+}
+
+// Rejects nesting deeper than kMaxHeaderDepth without building anything.
+bool nesting_within_limit(const char* p, size_t n) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < n; ++i) {
+    char c = p[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') {
+      if (++depth > kMaxHeaderDepth) return false;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+// "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> "parse error at ...".
+std::string strip_json_exception_prefix(const std::string& what) {
+  if (!what.empty() && what[0] == '[') {
+    size_t close = what.find("] ");
+    if (close != std::string::npos) return what.substr(close + 2);
+  }
+  return what;
+}
+
+// Parses JSON text; duplicate keys directly inside the top-level object are errors (the
+// parser would otherwise keep only the last), reported through `duplicate`.
+Status parse_json_object(const char* text, size_t n, const std::string& what,
+                         const std::string& kind, json* out) {
+  if (!nesting_within_limit(text, n))
+    return Status::errorf(what, ": ", kind, " nests deeper than ", kMaxHeaderDepth, " levels");
+  std::set<std::string> keys;
+  std::string duplicate;
+  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
+      const std::string& k = parsed.get_ref<const std::string&>();
+      if (!keys.insert(k).second && duplicate.empty()) duplicate = k;
+    }
+    return true;
+  };
+  try {
+    *out = json::parse(text, text + n, callback, /*allow_exceptions=*/true);
+  } catch (const json::exception& e) {
+    return Status::errorf(what, ": ", kind, " is not valid JSON: ",
+                          strip_json_exception_prefix(e.what()));
+  }
+  if (!out->is_object())
+    return Status::errorf(what, ": ", kind, " must be a JSON object, found ", out->type_name());
+  if (!duplicate.empty())
+    return Status::errorf(what, ": ", kind, " names '", duplicate, "' more than once");
+  return ok_status();
+}
+
+// A JSON number that is a non-negative integer representable as uint64.
+bool as_u64(const json& v, uint64_t* out) {
+  if (v.is_number_unsigned()) {
+    *out = v.get<uint64_t>();
+    return true;
+  }
+  if (v.is_number_integer()) {
+    int64_t s = v.get<int64_t>();
+    if (s < 0) return false;
+    *out = static_cast<uint64_t>(s);
+    return true;
+  }
+  return false;
+}
+
+std::string json_brief(const json& v) {
+  std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+struct ParsedEntry {
+  TensorRecord record;
+  std::string dtype_string;
+  bool supported = true;
+};
+
+// The whole header check; `entries` gets every tensor, supported or not.
+Status parse_header_entries(const uint8_t* data, size_t size, const std::string& what,
+                            std::vector<ParsedEntry>* entries,
+                            std::map<std::string, std::string>* metadata, uint64_t* data_start) {
+  if (size < 8)
+    return Status::errorf(what, ": not a safetensors file: ", size,
+                          " bytes, shorter than the 8-byte header length");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];
+  if (header_len > size - 8)
+    return Status::errorf(what, ": not a safetensors file: header length ", header_len,
+                          " is larger than the ", size - 8, " bytes after it");
+  if (header_len >= kMaxHeaderBytes)
+    return Status::errorf(what, ": safetensors header length ", header_len,
+                          " is over the 100 MB limit");
+  if (header_len == 0) return Status::errorf(what, ": safetensors header is empty");
+
+  json header;
+  LATENT_TRY(parse_json_object(reinterpret_cast<const char*>(data + 8), header_len, what,
+                               "safetensors header", &header));
+
+  const uint64_t data_bytes = size - 8 - header_len;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        return Status::errorf(what, ": __metadata__ must be an object of strings, found ",
+                              v.type_name());
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          return Status::errorf(what, ": __metadata__ entry '", m.key(),
+                                "' must be a string, found ", m.value().type_name());
+        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto fail = [&](auto&&... args) {
+      return Status::errorf("tensor '", name, "' in ", what, ": ", args...);
+    };
+    if (!v.is_object()) return fail("entry must be an object, found ", v.type_name());
+    auto dt = v.find("dtype");
+    auto sh = v.find("shape");
+    auto off = v.find("data_offsets");
+    if (dt == v.end() || !dt->is_string()) return fail("'dtype' must be a string");
+    if (sh == v.end() || !sh->is_array()) return fail("'shape' must be a list of ints");
+    if (off == v.end() || !off->is_array() || off->size() != 2)
+      return fail("'data_offsets' must be a list [begin, end]");
+
+    ParsedEntry e;
+    e.record.name = name;
+    e.dtype_string = dt->get<std::string>();
+    uint64_t elem_bits = 0;
+    if (parse_supported_dtype(e.dtype_string, &e.record.dtype)) {
+      elem_bits = dtype_size(e.record.dtype) * 8;
+    } else if (unsupported_dtype_bits(e.dtype_string, &elem_bits)) {
+      e.supported = false;
+    } else {
+      return fail("unknown dtype '", e.dtype_string, "'");
+    }
+
+    uint64_t numel = 1;
+    for (size_t d = 0; d < sh->size(); ++d) {
+      uint64_t dim = 0;
+      if (!as_u64((*sh)[d], &dim) || dim > static_cast<uint64_t>(INT64_MAX))
+        return fail("shape entry ", d, " must be a non-negative int, found ",
+                    json_brief((*sh)[d]));
+      e.record.shape.push_back(static_cast<int64_t>(dim));
+      if (__builtin_mul_overflow(numel, dim, &numel) || numel > static_cast<uint64_t>(INT64_MAX))
+        return fail("shape ", json_brief(*sh), " has too many elements");
+    }
+    uint64_t bits = 0;
+    if (__builtin_mul_overflow(numel, elem_bits, &bits))
+      return fail("shape ", shape_str(e.record.shape), " is too large");
+    const uint64_t expected_bytes = bits / 8 + (bits % 8 ? 1 : 0);
+
+    if (!as_u64((*off)[0], &e.record.begin) || !as_u64((*off)[1], &e.record.end))
+      return fail("'data_offsets' must be non-negative ints, found ", json_brief(*off));
+    if (e.record.begin > e.record.end)
+      return fail("data_offsets [", e.record.begin, ", ", e.record.end, "] end before they begin");
+    if (e.record.end > data_bytes)
+      return fail("data_offsets [", e.record.begin, ", ", e.record.end,
+                  "] reach past the end of the ", data_bytes, "-byte data block");
+    if (e.record.end - e.record.begin != expected_bytes)
+      return fail("data_offsets [", e.record.begin, ", ", e.record.end, "] hold ",
+                  e.record.end - e.record.begin, " bytes but ", e.dtype_string,
+                  shape_str(e.record.shape), " needs ", expected_bytes);
+    entries->push_back(std::move(e));
+  }
+
+  // No two tensors may share bytes (empty tensors occupy nothing).
+  std::vector<const ParsedEntry*> by_offset;
+  for (const auto& e : *entries)
+    if (e.record.end > e.record.begin) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const ParsedEntry* a, const ParsedEntry* b) {
+    return a->record.begin < b->record.begin;
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorRecord& a = by_offset[i - 1]->record;
+    const TensorRecord& b = by_offset[i]->record;
+    if (b.begin < a.end)
+      return Status::errorf(what, ": tensors '", a.name, "' [", a.begin, ", ", a.end, ") and '",
+                            b.name, "' [", b.begin, ", ", b.end, ") overlap");
+  }
+  if (data_start) *data_start = 8 + header_len;
+  return ok_status();
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+}  // namespace
+
+Status parse_safetensors_header(const uint8_t* data, size_t size, const std::string& what,
+                                std::vector<TensorRecord>* records,
+                                std::map<std::string, std::string>* metadata,
+                                uint64_t* data_start) {
+  std::vector<ParsedEntry> entries;
+  std::map<std::string, std::string> meta;
+  uint64_t start = 0;
+  LATENT_TRY(parse_header_entries(data, size, what, &entries, &meta, &start));
+  if (records) {
+    records->clear();
+    for (auto& e : entries)
+      if (e.supported) records->push_back(std::move(e.record));
+  }
+  if (metadata) *metadata = std::move(meta);
+  if (data_start) *data_start = start;
+  return ok_status();
+}
+
+// --- SafetensorsFile ----------------------------------------------------------------------
+
+Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::errorf("cannot open ", path, ": ", errno_text(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Status::errorf("cannot stat ", path, ": ", errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::errorf(path, ": not a regular file");
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    return Status::errorf(path, ": not a safetensors file: ", size,
+                          " bytes, shorter than the 8-byte header length");
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_err = errno;
+  ::close(fd);  // the mapping stays valid without the descriptor
+  if (base == MAP_FAILED) return Status::errorf("cannot map ", path, ": ", errno_text(map_err));
+
+  auto file = std::shared_ptr<SafetensorsFile>(new SafetensorsFile());
+  file->path_ = path;
+  file->mapping_ = std::make_shared<Storage>(base, size, Device{},
+                                             [size](void* p) { ::munmap(p, size); });
+
+  std::vector<ParsedEntry> entries;
+  LATENT_TRY(parse_header_entries(static_cast<const uint8_t*>(base), size, path, &entries,
+                                  &file->metadata_, &file->data_start_));
+  size_t skipped = 0;
+  for (auto& e : entries) {
+    if (!e.supported) {
+      if (skipped++ == 0)
+        LATENT_DEBUG(path, ": skipping tensor '", e.record.name, "' of unsupported dtype ",
+                     e.dtype_string);
+      continue;
+    }
+    file->index_[e.record.name] = file->records_.size();
+    file->records_.push_back(std::move(e.record));
+  }
+  if (skipped > 1) LATENT_DEBUG(path, ": skipped ", skipped, " tensors of unsupported dtypes");
+  LATENT_DEBUG(path, ": ", file->records_.size(), " tensors, ", size, " bytes mapped");
+  return file;
+}
+
+const TensorRecord* SafetensorsFile::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &records_[it->second];
+}
+
+Result<Tensor> SafetensorsFile::tensor(const std::string& name) const {
+  const TensorRecord* r = find(name);
+  if (!r) {
+    // Tell "not there" apart from "there in a dtype we skipped" (only on this error path, so
+    // re-reading the header costs nothing in a successful load).
+    std::vector<ParsedEntry> entries;
+    if (parse_header_entries(static_cast<const uint8_t*>(mapping_->data()), mapping_->bytes(),
+                             path_, &entries, nullptr, nullptr)
+            .ok()) {
+      for (const auto& e : entries)
+        if (e.record.name == name && !e.supported)
+          return Status::errorf("unsupported dtype ", e.dtype_string, " for tensor '", name,
+                                "' in ", path_, " (only F32, BF16 and F16 are supported)");
+    }
+    return Status::errorf("no tensor '", name, "' in ", path_);
+  }
+  const size_t offset = static_cast<size_t>(data_start_ + r->begin);
+  if (offset % dtype_size(r->dtype) != 0) {
+    // Misaligned for its element type (a header length that is not a multiple of 8): copy
+    // rather than hand out a view that typed loads would read unaligned.
+    Tensor t = Tensor::empty(r->shape, r->dtype);
+    std::memcpy(t.data(), static_cast<const char*>(mapping_->data()) + offset, t.nbytes());
+    return t;
+  }
+  return Tensor::from_storage(mapping_, offset, r->shape, r->dtype);
+}
+
+// --- writing ------------------------------------------------------------------------------
+
+Status write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__")
+      return Status::errorf("writing ", path, ": '__metadata__' cannot name a tensor");
+    if (!t.defined())
+      return Status::errorf("writing ", path, ": tensor '", name, "' is undefined");
+    if (!t.device().is_cpu())
+      return Status::errorf("writing ", path, ": tensor '", name, "' is on ",
+                            t.device().to_string(), ", not the host");
+    if (t.layout() != Layout::kContiguous)
+      return Status::errorf("writing ", path, ": tensor '", name,
+                            "' is in a backend layout; download it first");
+    const uint64_t n = t.nbytes();
+    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+
+  std::string text = header.dump(-1, ' ', false, json::error_handler_t::strict);
+  while (text.size() % 8 != 0) text.push_back(' ');
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+
+  // Write beside the target and rename, so a failed write never leaves a half file at `path`.
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return Status::errorf("cannot create ", tmp, ": ", errno_text(errno));
+  bool good = std::fwrite(len, 1, 8, f) == 8 &&
+              std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  for (const auto& [name, t] : tensors) {
+    if (!good) break;
+    good = std::fwrite(t.data(), 1, t.nbytes(), f) == t.nbytes();
+  }
+  int err = errno;
+  if (std::fclose(f) != 0 && good) {
+    good = false;
+    err = errno;
+  }
+  if (!good) {
+    std::remove(tmp.c_str());
+    return Status::errorf("writing ", path, ": ", errno_text(err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    std::remove(tmp.c_str());
+    return Status::errorf("cannot rename ", tmp, " to ", path, ": ", errno_text(err));
+  }
+  return ok_status();
+}
+
+// --- WeightStore --------------------------------------------------------------------------
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Status read_text_file(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::errorf("cannot read ", path, ": ", errno_text(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::errorf("error reading ", path);
+  *out = ss.str();
+  return ok_status();
+}
+
+}  // namespace
+
+Result<WeightStore> WeightStore::open(const std::string& path) {
+  WeightStore store;
+  store.path_ = path;
+  if (!ends_with(path, ".json")) {
+    LATENT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
+    for (const auto& r : file->records()) store.owner_[r.name] = 0;
+    store.files_.push_back(std::move(file));
+    return store;
+  }
+
+  // A sharded checkpoint: {"metadata": {...}, "weight_map": {"tensor": "shard file"}}.
+  std::string text;
+  LATENT_TRY(read_text_file(path, &text));
+  json index;
+  LATENT_TRY(parse_json_object(text.data(), text.size(), path, "index", &index));
+  auto wm = index.find("weight_map");
+  if (wm == index.end() || !wm->is_object())
+    return Status::errorf(path, ": index needs a \"weight_map\" object of tensor -> shard file");
+  if (wm->empty()) return Status::errorf(path, ": \"weight_map\" is empty");
+
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::map<std::string, size_t> shard_index;  // shard name as written -> files_ index
+  std::map<std::string, std::string> listed;  // tensor -> shard name as written
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it.value().is_string() || it.value().get<std::string>().empty())
+      return Status::errorf(path, ": weight_map entry '", it.key(),
+                            "' must name a shard file, found ", json_brief(it.value()));
+    const std::string shard = it.value().get<std::string>();
+    listed[it.key()] = shard;
+    if (shard_index.count(shard)) continue;
+    const std::string shard_path = (dir / shard).string();
+    std::error_code ec;
+    if (!std::filesystem::exists(shard_path, ec))
+      return Status::errorf(path, " names shard ", shard_path, " for tensor '", it.key(),
+                            "', but that file does not exist");
+    auto file = SafetensorsFile::open(shard_path);
+    if (!file.ok()) return file.status().with_context(str_cat("shard of ", path));
+    shard_index[shard] = store.files_.size();
+    store.files_.push_back(std::move(file).value());
+  }
+
+  // Every tensor of every shard is reachable; a name in two shards is ambiguous.
+  for (size_t i = 0; i < store.files_.size(); ++i) {
+    for (const auto& r : store.files_[i]->records()) {
+      auto [it, inserted] = store.owner_.emplace(r.name, i);
+      if (!inserted)
+        return Status::errorf("tensor '", r.name, "' is in both ", store.files_[it->second]->path(),
+                              " and ", store.files_[i]->path(), " (index ", path, ")");
+    }
+  }
+  size_t unlisted = store.owner_.size();
+  for (const auto& [name, shard] : listed) {
+    const size_t i = shard_index[shard];
+    auto it = store.owner_.find(name);
+    if (it == store.owner_.end() || it->second != i) {
+      // Not there at all, or only in a shard the index did not name; maybe skipped for dtype.
+      auto probe = store.files_[i]->tensor(name);
+      std::string why = probe.ok() ? "" : probe.status().message();
+      if (why.rfind("unsupported dtype", 0) == 0) {
+        --unlisted;  // listed, merely not loadable: get() names the dtype
+        continue;
+      }
+      return Status::errorf(path, " lists tensor '", name, "' in ", store.files_[i]->path(),
+                            ", but that shard does not contain it");
+    }
+    --unlisted;
+  }
+  if (unlisted > 0)
+    LATENT_DEBUG(path, ": ", unlisted, " tensors are in the shards but not in the weight_map");
+  return store;
+}
+
+bool WeightStore::contains(const std::string& name) const { return owner_.count(name) != 0; }
+
+std::vector<std::string> WeightStore::names() const {
+  std::vector<std::string> out;
+  out.reserve(owner_.size());
+  for (const auto& [name, i] : owner_) out.push_back(name);
+  return out;
+}
+
+const TensorRecord* WeightStore::find(const std::string& name) const {
+  auto it = owner_.find(name);
+  return it == owner_.end() ? nullptr : files_[it->second]->find(name);
+}
+
+Result<Tensor> WeightStore::get(const std::string& name) const {
+  auto it = owner_.find(name);
+  if (it != owner_.end()) return files_[it->second]->tensor(name);
+  for (const auto& f : files_) {
+    auto probe = f->tensor(name);
+    if (!probe.ok() && probe.status().message().rfind("unsupported dtype", 0) == 0)
+      return probe.status();
+  }
+  return Status::errorf("no tensor '", name, "' in ", path_);
+}
+
+}  // namespace latent

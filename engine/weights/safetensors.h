@@ -1,0 +1,78 @@
+// Safetensors reading: the header is parsed into records checked against the file size, the
+// file is memory-mapped and tensors are zero-copy views that keep the mapping alive.
+// Format: 8-byte little-endian header length, a JSON header
+// {"name": {"dtype": "BF16", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}},
+// then the data block; offsets are relative to the data block.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
+
+namespace latent {
+
+struct TensorRecord {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0;  // byte offsets into the data block
+  uint64_t end = 0;
+};
+
+// Parses and validates a whole safetensors image held in memory (used by the file loader and
+// the fuzzer): header length, JSON, dtypes (F32/BF16/F16 accepted; others named as unsupported),
+// shapes, offsets inside the data block, sizes matching shape x dtype, no overlaps.
+// `what` names the file in messages.
+Status parse_safetensors_header(const uint8_t* data, size_t size, const std::string& what,
+                                std::vector<TensorRecord>* records,
+                                std::map<std::string, std::string>* metadata,
+                                uint64_t* data_start);
+
+class SafetensorsFile {
+ public:
+  static Result<std::shared_ptr<SafetensorsFile>> open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorRecord>& records() const { return records_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorRecord* find(const std::string& name) const;
+  // Zero-copy host view of one tensor; error naming the tensor and file if absent.
+  Result<Tensor> tensor(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<Storage> mapping_;
+  uint64_t data_start_ = 0;
+  std::vector<TensorRecord> records_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes tensors (host, any dtype) as one safetensors file; used by latent-tool and tests.
+Status write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+
+// All weights of one model part: a single .safetensors file, or the shards named by a
+// *.safetensors.index.json ({"weight_map": {name: shard file}}).
+class WeightStore {
+ public:
+  static Result<WeightStore> open(const std::string& path);
+
+  bool contains(const std::string& name) const;
+  std::vector<std::string> names() const;  // sorted
+  const TensorRecord* find(const std::string& name) const;
+  Result<Tensor> get(const std::string& name) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> owner_;  // tensor name -> index into files_
+};
+
+}  // namespace latent

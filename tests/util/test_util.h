@@ -1,0 +1,20 @@
+// Shared helpers for the tests: fixture paths, random tensors, tolerances.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/core/tensor.h"
+
+namespace latent::test {
+
+// Folder of committed fixtures (tests/fixtures), overridable with $LATENT_FIXTURES.
+std::string fixtures_dir();
+// A fresh temporary folder for this test process (removed at exit).
+std::string temp_dir();
+// Uniform [-1, 1) fp32 host tensor from a seeded generator.
+Tensor random_tensor(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f);
+// Whether a file exists.
+bool file_exists(const std::string& path);
+
+}  // namespace latent::test

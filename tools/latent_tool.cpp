@@ -1,0 +1,392 @@
+// latent-tool: inspect models and run their parts outside GStreamer (our trtexec).
+//
+//   latent-tool inspect [MODEL]
+//   latent-tool encode  [--model M] --input IMAGE --output LATENTS.safetensors
+//   latent-tool decode  [--model M] --input LATENTS.safetensors --output IMAGE
+//   latent-tool run     [--model M] --part encoder|decoder --inputs IN.safetensors
+//                       --outputs OUT.safetensors [--warmup N] [--repeat N]
+//   latent-tool compare IMAGE_A IMAGE_B     (PSNR and SSIM)
+// Common options: --device auto|cpu|cuda[:N]  --dtype fp32|bf16|fp16
+// MODEL is a diffusers folder, a pipeline root (its vae/), a single .safetensors file, or
+// empty for the built-in default model.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/backends/registry.h"
+#include "engine/core/log.h"
+#include "engine/models/vae/vae.h"
+#include "engine/weights/safetensors.h"
+
+namespace {
+
+using latent::Result;
+using latent::Status;
+using latent::Tensor;
+
+struct Args {
+  std::string command;
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;
+  std::string get(const std::string& k, const std::string& def = "") const {
+    auto it = options.find(k);
+    return it == options.end() ? def : it->second;
+  }
+};
+
+const char* kUsage =
+    "usage: latent-tool COMMAND [options]\n"
+    "  inspect [MODEL]                          architecture, parts, parameters, latent space\n"
+    "  encode  [--model M] --input IMG --output LAT.safetensors\n"
+    "                                           image -> normalised latents (+ frame size)\n"
+    "  decode  [--model M] --input LAT.safetensors --output IMG\n"
+    "  run     [--model M] --part encoder|decoder --inputs IN.safetensors --outputs OUT.safetensors\n"
+    "          [--warmup N] [--repeat N]        one model part on raw tensors, timed\n"
+    "          encoder: `sample` [N,3,H,W] in [-1,1] -> `latent_mean` (TAESD family: `latents`)\n"
+    "          decoder: `latent` (un-normalised) -> `sample` in [-1,1]\n"
+    "  compare IMG_A IMG_B                      PSNR (dB) and SSIM of two images\n"
+    "options: --device auto|cpu|cuda|cuda:N (default auto)  --dtype fp32|bf16|fp16\n"
+    "         --verbose  (engine log to stderr)\n"
+    "MODEL: diffusers folder, pipeline root (uses vae/), single .safetensors file;\n"
+    "       omitted = the built-in default model\n";
+
+Result<Args> parse_args(int argc, char** argv) {
+  Args a;
+  if (argc < 2) return Status::error("no command given");
+  a.command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) == 0) {
+      std::string key = s.substr(2), value;
+      auto eq = key.find('=');
+      if (eq != std::string::npos) {
+        value = key.substr(eq + 1);
+        key = key.substr(0, eq);
+      } else if (key == "verbose" || key == "help") {
+        value = "1";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return Status::errorf("option --", key, " needs a value");
+      }
+      a.options[key] = value;
+    } else {
+      a.positional.push_back(s);
+    }
+  }
+  return a;
+}
+
+Result<std::shared_ptr<latent::Backend>> backend_for(const Args& a) {
+  latent::BackendOptions o;
+  o.device = a.get("device", "auto");
+  o.dtype = a.get("dtype", "");
+  return latent::get_backend(o);
+}
+
+Result<std::unique_ptr<latent::VaeModel>> model_for(const Args& a, bool enc, bool dec) {
+  LATENT_ASSIGN_OR_RETURN(auto backend, backend_for(a));
+  latent::VaeLoadOptions lo;
+  lo.encoder = enc;
+  lo.decoder = dec;
+  std::string path = a.get("model", a.positional.empty() ? "" : a.positional[0]);
+  return latent::load_vae(path, backend, lo);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "latent-tool: error: %s\n", s.message().c_str());
+  return 1;
+}
+
+// --- inspect ---------------------------------------------------------------------------
+int cmd_inspect(const Args& a) {
+  auto model = model_for(a, true, true);
+  if (!model.ok()) return fail(model.status());
+  const latent::ModelInfo& info = (*model)->info();
+  const latent::LatentSpace& ls = info.latent_space;
+  std::printf("model:         %s\n", info.source.given.empty() ? "(built-in default)" : info.source.given.c_str());
+  std::printf("form:          %s (%s)\n", info.source.form.c_str(), info.source.weights_path.c_str());
+  std::printf("architecture:  %s%s%s\n", info.architecture.c_str(), info.variant.empty() ? "" : " / ",
+              info.variant.c_str());
+  int64_t total = 0;
+  for (const auto& p : info.parts) {
+    std::printf("part:          %-8s %12lld parameters\n", p.name.c_str(), static_cast<long long>(p.parameters));
+    total += p.parameters;
+  }
+  std::printf("parameters:    %lld\n", static_cast<long long>(total));
+  std::printf("weights dtype:");
+  for (const auto& [dt, n] : info.storage_dtypes) std::printf(" %s (%lld tensors)", dt.c_str(), static_cast<long long>(n));
+  std::printf("\n");
+  std::printf("latent space:  %s, %d channels, %dx downsampling\n", ls.name.c_str(), ls.channels, ls.downsample);
+  bool uniform = true;
+  for (size_t c = 1; c < ls.scale.size(); ++c)
+    uniform = uniform && ls.scale[c] == ls.scale[0] && ls.shift[c] == ls.shift[0];
+  if (!ls.scale.empty() && uniform)
+    std::printf("normalisation: (z - %g) * %g\n", ls.shift[0], ls.scale[0]);
+  else if (!ls.scale.empty())
+    std::printf("normalisation: (z - mean[c]) * scale[c], per channel (%zu channels)\n", ls.scale.size());
+  std::printf("backend:       %s, compute %s\n", (*model)->backend().name().c_str(),
+              latent::dtype_name((*model)->backend().compute_dtype()));
+  if (!info.description.empty()) std::printf("%s", info.description.c_str());
+  return 0;
+}
+
+// --- images ----------------------------------------------------------------------------
+// RGB8 image -> [1, 3, H, W] fp32 in [-1, 1].
+Tensor image_to_tensor(const cv::Mat& rgb) {
+  Tensor t = Tensor::empty({1, 3, rgb.rows, rgb.cols}, latent::DType::kF32);
+  float* p = t.data_as<float>();
+  const int64_t plane = static_cast<int64_t>(rgb.rows) * rgb.cols;
+  for (int y = 0; y < rgb.rows; ++y) {
+    const uint8_t* row = rgb.ptr<uint8_t>(y);
+    for (int x = 0; x < rgb.cols; ++x)
+      for (int c = 0; c < 3; ++c)
+        p[c * plane + static_cast<int64_t>(y) * rgb.cols + x] = row[x * 3 + c] / 127.5f - 1.f;
+  }
+  return t;
+}
+
+cv::Mat tensor_to_image(const Tensor& t) {  // [1, 3, H, W] fp32 host -> RGB8
+  const int h = static_cast<int>(t.dim(2)), w = static_cast<int>(t.dim(3));
+  cv::Mat rgb(h, w, CV_8UC3);
+  std::vector<float> v = t.to_floats();
+  const int64_t plane = static_cast<int64_t>(h) * w;
+  for (int y = 0; y < h; ++y) {
+    uint8_t* row = rgb.ptr<uint8_t>(y);
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) {
+        float f = (v[c * plane + static_cast<int64_t>(y) * w + x] + 1.f) * 127.5f;
+        row[x * 3 + c] = static_cast<uint8_t>(std::lround(std::clamp(f, 0.f, 255.f)));
+      }
+  }
+  return rgb;
+}
+
+Result<cv::Mat> read_rgb(const std::string& path) {
+  cv::Mat bgr;
+  try {
+    bgr = cv::imread(path, cv::IMREAD_COLOR);
+  } catch (const cv::Exception& e) {
+    return Status::errorf("cannot read image '", path, "': ", e.what());
+  }
+  if (bgr.empty()) return Status::errorf("cannot read image '", path, "' (missing or not an image)");
+  cv::Mat rgb;
+  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  return rgb;
+}
+
+Status write_rgb(const std::string& path, const cv::Mat& rgb) {
+  cv::Mat bgr;
+  cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+  try {
+    if (!cv::imwrite(path, bgr)) return Status::errorf("cannot write image '", path, "'");
+  } catch (const cv::Exception& e) {
+    return Status::errorf("cannot write image '", path, "': ", e.what());
+  }
+  return Status();
+}
+
+int cmd_encode(const Args& a) {
+  std::string in = a.get("input"), out = a.get("output");
+  if (in.empty() || out.empty()) return fail(Status::error("encode needs --input IMAGE and --output FILE"));
+  auto model = model_for(a, true, false);
+  if (!model.ok()) return fail(model.status());
+  auto& m = **model;
+  auto rgb = read_rgb(in);
+  if (!rgb.ok()) return fail(rgb.status());
+  // Pad to a multiple of the downsampling factor by repeating the edge; decode crops it away.
+  const int f = m.downsample();
+  const int h = rgb->rows, w = rgb->cols;
+  cv::Mat padded;
+  cv::copyMakeBorder(*rgb, padded, 0, (f - h % f) % f, 0, (f - w % f) % f, cv::BORDER_REPLICATE);
+  auto& b = m.backend();
+  auto x = b.upload(image_to_tensor(padded));
+  if (!x.ok()) return fail(x.status());
+  auto t0 = std::chrono::steady_clock::now();
+  auto z = m.encode(*x);
+  if (!z.ok()) return fail(z.status());
+  auto zn = m.latent_space().normalize(b, *z);
+  if (!zn.ok()) return fail(zn.status());
+  auto host = b.download(*zn);
+  if (!host.ok()) return fail(host.status());
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  Status s = latent::write_safetensors(out, {{"latent", *host}},
+                                       {{"latent_space", m.latent_space().name},
+                                        {"frame_width", std::to_string(w)},
+                                        {"frame_height", std::to_string(h)},
+                                        {"normalised", "true"}});
+  if (!s.ok()) return fail(s);
+  std::printf("encoded %s (%dx%d) -> %s %s, latent space %s, %.1f ms\n", in.c_str(), w, h, out.c_str(),
+              latent::shape_str(host->shape()).c_str(), m.latent_space().name.c_str(), ms);
+  return 0;
+}
+
+int cmd_decode(const Args& a) {
+  std::string in = a.get("input"), out = a.get("output");
+  if (in.empty() || out.empty()) return fail(Status::error("decode needs --input FILE and --output IMAGE"));
+  auto model = model_for(a, false, true);
+  if (!model.ok()) return fail(model.status());
+  auto& m = **model;
+  auto file = latent::SafetensorsFile::open(in);
+  if (!file.ok()) return fail(file.status());
+  auto lat = (*file)->tensor("latent");
+  if (!lat.ok()) return fail(lat.status());
+  const auto& meta = (*file)->metadata();
+  auto space = meta.find("latent_space");
+  if (space != meta.end() && space->second != m.latent_space().name)
+    return fail(Status::errorf("latents in '", in, "' are in latent space '", space->second,
+                               "' but the model's is '", m.latent_space().name, "'"));
+  if (lat->rank() != 4 || lat->dim(1) != m.latent_space().channels)
+    return fail(Status::errorf("tensor 'latent' in '", in, "' has shape ", latent::shape_str(lat->shape()),
+                               ", expected [N, ", m.latent_space().channels, ", h, w]"));
+  auto& b = m.backend();
+  auto zn = b.upload(*lat);
+  if (!zn.ok()) return fail(zn.status());
+  auto t0 = std::chrono::steady_clock::now();
+  auto z = m.latent_space().denormalize(b, *zn);
+  if (!z.ok()) return fail(z.status());
+  auto x = m.decode(*z);
+  if (!x.ok()) return fail(x.status());
+  auto host = b.download(*x);
+  if (!host.ok()) return fail(host.status());
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  cv::Mat rgb = tensor_to_image(*host);
+  auto fw = meta.find("frame_width"), fh = meta.find("frame_height");
+  if (fw != meta.end() && fh != meta.end()) {
+    int w = std::atoi(fw->second.c_str()), h = std::atoi(fh->second.c_str());
+    if (w > 0 && h > 0 && w <= rgb.cols && h <= rgb.rows) rgb = rgb(cv::Rect(0, 0, w, h)).clone();
+  }
+  Status s = write_rgb(out, rgb);
+  if (!s.ok()) return fail(s);
+  std::printf("decoded %s -> %s (%dx%d), %.1f ms\n", in.c_str(), out.c_str(), rgb.cols, rgb.rows, ms);
+  return 0;
+}
+
+// --- run -------------------------------------------------------------------------------
+int cmd_run(const Args& a) {
+  std::string part = a.get("part"), in = a.get("inputs"), out = a.get("outputs");
+  if (part != "encoder" && part != "decoder")
+    return fail(Status::error("run needs --part encoder or --part decoder"));
+  if (in.empty() || out.empty()) return fail(Status::error("run needs --inputs FILE and --outputs FILE"));
+  const bool enc = part == "encoder";
+  auto model = model_for(a, enc, !enc);
+  if (!model.ok()) return fail(model.status());
+  auto& m = **model;
+  auto file = latent::SafetensorsFile::open(in);
+  if (!file.ok()) return fail(file.status());
+  const char* in_name = enc ? "sample" : "latent";
+  auto host_in = (*file)->tensor(in_name);
+  if (!host_in.ok()) return fail(host_in.status());
+  auto& b = m.backend();
+  auto x = b.upload(*host_in);
+  if (!x.ok()) return fail(x.status());
+  const int warmup = std::max(0, std::atoi(a.get("warmup", "1").c_str()));
+  const int repeat = std::max(1, std::atoi(a.get("repeat", "1").c_str()));
+  std::vector<double> times;
+  Tensor y;
+  for (int i = 0; i < warmup + repeat; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = enc ? m.encode(*x) : m.decode(*x);
+    if (!r.ok()) return fail(r.status());
+    Status s = b.synchronize();
+    if (!s.ok()) return fail(s);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= warmup) times.push_back(ms);
+    y = std::move(r).value();
+  }
+  auto host_out = b.download(y);
+  if (!host_out.ok()) return fail(host_out.status());
+  const bool tiny = m.info().architecture == "AutoencoderTiny";
+  std::string out_name = enc ? (tiny ? "latents" : "latent_mean") : "sample";
+  Status s = latent::write_safetensors(out, {{out_name, *host_out}},
+                                       {{"model", m.info().source.given}, {"part", part},
+                                        {"device", b.name()}, {"dtype", latent::dtype_name(b.compute_dtype())}});
+  if (!s.ok()) return fail(s);
+  std::printf("%s %s: %s -> %s %s on %s (%s): median %.3f ms over %d runs (min %.3f)\n",
+              m.info().architecture.c_str(), part.c_str(), latent::shape_str(host_in->shape()).c_str(),
+              out_name.c_str(), latent::shape_str(host_out->shape()).c_str(), b.name().c_str(),
+              latent::dtype_name(b.compute_dtype()), median(times), repeat,
+              *std::min_element(times.begin(), times.end()));
+  return 0;
+}
+
+// --- compare ---------------------------------------------------------------------------
+double ssim_channel(const cv::Mat& a, const cv::Mat& b) {  // CV_64F single channel
+  const double c1 = 6.5025, c2 = 58.5225;  // (0.01*255)^2, (0.03*255)^2
+  cv::Mat mu1, mu2, s11, s22, s12;
+  cv::GaussianBlur(a, mu1, cv::Size(11, 11), 1.5);
+  cv::GaussianBlur(b, mu2, cv::Size(11, 11), 1.5);
+  cv::GaussianBlur(a.mul(a), s11, cv::Size(11, 11), 1.5);
+  cv::GaussianBlur(b.mul(b), s22, cv::Size(11, 11), 1.5);
+  cv::GaussianBlur(a.mul(b), s12, cv::Size(11, 11), 1.5);
+  cv::Mat mu11 = mu1.mul(mu1), mu22 = mu2.mul(mu2), mu12 = mu1.mul(mu2);
+  s11 -= mu11;
+  s22 -= mu22;
+  s12 -= mu12;
+  cv::Mat num = (2 * mu12 + c1).mul(2 * s12 + c2);
+  cv::Mat den = (mu11 + mu22 + c1).mul(s11 + s22 + c2);
+  cv::Mat map;
+  cv::divide(num, den, map);
+  return cv::mean(map)[0];
+}
+
+int cmd_compare(const Args& a) {
+  if (a.positional.size() != 2) return fail(Status::error("compare needs two images"));
+  auto x = read_rgb(a.positional[0]);
+  if (!x.ok()) return fail(x.status());
+  auto y = read_rgb(a.positional[1]);
+  if (!y.ok()) return fail(y.status());
+  if (x->size() != y->size())
+    return fail(Status::errorf("images differ in size: ", x->cols, "x", x->rows, " vs ", y->cols, "x", y->rows));
+  double psnr = cv::PSNR(*x, *y);
+  cv::Mat xf, yf;
+  x->convertTo(xf, CV_64F);
+  y->convertTo(yf, CV_64F);
+  std::vector<cv::Mat> xc, yc;
+  cv::split(xf, xc);
+  cv::split(yf, yc);
+  double ssim = 0;
+  for (int c = 0; c < 3; ++c) ssim += ssim_channel(xc[c], yc[c]) / 3;
+  std::printf("PSNR %.2f dB  SSIM %.4f\n", psnr, ssim);
+  return 0;
+}
+
+void log_to_stderr(latent::LogLevel level, const char*, int, const char* msg, void*) {
+  std::fprintf(stderr, "[latent %d] %s\n", static_cast<int>(level), msg);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto args = parse_args(argc, argv);
+  if (!args.ok()) {
+    std::fprintf(stderr, "latent-tool: %s\n%s", args.status().message().c_str(), kUsage);
+    return 2;
+  }
+  const Args& a = *args;
+  if (a.options.count("verbose")) latent::set_log_callback(log_to_stderr, nullptr);
+  if (a.command == "help" || a.command == "--help" || a.command == "-h" || a.options.count("help")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (a.command == "inspect") return cmd_inspect(a);
+  if (a.command == "encode") return cmd_encode(a);
+  if (a.command == "decode") return cmd_decode(a);
+  if (a.command == "run") return cmd_run(a);
+  if (a.command == "compare") return cmd_compare(a);
+  std::fprintf(stderr, "latent-tool: unknown command '%s'\n%s", a.command.c_str(), kUsage);
+  return 2;
+}
