@@ -1,0 +1,442 @@
+// AutoencoderKL against diffusers: the fixtures of scripts/make_fixtures.py (kl_tiny*,
+// kl_flux_tiny*) hold tiny random models and diffusers' outputs for one input each.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/backends/registry.h"
+#include "engine/models/vae/architectures.h"
+#include "engine/models/vae/autoencoder_kl.h"
+#include "engine/models/vae/vae.h"
+#include "engine/weights/safetensors.h"
+#include "tests/util/test_util.h"
+
+namespace latent {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kTol = 1e-3;  // relative L2, fp32 on the CPU
+
+std::shared_ptr<Backend> cpu() {
+  auto b = get_backend(BackendOptions{"cpu", ""});
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  return b.ok() ? *b : nullptr;
+}
+
+std::string fixture(const std::string& name) { return test::fixtures_dir() + "/" + name; }
+
+struct Io {
+  Tensor sample, latent_mean, latent, decoded;
+};
+
+Io load_io(const std::string& dir) {
+  Io io;
+  auto f = SafetensorsFile::open(dir + "/io.safetensors");
+  EXPECT_TRUE(f.ok()) << f.status().message()
+                      << " (generate the fixtures with scripts/make_fixtures.py)";
+  if (!f.ok()) return io;
+  auto get = [&](const char* n) {
+    auto t = (*f)->tensor(n);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return t.ok() ? t->to_dtype(DType::kF32) : Tensor();
+  };
+  io.sample = get("sample");
+  io.latent_mean = get("latent_mean");
+  io.latent = get("latent");
+  io.decoded = get("decoded");
+  return io;
+}
+
+// Runs the model on the fixture's inputs and compares with diffusers' outputs.
+void expect_matches(VaeModel& model, const Io& io, bool encoder = true, bool decoder = true) {
+  Backend& b = model.backend();
+  if (encoder) {
+    auto x = b.upload(io.sample);
+    ASSERT_TRUE(x.ok()) << x.status().message();
+    auto z = model.encode(*x);
+    ASSERT_TRUE(z.ok()) << z.status().message();
+    auto host = b.download(*z);
+    ASSERT_TRUE(host.ok()) << host.status().message();
+    ASSERT_EQ(host->shape(), io.latent_mean.shape());
+    EXPECT_LT(relative_l2(*host, io.latent_mean), kTol) << "encoder";
+  }
+  if (decoder) {
+    auto z = b.upload(io.latent);
+    ASSERT_TRUE(z.ok()) << z.status().message();
+    auto y = model.decode(*z);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    auto host = b.download(*y);
+    ASSERT_TRUE(host.ok()) << host.status().message();
+    ASSERT_EQ(host->shape(), io.decoded.shape());
+    EXPECT_LT(relative_l2(*host, io.decoded), kTol) << "decoder";
+  }
+}
+
+std::unique_ptr<VaeModel> load_ok(const std::string& path, const VaeLoadOptions& opts = {}) {
+  auto m = load_vae(path, cpu(), opts);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+std::string load_error(const std::string& path, const VaeLoadOptions& opts = {}) {
+  auto m = load_vae(path, cpu(), opts);
+  EXPECT_FALSE(m.ok()) << path << " loaded but should not have";
+  return m.ok() ? "" : m.status().message();
+}
+
+std::map<std::string, Tensor> read_all(const std::string& path) {
+  std::map<std::string, Tensor> out;
+  auto f = SafetensorsFile::open(path);
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  if (!f.ok()) return out;
+  for (const auto& r : (*f)->records()) out[r.name] = (*f)->tensor(r.name)->to_dtype(r.dtype);
+  return out;
+}
+
+void write_all(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+  Status s = write_safetensors(path, tensors);
+  ASSERT_TRUE(s.ok()) << s.message();
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// A fresh folder under the test's temp dir.
+std::string new_dir(const std::string& name) {
+  std::string d = test::temp_dir() + "/" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A copy of a diffusers fixture folder whose weights are `tensors` and config `config`.
+std::string folder_with(const std::string& name, const std::map<std::string, Tensor>& tensors,
+                        const nlohmann::json& config) {
+  std::string d = new_dir(name);
+  write_all(d + "/diffusion_pytorch_model.safetensors", tensors);
+  write_text(d + "/config.json", config.dump(2));
+  return d;
+}
+
+// A single file with a "x.json" beside it giving what the weights cannot tell
+// (norm_num_groups: the fixtures use 4, real checkpoints 32).
+std::string single_with_sidecar(const std::string& name, const std::string& src,
+                                const nlohmann::json& sidecar) {
+  std::string d = new_dir(name);
+  fs::copy_file(src, d + "/vae_single.safetensors");
+  write_text(d + "/vae_single.json", sidecar.dump());
+  return d + "/vae_single.safetensors";
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(AutoencoderKL, DiffusersFolderMatchesDiffusers) {
+  auto model = load_ok(fixture("kl_tiny"));
+  ASSERT_TRUE(model);
+  const ModelInfo& info = model->info();
+  EXPECT_EQ(info.architecture, "AutoencoderKL");
+  EXPECT_EQ(info.latent_space.name, "sd");
+  EXPECT_EQ(info.latent_space.channels, 4);
+  EXPECT_EQ(model->downsample(), 8);
+  EXPECT_FLOAT_EQ(info.latent_space.scale[0], 0.18215f);
+  EXPECT_FLOAT_EQ(info.latent_space.shift[0], 0.f);
+  ASSERT_EQ(info.parts.size(), 2u);
+  EXPECT_GT(info.parts[0].parameters, 0);
+  EXPECT_GT(info.parts[1].parameters, 0);
+  EXPECT_TRUE(model->has_encoder());
+  EXPECT_TRUE(model->has_decoder());
+  expect_matches(*model, load_io(fixture("kl_tiny")));
+}
+
+TEST(AutoencoderKL, Bf16StoredWeightsMatchDiffusers) {
+  auto model = load_ok(fixture("kl_tiny_bf16"));
+  ASSERT_TRUE(model);
+  EXPECT_GT(model->info().storage_dtypes.count("bf16"), 0u);
+  expect_matches(*model, load_io(fixture("kl_tiny_bf16")));
+}
+
+TEST(AutoencoderKL, FluxStyleFolderWithoutQuantConvs) {
+  auto model = load_ok(fixture("kl_flux_tiny"));
+  ASSERT_TRUE(model);
+  const LatentSpace& s = model->latent_space();
+  EXPECT_EQ(s.name, "flux1");
+  EXPECT_EQ(s.channels, 16);
+  EXPECT_EQ(s.downsample, 4);  // three levels
+  EXPECT_FLOAT_EQ(s.scale[3], 0.3611f);
+  EXPECT_FLOAT_EQ(s.shift[3], 0.1159f);
+  expect_matches(*model, load_io(fixture("kl_flux_tiny")));
+}
+
+TEST(AutoencoderKL, LdmSingleFileMatchesDiffusers) {
+  const std::string path = single_with_sidecar(
+      "kl_single", fixture("kl_tiny_single") + "/vae_single.safetensors", {{"norm_num_groups", 4}});
+  auto model = load_ok(path);
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->latent_space().name, "sd");  // 4 channels, no other hint
+  EXPECT_EQ(model->downsample(), 8);
+  EXPECT_NE(model->info().variant.find("LDM"), std::string::npos) << model->info().variant;
+  expect_matches(*model, load_io(fixture("kl_tiny_single")));
+}
+
+TEST(AutoencoderKL, LdmSingleFileWithoutGroupsSaysWhy) {
+  // The fixture uses 4 groups; a single file cannot say so and 32 do not divide 8 channels.
+  std::string msg = load_error(fixture("kl_tiny_single") + "/vae_single.safetensors");
+  EXPECT_NE(msg.find("norm_num_groups"), std::string::npos) << msg;
+}
+
+TEST(AutoencoderKL, FluxSingleFileIsFlux1) {
+  const std::string path = single_with_sidecar(
+      "kl_flux_single", fixture("kl_flux_tiny_single") + "/vae_single.safetensors",
+      {{"norm_num_groups", 4}});
+  auto model = load_ok(path);
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->latent_space().name, "flux1");  // 16 channels
+  EXPECT_FLOAT_EQ(model->latent_space().scale[0], 0.3611f);
+  EXPECT_EQ(model->downsample(), 4);
+  expect_matches(*model, load_io(fixture("kl_flux_tiny_single")));
+}
+
+TEST(AutoencoderKL, FullCheckpointPrefixesAndFileNameHint) {
+  // An SDXL-style full checkpoint: the VAE under first_stage_model., other models beside it.
+  auto ldm = read_all(fixture("kl_tiny_single") + "/vae_single.safetensors");
+  std::map<std::string, Tensor> full;
+  for (auto& [k, v] : ldm) full["first_stage_model." + k] = v;
+  full["model.diffusion_model.input_blocks.0.0.weight"] = test::random_tensor({4, 4, 3, 3}, 1);
+  full["conditioner.embedders.1.model.ln_final.weight"] = test::random_tensor({8}, 2);
+  full["alphas_cumprod"] = test::random_tensor({10}, 3);
+  std::string d = new_dir("kl_full");
+  write_all(d + "/my_checkpoint.safetensors", full);
+  write_text(d + "/my_checkpoint.json", R"({"norm_num_groups": 4})");
+  auto model = load_ok(d + "/my_checkpoint.safetensors");
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->latent_space().name, "sdxl");  // SDXL's second text encoder is there
+  EXPECT_FLOAT_EQ(model->latent_space().scale[0], 0.13025f);
+  expect_matches(*model, load_io(fixture("kl_tiny_single")));
+
+  // "vae." prefix, and a file name naming SDXL.
+  std::map<std::string, Tensor> vae;
+  for (auto& [k, v] : ldm) vae["vae." + k] = v;
+  write_all(d + "/sdxl_vae_fp32.safetensors", vae);
+  write_text(d + "/sdxl_vae_fp32.json", R"({"norm_num_groups": 4})");
+  model = load_ok(d + "/sdxl_vae_fp32.safetensors");
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->latent_space().name, "sdxl");
+  expect_matches(*model, load_io(fixture("kl_tiny_single")), /*encoder=*/false);
+}
+
+TEST(AutoencoderKL, OldDiffusersAttentionNames) {
+  // query/key/value/proj_attn: diffusers' names before the Attention rewrite, same [C, C] shapes.
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  std::map<std::string, Tensor> old;
+  const std::pair<std::string, std::string> renames[] = {{".to_q.", ".query."},
+                                                         {".to_k.", ".key."},
+                                                         {".to_v.", ".value."},
+                                                         {".to_out.0.", ".proj_attn."}};
+  int renamed = 0;
+  for (auto& [k, v] : sd) {
+    std::string n = k;
+    for (const auto& [from, to] : renames) {
+      size_t p = n.find(from);
+      if (p != std::string::npos) {
+        n = n.substr(0, p) + to + n.substr(p + from.size());
+        ++renamed;
+      }
+    }
+    old[n] = v;
+  }
+  EXPECT_EQ(renamed, 16);  // 4 projections x weight/bias x encoder/decoder
+  auto model =
+      load_ok(folder_with("kl_old_attn", old, read_json(fixture("kl_tiny") + "/config.json")));
+  ASSERT_TRUE(model);
+  expect_matches(*model, load_io(fixture("kl_tiny")));
+}
+
+TEST(AutoencoderKL, DecoderOnlyLoadIgnoresTheEncoder) {
+  VaeLoadOptions opts;
+  opts.encoder = false;
+  auto model = load_ok(fixture("kl_tiny"), opts);
+  ASSERT_TRUE(model);
+  EXPECT_FALSE(model->has_encoder());
+  EXPECT_TRUE(model->has_decoder());
+  ASSERT_EQ(model->info().parts.size(), 1u);
+  EXPECT_EQ(model->info().parts[0].name, "decoder");
+  auto x = model->backend().upload(test::random_tensor({1, 3, 16, 16}, 5));
+  ASSERT_TRUE(x.ok());
+  EXPECT_FALSE(model->encode(*x).ok());
+  expect_matches(*model, load_io(fixture("kl_tiny")), /*encoder=*/false);
+
+  // An encoder-only load does not check the decoder's tensors either.
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  sd.erase("decoder.conv_out.weight");
+  VaeLoadOptions enc_only;
+  enc_only.decoder = false;
+  model = load_ok(folder_with("kl_enc_only", sd, read_json(fixture("kl_tiny") + "/config.json")),
+                  enc_only);
+  ASSERT_TRUE(model);
+  expect_matches(*model, load_io(fixture("kl_tiny")), /*encoder=*/true, /*decoder=*/false);
+}
+
+// --- bad inputs ------------------------------------------------------------------------------
+
+TEST(AutoencoderKL, MissingTensorIsNamed) {
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  ASSERT_EQ(sd.erase("decoder.up_blocks.1.resnets.0.norm2.bias"), 1u);
+  std::string msg =
+      load_error(folder_with("kl_missing", sd, read_json(fixture("kl_tiny") + "/config.json")));
+  EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("decoder.up_blocks.1.resnets.0.norm2.bias"), std::string::npos) << msg;
+}
+
+TEST(AutoencoderKL, MisshapedTensorIsNamed) {
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  sd["encoder.mid_block.attentions.0.to_k.weight"] = test::random_tensor({16, 8}, 7);
+  std::string msg =
+      load_error(folder_with("kl_misshaped", sd, read_json(fixture("kl_tiny") + "/config.json")));
+  EXPECT_NE(msg.find("encoder.mid_block.attentions.0.to_k.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[16, 8]"), std::string::npos) << msg;
+}
+
+TEST(AutoencoderKL, ExtraTensorIsNamed) {
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  sd["encoder.down_blocks.0.resnets.5.conv1.weight"] = test::random_tensor({8, 8, 3, 3}, 8);
+  std::string msg =
+      load_error(folder_with("kl_extra", sd, read_json(fixture("kl_tiny") + "/config.json")));
+  EXPECT_NE(msg.find("unexpected"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("encoder.down_blocks.0.resnets.5.conv1.weight"), std::string::npos) << msg;
+}
+
+TEST(AutoencoderKL, ConfigThatDisagreesWithTheWeights) {
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  auto cfg = read_json(fixture("kl_tiny") + "/config.json");
+  cfg["layers_per_block"] = 2;
+  std::string msg = load_error(folder_with("kl_lpb", sd, cfg));
+  EXPECT_NE(msg.find("encoder.down_blocks.0.resnets.1.norm1.weight"), std::string::npos) << msg;
+}
+
+TEST(AutoencoderKL, UnsupportedClassName) {
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  auto cfg = read_json(fixture("kl_tiny") + "/config.json");
+  cfg["_class_name"] = "VQModel";
+  std::string d = folder_with("kl_vq", sd, cfg);
+  std::string msg = load_error(d);
+  EXPECT_NE(msg.find("unsupported architecture 'VQModel'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d + "/config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny"), std::string::npos)
+      << msg;
+}
+
+TEST(AutoencoderKL, BadConfigValues) {
+  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
+  auto cfg = read_json(fixture("kl_tiny") + "/config.json");
+  cfg["act_fn"] = "gelu";
+  std::string msg = load_error(folder_with("kl_gelu", sd, cfg));
+  EXPECT_NE(msg.find("act_fn"), std::string::npos) << msg;
+  cfg = read_json(fixture("kl_tiny") + "/config.json");
+  cfg["block_out_channels"] = "wide";
+  msg = load_error(folder_with("kl_boc", sd, cfg));
+  EXPECT_NE(msg.find("block_out_channels"), std::string::npos) << msg;
+}
+
+TEST(AutoencoderKL, BadSamplesAndLatents) {
+  auto model = load_ok(fixture("kl_tiny"));
+  ASSERT_TRUE(model);
+  Backend& b = model->backend();
+  auto two_channels = b.upload(test::random_tensor({1, 2, 16, 16}, 9));
+  ASSERT_TRUE(two_channels.ok());
+  auto r = model->encode(*two_channels);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("[1, 2, 16, 16]"), std::string::npos) << r.status().message();
+
+  auto odd = b.upload(test::random_tensor({1, 3, 20, 40}, 10));  // 20 is not a multiple of 8
+  ASSERT_TRUE(odd.ok());
+  r = model->encode(*odd);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("multiple of 8"), std::string::npos) << r.status().message();
+
+  auto latent = b.upload(test::random_tensor({1, 16, 3, 5}, 11));
+  ASSERT_TRUE(latent.ok());
+  r = model->decode(*latent);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("[1, 16, 3, 5]"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(model->decode(Tensor()).ok());
+}
+
+TEST(AutoencoderKL, NotAVae) {
+  std::string d = new_dir("kl_not_vae");
+  write_all(d + "/model.safetensors",
+            {{"text_model.embeddings.weight", test::random_tensor({4, 4}, 12)}});
+  std::string msg = load_error(d + "/model.safetensors");
+  EXPECT_NE(msg.find("not a recognised VAE"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("text_model.embeddings.weight"), std::string::npos) << msg;
+}
+
+// --- pieces ----------------------------------------------------------------------------------
+
+TEST(AutoencoderKL, LdmNames) {
+  AutoencoderKLLayout ldm{true, "first_stage_model."};
+  EXPECT_EQ(autoencoder_kl_store_name("decoder.up_blocks.0.upsamplers.0.conv.weight", ldm, 4),
+            "first_stage_model.decoder.up.3.upsample.conv.weight");
+  EXPECT_EQ(autoencoder_kl_store_name("decoder.up_blocks.3.resnets.0.conv_shortcut.bias", ldm, 4),
+            "first_stage_model.decoder.up.0.block.0.nin_shortcut.bias");
+  EXPECT_EQ(autoencoder_kl_store_name("encoder.down_blocks.2.downsamplers.0.conv.bias", ldm, 4),
+            "first_stage_model.encoder.down.2.downsample.conv.bias");
+  EXPECT_EQ(autoencoder_kl_store_name("encoder.mid_block.resnets.1.norm2.weight", ldm, 4),
+            "first_stage_model.encoder.mid.block_2.norm2.weight");
+  EXPECT_EQ(autoencoder_kl_store_name("decoder.mid_block.attentions.0.to_out.0.weight", ldm, 4),
+            "first_stage_model.decoder.mid.attn_1.proj_out.weight");
+  EXPECT_EQ(autoencoder_kl_store_name("decoder.mid_block.attentions.0.group_norm.bias", ldm, 4),
+            "first_stage_model.decoder.mid.attn_1.norm.bias");
+  EXPECT_EQ(autoencoder_kl_store_name("encoder.conv_norm_out.weight", ldm, 4),
+            "first_stage_model.encoder.norm_out.weight");
+  EXPECT_EQ(autoencoder_kl_store_name("post_quant_conv.bias", ldm, 4),
+            "first_stage_model.post_quant_conv.bias");
+}
+
+TEST(AutoencoderKL, LatentSpaceNames) {
+  EXPECT_EQ(autoencoder_kl_latent_space_name(4, 0.18215, 0), "sd");
+  EXPECT_EQ(autoencoder_kl_latent_space_name(4, 0.13025, 0), "sdxl");
+  EXPECT_EQ(autoencoder_kl_latent_space_name(16, 1.5305, 0.0609), "sd3");
+  EXPECT_EQ(autoencoder_kl_latent_space_name(16, 0.3611, 0.1159), "flux1");
+  EXPECT_EQ(autoencoder_kl_latent_space_name(16, 0.18215, 0), "autoencoder-kl-16ch-s0.18215-t0");
+  EXPECT_EQ(autoencoder_kl_latent_space_name(4, 0.5, 0.25), "autoencoder-kl-4ch-s0.5-t0.25");
+}
+
+TEST(LatentSpace, NormalizeAndDenormalize) {
+  auto b = cpu();
+  ASSERT_TRUE(b);
+  LatentSpace s = LatentSpace::from_scalars("flux1", 16, 8, 0.3611, 0.1159);
+  Tensor raw = test::random_tensor({1, 16, 2, 3}, 13, -3.f, 3.f);
+  auto n = s.normalize(*b, *b->upload(raw));
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  auto host = b->download(*n);
+  ASSERT_TRUE(host.ok());
+  std::vector<float> want = raw.to_floats(), got = host->to_floats();
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], (want[i] - 0.1159f) * 0.3611f, 1e-5f) << i;
+  auto back = s.denormalize(*b, *n);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_LT(relative_l2(*b->download(*back), raw), 1e-6);
+
+  LatentSpace q = LatentSpace::from_mean_std("q", 2, 8, {1.0, -2.0}, {2.0, 0.5});
+  Tensor r2 = Tensor::from_floats({1, 2, 1, 1}, {3.f, 0.f});
+  auto n2 = b->download(*q.normalize(*b, *b->upload(r2)));
+  ASSERT_TRUE(n2.ok());
+  EXPECT_NEAR(n2->to_floats()[0], 1.f, 1e-6f);  // (3 - 1) / 2
+  EXPECT_NEAR(n2->to_floats()[1], 4.f, 1e-6f);  // (0 + 2) / 0.5
+
+  auto wrong = s.normalize(*b, *b->upload(test::random_tensor({1, 4, 2, 2}, 14)));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("flux1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace latent
