@@ -56,7 +56,8 @@ Tensor WeightBinder::take_impl(const std::string& name, const Shape& shape, bool
     if (unsupported) {
       errors_.push_back(probe.status().message());
     } else if (!optional) {
-      errors_.push_back(kMissingTag + (stored == name ? name : str_cat(name, " (as ", stored, ")")));
+      errors_.push_back(kMissingTag +
+                        (stored == name ? name : str_cat(name, " (as ", stored, ")")));
     }
     return Tensor();
   }
@@ -87,8 +88,10 @@ Tensor WeightBinder::take_impl(const std::string& name, const Shape& shape, bool
 Status WeightBinder::finish() const {
   std::vector<std::string> missing, other, unexpected;
   for (const auto& e : errors_) {
-    if (is_missing_entry(e)) missing.push_back(e.substr(sizeof(kMissingTag) - 1));
-    else other.push_back(e);
+    if (is_missing_entry(e))
+      missing.push_back(e.substr(sizeof(kMissingTag) - 1));
+    else
+      other.push_back(e);
   }
   for (const auto& n : store_.names()) {
     if (used_.count(n)) continue;
@@ -98,27 +101,34 @@ Status WeightBinder::finish() const {
   }
   if (missing.empty() && other.empty() && unexpected.empty()) return ok_status();
 
-  // One message, at most kMaxListed names in all, then "and N more".
-  size_t budget = kMaxListed, left_out = 0;
-  std::string msg = str_cat(store_.path(), " does not match the model:");
-  auto add_list = [&](const char* title, const std::vector<std::string>& items, bool names) {
-    if (items.empty()) return;
-    std::string part;
-    size_t shown = 0;
-    for (const auto& it : items) {
-      if (budget == 0) break;
-      part += (shown ? (names ? ", " : "; ") : "") + it;
-      ++shown;
-      --budget;
+  // One message with at most kMaxListed entries in all, shared fairly between the kinds: when
+  // every name is "missing" because of a prefix mismatch, the unexpected names show why.
+  const std::vector<std::string>* lists[3] = {&missing, &other, &unexpected};
+  size_t quota[3] = {0, 0, 0};
+  for (size_t budget = kMaxListed; budget > 0;) {
+    size_t wanting = 0;
+    for (int k = 0; k < 3; ++k) wanting += quota[k] < lists[k]->size();
+    if (wanting == 0) break;
+    const size_t share = std::max<size_t>(1, budget / wanting);
+    for (int k = 0; k < 3 && budget > 0; ++k) {
+      const size_t give = std::min({share, lists[k]->size() - quota[k], budget});
+      quota[k] += give;
+      budget -= give;
     }
-    left_out += items.size() - shown;
-    if (shown > 0) msg += str_cat(" ", items.size(), " ", title, ": ", part, ".");
-    else msg += str_cat(" ", items.size(), " ", title, ".");
-  };
-  add_list(missing.size() == 1 ? "missing tensor" : "missing tensors", missing, true);
-  add_list(other.size() == 1 ? "error" : "errors", other, false);
-  add_list(unexpected.size() == 1 ? "unexpected tensor" : "unexpected tensors", unexpected, true);
-  if (left_out > 0) msg += str_cat(" (and ", left_out, " more)");
+  }
+  const char* titles[3][2] = {{"missing tensor", "missing tensors"},
+                              {"misshaped or unreadable tensor", "misshaped or unreadable tensors"},
+                              {"unexpected tensor", "unexpected tensors"}};
+  std::string msg = str_cat(store_.path(), " does not match the model:");
+  for (int k = 0; k < 3; ++k) {
+    const auto& items = *lists[k];
+    if (items.empty()) continue;
+    msg += str_cat(" ", items.size(), " ", titles[k][items.size() == 1 ? 0 : 1], ":");
+    for (size_t i = 0; i < quota[k]; ++i)
+      msg += str_cat(i ? (k == 1 ? "; " : ", ") : " ", items[i]);
+    if (quota[k] < items.size()) msg += str_cat(" and ", items.size() - quota[k], " more");
+    msg += ".";
+  }
   return Status::error(msg);
 }
 

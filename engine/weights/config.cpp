@@ -1,5 +1,7 @@
 #include "engine/weights/config.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -55,6 +57,9 @@ bool integral_value(const Json& v, int64_t* out) {
 }  // namespace
 
 Result<Config> Config::load(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return Status::errorf("cannot read ", path, ": it is a folder, not a config file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::errorf("cannot read ", path, ": ", std::strerror(errno));
   std::ostringstream ss;
@@ -122,8 +127,8 @@ Result<int64_t> Config::get_int(const std::string& key, int64_t def) const {
   if (!v) return def;
   int64_t out = 0;
   if (!integral_value(*v, &out))
-    return Status::errorf(where(path_), ": '", key, "' must be an int, found ", v->type_name(),
-                          " ", brief(*v));
+    return Status::errorf(where(path_), ": '", key, "' must be an int, found ", v->type_name(), " ",
+                          brief(*v));
   return out;
 }
 

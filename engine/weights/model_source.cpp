@@ -33,7 +33,8 @@ const std::vector<std::string>& weight_file_names() {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool is_pickle_weight(const std::string& name) {
@@ -102,7 +103,8 @@ Result<ModelSource> resolve_file(const std::string& given, const std::string& p)
     return Status::errorf(p, " is a PyTorch pickle checkpoint; only safetensors is supported");
   const bool sharded = ends_with(name, ".safetensors.index.json");
   if (!ends_with(name, ".safetensors") && !sharded)
-    return Status::errorf(p, " is neither a .safetensors file, a *.safetensors.index.json nor a "
+    return Status::errorf(p,
+                          " is neither a .safetensors file, a *.safetensors.index.json nor a "
                           "model folder");
   LATENT_TRY(check_readable(p, "model weights"));
   ModelSource src;
@@ -114,8 +116,9 @@ Result<ModelSource> resolve_file(const std::string& given, const std::string& p)
   src.form = "single file";
   // "x.safetensors" may come with its own "x.json"; a config.json beside it is not assumed to
   // belong to it.
-  const std::string stem = name.substr(0, name.size() - (sharded ? std::strlen(".safetensors.index.json")
-                                                                 : std::strlen(".safetensors")));
+  const std::string stem =
+      name.substr(0, name.size() - (sharded ? std::strlen(".safetensors.index.json")
+                                            : std::strlen(".safetensors")));
   const std::string cfg = join(src.root, stem + ".json");
   if (!sharded && is_regular_file(cfg)) {
     LATENT_TRY(check_readable(cfg, "model config"));
@@ -161,10 +164,12 @@ Result<ModelSource> resolve_path(const std::string& given, const std::string& pa
   }
   std::sort(safetensors.begin(), safetensors.end());
   if (!safetensors.empty())
-    return Status::errorf(path, " has no config.json or model_index.json; to load a single "
+    return Status::errorf(path,
+                          " has no config.json or model_index.json; to load a single "
                           "checkpoint, give the file itself (e.g. ",
                           join(path, safetensors.front()), ")");
-  return Status::errorf(path, " is not a model: looked for config.json (a diffusers model "
+  return Status::errorf(path,
+                        " is not a model: looked for config.json (a diffusers model "
                         "folder) and model_index.json (a diffusers pipeline)");
 }
 

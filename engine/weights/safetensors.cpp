@@ -31,18 +31,25 @@ constexpr uint64_t kMaxHeaderBytes = 100u * 1000u * 1000u;
 constexpr int kMaxHeaderDepth = 16;
 
 bool parse_supported_dtype(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "BF16") *out = DType::kBF16;
-  else if (s == "F16") *out = DType::kF16;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else
+    return false;
   return true;
 }
 
 const char* safetensors_dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
   }
   return "?";
 }
@@ -52,8 +59,8 @@ const char* safetensors_dtype_name(DType t) {
 // unsupported when it is asked for.
 bool unsupported_dtype_bits(const std::string& s, uint64_t* bits) {
   static const std::map<std::string, uint64_t> sizes = {
-      {"BOOL", 8}, {"U8", 8},   {"I8", 8},       {"U16", 16},     {"I16", 16},     {"U32", 32},
-      {"I32", 32}, {"U64", 64}, {"I64", 64},     {"F64", 64},     {"C64", 64},     {"F8_E4M3", 8},
+      {"BOOL", 8},    {"U8", 8},      {"I8", 8},      {"U16", 16},    {"I16", 16}, {"U32", 32},
+      {"I32", 32},    {"U64", 64},    {"I64", 64},    {"F64", 64},    {"C64", 64}, {"F8_E4M3", 8},
       {"F8_E5M2", 8}, {"F8_E8M0", 8}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
   auto it = sizes.find(s);
   if (it == sizes.end()) return false;
@@ -68,12 +75,16 @@ bool nesting_within_limit(const char* p, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     char c = p[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '{' || c == '[') {
       if (++depth > kMaxHeaderDepth) return false;
     } else if (c == '}' || c == ']') {
@@ -110,8 +121,8 @@ Status parse_json_object(const char* text, size_t n, const std::string& what,
   try {
     *out = json::parse(text, text + n, callback, /*allow_exceptions=*/true);
   } catch (const json::exception& e) {
-    return Status::errorf(what, ": ", kind, " is not valid JSON: ",
-                          strip_json_exception_prefix(e.what()));
+    return Status::errorf(what, ": ", kind,
+                          " is not valid JSON: ", strip_json_exception_prefix(e.what()));
   }
   if (!out->is_object())
     return Status::errorf(what, ": ", kind, " must be a JSON object, found ", out->type_name());
@@ -212,8 +223,7 @@ Status parse_header_entries(const uint8_t* data, size_t size, const std::string&
     for (size_t d = 0; d < sh->size(); ++d) {
       uint64_t dim = 0;
       if (!as_u64((*sh)[d], &dim) || dim > static_cast<uint64_t>(INT64_MAX))
-        return fail("shape entry ", d, " must be a non-negative int, found ",
-                    json_brief((*sh)[d]));
+        return fail("shape entry ", d, " must be a non-negative int, found ", json_brief((*sh)[d]));
       e.record.shape.push_back(static_cast<int64_t>(dim));
       if (__builtin_mul_overflow(numel, dim, &numel) || numel > static_cast<uint64_t>(INT64_MAX))
         return fail("shape ", json_brief(*sh), " has too many elements");
@@ -305,8 +315,8 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
 
   auto file = std::shared_ptr<SafetensorsFile>(new SafetensorsFile());
   file->path_ = path;
-  file->mapping_ = std::make_shared<Storage>(base, size, Device{},
-                                             [size](void* p) { ::munmap(p, size); });
+  file->mapping_ =
+      std::make_shared<Storage>(base, size, Device{}, [size](void* p) { ::munmap(p, size); });
 
   std::vector<ParsedEntry> entries;
   LATENT_TRY(parse_header_entries(static_cast<const uint8_t*>(base), size, path, &entries,
@@ -368,8 +378,7 @@ Status write_safetensors(const std::string& path, const std::map<std::string, Te
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__")
       return Status::errorf("writing ", path, ": '__metadata__' cannot name a tensor");
-    if (!t.defined())
-      return Status::errorf("writing ", path, ": tensor '", name, "' is undefined");
+    if (!t.defined()) return Status::errorf("writing ", path, ": tensor '", name, "' is undefined");
     if (!t.device().is_cpu())
       return Status::errorf("writing ", path, ": tensor '", name, "' is on ",
                             t.device().to_string(), ", not the host");
@@ -387,14 +396,15 @@ Status write_safetensors(const std::string& path, const std::map<std::string, Te
   std::string text = header.dump(-1, ' ', false, json::error_handler_t::strict);
   while (text.size() % 8 != 0) text.push_back(' ');
   uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
   // Write beside the target and rename, so a failed write never leaves a half file at `path`.
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return Status::errorf("cannot create ", tmp, ": ", errno_text(errno));
-  bool good = std::fwrite(len, 1, 8, f) == 8 &&
-              std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  bool good =
+      std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
   for (const auto& [name, t] : tensors) {
     if (!good) break;
     good = std::fwrite(t.data(), 1, t.nbytes(), f) == t.nbytes();
@@ -421,7 +431,8 @@ Status write_safetensors(const std::string& path, const std::map<std::string, Te
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 Status read_text_file(const std::string& path, std::string* out) {
