@@ -8,11 +8,10 @@
 // oneDNN exceptions are caught here and reported as a Status naming the op.
 #pragma once
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
 
@@ -32,7 +31,8 @@ class DnnlContext {
   // The object cached under `key`, built by `build` on first use. `key` must start with the
   // op's name so different ops never share an entry type.
   template <typename T>
-  std::shared_ptr<T> cached(const std::string& key, const std::function<std::shared_ptr<T>()>& build) {
+  std::shared_ptr<T> cached(const std::string& key,
+                            const std::function<std::shared_ptr<T>()>& build) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return std::static_pointer_cast<T>(it->second);
@@ -74,8 +74,8 @@ Result<Tensor> rms_norm_channels(DnnlContext& ctx, const Tensor& x, const float*
                                  const float* beta, Activation act);
 
 // --- elementwise.cpp ----------------------------------------------------------------------
-// data[0, n) = act(data[0, n)) in place; kNone leaves it alone.
-Status activation_inplace(DnnlContext& ctx, float* data, int64_t n, Activation act);
+// dst[i] = act(src[i]) for i < n; src == dst works in place. kNone copies (or does nothing).
+Status activation(DnnlContext& ctx, const float* src, float* dst, int64_t n, Activation act);
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor affine(const Tensor& x, float scale, float shift);
 // x: [N, C, H, W]; scale, shift: C floats.

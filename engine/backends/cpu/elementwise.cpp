@@ -30,30 +30,49 @@ void execute(DnnlContext& ctx, const dnnl::primitive& p, const dnnl::primitive_d
 bool eltwise_algorithm(Activation act, dnnl::algorithm* alg, float* alpha) {
   *alpha = 0.f;
   switch (act) {
-    case Activation::kNone: return false;
-    case Activation::kSiLU: *alg = dnnl::algorithm::eltwise_swish; *alpha = 1.f; return true;
-    case Activation::kReLU: *alg = dnnl::algorithm::eltwise_relu; return true;
-    case Activation::kGELU: *alg = dnnl::algorithm::eltwise_gelu_erf; return true;
-    case Activation::kTanh: *alg = dnnl::algorithm::eltwise_tanh; return true;
+    case Activation::kNone:
+      return false;
+    case Activation::kSiLU:
+      *alg = dnnl::algorithm::eltwise_swish;
+      *alpha = 1.f;
+      return true;
+    case Activation::kReLU:
+      *alg = dnnl::algorithm::eltwise_relu;
+      return true;
+    case Activation::kGELU:
+      *alg = dnnl::algorithm::eltwise_gelu_erf;
+      return true;
+    case Activation::kTanh:
+      *alg = dnnl::algorithm::eltwise_tanh;
+      return true;
   }
   return false;
 }
 
 const char* activation_name(Activation act) {
   switch (act) {
-    case Activation::kNone: return "none";
-    case Activation::kSiLU: return "silu";
-    case Activation::kReLU: return "relu";
-    case Activation::kGELU: return "gelu";
-    case Activation::kTanh: return "tanh";
+    case Activation::kNone:
+      return "none";
+    case Activation::kSiLU:
+      return "silu";
+    case Activation::kReLU:
+      return "relu";
+    case Activation::kGELU:
+      return "gelu";
+    case Activation::kTanh:
+      return "tanh";
   }
   return "?";
 }
 
-Status activation_inplace(DnnlContext& ctx, float* data, int64_t n, Activation act) {
+Status activation(DnnlContext& ctx, const float* src, float* dst, int64_t n, Activation act) {
   dnnl::algorithm alg;
   float alpha;
-  if (!eltwise_algorithm(act, &alg, &alpha) || n == 0) return ok_status();
+  if (n == 0) return ok_status();
+  if (!eltwise_algorithm(act, &alg, &alpha)) {
+    if (src != dst) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return ok_status();
+  }
   try {
     auto plan = ctx.cached<EltwisePlan>(str_cat("eltwise:", static_cast<int>(act), ':', n), [&] {
       auto p = std::make_shared<EltwisePlan>();
@@ -66,8 +85,9 @@ Status activation_inplace(DnnlContext& ctx, float* data, int64_t n, Activation a
       p->prim = dnnl::eltwise_forward(p->pd);
       return p;
     });
-    dnnl::memory mem(plan->pd.src_desc(), ctx.engine(), data);
-    execute(ctx, plan->prim, plan->pd, {{DNNL_ARG_SRC, mem}, {DNNL_ARG_DST, mem}});
+    dnnl::memory in(plan->pd.src_desc(), ctx.engine(), const_cast<float*>(src));
+    dnnl::memory out(plan->pd.dst_desc(), ctx.engine(), dst);
+    execute(ctx, plan->prim, plan->pd, {{DNNL_ARG_SRC, in}, {DNNL_ARG_DST, out}});
     return ok_status();
   } catch (const dnnl::error& e) {
     return Status::errorf("activation ", activation_name(act), ": oneDNN failed on ", n,
@@ -160,6 +180,27 @@ Tensor slice_channels(const Tensor& x, int64_t start, int64_t count) {
   return y;
 }
 
+namespace {
+// bf16 <-> fp32 as branch-free bit operations the compiler vectorises; the same rounding
+// (nearest even, NaN kept quiet) as f32_to_bf16 in engine/core/dtype.cpp.
+void bf16_to_f32_run(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, 4);
+  }
+}
+
+void f32_to_bf16_run(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, 4);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t nan = (bits >> 16) | 0x40u;
+    dst[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+}  // namespace
+
 Tensor convert(const Tensor& x, DType dtype) {
   Tensor y = Tensor::empty(x.shape(), dtype);
   const int64_t n = x.numel();
@@ -169,8 +210,14 @@ Tensor convert(const Tensor& x, DType dtype) {
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t ci = 0; ci < chunks; ++ci) {
     const int64_t b = ci * chunk, e = std::min(n, b + chunk);
-    convert_elements(static_cast<const char*>(x.data()) + b * si, x.dtype(),
-                     static_cast<char*>(y.data()) + b * so, dtype, static_cast<size_t>(e - b));
+    const void* src = static_cast<const char*>(x.data()) + b * si;
+    void* dst = static_cast<char*>(y.data()) + b * so;
+    if (x.dtype() == DType::kBF16 && dtype == DType::kF32)
+      bf16_to_f32_run(static_cast<const uint16_t*>(src), static_cast<float*>(dst), e - b);
+    else if (x.dtype() == DType::kF32 && dtype == DType::kBF16)
+      f32_to_bf16_run(static_cast<const float*>(src), static_cast<uint16_t*>(dst), e - b);
+    else
+      convert_elements(src, x.dtype(), dst, dtype, static_cast<size_t>(e - b));
   }
   return y;
 }

@@ -1,0 +1,93 @@
+// Backend creation and sharing. The CUDA backend is linked in only with LATENT_HAVE_CUDA; a
+// CPU-only build still answers every question about CUDA, with an error that says why.
+#include "engine/backends/registry.h"
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/core/log.h"
+#ifdef LATENT_HAVE_CUDA
+#include "engine/backends/cuda/cuda_backend.h"
+#endif
+
+namespace latent {
+
+bool cuda_backend_built() {
+#ifdef LATENT_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef LATENT_HAVE_CUDA
+  return cuda_runtime_device_count();
+#else
+  return 0;
+#endif
+}
+
+namespace {
+
+// Resolves "auto" and checks a CUDA device exists; the dtype is left to the caller.
+Result<Device> resolve_device(const std::string& name) {
+  if (name.empty() || name == "auto") {
+    if (cuda_backend_built() && cuda_device_count() > 0) return Device{DeviceKind::kCUDA, 0};
+    LATENT_INFO(
+        "device auto: ", cuda_backend_built() ? "no usable CUDA device" : "built without CUDA",
+        ", using the CPU backend");
+    return Device{DeviceKind::kCPU, 0};
+  }
+  LATENT_ASSIGN_OR_RETURN(Device device, parse_device(name));
+  if (device.is_cpu()) return device;
+  if (!cuda_backend_built())
+    return Status::errorf("device '", name,
+                          "': this build of gst-latent has no CUDA backend (built without CUDA "
+                          "toolkit/cuDNN)");
+  const int count = cuda_device_count();
+  if (count == 0)
+    return Status::errorf("no CUDA device available (", device.to_string(), " requested, 0 found)");
+  if (device.index >= count)
+    return Status::errorf("CUDA device ", device.to_string(), " out of range (", count,
+                          " found: cuda:0",
+                          count > 1 ? str_cat("..cuda:", count - 1) : std::string(), ")");
+  return device;
+}
+
+Result<std::shared_ptr<Backend>> create_backend(Device device, DType dtype) {
+  if (device.is_cpu()) return create_cpu_backend(dtype);
+#ifdef LATENT_HAVE_CUDA
+  return create_cuda_backend(device.index, dtype);
+#else
+  return Status::errorf("device ", device.to_string(),
+                        ": this build of gst-latent has no CUDA backend");
+#endif
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Backend>> get_backend(const BackendOptions& options) {
+  LATENT_ASSIGN_OR_RETURN(Device device, resolve_device(options.device));
+  DType dtype = device.is_cpu() ? DType::kF32 : DType::kBF16;
+  if (!options.dtype.empty()) {
+    LATENT_ASSIGN_OR_RETURN(dtype, parse_dtype(options.dtype));
+  }
+
+  // Leaked on purpose: backends must not be torn down during static destruction, after the
+  // CUDA runtime may already have unloaded.
+  static std::mutex* mutex = new std::mutex;
+  static auto* backends = new std::map<std::pair<std::string, DType>, std::shared_ptr<Backend>>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  auto key = std::make_pair(device.to_string(), dtype);
+  auto it = backends->find(key);
+  if (it != backends->end()) return it->second;
+  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(device, dtype));
+  LATENT_INFO("created backend ", backend->name(), " (", dtype_name(dtype), ")");
+  backends->emplace(key, backend);
+  return backend;
+}
+
+}  // namespace latent
