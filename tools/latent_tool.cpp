@@ -15,9 +15,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <opencv2/core.hpp>
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
 #include <string>
 #include <vector>
 
@@ -25,6 +22,13 @@
 #include "engine/core/log.h"
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
+#include "tools/dit_commands.h"
+
+#if LATENT_TOOL_OPENCV
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#endif
 
 namespace {
 
@@ -49,7 +53,7 @@ const char* kUsage =
     "                                           image -> normalised latents (+ frame size)\n"
     "  decode  [--model M] --input LAT.safetensors --output IMG\n"
     "  run     [--model M] --part encoder|decoder --inputs IN.safetensors --outputs OUT.safetensors\n"
-    "          [--warmup N] [--repeat N]        one model part on raw tensors, timed\n"
+    "          [--warmup N] [--repeat N] [--json]  one model part on raw tensors, timed\n"
     "          encoder: `sample` [N,3,H,W] in [-1,1] -> `latent_mean` (TAESD family: `latents`)\n"
     "          decoder: `latent` (un-normalised) -> `sample` in [-1,1]\n"
     "  compare IMG_A IMG_B                      PSNR (dB) and SSIM of two images\n"
@@ -70,7 +74,7 @@ Result<Args> parse_args(int argc, char** argv) {
       if (eq != std::string::npos) {
         value = key.substr(eq + 1);
         key = key.substr(0, eq);
-      } else if (key == "verbose" || key == "help") {
+      } else if (key == "verbose" || key == "help" || key == "json") {
         value = "1";
       } else if (i + 1 < argc) {
         value = argv[++i];
@@ -144,6 +148,7 @@ int cmd_inspect(const Args& a) {
   return 0;
 }
 
+#if LATENT_TOOL_OPENCV
 // --- images ----------------------------------------------------------------------------
 // RGB8 image -> [1, 3, H, W] fp32 in [-1, 1].
 Tensor image_to_tensor(const cv::Mat& rgb) {
@@ -275,11 +280,14 @@ int cmd_decode(const Args& a) {
   return 0;
 }
 
+#endif  // LATENT_TOOL_OPENCV
+
 // --- run -------------------------------------------------------------------------------
 int cmd_run(const Args& a) {
   std::string part = a.get("part"), in = a.get("inputs"), out = a.get("outputs");
+  if (part == "transformer") return cmd_run_transformer(a.options, a.positional);
   if (part != "encoder" && part != "decoder")
-    return fail(Status::error("run needs --part encoder or --part decoder"));
+    return fail(Status::error("run needs --part encoder, decoder or transformer"));
   if (in.empty() || out.empty()) return fail(Status::error("run needs --inputs FILE and --outputs FILE"));
   const bool enc = part == "encoder";
   auto model = model_for(a, enc, !enc);
@@ -297,6 +305,7 @@ int cmd_run(const Args& a) {
   const int repeat = std::max(1, std::atoi(a.get("repeat", "1").c_str()));
   std::vector<double> times;
   Tensor y;
+  b.reset_peak_memory();
   for (int i = 0; i < warmup + repeat; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     auto r = enc ? m.encode(*x) : m.decode(*x);
@@ -320,9 +329,16 @@ int cmd_run(const Args& a) {
               out_name.c_str(), latent::shape_str(host_out->shape()).c_str(), b.name().c_str(),
               latent::dtype_name(b.compute_dtype()), median(times), repeat,
               *std::min_element(times.begin(), times.end()));
+  if (a.options.count("json"))
+    std::printf("{\"part\": \"%s\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
+                "\"peak_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\"}\n",
+                part.c_str(), median(times), *std::min_element(times.begin(), times.end()), repeat,
+                static_cast<long long>(b.peak_memory_bytes()), b.name().c_str(),
+                latent::dtype_name(b.compute_dtype()));
   return 0;
 }
 
+#if LATENT_TOOL_OPENCV
 // --- compare ---------------------------------------------------------------------------
 double ssim_channel(const cv::Mat& a, const cv::Mat& b) {  // CV_64F single channel
   const double c1 = 6.5025, c2 = 58.5225;  // (0.01*255)^2, (0.03*255)^2
@@ -364,6 +380,15 @@ int cmd_compare(const Args& a) {
   return 0;
 }
 
+#else
+int no_images(const Args& a) {
+  return fail(Status::errorf("'", a.command, "' needs image support: this latent-tool was built without OpenCV"));
+}
+int cmd_encode(const Args& a) { return no_images(a); }
+int cmd_decode(const Args& a) { return no_images(a); }
+int cmd_compare(const Args& a) { return no_images(a); }
+#endif  // LATENT_TOOL_OPENCV
+
 void log_to_stderr(latent::LogLevel level, const char*, int, const char* msg, void*) {
   std::fprintf(stderr, "[latent %d] %s\n", static_cast<int>(level), msg);
 }
@@ -379,13 +404,14 @@ int main(int argc, char** argv) {
   const Args& a = *args;
   if (a.options.count("verbose")) latent::set_log_callback(log_to_stderr, nullptr);
   if (a.command == "help" || a.command == "--help" || a.command == "-h" || a.options.count("help")) {
-    std::printf("%s", kUsage);
+    std::printf("%s%s", kUsage, dit_usage());
     return 0;
   }
   if (a.command == "inspect") return cmd_inspect(a);
   if (a.command == "encode") return cmd_encode(a);
   if (a.command == "decode") return cmd_decode(a);
   if (a.command == "run") return cmd_run(a);
+  if (a.command == "denoise") return cmd_denoise(a.options, a.positional);
   if (a.command == "compare") return cmd_compare(a);
   std::fprintf(stderr, "latent-tool: unknown command '%s'\n%s", a.command.c_str(), kUsage);
   return 2;

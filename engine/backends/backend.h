@@ -44,6 +44,65 @@ enum class OpKind : uint8_t {
 };
 const char* op_name(OpKind op);
 
+// === DiT (diffusion transformer) types ========================================================
+// Used by the DiT section of Backend below (Qwen-Image MMDiT; engine/models/dit/).
+
+// The activations a DiT op can apply (fused into linear()). GELU here is PyTorch's
+// approximate="tanh" form, which DiT MLPs use; Activation::kGELU above is the exact erf form.
+enum class DitActivation : uint8_t { kNone, kSiLU, kGELUTanh };
+
+enum class DitOp : uint8_t {
+  kUploadFp32,
+  kLinear,
+  kLayerNorm,
+  kRmsNorm,
+  kModulate,
+  kLayerNormModulate,
+  kGatedAdd,
+  kRope,
+  kAttention,
+  kActivation,
+  kScaledAdd,
+  kCfgCombine,
+  kConcat,
+  kSlice,
+};
+
+inline const char* dit_op_name(DitOp op) {
+  switch (op) {
+    case DitOp::kUploadFp32:
+      return "upload_fp32";
+    case DitOp::kLinear:
+      return "linear";
+    case DitOp::kLayerNorm:
+      return "layer_norm";
+    case DitOp::kRmsNorm:
+      return "rms_norm";
+    case DitOp::kModulate:
+      return "modulate";
+    case DitOp::kLayerNormModulate:
+      return "layer_norm_modulate";
+    case DitOp::kGatedAdd:
+      return "gated_add";
+    case DitOp::kRope:
+      return "rope";
+    case DitOp::kAttention:
+      return "attention";
+    case DitOp::kActivation:
+      return "dit_activation";
+    case DitOp::kScaledAdd:
+      return "scaled_add";
+    case DitOp::kCfgCombine:
+      return "cfg_combine";
+    case DitOp::kConcat:
+      return "concat";
+    case DitOp::kSlice:
+      return "slice";
+  }
+  return "unknown";
+}
+// === end of DiT types ========================================================================
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -62,6 +121,10 @@ class Backend {
   virtual Result<Tensor> download(const Tensor& t) = 0;
   // Waits for all queued work (a no-op on the CPU).
   virtual Status synchronize() = 0;
+  // Peak device memory this backend has held since creation or the last reset, in bytes
+  // (-1 where it is not tracked, e.g. the CPU).
+  virtual int64_t peak_memory_bytes() const { return -1; }
+  virtual void reset_peak_memory() {}
 
   // y = act(conv(x, w) + bias + residual).
   // x: [N, Cin, H, W]; w: [Cout, Cin, kh, kw]; bias: [Cout] or undefined;
@@ -100,6 +163,122 @@ class Backend {
   // (H*W) x (H*W) score matrix at once.
   virtual Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            int heads) = 0;
+
+  // === DiT ops (diffusion transformers; engine/models/dit/) ==================================
+  // Token tensors are row-major with features last: activations [B, T, D] (batch, tokens,
+  // features); weights [N, K] as nn.Linear stores them. "Rows" are all leading dims together.
+  // Every op has a default that reports it unsupported, so a backend can add them one at a
+  // time; supports_dit() answers ahead of time. Outputs are fresh tensors (slice() may return
+  // a view sharing the input's storage); inputs are never modified.
+  //
+  // Per-token conditioning (AdaLN): `group_starts` splits the T tokens of every batch row into
+  // G = group_starts.size() runs, group g being tokens [group_starts[g], group_starts[g+1])
+  // (the last runs to T; group_starts[0] == 0, strictly increasing). A conditioning tensor
+  // (shift, scale, gate) holds one D-vector per group and batch row: shape [G, B, D] or
+  // [G * B, D], row g * B + b. G = 1 ({0}) is ordinary AdaLN; Qwen-Image-Edit-2511's
+  // zero_cond_t uses G = 2: target-image tokens at t, reference-image tokens at t = 0.
+
+  virtual bool supports_dit(DitOp op, DType dtype) const {
+    (void)op;
+    (void)dtype;
+    return false;
+  }
+  // Host tensor -> backend tensor kept in fp32 whatever the compute dtype (tables that need
+  // full precision, e.g. rope()'s cos/sin table).
+  virtual Result<Tensor> upload_fp32(const Tensor& host) {
+    (void)host;
+    return dit_unsupported(DitOp::kUploadFp32);
+  }
+  // y = act(x w^T + bias). x: [..., K]; w: [N, K]; bias: [N] or undefined -> y: [..., N].
+  virtual Result<Tensor> linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                DitActivation act) {
+    (void)x, (void)w, (void)bias, (void)act;
+    return dit_unsupported(DitOp::kLinear);
+  }
+  // LayerNorm over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta (biased
+  // variance). gamma, beta: [D] or undefined (no affine; either may be given alone).
+  virtual Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    float eps) {
+    (void)x, (void)gamma, (void)beta, (void)eps;
+    return dit_unsupported(DitOp::kLayerNorm);
+  }
+  // RMSNorm over the last dim D: x / sqrt(mean(x^2) + eps) * gamma. gamma: [D] or undefined.
+  // (Per-head QK norm: view q [B, T, H * d] as [B, T, H, d] with reshape().)
+  virtual Result<Tensor> rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
+    (void)x, (void)gamma, (void)eps;
+    return dit_unsupported(DitOp::kRmsNorm);
+  }
+  // y = x * (1 + scale) + shift per token group (see above). x: [B, T, D]; shift, scale:
+  // [G, B, D].
+  virtual Result<Tensor> modulate(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                  const std::vector<int64_t>& group_starts) {
+    (void)x, (void)shift, (void)scale, (void)group_starts;
+    return dit_unsupported(DitOp::kModulate);
+  }
+  // modulate(layer_norm(x, no affine, eps), shift, scale, group_starts), fused.
+  virtual Result<Tensor> layer_norm_modulate(const Tensor& x, const Tensor& shift,
+                                             const Tensor& scale,
+                                             const std::vector<int64_t>& group_starts, float eps) {
+    (void)x, (void)shift, (void)scale, (void)group_starts, (void)eps;
+    return dit_unsupported(DitOp::kLayerNormModulate);
+  }
+  // y = residual + gate * x per token group. residual, x: [B, T, D]; gate: [G, B, D].
+  virtual Result<Tensor> gated_add(const Tensor& residual, const Tensor& x, const Tensor& gate,
+                                   const std::vector<int64_t>& group_starts) {
+    (void)residual, (void)x, (void)gate, (void)group_starts;
+    return dit_unsupported(DitOp::kGatedAdd);
+  }
+  // Rotary embedding on interleaved pairs, as diffusers' apply_rotary_emb_qwen(use_real=False)
+  // (and FLUX): for each head and i < d/2, with (c, s) = freqs[t, i],
+  //   y[2i] = x[2i] c - x[2i+1] s,   y[2i+1] = x[2i] s + x[2i+1] c.
+  // x: [B, T, heads * d]; freqs: [T, d/2, 2] (cos, sin), fp32 (from upload_fp32()).
+  virtual Result<Tensor> rope(const Tensor& x, const Tensor& freqs, int heads) {
+    (void)x, (void)freqs, (void)heads;
+    return dit_unsupported(DitOp::kRope);
+  }
+  // Multi-head attention softmax(q k^T / sqrt(d)) v over sequences, heads side by side in the
+  // features (no transposes needed around the projections):
+  // q: [B, T, heads * d]; k, v: [B, S, heads * d]; key_mask: [B, S] (nonzero: attend, zero:
+  // padding key never attended) or undefined -> [B, T, heads * d]. A batch row must keep at
+  // least one key. Never holds all T x S scores at once.
+  virtual Result<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
+                                   const Tensor& key_mask) {
+    (void)q, (void)k, (void)v, (void)heads, (void)key_mask;
+    return dit_unsupported(DitOp::kAttention);
+  }
+  // Elementwise activation (any shape).
+  virtual Result<Tensor> dit_activation(const Tensor& x, DitActivation act) {
+    (void)x, (void)act;
+    return dit_unsupported(DitOp::kActivation);
+  }
+  // alpha * a + beta * b, same shapes (a scheduler step, noising a latent), computed in fp32.
+  virtual Result<Tensor> scaled_add(const Tensor& a, const Tensor& b, float alpha, float beta) {
+    (void)a, (void)b, (void)alpha, (void)beta;
+    return dit_unsupported(DitOp::kScaledAdd);
+  }
+  // True classifier-free guidance with the Qwen-Image norm rescale, per row over the last dim:
+  //   comb = uncond + scale * (cond - uncond);  y = comb * (||cond|| / ||comb||).
+  // cond, uncond: [..., C], same shapes.
+  virtual Result<Tensor> cfg_combine(const Tensor& cond, const Tensor& uncond, float scale) {
+    (void)cond, (void)uncond, (void)scale;
+    return dit_unsupported(DitOp::kCfgCombine);
+  }
+  // Concatenation along `dim` (e.g. 1: tokens of [B, T, D]); other dims must match.
+  virtual Result<Tensor> concat(const std::vector<Tensor>& parts, int dim) {
+    (void)parts, (void)dim;
+    return dit_unsupported(DitOp::kConcat);
+  }
+  // Elements [start, start + count) along `dim`, all of every other dim.
+  virtual Result<Tensor> slice(const Tensor& x, int dim, int64_t start, int64_t count) {
+    (void)x, (void)dim, (void)start, (void)count;
+    return dit_unsupported(DitOp::kSlice);
+  }
+
+ protected:
+  Status dit_unsupported(DitOp op) const {
+    return Status::errorf("op ", dit_op_name(op), " is not supported by backend ", name());
+  }
+  // === end of DiT ops ========================================================================
 };
 
 }  // namespace latent

@@ -1,0 +1,327 @@
+// The Qwen-Image denoising loop; see denoise.h.
+#include "engine/models/dit/denoise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "engine/core/log.h"
+
+namespace latent {
+
+namespace {
+
+// Latent dims of a host latent given as [B, C, 1, h, w], [B, 1, C, h, w] (the pipelines' noise
+// layout, the same memory for one frame) or [B, C, h, w]: -> {B, C, h, w}.
+Result<std::vector<int64_t>> latent_dims(const Tensor& t, const char* what) {
+  if (!t.defined()) return Status::errorf(what, " is undefined");
+  const Shape& s = t.shape();
+  if (s.size() == 4) return std::vector<int64_t>{s[0], s[1], s[2], s[3]};
+  if (s.size() == 5 && s[2] == 1) return std::vector<int64_t>{s[0], s[1], s[3], s[4]};
+  if (s.size() == 5 && s[1] == 1) return std::vector<int64_t>{s[0], s[2], s[3], s[4]};
+  return Status::errorf(what, " must be [B, C, 1, h, w] (one frame) or [B, C, h, w], got ",
+                        shape_str(s));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Packing
+
+Result<Tensor> pack_latents(const Tensor& latents) {
+  // [B, C, 1, h, w] -> [B, (h/2)(w/2), 4C]: view(B, C, h/2, 2, w/2, 2).permute(0, 2, 4, 1, 3, 5)
+  LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(latents, "pack_latents: latents"));
+  const int64_t b = d[0], c = d[1], h = d[2], w = d[3];
+  if (h % 2 || w % 2 || h < 2 || w < 2)
+    return Status::errorf("pack_latents: latent height and width must be even, got ", h, " x ", w);
+  const std::vector<float> src = latents.to_floats();
+  Tensor out = Tensor::empty({b, (h / 2) * (w / 2), 4 * c}, DType::kF32);
+  float* dst = out.data_as<float>();
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t y = 0; y < h / 2; ++y)
+      for (int64_t x = 0; x < w / 2; ++x)
+        for (int64_t ci = 0; ci < c; ++ci)
+          for (int64_t dy = 0; dy < 2; ++dy)
+            for (int64_t dx = 0; dx < 2; ++dx)
+              *dst++ = src[((bi * c + ci) * h + 2 * y + dy) * w + 2 * x + dx];
+  return out;
+}
+
+Result<Tensor> unpack_latents(const Tensor& packed, int64_t height, int64_t width) {
+  // [B, (h/2)(w/2), 4C] -> [B, C, 1, h, w]: view(B, h/2, w/2, C, 2, 2).permute(0, 3, 1, 4, 2, 5)
+  if (!packed.defined() || packed.rank() != 3 || packed.dim(2) % 4 != 0)
+    return Status::errorf("unpack_latents: expected [B, tokens, 4C], got ",
+                          packed.defined() ? shape_str(packed.shape()) : "nothing");
+  if (height % 2 || width % 2 || height < 2 || width < 2 ||
+      packed.dim(1) != (height / 2) * (width / 2))
+    return Status::errorf("unpack_latents: ", packed.dim(1), " tokens do not make a ", height,
+                          " x ", width, " latent (even sides, (h/2)(w/2) tokens)");
+  const int64_t b = packed.dim(0), c = packed.dim(2) / 4, h = height, w = width;
+  const std::vector<float> src = packed.to_floats();
+  Tensor out = Tensor::empty({b, c, 1, h, w}, DType::kF32);
+  float* dst = out.data_as<float>();
+  const float* p = src.data();
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t y = 0; y < h / 2; ++y)
+      for (int64_t x = 0; x < w / 2; ++x)
+        for (int64_t ci = 0; ci < c; ++ci)
+          for (int64_t dy = 0; dy < 2; ++dy)
+            for (int64_t dx = 0; dx < 2; ++dx)
+              dst[((bi * c + ci) * h + 2 * y + dy) * w + 2 * x + dx] = *p++;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// torch.randn
+
+Result<Tensor> torch_randn(const Shape& shape, uint64_t seed) {
+  const int64_t n = shape_numel(shape);
+  if (n < 16)
+    return Status::errorf("torch_randn: ", shape_str(shape),
+                          " has fewer than 16 elements, where "
+                          "torch switches to another sampling algorithm");
+  // CPUGeneratorImpl: at::mt19937 seeded with the seed's low 32 bits (init_with_uint32).
+  std::mt19937 engine(static_cast<uint32_t>(seed & 0xffffffffu));
+  // uniform_real_distribution<float>(0, 1): the low 24 bits of one 32-bit draw, / 2^24.
+  auto uniform = [&engine]() {
+    return static_cast<float>((engine() & ((1u << 24) - 1)) * (1.0 / (1u << 24)));
+  };
+  // normal_fill_16: Box-Muller on 16 uniforms, the first 8 as u1, the next 8 as u2.
+  auto fill16 = [](float* d) {
+    const float two_pi = static_cast<float>(2.0 * M_PI);
+    for (int j = 0; j < 8; ++j) {
+      const float u1 = 1.f - d[j], u2 = d[j + 8];
+      const float radius = std::sqrt(-2.f * std::log(u1));
+      const float theta = two_pi * u2;
+      d[j] = radius * std::cos(theta);
+      d[j + 8] = radius * std::sin(theta);
+    }
+  };
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  float* data = t.data_as<float>();
+  for (int64_t i = 0; i < n; ++i) data[i] = uniform();
+  for (int64_t i = 0; i + 16 <= n; i += 16) fill16(data + i);
+  if (n % 16 != 0) {  // torch redraws the last 16 values
+    float* tail = data + n - 16;
+    for (int i = 0; i < 16; ++i) tail[i] = uniform();
+    fill16(tail);
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loop
+
+namespace {
+
+// Host [1, T, D] embeds padded with zero tokens to `len` tokens: its values, [len, D].
+std::vector<float> pad_tokens(const Tensor& embeds, int64_t len) {
+  std::vector<float> v = embeds.to_floats();
+  v.resize(static_cast<size_t>(len * embeds.dim(2)), 0.f);
+  return v;
+}
+
+// The mask of `p` padded with zeros (padding tokens) to `len`; all ones where none was given.
+std::vector<float> mask_or_ones(const PromptEmbeds& p, int64_t len) {
+  std::vector<float> m =
+      p.mask.empty() ? std::vector<float>(static_cast<size_t>(p.embeds.dim(1)), 1.f) : p.mask;
+  m.resize(static_cast<size_t>(len), 0.f);
+  return m;
+}
+
+Status check_prompt(const PromptEmbeds& p, const char* what, int64_t dim) {
+  if (!p.embeds.defined()) return Status::errorf("denoise: no ", what);
+  if (p.embeds.rank() != 3 || p.embeds.dim(0) != 1 || p.embeds.dim(1) < 1 || p.embeds.dim(2) != dim)
+    return Status::errorf("denoise: ", what, " must be [1, T, ", dim, "], got ",
+                          shape_str(p.embeds.shape()));
+  if (!p.mask.empty() && static_cast<int64_t>(p.mask.size()) != p.embeds.dim(1))
+    return Status::errorf("denoise: the mask of ", what, " has ", p.mask.size(), " values for ",
+                          p.embeds.dim(1), " tokens");
+  return ok_status();
+}
+
+}  // namespace
+
+Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
+                                         const FlowMatchSchedulerConfig& scheduler,
+                                         const DenoiseRequest& req,
+                                         const DenoiseProgress& progress) {
+  Backend& be = model.backend();
+  const QwenImageMmditConfig& cfg = model.config();
+  if (cfg.patch_size != 2 || cfg.in_channels % 4 != 0)
+    return Status::errorf(
+        "denoise: the pipelines pack 2x2 patches; this transformer has "
+        "patch_size ",
+        cfg.patch_size, " and ", cfg.in_channels, " input channels");
+  const int64_t channels = cfg.in_channels / 4;
+  if (cfg.out_channels != channels)
+    return Status::errorf("denoise: transformer out_channels ", cfg.out_channels,
+                          " differs from its ", channels, " latent input channels");
+
+  // Target size: given, else from the noise or init latents.
+  int64_t h = req.height, w = req.width;
+  for (const Tensor* t : {&req.noise, &req.init_latents}) {
+    if (!t->defined()) continue;
+    LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d,
+                            latent_dims(*t, "denoise: noise / init latents"));
+    if (d[0] != 1 || d[1] != channels)
+      return Status::errorf("denoise: noise / init latents ", shape_str(t->shape()),
+                            " must hold one latent of ", channels, " channels");
+    if (h == 0 && w == 0) {
+      h = d[2];
+      w = d[3];
+    } else if (d[2] != h || d[3] != w) {
+      return Status::errorf("denoise: noise / init latents ", shape_str(t->shape()),
+                            " do not match the ", h, " x ", w, " target latent");
+    }
+  }
+  if (h < 2 || w < 2 || h % 2 || w % 2)
+    return Status::errorf("denoise: the target latent must have even sides of at least 2, got ", h,
+                          " x ", w);
+  if (req.strength < 1.0 && !req.init_latents.defined())
+    return Status::errorf("denoise: strength ", req.strength, " needs init latents (img2img)");
+  LATENT_TRY(check_prompt(req.prompt, "prompt embeds", cfg.joint_attention_dim));
+  const bool cfg_on = req.negative.defined() && req.true_cfg_scale > 1.f;
+  if (req.negative.defined())
+    LATENT_TRY(check_prompt(req.negative, "negative prompt embeds", cfg.joint_attention_dim));
+
+  const int64_t tokens = (h / 2) * (w / 2);
+  DenoiseResult result;
+  LATENT_ASSIGN_OR_RETURN(result.schedule,
+                          qwen_image_schedule(scheduler, req.steps, tokens, req.strength));
+  const FlowMatchSchedule& s = result.schedule;
+
+  // Initial noise [1, C, 1, h, w] and latents.
+  if (req.noise.defined()) {
+    result.noise = Tensor::from_floats({1, channels, 1, h, w}, req.noise.to_floats());
+  } else {
+    // randn_tensor((1, 1, C, h, w), generator): the same memory as [1, C, 1, h, w].
+    LATENT_ASSIGN_OR_RETURN(Tensor n, torch_randn({1, 1, channels, h, w}, req.seed));
+    LATENT_ASSIGN_OR_RETURN(result.noise, n.reshape({1, channels, 1, h, w}));
+  }
+  Tensor start = result.noise;
+  if (req.init_latents.defined()) {
+    // scale_noise at the first step run: sigma * noise + (1 - sigma) * image, fp32.
+    const float sigma = s.sigmas[static_cast<size_t>(s.begin_index)];
+    const std::vector<float> image = req.init_latents.to_floats();
+    std::vector<float> x = result.noise.to_floats();
+    for (size_t i = 0; i < x.size(); ++i) x[i] = sigma * x[i] + (1.f - sigma) * image[i];
+    start = Tensor::from_floats({1, channels, 1, h, w}, x);
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor packed, pack_latents(start));
+  LATENT_ASSIGN_OR_RETURN(Tensor latents, be.upload(packed));  // [1, T, 4C]
+
+  // References: packed and concatenated after the target tokens, fixed through the loop.
+  std::vector<ImageShape> shapes = {{1, h / 2, w / 2}};
+  Tensor refs;
+  if (!req.reference_latents.empty()) {
+    std::vector<float> all;
+    int64_t ref_tokens = 0;
+    for (size_t i = 0; i < req.reference_latents.size(); ++i) {
+      const Tensor& r = req.reference_latents[i];
+      LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(r, "denoise: reference latents"));
+      if (d[0] != 1 || d[1] != channels)
+        return Status::errorf("denoise: reference latents ", i, " ", shape_str(r.shape()),
+                              " must hold one latent of ", channels, " channels");
+      auto p = pack_latents(r);
+      if (!p.ok()) return p.status().with_context(str_cat("denoise: reference latents ", i));
+      const std::vector<float> v = p->to_floats();
+      all.insert(all.end(), v.begin(), v.end());
+      ref_tokens += p->dim(1);
+      shapes.push_back({1, d[2] / 2, d[3] / 2});
+    }
+    LATENT_ASSIGN_OR_RETURN(refs,
+                            be.upload(Tensor::from_floats({1, ref_tokens, 4 * channels}, all)));
+  }
+
+  // Prompts on the backend: one batch of two for batched CFG, else each alone.
+  const bool batched = cfg_on && req.batch_cfg;
+  MmditInputs cond, uncond;
+  cond.img_shapes = uncond.img_shapes = shapes;
+  if (batched) {
+    const int64_t len = std::max(req.prompt.embeds.dim(1), req.negative.embeds.dim(1));
+    std::vector<float> both = pad_tokens(req.prompt.embeds, len);
+    const std::vector<float> neg = pad_tokens(req.negative.embeds, len);
+    both.insert(both.end(), neg.begin(), neg.end());
+    LATENT_ASSIGN_OR_RETURN(
+        cond.encoder_hidden_states,
+        be.upload(Tensor::from_floats({2, len, cfg.joint_attention_dim}, both)));
+    cond.encoder_hidden_states_mask = mask_or_ones(req.prompt, len);
+    const std::vector<float> nm = mask_or_ones(req.negative, len);
+    cond.encoder_hidden_states_mask.insert(cond.encoder_hidden_states_mask.end(), nm.begin(),
+                                           nm.end());
+  } else {
+    LATENT_ASSIGN_OR_RETURN(cond.encoder_hidden_states, be.upload(req.prompt.embeds));
+    cond.encoder_hidden_states_mask = req.prompt.mask;
+    if (cfg_on) {
+      LATENT_ASSIGN_OR_RETURN(uncond.encoder_hidden_states, be.upload(req.negative.embeds));
+      uncond.encoder_hidden_states_mask = req.negative.mask;
+    }
+  }
+  LATENT_INFO("denoise: ", h, " x ", w, " latent (", tokens, " tokens), ",
+              req.reference_latents.size(), " reference(s), steps ", s.begin_index + 1, "..",
+              s.timesteps.size(), cfg_on ? str_cat(", true CFG ", req.true_cfg_scale) : "",
+              batched ? " (batched)" : "");
+
+  const int total = s.steps_to_run();
+  for (int i = s.begin_index; i < static_cast<int>(s.timesteps.size()); ++i) {
+    const float t = s.timesteps[static_cast<size_t>(i)] / 1000.f;  // the pipelines pass t / 1000
+    // x: [1, T (+ T_ref), 4C]
+    Tensor x = latents;
+    if (refs.defined()) {
+      LATENT_ASSIGN_OR_RETURN(x, be.concat({latents, refs}, 1));
+    }
+    Tensor pred;
+    const std::string when = str_cat("denoise step ", i - s.begin_index + 1, " of ", total);
+    if (batched) {
+      LATENT_ASSIGN_OR_RETURN(cond.hidden_states, be.concat({x, x}, 0));  // [2, T', 4C]
+      cond.timestep = {t, t};
+      auto out = model.forward(cond);
+      if (!out.ok()) return out.status().with_context(when);
+      LATENT_ASSIGN_OR_RETURN(Tensor v, be.slice(*out, 0, 0, 1));
+      LATENT_ASSIGN_OR_RETURN(Tensor u, be.slice(*out, 0, 1, 1));
+      LATENT_ASSIGN_OR_RETURN(v, be.slice(v, 1, 0, tokens));  // [1, T, 4C]
+      LATENT_ASSIGN_OR_RETURN(u, be.slice(u, 1, 0, tokens));
+      LATENT_ASSIGN_OR_RETURN(pred, be.cfg_combine(v, u, req.true_cfg_scale));
+    } else {
+      cond.hidden_states = x;
+      cond.timestep = {t};
+      auto out = model.forward(cond);
+      if (!out.ok()) return out.status().with_context(when);
+      LATENT_ASSIGN_OR_RETURN(pred, be.slice(*out, 1, 0, tokens));
+      if (cfg_on) {
+        uncond.hidden_states = x;
+        uncond.timestep = {t};
+        auto neg = model.forward(uncond);
+        if (!neg.ok()) return neg.status().with_context(when + " (negative prompt)");
+        LATENT_ASSIGN_OR_RETURN(Tensor u, be.slice(*neg, 1, 0, tokens));
+        LATENT_ASSIGN_OR_RETURN(pred, be.cfg_combine(pred, u, req.true_cfg_scale));
+      }
+    }
+    // FlowMatchEulerDiscreteScheduler.step: x + (sigma_next - sigma) * v
+    const float dt = s.sigmas[static_cast<size_t>(i) + 1] - s.sigmas[static_cast<size_t>(i)];
+    LATENT_ASSIGN_OR_RETURN(latents, be.scaled_add(latents, pred, 1.f, dt));
+    if (progress && !progress(i - s.begin_index + 1, total))
+      return Status::errorf("denoise: stopped after step ", i - s.begin_index + 1, " of ", total);
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor host, be.download(latents));
+  LATENT_ASSIGN_OR_RETURN(result.latents, unpack_latents(host, h, w));
+  return result;
+}
+
+Result<Tensor> decode_latents(VaeModel& vae, const Tensor& latents) {
+  LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(latents, "decode: latents"));
+  const LatentSpace& space = vae.latent_space();
+  if (d[1] != space.channels)
+    return Status::errorf("decode: ", d[1], "-channel latents for a VAE of ", space.channels,
+                          " channels (", space.name, ")");
+  Backend& be = vae.backend();
+  // [1, C, 1, h, w] -> z: [1, C, h, w]
+  LATENT_ASSIGN_OR_RETURN(
+      Tensor z, be.upload(Tensor::from_floats({d[0], d[1], d[2], d[3]}, latents.to_floats())));
+  LATENT_ASSIGN_OR_RETURN(z, space.denormalize(be, z));
+  LATENT_ASSIGN_OR_RETURN(Tensor x, vae.decode(z));  // [1, 3, H, W]
+  return be.download(x);
+}
+
+}  // namespace latent

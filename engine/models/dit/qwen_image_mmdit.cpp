@@ -1,0 +1,488 @@
+// diffusers QwenImageTransformer2DModel; see qwen_image_mmdit.h for the network.
+#include "engine/models/dit/qwen_image_mmdit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "engine/core/log.h"
+#include "engine/weights/binder.h"
+
+namespace latent {
+
+namespace {
+
+constexpr float kNormEps = 1e-6f;         // every LayerNorm / RMSNorm of the model
+constexpr int kTimeProjDim = 256;         // Timesteps(num_channels=256)
+constexpr int64_t kRopePositions = 4096;  // QwenEmbedRope precomputes positions [-4096, 4096)
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t x : v) s += str_cat(s.empty() ? "" : ", ", x);
+  return s;
+}
+
+// An nn.Linear: weight [out, in], bias [out].
+struct Linear {
+  Tensor w;
+  Tensor b;
+
+  static Linear bind(WeightBinder& binder, const std::string& prefix, int64_t in, int64_t out) {
+    return Linear{binder.take(prefix + ".weight", {out, in}), binder.take(prefix + ".bias", {out})};
+  }
+  // x: [..., in] -> [..., out]
+  Result<Tensor> operator()(Backend& be, const Tensor& x,
+                            DitActivation act = DitActivation::kNone) const {
+    return be.linear(x, w, b, act);
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+Result<QwenImageMmditConfig> parse_qwen_image_mmdit_config(const Config& config) {
+  const std::string cls = config.class_name();
+  if (!cls.empty() && cls != "QwenImageTransformer2DModel")
+    return Status::errorf(config.path(), ": _class_name is '", cls,
+                          "', expected QwenImageTransformer2DModel");
+  QwenImageMmditConfig c;
+  LATENT_ASSIGN_OR_RETURN(c.patch_size, config.get_int("patch_size", c.patch_size));
+  LATENT_ASSIGN_OR_RETURN(c.in_channels, config.get_int("in_channels", c.in_channels));
+  const auto& j = config.json();
+  if (j.contains("out_channels") && j["out_channels"].is_null()) {
+    c.out_channels = c.in_channels;  // diffusers: out_channels or in_channels
+  } else {
+    LATENT_ASSIGN_OR_RETURN(c.out_channels, config.get_int("out_channels", c.out_channels));
+  }
+  LATENT_ASSIGN_OR_RETURN(c.num_layers, config.get_int("num_layers", c.num_layers));
+  LATENT_ASSIGN_OR_RETURN(c.attention_head_dim,
+                          config.get_int("attention_head_dim", c.attention_head_dim));
+  LATENT_ASSIGN_OR_RETURN(c.num_attention_heads,
+                          config.get_int("num_attention_heads", c.num_attention_heads));
+  LATENT_ASSIGN_OR_RETURN(c.joint_attention_dim,
+                          config.get_int("joint_attention_dim", c.joint_attention_dim));
+  LATENT_ASSIGN_OR_RETURN(c.axes_dims_rope,
+                          config.get_int_list("axes_dims_rope", c.axes_dims_rope));
+  LATENT_ASSIGN_OR_RETURN(c.zero_cond_t, config.get_bool("zero_cond_t", false));
+  LATENT_ASSIGN_OR_RETURN(bool guidance, config.get_bool("guidance_embeds", false));
+  LATENT_ASSIGN_OR_RETURN(bool add_t, config.get_bool("use_additional_t_cond", false));
+  LATENT_ASSIGN_OR_RETURN(bool layer3d, config.get_bool("use_layer3d_rope", false));
+  const std::string& p = config.path();
+  if (guidance)
+    return Status::errorf(p,
+                          ": guidance_embeds is true; diffusers' QwenImageTransformer2DModel "
+                          "cannot run such a model either (its guidance path is unfinished)");
+  if (add_t || layer3d)
+    return Status::errorf(p,
+                          ": use_additional_t_cond / use_layer3d_rope (Qwen-Image-Layered) "
+                          "are not supported");
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"patch_size", c.patch_size},
+                        {"in_channels", c.in_channels},
+                        {"out_channels", c.out_channels},
+                        {"num_layers", c.num_layers},
+                        {"attention_head_dim", c.attention_head_dim},
+                        {"num_attention_heads", c.num_attention_heads},
+                        {"joint_attention_dim", c.joint_attention_dim}})
+    if (v < 1 || v > (int64_t{1} << 20))
+      return Status::errorf(p, ": '", key, "' is ", v, ", expected a positive size");
+  if (c.axes_dims_rope.size() != 3)
+    return Status::errorf(p,
+                          ": 'axes_dims_rope' must list 3 axis sizes (frame, height, width), "
+                          "got [",
+                          join(c.axes_dims_rope), "]");
+  int64_t sum = 0;
+  for (int64_t a : c.axes_dims_rope) {
+    if (a < 2 || a % 2 != 0)
+      return Status::errorf(p, ": 'axes_dims_rope' [", join(c.axes_dims_rope),
+                            "] must hold even positive sizes");
+    sum += a;
+  }
+  if (sum != c.attention_head_dim)
+    return Status::errorf(p, ": 'axes_dims_rope' [", join(c.axes_dims_rope), "] sums to ", sum,
+                          " but attention_head_dim is ", c.attention_head_dim);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary table and timestep projection
+
+Result<Tensor> qwen_image_rope_table(const std::vector<int64_t>& axes_dims,
+                                     const std::vector<ImageShape>& images, int64_t text_len) {
+  if (axes_dims.size() != 3) return Status::error("rope: three axes expected");
+  if (images.empty()) return Status::error("rope: no image shapes given");
+  if (text_len < 0) return Status::error("rope: negative text length");
+  // Inverse frequencies per axis as rope_params: 1 / theta^(arange(0, dim, 2) / dim), fp32.
+  std::vector<std::vector<float>> inv(3);
+  int64_t pairs = 0;
+  for (int a = 0; a < 3; ++a) {
+    const int64_t dim = axes_dims[a];
+    for (int64_t k = 0; k < dim; k += 2) {
+      const float e = static_cast<float>(k) / static_cast<float>(dim);
+      inv[a].push_back(1.f / std::pow(10000.f, e));
+    }
+    pairs += dim / 2;
+  }
+  int64_t image_tokens = 0, max_vid_index = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const ImageShape& s = images[i];
+    if (s.frames < 1 || s.height < 1 || s.width < 1)
+      return Status::errorf("rope: image ", i, " has shape (", s.frames, ", ", s.height, ", ",
+                            s.width, ") in patches; every side must be positive");
+    if (static_cast<int64_t>(i) + s.frames > kRopePositions || s.height > kRopePositions ||
+        s.width > kRopePositions)
+      return Status::errorf("rope: image ", i, " (", s.frames, ", ", s.height, ", ", s.width,
+                            ") exceeds QwenEmbedRope's ", kRopePositions, " positions");
+    image_tokens += s.tokens();
+    max_vid_index = std::max({max_vid_index, s.height / 2, s.width / 2});
+  }
+  if (max_vid_index + text_len > kRopePositions)
+    return Status::errorf("rope: ", text_len, " text tokens after position ", max_vid_index,
+                          " exceed QwenEmbedRope's ", kRopePositions, " positions");
+  Tensor table = Tensor::empty({text_len + image_tokens, pairs, 2}, DType::kF32);
+  float* out = table.data_as<float>();
+  // One token: positions (frame, row, col) -> pairs x (cos, sin); angle = float(pos) * inv, fp32.
+  auto put = [&](int64_t token, const int64_t pos[3]) {
+    float* row = out + token * pairs * 2;
+    for (int a = 0; a < 3; ++a)
+      for (float f : inv[a]) {
+        const float angle = static_cast<float>(pos[a]) * f;
+        *row++ = static_cast<float>(std::cos(static_cast<double>(angle)));
+        *row++ = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+  };
+  for (int64_t j = 0; j < text_len; ++j) {
+    const int64_t pos[3] = {max_vid_index + j, max_vid_index + j, max_vid_index + j};
+    put(j, pos);
+  }
+  int64_t token = text_len;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const ImageShape& s = images[i];
+    // scale_rope: rows -(h - h/2) .. h/2 - 1, columns likewise; frames from the image index.
+    for (int64_t f = 0; f < s.frames; ++f)
+      for (int64_t y = 0; y < s.height; ++y)
+        for (int64_t x = 0; x < s.width; ++x) {
+          const int64_t pos[3] = {static_cast<int64_t>(i) + f, y - (s.height - s.height / 2),
+                                  x - (s.width - s.width / 2)};
+          put(token++, pos);
+        }
+  }
+  return table;
+}
+
+Tensor qwen_image_timestep_proj(const std::vector<float>& timesteps) {
+  // -> [n, 256]: [cos | sin] (flip_sin_to_cos) of t * 1000 * exp(-ln(10000) k / 128), in fp32
+  const int half = kTimeProjDim / 2;
+  const auto n = static_cast<int64_t>(timesteps.size());
+  Tensor t = Tensor::empty({n, kTimeProjDim}, DType::kF32);
+  float* p = t.data_as<float>();
+  const float neg_log = static_cast<float>(-std::log(10000.0));
+  for (int64_t i = 0; i < n; ++i)
+    for (int k = 0; k < half; ++k) {
+      const float freq = std::exp(neg_log * static_cast<float>(k) / static_cast<float>(half));
+      const float arg = 1000.f * (timesteps[i] * freq);
+      p[i * kTimeProjDim + k] = static_cast<float>(std::cos(static_cast<double>(arg)));
+      p[i * kTimeProjDim + half + k] = static_cast<float>(std::sin(static_cast<double>(arg)));
+    }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+
+namespace {
+
+// QwenImageTransformerBlock: the parameters of one dual-stream block.
+struct Block {
+  Linear img_mod, txt_mod;                 // [6D, D]: shift, scale, gate for attn and MLP
+  Linear to_q, to_k, to_v, to_out;         // image stream
+  Linear add_q, add_k, add_v, to_add_out;  // text stream
+  Tensor norm_q, norm_k, norm_added_q, norm_added_k;        // [head_dim]
+  Linear img_mlp_in, img_mlp_out, txt_mlp_in, txt_mlp_out;  // D -> 4D (GELU tanh) -> D
+
+  static Block bind(WeightBinder& b, const std::string& p, const QwenImageMmditConfig& c) {
+    const int64_t d = c.inner_dim(), hd = c.attention_head_dim;
+    Block k;
+    k.img_mod = Linear::bind(b, p + ".img_mod.1", d, 6 * d);
+    k.txt_mod = Linear::bind(b, p + ".txt_mod.1", d, 6 * d);
+    k.to_q = Linear::bind(b, p + ".attn.to_q", d, d);
+    k.to_k = Linear::bind(b, p + ".attn.to_k", d, d);
+    k.to_v = Linear::bind(b, p + ".attn.to_v", d, d);
+    k.to_out = Linear::bind(b, p + ".attn.to_out.0", d, d);
+    k.add_q = Linear::bind(b, p + ".attn.add_q_proj", d, d);
+    k.add_k = Linear::bind(b, p + ".attn.add_k_proj", d, d);
+    k.add_v = Linear::bind(b, p + ".attn.add_v_proj", d, d);
+    k.to_add_out = Linear::bind(b, p + ".attn.to_add_out", d, d);
+    k.norm_q = b.take(p + ".attn.norm_q.weight", {hd});
+    k.norm_k = b.take(p + ".attn.norm_k.weight", {hd});
+    k.norm_added_q = b.take(p + ".attn.norm_added_q.weight", {hd});
+    k.norm_added_k = b.take(p + ".attn.norm_added_k.weight", {hd});
+    k.img_mlp_in = Linear::bind(b, p + ".img_mlp.net.0.proj", d, 4 * d);
+    k.img_mlp_out = Linear::bind(b, p + ".img_mlp.net.2", 4 * d, d);
+    k.txt_mlp_in = Linear::bind(b, p + ".txt_mlp.net.0.proj", d, 4 * d);
+    k.txt_mlp_out = Linear::bind(b, p + ".txt_mlp.net.2", 4 * d, d);
+    return k;
+  }
+};
+
+}  // namespace
+
+struct QwenImageMmdit::Weights {
+  Linear img_in;          // [D, in_channels]
+  Tensor txt_norm;        // [joint_attention_dim]
+  Linear txt_in;          // [D, joint_attention_dim]
+  Linear time_1, time_2;  // time_text_embed.timestep_embedder: 256 -> D (SiLU) -> D
+  std::vector<Block> blocks;
+  Linear norm_out;  // AdaLayerNormContinuous.linear: [2D, D], scale then shift
+  Linear proj_out;  // [p*p*out, D]
+};
+
+QwenImageMmdit::~QwenImageMmdit() = default;
+
+Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const std::string& path,
+                                                             std::shared_ptr<Backend> backend) {
+  LATENT_ASSIGN_OR_RETURN(ModelSource source, resolve_model_source(path, "transformer"));
+  return load(source, std::move(backend));
+}
+
+Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& source,
+                                                             std::shared_ptr<Backend> backend) {
+  const std::string where = source.given.empty() ? source.root : source.given;
+  if (!backend) return Status::errorf("loading ", where, ": no backend");
+  if (source.config_path.empty())
+    return Status::errorf("loading ", where,
+                          ": a QwenImageTransformer2DModel needs its "
+                          "config.json (a diffusers transformer/ folder or pipeline root)");
+  LATENT_ASSIGN_OR_RETURN(Config config, Config::load(source.config_path));
+  LATENT_ASSIGN_OR_RETURN(QwenImageMmditConfig cfg, parse_qwen_image_mmdit_config(config));
+  LATENT_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(source.weights_path));
+
+  std::unique_ptr<QwenImageMmdit> m(new QwenImageMmdit());
+  m->config_ = cfg;
+  m->source_ = source;
+  m->backend_ = backend;
+  m->w_ = std::make_unique<Weights>();
+  Weights& w = *m->w_;
+  const int64_t d = cfg.inner_dim();
+  WeightBinder binder(store, *backend);
+  w.img_in = Linear::bind(binder, "img_in", cfg.in_channels, d);
+  w.txt_norm = binder.take("txt_norm.weight", {cfg.joint_attention_dim});
+  w.txt_in = Linear::bind(binder, "txt_in", cfg.joint_attention_dim, d);
+  w.time_1 = Linear::bind(binder, "time_text_embed.timestep_embedder.linear_1", kTimeProjDim, d);
+  w.time_2 = Linear::bind(binder, "time_text_embed.timestep_embedder.linear_2", d, d);
+  for (int64_t i = 0; i < cfg.num_layers; ++i)
+    w.blocks.push_back(Block::bind(binder, str_cat("transformer_blocks.", i), cfg));
+  w.norm_out = Linear::bind(binder, "norm_out.linear", d, 2 * d);
+  w.proj_out = Linear::bind(binder, "proj_out", d, cfg.out_features());
+  LATENT_TRY(binder.finish().with_context(
+      str_cat("loading QwenImageTransformer2DModel from ", source.weights_path)));
+  m->parameters_ = binder.parameters_taken();
+  m->storage_dtypes_ = binder.storage_dtypes();
+  LATENT_INFO("loaded QwenImageTransformer2DModel (", cfg.num_layers, " layers, ",
+              cfg.num_attention_heads, " x ", cfg.attention_head_dim, " heads",
+              cfg.zero_cond_t ? ", zero_cond_t" : "", ") from ", where, " onto ", backend->name());
+  return m;
+}
+
+std::string QwenImageMmdit::description() const {
+  std::string dtypes;
+  for (const auto& [dt, n] : storage_dtypes_)
+    dtypes += str_cat(dtypes.empty() ? "" : ", ", dt, " x", n);
+  const auto& c = config_;
+  return str_cat(
+      "architecture: QwenImageTransformer2DModel\n", "weights: ", source_.weights_path, " (",
+      dtypes, ")\n", "parameters: ", parameters_, "\n", "num_layers: ", c.num_layers, "\n",
+      "heads: ", c.num_attention_heads, " x ", c.attention_head_dim, " (inner dim ", c.inner_dim(),
+      ")\n", "joint_attention_dim: ", c.joint_attention_dim, "\n",
+      "in/out channels: ", c.in_channels, " / ", c.out_channels, ", patch ", c.patch_size, "\n",
+      "axes_dims_rope: [", join(c.axes_dims_rope), "]\n",
+      "zero_cond_t: ", c.zero_cond_t ? "true (references modulated at t = 0)" : "false", "\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+Result<Tensor> QwenImageMmdit::rope_table(const std::vector<ImageShape>& images, int64_t text_len) {
+  if (rope_.defined() && images == rope_images_ && text_len == rope_text_len_) return rope_;
+  LATENT_ASSIGN_OR_RETURN(Tensor host,
+                          qwen_image_rope_table(config_.axes_dims_rope, images, text_len));
+  LATENT_ASSIGN_OR_RETURN(rope_, backend_->upload_fp32(host));
+  rope_images_ = images;
+  rope_text_len_ = text_len;
+  return rope_;
+}
+
+namespace {
+
+// What a block needs besides the weights, shared by every block of one forward.
+struct BlockContext {
+  Tensor silu_temb_img;  // [G*B, D]: silu(temb), G groups of conditioning for image tokens
+  Tensor silu_temb_txt;  // [B, D]: silu(temb) at t for text tokens
+  std::vector<int64_t> img_groups;  // token group starts of the image stream
+  Tensor rope;                      // [T_txt + T_img, head_dim/2, 2] fp32
+  Tensor key_mask;                  // [B, T_txt + T_img] or undefined
+  int heads = 0;
+  int64_t dim = 0;
+};
+
+// The k-th D-wide chunk of a modulation output [rows, 6D] -> [rows, D].
+Result<Tensor> chunk(Backend& be, const Tensor& mod, int k, int64_t d) {
+  return be.slice(mod, 1, k * d, d);
+}
+
+// Per-head RMS QK norm: x [B, T, H*d] viewed as [B*T*H, d] -> [B, T, H*d].
+Result<Tensor> qk_norm(Backend& be, const Tensor& x, const Tensor& gamma, int64_t head_dim) {
+  LATENT_ASSIGN_OR_RETURN(Tensor rows, x.reshape({x.numel() / head_dim, head_dim}));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, be.rms_norm(rows, gamma, kNormEps));
+  return y.reshape(x.shape());
+}
+
+// One QwenImageTransformerBlock. img: [B, T_img, D], txt: [B, T_txt, D]; updated in place of
+// the handles.
+Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor* img, Tensor* txt) {
+  const int64_t d = c.dim, hd = d / c.heads;
+  const int64_t t_txt = txt->dim(1), t_img = img->dim(1);
+  const std::vector<int64_t> one_group = {0};
+  // Modulation: [rows, 6D] = shift1, scale1, gate1 (attention), shift2, scale2, gate2 (MLP).
+  LATENT_ASSIGN_OR_RETURN(Tensor img_mod, w.img_mod(be, c.silu_temb_img));  // [G*B, 6D]
+  LATENT_ASSIGN_OR_RETURN(Tensor txt_mod, w.txt_mod(be, c.silu_temb_txt));  // [B, 6D]
+  Tensor im[6], tm[6];
+  for (int k = 0; k < 6; ++k) {
+    LATENT_ASSIGN_OR_RETURN(im[k], chunk(be, img_mod, k, d));
+    LATENT_ASSIGN_OR_RETURN(tm[k], chunk(be, txt_mod, k, d));
+  }
+
+  // Attention. x: [B, T, D] per stream; joint sequence [text, image].
+  LATENT_ASSIGN_OR_RETURN(Tensor img_n,
+                          be.layer_norm_modulate(*img, im[0], im[1], c.img_groups, kNormEps));
+  LATENT_ASSIGN_OR_RETURN(Tensor txt_n,
+                          be.layer_norm_modulate(*txt, tm[0], tm[1], one_group, kNormEps));
+  LATENT_ASSIGN_OR_RETURN(Tensor q_i, w.to_q(be, img_n));  // [B, T_img, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor k_i, w.to_k(be, img_n));
+  LATENT_ASSIGN_OR_RETURN(Tensor v_i, w.to_v(be, img_n));
+  LATENT_ASSIGN_OR_RETURN(Tensor q_t, w.add_q(be, txt_n));  // [B, T_txt, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor k_t, w.add_k(be, txt_n));
+  LATENT_ASSIGN_OR_RETURN(Tensor v_t, w.add_v(be, txt_n));
+  LATENT_ASSIGN_OR_RETURN(q_i, qk_norm(be, q_i, w.norm_q, hd));
+  LATENT_ASSIGN_OR_RETURN(k_i, qk_norm(be, k_i, w.norm_k, hd));
+  LATENT_ASSIGN_OR_RETURN(q_t, qk_norm(be, q_t, w.norm_added_q, hd));
+  LATENT_ASSIGN_OR_RETURN(k_t, qk_norm(be, k_t, w.norm_added_k, hd));
+  LATENT_ASSIGN_OR_RETURN(Tensor q, be.concat({q_t, q_i}, 1));  // [B, T_txt + T_img, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor k, be.concat({k_t, k_i}, 1));
+  LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_t, v_i}, 1));
+  LATENT_ASSIGN_OR_RETURN(q, be.rope(q, c.rope, c.heads));
+  LATENT_ASSIGN_OR_RETURN(k, be.rope(k, c.rope, c.heads));
+  LATENT_ASSIGN_OR_RETURN(Tensor o, be.attention(q, k, v, c.heads, c.key_mask));  // [B, T, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor o_t, be.slice(o, 1, 0, t_txt));                  // [B, T_txt, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, t_txt, t_img));              // [B, T_img, D]
+  LATENT_ASSIGN_OR_RETURN(o_i, w.to_out(be, o_i));
+  LATENT_ASSIGN_OR_RETURN(o_t, w.to_add_out(be, o_t));
+  LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
+  LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, o_t, tm[2], one_group));
+
+  // MLPs. x: [B, T, D] -> [B, T, 4D] -> [B, T, D]
+  LATENT_ASSIGN_OR_RETURN(img_n,
+                          be.layer_norm_modulate(*img, im[3], im[4], c.img_groups, kNormEps));
+  LATENT_ASSIGN_OR_RETURN(Tensor h_i, w.img_mlp_in(be, img_n, DitActivation::kGELUTanh));
+  LATENT_ASSIGN_OR_RETURN(h_i, w.img_mlp_out(be, h_i));
+  LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, h_i, im[5], c.img_groups));
+  LATENT_ASSIGN_OR_RETURN(txt_n, be.layer_norm_modulate(*txt, tm[3], tm[4], one_group, kNormEps));
+  LATENT_ASSIGN_OR_RETURN(Tensor h_t, w.txt_mlp_in(be, txt_n, DitActivation::kGELUTanh));
+  LATENT_ASSIGN_OR_RETURN(h_t, w.txt_mlp_out(be, h_t));
+  LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, h_t, tm[5], one_group));
+  return ok_status();
+}
+
+}  // namespace
+
+Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
+  Backend& be = *backend_;
+  const auto& c = config_;
+  const char* op = "QwenImageTransformer2DModel";
+  // hidden_states: [B, T_img, in_channels]; encoder_hidden_states: [B, T_txt, joint_attention_dim]
+  const Tensor& hs = in.hidden_states;
+  const Tensor& ehs = in.encoder_hidden_states;
+  if (!hs.defined() || hs.rank() != 3 || hs.dim(2) != c.in_channels)
+    return Status::errorf(op, ": hidden_states must be [B, T_img, ", c.in_channels, "], got ",
+                          hs.defined() ? shape_str(hs.shape()) : "nothing");
+  const int64_t batch = hs.dim(0), t_img = hs.dim(1);
+  if (!ehs.defined() || ehs.rank() != 3 || ehs.dim(0) != batch ||
+      ehs.dim(2) != c.joint_attention_dim)
+    return Status::errorf(op, ": encoder_hidden_states must be [", batch, ", T_txt, ",
+                          c.joint_attention_dim, "], got ",
+                          ehs.defined() ? shape_str(ehs.shape()) : "nothing");
+  const int64_t t_txt = ehs.dim(1);
+  if (static_cast<int64_t>(in.timestep.size()) != batch)
+    return Status::errorf(op, ": ", in.timestep.size(), " timestep values for a batch of ", batch);
+  for (float t : in.timestep)
+    if (!std::isfinite(t)) return Status::errorf(op, ": timestep ", t, " is not finite");
+  if (in.img_shapes.empty()) return Status::errorf(op, ": img_shapes is empty");
+  int64_t tokens = 0;
+  for (const ImageShape& s : in.img_shapes) tokens += s.tokens();
+  if (tokens != t_img)
+    return Status::errorf(op, ": img_shapes describe ", tokens, " tokens but hidden_states ",
+                          shape_str(hs.shape()), " holds ", t_img);
+  const bool has_mask = !in.encoder_hidden_states_mask.empty();
+  if (has_mask && static_cast<int64_t>(in.encoder_hidden_states_mask.size()) != batch * t_txt)
+    return Status::errorf(op, ": encoder_hidden_states_mask has ",
+                          in.encoder_hidden_states_mask.size(), " values for [", batch, ", ", t_txt,
+                          "] text tokens");
+
+  // zero_cond_t with reference images: conditioning group 0 (target) at t, group 1 at t = 0.
+  const bool two_groups = c.zero_cond_t && in.img_shapes.size() > 1;
+  BlockContext ctx;
+  ctx.heads = static_cast<int>(c.num_attention_heads);
+  ctx.dim = c.inner_dim();
+  ctx.img_groups = {0};
+  std::vector<float> ts = in.timestep;
+  if (two_groups) {
+    ctx.img_groups.push_back(in.img_shapes[0].tokens());
+    ts.insert(ts.end(), static_cast<size_t>(batch), 0.f);
+  }
+
+  // Timestep embedding: [G*B, 256] -> [G*B, D]; every modulation reads silu(temb).
+  LATENT_ASSIGN_OR_RETURN(Tensor proj, be.upload(qwen_image_timestep_proj(ts)));
+  LATENT_ASSIGN_OR_RETURN(Tensor temb, w_->time_1(be, proj, DitActivation::kSiLU));
+  LATENT_ASSIGN_OR_RETURN(temb, w_->time_2(be, temb));
+  LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_img, be.dit_activation(temb, DitActivation::kSiLU));
+  if (two_groups) {
+    LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_txt, be.slice(ctx.silu_temb_img, 0, 0, batch));  // [B, D]
+  } else {
+    ctx.silu_temb_txt = ctx.silu_temb_img;
+  }
+
+  LATENT_ASSIGN_OR_RETURN(ctx.rope, rope_table(in.img_shapes, t_txt));
+  if (has_mask) {
+    const auto& m = in.encoder_hidden_states_mask;
+    const bool all_valid = std::all_of(m.begin(), m.end(), [](float v) { return v != 0.f; });
+    if (!all_valid) {
+      // Joint key mask [B, T_txt + T_img]: the text mask, then every image token.
+      Tensor host = Tensor::empty({batch, t_txt + t_img}, DType::kF32);
+      float* p = host.data_as<float>();
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t j = 0; j < t_txt; ++j) p[b * (t_txt + t_img) + j] = m[b * t_txt + j] != 0.f;
+        std::fill(p + b * (t_txt + t_img) + t_txt, p + (b + 1) * (t_txt + t_img), 1.f);
+      }
+      LATENT_ASSIGN_OR_RETURN(ctx.key_mask, be.upload(host));
+    }
+  }
+
+  // Input projections. img: [B, T_img, D]; txt: [B, T_txt, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor img, w_->img_in(be, hs));
+  LATENT_ASSIGN_OR_RETURN(Tensor txt, be.rms_norm(ehs, w_->txt_norm, kNormEps));
+  LATENT_ASSIGN_OR_RETURN(txt, w_->txt_in(be, txt));
+
+  for (size_t i = 0; i < w_->blocks.size(); ++i)
+    LATENT_TRY(
+        block_forward(be, w_->blocks[i], ctx, &img, &txt).with_context(str_cat(op, " block ", i)));
+
+  // Output: AdaLayerNormContinuous (linear(silu(temb)) -> scale, shift) and proj_out.
+  LATENT_ASSIGN_OR_RETURN(Tensor emb, w_->norm_out(be, ctx.silu_temb_txt));  // [B, 2D]
+  LATENT_ASSIGN_OR_RETURN(Tensor scale, be.slice(emb, 1, 0, ctx.dim));
+  LATENT_ASSIGN_OR_RETURN(Tensor shift, be.slice(emb, 1, ctx.dim, ctx.dim));
+  LATENT_ASSIGN_OR_RETURN(img, be.layer_norm_modulate(img, shift, scale, {0}, kNormEps));
+  return w_->proj_out(be, img);  // [B, T_img, p*p*out]
+}
+
+}  // namespace latent

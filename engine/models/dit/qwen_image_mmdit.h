@@ -1,0 +1,124 @@
+// diffusers QwenImageTransformer2DModel: the Qwen-Image MMDiT (also Qwen-Image-Edit 2509, and
+// Qwen-Image-Edit-2511 with zero_cond_t), on any backend with the DiT ops of backend.h.
+//
+// The network, as diffusers 0.42.1 computes it (transformer_qwenimage.py):
+//   img = img_in(hidden_states)                              // packed 2x2 latent patches
+//   txt = txt_in(txt_norm(encoder_hidden_states))            // RMSNorm, eps 1e-6
+//   temb = timestep_embedder(Timesteps(256, flip_sin_to_cos, shift 0, scale 1000)(timestep))
+//   per block (dual stream): AdaLN-Zero modulation from silu(temb) (img_mod / txt_mod: shift,
+//     scale, gate for attention and MLP), LayerNorm(no affine, eps 1e-6), Q/K/V per stream, RMS
+//     QK norm per head, 3-D RoPE (QwenEmbedRope, scale_rope), joint attention over
+//     [text, image] with the text padding mask, gated residuals, GELU(tanh) MLPs (4x)
+//   out = proj_out(AdaLayerNormContinuous(img, temb))        // scale first, then shift
+// zero_cond_t: the timestep batch is [t, 0]; the first image's tokens (the target) are modulated
+// with t, every later image's (the references) with t = 0; text and norm_out use t.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/weights/config.h"
+#include "engine/weights/model_source.h"
+#include "engine/weights/safetensors.h"
+
+namespace latent {
+
+// transformer/config.json (defaults: Qwen-Image).
+struct QwenImageMmditConfig {
+  int64_t patch_size = 2;
+  int64_t in_channels = 64;
+  int64_t out_channels = 16;
+  int64_t num_layers = 60;
+  int64_t attention_head_dim = 128;
+  int64_t num_attention_heads = 24;
+  int64_t joint_attention_dim = 3584;
+  std::vector<int64_t> axes_dims_rope = {16, 56, 56};
+  bool zero_cond_t = false;
+
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  // Features of one output token: patch_size^2 * out_channels.
+  int64_t out_features() const { return patch_size * patch_size * out_channels; }
+};
+
+// Reads and checks config.json; refuses what diffusers 0.42.1 cannot run or we do not implement
+// (guidance_embeds, use_additional_t_cond / use_layer3d_rope of Qwen-Image-Layered), naming the
+// file and key.
+Result<QwenImageMmditConfig> parse_qwen_image_mmdit_config(const Config& config);
+
+// One image of the token sequence, in patches: diffusers' img_shapes entry (frame, height,
+// width). Its tokens are frames x height x width, row-major.
+struct ImageShape {
+  int64_t frames = 1;
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t tokens() const { return frames * height * width; }
+  bool operator==(const ImageShape& o) const {
+    return frames == o.frames && height == o.height && width == o.width;
+  }
+};
+
+// The rotary table of a [text, image 0, image 1, ...] sequence exactly as QwenEmbedRope
+// (scale_rope=True) builds it: image i takes frame positions i.. i+frames-1, centred row and
+// column positions -(h - h/2) .. h/2 - 1 (likewise for w); text token j takes position
+// max_i(max(h_i/2, w_i/2)) + j on all three axes. Angles pos / theta^(2k/dim) per axis, in fp32
+// like torch. -> [text_len + sum tokens, head_dim/2, 2] (cos, sin), fp32 host tensor.
+Result<Tensor> qwen_image_rope_table(const std::vector<int64_t>& axes_dims,
+                                     const std::vector<ImageShape>& images, int64_t text_len);
+
+// diffusers' get_timestep_embedding(timesteps, 256, flip_sin_to_cos=True,
+// downscale_freq_shift=0, scale=1000): [n, 256] = [cos, sin] of t * 1000 * 10000^(-k/128).
+Tensor qwen_image_timestep_proj(const std::vector<float>& timesteps);
+
+struct MmditInputs {
+  Tensor hidden_states;          // [B, T_img, in_channels] on the backend: every image's tokens
+  Tensor encoder_hidden_states;  // [B, T_txt, joint_attention_dim] on the backend
+  // B x T_txt host values, nonzero = valid token, 0 = padding; empty = every token valid.
+  std::vector<float> encoder_hidden_states_mask;
+  std::vector<float> timestep;  // B values: diffusers' `timestep` (the pipelines pass t/1000)
+  std::vector<ImageShape> img_shapes;  // the images of hidden_states in order (target first)
+};
+
+// Holds the weights on its backend; forward() caches the rotary table of the last shapes, so one
+// model runs one forward at a time (callers serialise, as the denoising loop does).
+class QwenImageMmdit {
+ public:
+  // `source` as resolve_model_source(path, "transformer") gives it: a transformer/ folder with
+  // config.json and (sharded) safetensors, or a pipeline root.
+  static Result<std::unique_ptr<QwenImageMmdit>> load(const ModelSource& source,
+                                                      std::shared_ptr<Backend> backend);
+  static Result<std::unique_ptr<QwenImageMmdit>> load(const std::string& path,
+                                                      std::shared_ptr<Backend> backend);
+  ~QwenImageMmdit();
+
+  const QwenImageMmditConfig& config() const { return config_; }
+  Backend& backend() const { return *backend_; }
+  const ModelSource& source() const { return source_; }
+  int64_t parameters() const { return parameters_; }
+  // One line per config item (latent-tool).
+  std::string description() const;
+
+  // The transformer's forward: -> sample [B, T_img, patch_size^2 * out_channels] (diffusers'
+  // output `sample`, flow velocity for every image token).
+  Result<Tensor> forward(const MmditInputs& in);
+
+ private:
+  struct Weights;
+  QwenImageMmdit() = default;
+  Result<Tensor> rope_table(const std::vector<ImageShape>& images, int64_t text_len);
+
+  QwenImageMmditConfig config_;
+  ModelSource source_;
+  std::shared_ptr<Backend> backend_;
+  std::unique_ptr<Weights> w_;
+  int64_t parameters_ = 0;
+  std::map<std::string, int64_t> storage_dtypes_;
+  // The rotary table of the last forward's shapes (a denoising loop repeats them every step).
+  std::vector<ImageShape> rope_images_;
+  int64_t rope_text_len_ = -1;
+  Tensor rope_;
+};
+
+}  // namespace latent

@@ -1,0 +1,258 @@
+// QwenImageTransformer2DModel against diffusers fixtures made by scripts/make_dit_fixtures.py:
+// dit_qwen_image_tiny (Qwen-Image layout, fp32 weights in two shards + index.json) and
+// dit_qwen_image_edit_tiny (zero_cond_t as Qwen-Image-Edit-2511, bf16 weights).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "engine/backends/registry.h"
+#include "engine/models/dit/qwen_image_mmdit.h"
+#include "engine/weights/config.h"
+#include "engine/weights/model_source.h"
+#include "engine/weights/safetensors.h"
+#include "tests/util/test_util.h"
+
+namespace latent {
+namespace {
+
+// fp32 on the CPU, as the reference.
+constexpr double kTolerance = 1e-3;
+
+std::string root(const std::string& name) { return test::fixtures_dir() + "/" + name; }
+
+std::shared_ptr<Backend> cpu_backend(const std::string& dtype = "fp32") {
+  BackendOptions o;
+  o.device = "cpu";
+  o.dtype = dtype;
+  auto b = get_backend(o);
+  if (!b.ok()) ADD_FAILURE() << b.status().message();
+  return b.ok() ? *b : nullptr;
+}
+
+// The inputs of one io_transformer.safetensors case ("single.hidden_states", ...).
+struct Case {
+  Tensor hidden_states, encoder_hidden_states, mask, timestep, img_shapes, sample;
+};
+
+Case read_case(const SafetensorsFile& f, const std::string& name) {
+  Case c;
+  auto get = [&](const std::string& key, bool optional = false) {
+    auto t = f.tensor(name + "." + key);
+    if (!t.ok()) {
+      if (!optional) ADD_FAILURE() << t.status().message();
+      return Tensor();
+    }
+    return *t;
+  };
+  c.hidden_states = get("hidden_states");
+  c.encoder_hidden_states = get("encoder_hidden_states");
+  c.mask = get("encoder_hidden_states_mask", true);
+  c.timestep = get("timestep");
+  c.img_shapes = get("img_shapes");
+  c.sample = get("sample");
+  return c;
+}
+
+Result<Tensor> run_case(QwenImageMmdit& model, const Case& c) {
+  Backend& b = model.backend();
+  MmditInputs in;
+  LATENT_ASSIGN_OR_RETURN(in.hidden_states, b.upload(c.hidden_states));
+  LATENT_ASSIGN_OR_RETURN(in.encoder_hidden_states, b.upload(c.encoder_hidden_states));
+  if (c.mask.defined()) in.encoder_hidden_states_mask = c.mask.to_floats();
+  in.timestep = c.timestep.to_floats();
+  std::vector<float> s = c.img_shapes.to_floats();
+  for (size_t i = 0; i + 2 < s.size(); i += 3)
+    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
+                             static_cast<int64_t>(s[i + 2])});
+  LATENT_ASSIGN_OR_RETURN(Tensor y, model.forward(in));
+  return b.download(y);
+}
+
+void check_root(const std::string& name, const std::vector<std::string>& cases,
+                const std::string& dtype = "fp32", double tolerance = kTolerance) {
+  auto model = QwenImageMmdit::load(root(name), cpu_backend(dtype));
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto io = SafetensorsFile::open(root(name) + "/io_transformer.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status().message();
+  for (const std::string& cname : cases) {
+    SCOPED_TRACE(name + " " + cname);
+    Case c = read_case(**io, cname);
+    ASSERT_TRUE(c.sample.defined());
+    auto y = run_case(**model, c);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    ASSERT_EQ(y->shape(), c.sample.shape());
+    const double err = relative_l2(*y, c.sample);
+    EXPECT_LT(err, tolerance) << "relative L2 " << err;
+    std::printf("%s %s (%s): relative L2 %.2e\n", name.c_str(), cname.c_str(), dtype.c_str(), err);
+  }
+}
+
+TEST(QwenImageMmdit, TextToImageCasesMatchDiffusers) {
+  check_root("dit_qwen_image_tiny", {"single", "masked_batch", "multi_image"});
+}
+
+TEST(QwenImageMmdit, ZeroCondTEditCasesMatchDiffusers) {
+  check_root("dit_qwen_image_edit_tiny", {"edit", "edit_batch", "edit_single"});
+}
+
+TEST(QwenImageMmdit, Bf16BackendStaysClose) {
+  // bf16 storage rounds every activation: a loose bound that still catches wrong wiring.
+  check_root("dit_qwen_image_tiny", {"single", "masked_batch"}, "bf16", 5e-2);
+}
+
+TEST(QwenImageMmdit, LoadsFromTransformerFolderAndReportsConfig) {
+  auto model = QwenImageMmdit::load(root("dit_qwen_image_tiny") + "/transformer", cpu_backend());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const auto& c = (*model)->config();
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.inner_dim(), 32);
+  EXPECT_EQ(c.joint_attention_dim, 24);
+  EXPECT_FALSE(c.zero_cond_t);
+  EXPECT_GT((*model)->parameters(), 50000);
+  EXPECT_NE((*model)->description().find("axes_dims_rope: [4, 6, 6]"), std::string::npos);
+  auto edit = QwenImageMmdit::load(root("dit_qwen_image_edit_tiny"), cpu_backend());
+  ASSERT_TRUE(edit.ok()) << edit.status().message();
+  EXPECT_TRUE((*edit)->config().zero_cond_t);
+}
+
+// The fixtures are sensitive to the text mask and the timestep: a model ignoring either would
+// fail them.
+TEST(QwenImageMmdit, MaskAndTimestepChangeTheOutput) {
+  auto model = QwenImageMmdit::load(root("dit_qwen_image_edit_tiny"), cpu_backend());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto io = SafetensorsFile::open(root("dit_qwen_image_edit_tiny") + "/io_transformer.safetensors");
+  ASSERT_TRUE(io.ok());
+  Case c = read_case(**io, "edit");
+  Case unmasked = c;
+  unmasked.mask = Tensor();
+  auto y = run_case(**model, unmasked);
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  EXPECT_GT(relative_l2(*y, c.sample), 1e-2);
+  Case later = c;
+  later.timestep = Tensor::from_floats({1}, {0.2f});
+  y = run_case(**model, later);
+  ASSERT_TRUE(y.ok());
+  EXPECT_GT(relative_l2(*y, c.sample), 1e-2);
+}
+
+TEST(QwenImageMmdit, RejectsBadInputsWithMessages) {
+  auto model = QwenImageMmdit::load(root("dit_qwen_image_tiny"), cpu_backend());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  Backend& b = (*model)->backend();
+  MmditInputs in;
+  in.hidden_states = *b.upload(test::random_tensor({1, 24, 64}, 1));
+  in.encoder_hidden_states = *b.upload(test::random_tensor({1, 5, 24}, 2));
+  in.timestep = {0.5f};
+  in.img_shapes = {{1, 4, 5}};  // 20 tokens, not 24
+  auto y = (*model)->forward(in);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("img_shapes describe 20 tokens"), std::string::npos)
+      << y.status().message();
+  in.img_shapes = {{1, 4, 6}};
+  in.timestep = {0.5f, 0.1f};
+  y = (*model)->forward(in);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("timestep"), std::string::npos);
+  in.timestep = {0.5f};
+  in.encoder_hidden_states_mask = {1, 1, 0};
+  y = (*model)->forward(in);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("encoder_hidden_states_mask"), std::string::npos);
+  in.encoder_hidden_states_mask = {0, 0, 0, 0, 0};  // every text token padding: image keys remain
+  y = (*model)->forward(in);
+  EXPECT_TRUE(y.ok()) << y.status().message();
+  in.encoder_hidden_states_mask.clear();
+  in.encoder_hidden_states = *b.upload(test::random_tensor({1, 5, 23}, 2));
+  y = (*model)->forward(in);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("encoder_hidden_states must be [1, T_txt, 24]"),
+            std::string::npos)
+      << y.status().message();
+}
+
+// Writes a copy of a fixture's transformer folder with an edited config.json.
+std::string edited_copy(const std::string& key, const nlohmann::json& value,
+                        const std::string& fixture = "dit_qwen_image_tiny") {
+  namespace fs = std::filesystem;
+  const std::string dir = test::temp_dir() + "/" + fixture + "_" + key;
+  fs::create_directories(dir);
+  const std::string src = root(fixture) + "/transformer";
+  for (const auto& e : fs::directory_iterator(src))
+    fs::copy_file(e.path(), dir + "/" + e.path().filename().string(),
+                  fs::copy_options::overwrite_existing);
+  auto cfg = Config::load(src + "/config.json");
+  EXPECT_TRUE(cfg.ok());
+  nlohmann::json j = cfg->json();
+  j[key] = value;
+  std::ofstream(dir + "/config.json") << j.dump(2);
+  return dir;
+}
+
+// Without zero_cond_t the same weights give another result on the edit case: the fixture
+// does test that reference tokens are modulated at t = 0.
+TEST(QwenImageMmdit, ZeroCondTMattersOnTheEditFixture) {
+  auto plain = QwenImageMmdit::load(edited_copy("zero_cond_t", false, "dit_qwen_image_edit_tiny"),
+                                    cpu_backend());
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  auto io = SafetensorsFile::open(root("dit_qwen_image_edit_tiny") + "/io_transformer.safetensors");
+  ASSERT_TRUE(io.ok());
+  Case c = read_case(**io, "edit");
+  auto y = run_case(**plain, c);
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  EXPECT_GT(relative_l2(*y, c.sample), 1e-2);
+  // With a single image zero_cond_t changes nothing (every token is the target).
+  Case single = read_case(**io, "edit_single");
+  y = run_case(**plain, single);
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  EXPECT_LT(relative_l2(*y, single.sample), kTolerance);
+}
+
+TEST(QwenImageMmdit, ConfigErrorsNameFileAndKey) {
+  auto expect_error = [](const std::string& key, const nlohmann::json& value,
+                         const std::string& words) {
+    auto m = QwenImageMmdit::load(edited_copy(key, value), cpu_backend());
+    ASSERT_FALSE(m.ok()) << key;
+    EXPECT_NE(m.status().message().find(words), std::string::npos) << m.status().message();
+    EXPECT_NE(m.status().message().find("config.json"), std::string::npos) << m.status().message();
+  };
+  expect_error("axes_dims_rope", {4, 6, 8}, "sums to 18");
+  expect_error("guidance_embeds", true, "guidance_embeds");
+  expect_error("use_layer3d_rope", true, "Qwen-Image-Layered");
+  // A config that disagrees with the weights: every misshaped tensor is named.
+  auto m = QwenImageMmdit::load(edited_copy("joint_attention_dim", 32), cpu_backend());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("txt_in.weight"), std::string::npos) << m.status().message();
+}
+
+// QwenEmbedRope positions, checked on values computed by hand.
+TEST(QwenImageRope, CentredImagePositionsAndTextOffset) {
+  // axes (2, 2, 2): one frequency per axis, theta^0 = 1, so the angle is the position itself.
+  auto t = qwen_image_rope_table({2, 2, 2}, {{1, 3, 4}, {1, 2, 2}}, 2);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  ASSERT_EQ(t->shape(), (Shape{2 + 12 + 4, 3, 2}));
+  const float* p = t->data_as<float>();
+  auto angle = [&](int64_t token, int axis) {
+    return std::atan2(p[(token * 3 + axis) * 2 + 1], p[(token * 3 + axis) * 2]);
+  };
+  // Text: max(h/2, w/2) over images = max(1, 2, 1, 1) = 2, so text tokens sit at 2 and 3.
+  EXPECT_NEAR(angle(0, 0), 2.0, 1e-6);
+  EXPECT_NEAR(angle(1, 2), 3.0, 1e-6);
+  // Image 0 (3 x 4): rows -2..0, columns -2..1; token (row 0, col 3) = index 3.
+  EXPECT_NEAR(angle(2 + 0, 1), -2.0, 1e-6);
+  EXPECT_NEAR(angle(2 + 3, 2), 1.0, 1e-6);
+  EXPECT_NEAR(angle(2 + 11, 1), 0.0, 1e-6);
+  EXPECT_NEAR(angle(2 + 0, 0), 0.0, 1e-6);  // frame of image 0
+  // Image 1 (2 x 2): frame position 1, rows -1..0.
+  EXPECT_NEAR(angle(14, 0), 1.0, 1e-6);
+  EXPECT_NEAR(angle(14, 1), -1.0, 1e-6);
+  EXPECT_NEAR(angle(17, 2), 0.0, 1e-6);
+  EXPECT_FALSE(qwen_image_rope_table({2, 2, 2}, {{1, 0, 4}}, 2).ok());
+  EXPECT_FALSE(qwen_image_rope_table({2, 2, 2}, {{1, 4, 4}}, 4095).ok());
+}
+
+}  // namespace
+}  // namespace latent
