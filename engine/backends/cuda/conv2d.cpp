@@ -1,0 +1,181 @@
+#include "engine/backends/cuda/conv2d.cuh"
+
+#include <algorithm>
+#include <utility>
+
+#include "engine/backends/cuda/check.h"
+#include "engine/core/log.h"
+
+namespace latent::cuda {
+
+struct ConvPlanCache::Plan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  size_t workspace = 0;
+
+  ~Plan() {
+    if (x) LATENT_CUDA_WARN(cudnnDestroyTensorDescriptor(x));
+    if (y) LATENT_CUDA_WARN(cudnnDestroyTensorDescriptor(y));
+    if (w) LATENT_CUDA_WARN(cudnnDestroyFilterDescriptor(w));
+    if (conv) LATENT_CUDA_WARN(cudnnDestroyConvolutionDescriptor(conv));
+  }
+};
+
+namespace {
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::kF16:
+      return CUDNN_DATA_HALF;
+    case DType::kF32:
+      break;
+  }
+  return CUDNN_DATA_FLOAT;
+}
+
+const char* algo_name(cudnnConvolutionFwdAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM:
+      return "implicit_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
+      return "implicit_precomp_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM:
+      return "gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT:
+      return "direct";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT:
+      return "fft";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING:
+      return "fft_tiling";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD:
+      return "winograd";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED:
+      return "winograd_nonfused";
+    default:
+      return "?";
+  }
+}
+
+std::string describe(const ConvShape& s) {
+  return str_cat(dtype_name(s.dtype), " x[", s.n, ", ", s.c, ", ", s.h, ", ", s.w, "] * w[", s.k,
+                 ", ", s.c, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ", s.pad_h, "/",
+                 s.pad_w);
+}
+
+// The most workspace an algorithm may ask for: 512 MiB, or half of the free device memory.
+size_t workspace_limit() {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return size_t{256} << 20;
+  }
+  return std::min(size_t{512} << 20, free_bytes / 2);
+}
+
+}  // namespace
+
+ConvPlanCache::ConvPlanCache(cudnnHandle_t handle, bool tf32, bool exhaustive)
+    : handle_(handle), tf32_(tf32), exhaustive_(exhaustive) {}
+ConvPlanCache::~ConvPlanCache() = default;
+
+Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, const void* x,
+                                                     const void* w, void* y, DeviceContext& ctx) {
+  auto it = plans_.find(shape);
+  if (it != plans_.end()) return it->second.get();
+
+  auto plan = std::make_unique<Plan>();
+  const cudnnDataType_t dt = cudnn_type(shape.dtype);
+  LATENT_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->x));
+  LATENT_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NHWC, dt, shape.n, shape.c,
+                                               shape.h, shape.w));
+  LATENT_CUDA_CHECK(cudnnCreateFilterDescriptor(&plan->w));
+  LATENT_CUDA_CHECK(cudnnSetFilter4dDescriptor(plan->w, dt, CUDNN_TENSOR_NHWC, shape.k, shape.c,
+                                               shape.r, shape.s));
+  LATENT_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
+  LATENT_CUDA_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, shape.pad_h, shape.pad_w,
+                                                    shape.stride, shape.stride, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  const bool tensor_ops = shape.dtype != DType::kF32 || tf32_;
+  LATENT_CUDA_CHECK(
+      cudnnSetConvolutionMathType(plan->conv, tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  int on = 0, oc = 0, oh = 0, ow = 0;
+  LATENT_CUDA_CHECK(
+      cudnnGetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &on, &oc, &oh, &ow));
+  if (on != shape.n || oc != shape.k || oh != shape.out_h() || ow != shape.out_w())
+    return Status::errorf("conv2d: cuDNN output [", on, ", ", oc, ", ", oh, ", ", ow,
+                          "] differs from the expected [", shape.n, ", ", shape.k, ", ",
+                          shape.out_h(), ", ", shape.out_w(), "] for ", describe(shape));
+  LATENT_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->y));
+  LATENT_CUDA_CHECK(
+      cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NHWC, dt, shape.n, shape.k, oh, ow));
+
+  const size_t limit = workspace_limit();
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int returned = 0;
+  bool timed = false;
+  if (exhaustive_) {
+    // Times each candidate on the real buffers (this synchronises, once per shape). Should the
+    // search itself fail, cuDNN's heuristic ranking below still gives an answer.
+    TempBuffer scratch;
+    Status st = scratch.allocate(ctx, limit);
+    if (st.ok()) {
+      const cudnnStatus_t rc = cudnnFindConvolutionForwardAlgorithmEx(
+          handle_, plan->x, x, plan->w, w, plan->conv, plan->y, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          &returned, perf, scratch.get(), limit);
+      if (rc == CUDNN_STATUS_SUCCESS) {
+        timed = true;
+      } else {
+        returned = 0;
+        LATENT_WARN("conv2d: cudnnFindConvolutionForwardAlgorithmEx failed for ", describe(shape),
+                    " on ", ctx.label(), ": ", cudnnGetErrorString(rc), "; using heuristics");
+      }
+    } else {
+      LATENT_WARN("conv2d: no memory to time algorithms for ", describe(shape), ": ", st.message());
+    }
+  }
+  bool any = false;
+  for (int i = 0; i < returned; ++i) any = any || perf[i].status == CUDNN_STATUS_SUCCESS;
+  if (!any) {
+    timed = false;
+    LATENT_CUDA_CHECK(
+        cudnnGetConvolutionForwardAlgorithm_v7(handle_, plan->x, plan->w, plan->conv, plan->y,
+                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+  }
+  const cudnnConvolutionFwdAlgoPerf_t* chosen = nullptr;
+  for (int i = 0; i < returned && !chosen; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit) chosen = &perf[i];
+  if (!chosen)
+    return Status::errorf("conv2d: cuDNN has no algorithm for ", describe(shape), " within ",
+                          limit >> 20, " MiB of workspace on ", ctx.label());
+  plan->algo = chosen->algo;
+  LATENT_CUDA_CHECK(cudnnSetConvolutionMathType(plan->conv, chosen->mathType));
+  // The size for the math type finally set (the search may have reported another's).
+  LATENT_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle_, plan->x, plan->w, plan->conv,
+                                                            plan->y, plan->algo, &plan->workspace));
+  LATENT_DEBUG("conv2d plan ", describe(shape), ": ", algo_name(plan->algo),
+               chosen->mathType == CUDNN_TENSOR_OP_MATH ? " (tensor ops)" : "", ", ",
+               plan->workspace, " bytes of workspace",
+               timed ? str_cat(", ", chosen->time, " ms") : std::string());
+  Plan* raw = plan.get();
+  plans_.emplace(shape, std::move(plan));
+  return raw;
+}
+
+Status ConvPlanCache::forward(const ConvShape& shape, const void* x, const void* w, void* y,
+                              DeviceContext& ctx, GrowableBuffer& workspace) {
+  LATENT_ASSIGN_OR_RETURN(Plan * plan, plan_for(shape, x, w, y, ctx));
+  void* ws = nullptr;
+  if (plan->workspace > 0) {
+    LATENT_ASSIGN_OR_RETURN(ws, workspace.ensure(ctx, plan->workspace));
+  }
+  const float alpha = 1.f, beta = 0.f;
+  LATENT_CUDA_CHECK(cudnnConvolutionForward(handle_, &alpha, plan->x, x, plan->w, w, plan->conv,
+                                            plan->algo, ws, plan->workspace, &beta, plan->y, y));
+  return ok_status();
+}
+
+}  // namespace latent::cuda

@@ -1,0 +1,547 @@
+// The CUDA backend: the class, its checks and its dispatch to the kernels of this folder.
+//
+// Tensors: 4-D activations and weights are NHWC on the device (Layout::kNHWC, logical shape
+// still [N, C, H, W]), so a conv weight [Cout, Cin, kh, kw] is KRSC, the layout cuDNN wants for
+// NHWC convolutions; other ranks stay contiguous. Everything is in the compute dtype (bf16 by
+// default, fp16, or fp32 with TF32 convolutions), kernels accumulate in fp32.
+//
+// Execution: one stream per backend; ops only queue work (no host synchronisation except
+// download() and synchronize(), and cuDNN's timing of a new convolution shape), and take their
+// outputs and scratch from the stream-ordered pool in memory.h. A mutex serialises callers
+// (backends are shared between elements), which also keeps the cuDNN handle single-threaded.
+//
+// Environment (read when a backend is created):
+//   LATENT_CUDNN_SEARCH=heuristic  pick convolution algorithms without timing them
+//   LATENT_CUDA_TF32=0             exact fp32 convolutions (no TF32 tensor cores)
+//   LATENT_CUDA_ATTENTION=simple   the CUDA-core attention kernel even for bf16/fp16
+//   LATENT_CUDA_POISON=1           fill new buffers with NaN (tests: catches unwritten outputs)
+#include "engine/backends/cuda/cuda_backend.h"
+
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <utility>
+
+#include "engine/backends/cuda/attention.cuh"
+#include "engine/backends/cuda/check.h"
+#include "engine/backends/cuda/conv2d.cuh"
+#include "engine/backends/cuda/convert.cuh"
+#include "engine/backends/cuda/elementwise.cuh"
+#include "engine/backends/cuda/group_norm.cuh"
+#include "engine/backends/cuda/memory.h"
+#include "engine/backends/cuda/rms_norm.cuh"
+#include "engine/backends/cuda/upsample.cuh"
+#include "engine/core/log.h"
+
+namespace latent {
+namespace {
+
+using cuda::DeviceContext;
+using cuda::DeviceGuard;
+using cuda::TempBuffer;
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
+bool valid_activation(Activation act) {
+  return static_cast<int>(act) <= static_cast<int>(Activation::kTanh);
+}
+
+// NHWC and NCHW agree when there is one channel or one pixel: such a contiguous 4-D tensor
+// (a reshape of a vector, say) can be read as NHWC too.
+bool nhwc_compatible(const Tensor& t) {
+  if (t.layout() == Layout::kNHWC) return true;
+  return t.rank() == 4 && (t.dim(1) == 1 || t.dim(2) * t.dim(3) == 1);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  struct Options {
+    bool tf32 = true;
+    bool exhaustive_search = true;
+    bool tensor_core_attention = true;
+  };
+
+  CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
+              const Options& options)
+      : ctx_(std::move(ctx)),
+        dtype_(dtype),
+        options_(options),
+        cudnn_(cudnn),
+        conv_plans_(
+            std::make_unique<cuda::ConvPlanCache>(cudnn, options.tf32, options.exhaustive_search)) {
+    launch_.stream = ctx_->stream();
+    launch_.sm_count = ctx_->properties().multiProcessorCount;
+    launch_.smem_optin = ctx_->properties().sharedMemPerBlockOptin;
+  }
+
+  ~CudaBackend() override {
+    DeviceGuard guard;
+    if (!guard.set(ctx_->device()).ok()) return;
+    LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
+    conv_plans_.reset();
+    LATENT_CUDA_WARN(cudnnDestroy(cudnn_));
+  }
+
+  std::string name() const override { return str_cat("cuda:", ctx_->device()); }
+  Device device() const override { return Device{DeviceKind::kCUDA, ctx_->device()}; }
+  DType compute_dtype() const override { return dtype_; }
+  bool supports(OpKind op, DType dtype) const override {
+    return static_cast<int>(op) <= static_cast<int>(OpKind::kSpatialAttention) && dtype == dtype_;
+  }
+
+  Result<Tensor> upload(const Tensor& host) override;
+  Result<Tensor> download(const Tensor& t) override;
+  Status synchronize() override;
+  // Live bytes of the backend's memory pool (tensors, scratch, cuDNN workspace) at their peak;
+  // cuDNN's and the driver's own allocations are not counted.
+  int64_t peak_memory_bytes() const override { return ctx_->peak_bytes(); }
+  void reset_peak_memory() override { ctx_->reset_peak(); }
+
+  Result<Tensor> conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                        const Tensor& residual, Activation act) override;
+  Result<Tensor> group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta,
+                            float eps, Activation act) override;
+  Result<Tensor> rms_norm_channels(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   Activation act) override;
+  Result<Tensor> activation(const Tensor& x, Activation act) override;
+  Result<Tensor> add(const Tensor& a, const Tensor& b) override;
+  Result<Tensor> affine(const Tensor& x, float scale, float shift) override;
+  Result<Tensor> channel_affine(const Tensor& x, const std::vector<float>& scale,
+                                const std::vector<float>& shift) override;
+  Result<Tensor> clamp(const Tensor& x, float lo, float hi) override;
+  Result<Tensor> upsample_nearest2x(const Tensor& x) override;
+  Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override;
+  Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   int heads) override;
+
+ private:
+  // Runs an op body with the lock held and the device current; failures name op and device.
+  template <typename F>
+  Result<Tensor> run(const char* op, F&& body) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceGuard guard;
+    Status st = guard.set(ctx_->device());
+    if (!st.ok()) return st.with_context(str_cat(op, " on ", ctx_->label()));
+    Result<Tensor> r = body();
+    if (!r.ok()) return r.status().with_context(str_cat(op, " on ", ctx_->label()));
+    return r;
+  }
+
+  // A tensor of this backend: on its device, in its dtype, with all its bytes in its storage,
+  // of rank `rank` (-1: any) with no empty dimension; 4-D ones in NHWC.
+  Status check_tensor(const char* what, const Tensor& t, int rank,
+                      const char* form = "[N, C, H, W]") const {
+    if (!t.defined()) return Status::errorf(what, " is undefined");
+    if (t.device() != device())
+      return Status::errorf(what, " ", t.describe(), " is not on ", name(),
+                            t.device().is_cpu() ? " (upload() it first)" : "");
+    if (t.dtype() != dtype_)
+      return Status::errorf(what, " ", t.describe(), " is not in this backend's dtype ",
+                            dtype_name(dtype_));
+    if (t.byte_offset() + t.nbytes() > t.storage()->bytes())
+      return Status::errorf(what, " ", t.describe(), " needs ", t.nbytes(), " bytes at offset ",
+                            t.byte_offset(), " but its storage holds ", t.storage()->bytes());
+    if (rank >= 0 && t.rank() != rank)
+      return Status::errorf(what, " must be ", rank, "-D ", form, ", got ", shape_str(t.shape()));
+    for (int64_t d : t.shape())
+      if (d <= 0) return Status::errorf(what, " ", shape_str(t.shape()), " has an empty dimension");
+    if (t.rank() == 4 && !nhwc_compatible(t))
+      return Status::errorf(what, " ", t.describe(),
+                            " is 4-D but not in the NHWC layout of this backend");
+    return ok_status();
+  }
+
+  Status check_param(const char* what, const Tensor& t, int64_t channels, const Tensor& x) const {
+    LATENT_TRY(check_tensor(what, t, -1));
+    if (t.numel() != channels)
+      return Status::errorf(what, " ", shape_str(t.shape()), " should have ", channels,
+                            " elements for input ", shape_str(x.shape()));
+    return ok_status();
+  }
+
+  static Status check_activation(Activation act) {
+    if (!valid_activation(act)) return Status::errorf("unknown activation ", static_cast<int>(act));
+    return ok_status();
+  }
+
+  Result<Tensor> empty_like_layout(const Shape& shape) {
+    return ctx_->empty(shape, dtype_, shape.size() == 4 ? Layout::kNHWC : Layout::kContiguous);
+  }
+
+  std::shared_ptr<DeviceContext> ctx_;  // first: outlives the buffers below
+  DType dtype_;
+  Options options_;
+  cuda::Launch launch_;
+  cudnnHandle_t cudnn_;
+  std::unique_ptr<cuda::ConvPlanCache> conv_plans_;
+  cuda::GrowableBuffer workspace_;  // cuDNN's, shared by all convolutions (one stream)
+  std::mutex mutex_;
+};
+
+Result<Tensor> CudaBackend::upload(const Tensor& host) {
+  return run("upload", [&]() -> Result<Tensor> {
+    if (!host.defined()) return Status::error("tensor is undefined");
+    if (!host.device().is_cpu() || host.layout() != Layout::kContiguous)
+      return Status::errorf(host.describe(), " is not a contiguous host tensor");
+    if (host.byte_offset() + host.nbytes() > host.storage()->bytes())
+      return Status::errorf(host.describe(), " needs ", host.nbytes(), " bytes at offset ",
+                            host.byte_offset(), " but its storage holds ", host.storage()->bytes());
+    for (int64_t d : host.shape())
+      if (d < 0) return Status::errorf(host.describe(), " has a negative dimension");
+    LATENT_ASSIGN_OR_RETURN(Tensor out, empty_like_layout(host.shape()));
+    if (host.numel() == 0) return out;
+    const bool transpose = host.rank() == 4 && host.dim(1) > 1 && host.dim(2) * host.dim(3) > 1;
+    cudaStream_t stream = ctx_->stream();
+    // Pageable host memory: the copy returns once the host buffer has been read, so the caller
+    // may free or reuse it right away.
+    if (!transpose && host.dtype() == dtype_) {
+      LATENT_CUDA_CHECK(
+          cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream));
+      return out;
+    }
+    TempBuffer staging;
+    LATENT_TRY(staging.allocate(*ctx_, host.nbytes()));
+    LATENT_CUDA_CHECK(
+        cudaMemcpyAsync(staging.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream));
+    if (transpose) {
+      // [N][C][H*W] -> [N][H*W][C]
+      LATENT_TRY(cuda::launch_transpose(staging.get(), host.dtype(), out.data(), dtype_,
+                                        host.dim(0), host.dim(1), host.dim(2) * host.dim(3),
+                                        launch_));
+    } else {
+      LATENT_TRY(cuda::launch_convert(staging.get(), host.dtype(), out.data(), dtype_, host.numel(),
+                                      launch_));
+    }
+    return out;
+  });
+}
+
+Result<Tensor> CudaBackend::download(const Tensor& t) {
+  return run("download", [&]() -> Result<Tensor> {
+    if (!t.defined()) return Status::error("tensor is undefined");
+    if (t.device() != device()) return Status::errorf(t.describe(), " is not on ", name());
+    if (t.byte_offset() + t.nbytes() > t.storage()->bytes())
+      return Status::errorf(t.describe(), " needs ", t.nbytes(), " bytes at offset ",
+                            t.byte_offset(), " but its storage holds ", t.storage()->bytes());
+    Tensor host = Tensor::empty(t.shape(), DType::kF32);
+    if (t.numel() == 0) return host;
+    cudaStream_t stream = ctx_->stream();
+    const bool transpose =
+        t.layout() == Layout::kNHWC && t.rank() == 4 && t.dim(1) > 1 && t.dim(2) * t.dim(3) > 1;
+    if (!transpose && t.dtype() == DType::kF32) {
+      LATENT_CUDA_CHECK(
+          cudaMemcpyAsync(host.data(), t.data(), host.nbytes(), cudaMemcpyDeviceToHost, stream));
+    } else {
+      TempBuffer staging;
+      LATENT_TRY(staging.allocate(*ctx_, host.nbytes()));
+      if (transpose) {
+        // [N][H*W][C] -> [N][C][H*W]
+        LATENT_TRY(cuda::launch_transpose(t.data(), t.dtype(), staging.get(), DType::kF32, t.dim(0),
+                                          t.dim(2) * t.dim(3), t.dim(1), launch_));
+      } else {
+        LATENT_TRY(cuda::launch_convert(t.data(), t.dtype(), staging.get(), DType::kF32, t.numel(),
+                                        launch_));
+      }
+      LATENT_CUDA_CHECK(cudaMemcpyAsync(host.data(), staging.get(), host.nbytes(),
+                                        cudaMemcpyDeviceToHost, stream));
+    }
+    LATENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return host;
+  });
+}
+
+Status CudaBackend::synchronize() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(ctx_->device()));
+  LATENT_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
+  return ok_status();
+}
+
+Result<Tensor> CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                   const Conv2dParams& p, const Tensor& residual, Activation act) {
+  return run("conv2d", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, 4));
+    LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kh, kw]"));
+    if (w.dim(1) != x.dim(1))
+      return Status::errorf("weight w ", shape_str(w.shape()), " expects ", w.dim(1),
+                            " input channels but x is ", shape_str(x.shape()));
+    if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
+      return Status::errorf("invalid stride ", p.stride, " or padding (top ", p.pad_top,
+                            ", bottom ", p.pad_bottom, ", left ", p.pad_left, ", right ",
+                            p.pad_right, ")");
+    const int64_t hp = x.dim(2) + p.pad_top + p.pad_bottom,
+                  wp = x.dim(3) + p.pad_left + p.pad_right;
+    if (hp < w.dim(2) || wp < w.dim(3))
+      return Status::errorf("kernel ", w.dim(2), 'x', w.dim(3), " is larger than the padded input ",
+                            hp, 'x', wp, " of x ", shape_str(x.shape()));
+    const int64_t big = std::numeric_limits<int32_t>::max();
+    if (hp > big || wp > big || x.dim(0) > big || x.dim(1) > big || w.dim(0) > big)
+      return Status::errorf("x ", shape_str(x.shape()), " is too large for cuDNN");
+    const Shape out_shape = {x.dim(0), w.dim(0), (hp - w.dim(2)) / p.stride + 1,
+                             (wp - w.dim(3)) / p.stride + 1};
+    if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
+    if (residual.defined()) {
+      LATENT_TRY(check_tensor("residual", residual, 4));
+      if (residual.shape() != out_shape)
+        return Status::errorf("residual ", shape_str(residual.shape()),
+                              " does not match the output ", shape_str(out_shape), " of x ",
+                              shape_str(x.shape()), " * w ", shape_str(w.shape()));
+    }
+    LATENT_TRY(check_activation(act));
+
+    // cuDNN pads symmetrically; whatever one side has beyond the other is padded here.
+    const int sym_h = std::min(p.pad_top, p.pad_bottom), sym_w = std::min(p.pad_left, p.pad_right);
+    const int extra_t = p.pad_top - sym_h, extra_b = p.pad_bottom - sym_h;
+    const int extra_l = p.pad_left - sym_w, extra_r = p.pad_right - sym_w;
+    cuda::ConvShape s;
+    s.n = static_cast<int>(x.dim(0));
+    s.c = static_cast<int>(x.dim(1));
+    s.h = static_cast<int>(x.dim(2) + extra_t + extra_b);
+    s.w = static_cast<int>(x.dim(3) + extra_l + extra_r);
+    s.k = static_cast<int>(w.dim(0));
+    s.r = static_cast<int>(w.dim(2));
+    s.s = static_cast<int>(w.dim(3));
+    s.pad_h = sym_h;
+    s.pad_w = sym_w;
+    s.stride = p.stride;
+    s.dtype = dtype_;
+    if (s.out_h() != out_shape[2] || s.out_w() != out_shape[3])
+      return Status::errorf("internal error: output ", s.out_h(), 'x', s.out_w(),
+                            " != ", shape_str(out_shape));
+
+    TempBuffer padded;
+    const void* input = x.data();
+    if (extra_t || extra_b || extra_l || extra_r) {
+      const size_t bytes = static_cast<size_t>(s.n) * s.h * s.w * s.c * dtype_size(dtype_);
+      LATENT_TRY(padded.allocate(*ctx_, bytes));
+      LATENT_TRY(cuda::launch_pad(x.data(), padded.get(), x.dim(0), x.dim(2), x.dim(3), x.dim(1),
+                                  extra_t, extra_b, extra_l, extra_r, dtype_size(dtype_), launch_));
+      input = padded.get();
+    }
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+    LATENT_TRY(conv_plans_->forward(s, input, w.data(), y.data(), *ctx_, workspace_));
+    if (bias.defined() || residual.defined() || act != Activation::kNone) {
+      LATENT_TRY(cuda::launch_bias_residual_act(y.data(), bias.defined() ? bias.data() : nullptr,
+                                                residual.defined() ? residual.data() : nullptr,
+                                                y.numel(), out_shape[1], dtype_, act, launch_));
+    }
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::group_norm(const Tensor& x, int groups, const Tensor& gamma,
+                                       const Tensor& beta, float eps, Activation act) {
+  return run("group_norm", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, 4));
+    if (groups < 1 || x.dim(1) % groups != 0)
+      return Status::errorf(x.dim(1), " channels of x ", shape_str(x.shape()),
+                            " cannot be split into ", groups, " groups");
+    if (gamma.defined() != beta.defined())
+      return Status::error("gamma and beta must both be given or both be omitted");
+    if (!(eps >= 0.f) || !std::isfinite(eps)) return Status::errorf("invalid eps ", eps);
+    if (gamma.defined()) {
+      LATENT_TRY(check_param("gamma", gamma, x.dim(1), x));
+      LATENT_TRY(check_param("beta", beta, x.dim(1), x));
+    }
+    LATENT_TRY(check_activation(act));
+    const int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
+    const size_t scratch_bytes = cuda::group_norm_scratch_bytes(n, hw, c, groups, dtype_, launch_);
+    TempBuffer scratch;
+    if (scratch_bytes) LATENT_TRY(scratch.allocate(*ctx_, scratch_bytes));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(x.shape(), dtype_, Layout::kNHWC));
+    LATENT_TRY(cuda::launch_group_norm(
+        x.data(), y.data(), n, hw, c, groups, gamma.defined() ? gamma.data() : nullptr,
+        beta.defined() ? beta.data() : nullptr, eps, act, dtype_, scratch.get(), launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::rms_norm_channels(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, Activation act) {
+  return run("rms_norm_channels", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, 4));
+    if (gamma.defined()) LATENT_TRY(check_param("gamma", gamma, x.dim(1), x));
+    if (beta.defined()) LATENT_TRY(check_param("beta", beta, x.dim(1), x));
+    LATENT_TRY(check_activation(act));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(x.shape(), dtype_, Layout::kNHWC));
+    LATENT_TRY(cuda::launch_rms_norm_channels(x.data(), y.data(), x.dim(0) * x.dim(2) * x.dim(3),
+                                              x.dim(1), gamma.defined() ? gamma.data() : nullptr,
+                                              beta.defined() ? beta.data() : nullptr, act, dtype_,
+                                              launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::activation(const Tensor& x, Activation act) {
+  return run("activation", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, -1));
+    LATENT_TRY(check_activation(act));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(x.shape(), dtype_, x.layout()));
+    LATENT_TRY(cuda::launch_activation(x.data(), y.data(), x.numel(), dtype_, act, launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::add(const Tensor& a, const Tensor& b) {
+  return run("add", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("a", a, -1));
+    LATENT_TRY(check_tensor("b", b, -1));
+    if (a.shape() != b.shape())
+      return Status::errorf("shapes differ: ", shape_str(a.shape()), " + ", shape_str(b.shape()));
+    // Both 4-D tensors passed check_tensor, so both read as NHWC; other ranks are contiguous.
+    const Layout layout = a.rank() == 4 ? Layout::kNHWC : Layout::kContiguous;
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(a.shape(), dtype_, layout));
+    LATENT_TRY(cuda::launch_add(a.data(), b.data(), y.data(), a.numel(), dtype_, launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::affine(const Tensor& x, float scale, float shift) {
+  return run("affine", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, -1));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(x.shape(), dtype_, x.layout()));
+    LATENT_TRY(cuda::launch_affine(x.data(), y.data(), x.numel(), dtype_, scale, shift, launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::channel_affine(const Tensor& x, const std::vector<float>& scale,
+                                           const std::vector<float>& shift) {
+  return run("channel_affine", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, 4));
+    if (static_cast<int64_t>(scale.size()) != x.dim(1) ||
+        static_cast<int64_t>(shift.size()) != x.dim(1))
+      return Status::errorf(scale.size(), " scales and ", shift.size(), " shifts for ", x.dim(1),
+                            " channels of x ", shape_str(x.shape()));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(x.shape(), dtype_, Layout::kNHWC));
+    LATENT_TRY(cuda::launch_channel_affine(x.data(), y.data(), x.numel(), x.dim(1), dtype_,
+                                           scale.data(), shift.data(), launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::clamp(const Tensor& x, float lo, float hi) {
+  return run("clamp", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, -1));
+    if (!(lo <= hi)) return Status::errorf("empty range [", lo, ", ", hi, "]");
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(x.shape(), dtype_, x.layout()));
+    LATENT_TRY(cuda::launch_clamp(x.data(), y.data(), x.numel(), dtype_, lo, hi, launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::upsample_nearest2x(const Tensor& x) {
+  return run("upsample_nearest2x", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, 4));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty({x.dim(0), x.dim(1), 2 * x.dim(2), 2 * x.dim(3)},
+                                                  dtype_, Layout::kNHWC));
+    LATENT_TRY(cuda::launch_upsample_nearest2x(x.data(), y.data(), x.dim(0), x.dim(2), x.dim(3),
+                                               x.dim(1), dtype_size(dtype_), launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::slice_channels(const Tensor& x, int64_t start, int64_t count) {
+  return run("slice_channels", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input x", x, 4));
+    if (start < 0 || count < 1 || start > x.dim(1) - count)
+      return Status::errorf("channels [", start, ", ", start + count, ") are outside the ",
+                            x.dim(1), " channels of x ", shape_str(x.shape()));
+    LATENT_ASSIGN_OR_RETURN(
+        Tensor y, ctx_->empty({x.dim(0), count, x.dim(2), x.dim(3)}, dtype_, Layout::kNHWC));
+    LATENT_TRY(cuda::launch_slice_channels(x.data(), y.data(), x.dim(0) * x.dim(2) * x.dim(3),
+                                           x.dim(1), start, count, dtype_size(dtype_), launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              int heads) {
+  return run("spatial_attention", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("q", q, 4));
+    LATENT_TRY(check_tensor("k", k, 4));
+    LATENT_TRY(check_tensor("v", v, 4));
+    if (k.shape() != q.shape() || v.shape() != q.shape())
+      return Status::errorf("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " and v ",
+                            shape_str(v.shape()), " must have the same shape");
+    if (heads < 1 || q.dim(1) % heads != 0)
+      return Status::errorf(q.dim(1), " channels of q ", shape_str(q.shape()),
+                            " cannot be split into ", heads, " heads");
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(q.shape(), dtype_, Layout::kNHWC));
+    // NHWC [N, H*W, C] is token-major: each token's channels are one contiguous row.
+    LATENT_TRY(cuda::launch_spatial_attention(q.data(), k.data(), v.data(), y.data(), q.dim(0),
+                                              q.dim(2) * q.dim(3), q.dim(1), heads, dtype_,
+                                              options_.tensor_core_attention, launch_));
+    return y;
+  });
+}
+
+}  // namespace
+
+int cuda_runtime_device_count() {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    LATENT_DEBUG("CUDA: no usable device: ", cudaGetErrorString(rc));
+    return 0;
+  }
+  return count;
+}
+
+Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
+  const std::string device = str_cat("cuda:", index);
+  const int count = cuda_runtime_device_count();
+  if (count == 0) return Status::errorf(device, ": no CUDA device (no GPU, or no usable driver)");
+  if (index < 0 || index >= count)
+    return Status::errorf(device, ": no such CUDA device (", count, " found)");
+
+  auto made = DeviceContext::create(index, env_is("LATENT_CUDA_POISON", "1"));
+  if (!made.ok()) return made.status().with_context(str_cat(device, ": cannot set up the device"));
+  std::shared_ptr<DeviceContext> ctx = std::move(made).value();
+  const std::string& label = ctx->label();
+
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(index));
+  if (!cuda::check_kernel_image().ok())
+    return Status::errorf(label,
+                          ": this build's CUDA kernels do not run on this GPU (rebuild with ",
+                          "CMAKE_CUDA_ARCHITECTURES including ", ctx->properties().major,
+                          ctx->properties().minor, ")");
+  if (dtype == DType::kBF16 && ctx->properties().major < 8)
+    return Status::errorf(label, ": bf16 needs compute capability 8.0 or newer (use fp16 or fp32)");
+
+  cudnnHandle_t cudnn = nullptr;
+  const cudnnStatus_t rc = cudnnCreate(&cudnn);
+  if (rc != CUDNN_STATUS_SUCCESS)
+    return Status::errorf(label, ": cudnnCreate failed: ", cudnnGetErrorString(rc),
+                          " (is cuDNN 9 installed with all its sub-libraries?)");
+  const cudnnStatus_t rs = cudnnSetStream(cudnn, ctx->stream());
+  if (rs != CUDNN_STATUS_SUCCESS) {
+    cudnnDestroy(cudnn);
+    return Status::errorf(label, ": cudnnSetStream failed: ", cudnnGetErrorString(rs));
+  }
+
+  CudaBackend::Options options;
+  options.tf32 = !env_is("LATENT_CUDA_TF32", "0");
+  options.exhaustive_search = !env_is("LATENT_CUDNN_SEARCH", "heuristic");
+  options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
+  LATENT_INFO("cuda backend: ", label, ", ", dtype_name(dtype), ", ",
+              ctx->properties().multiProcessorCount, " SMs, cuDNN ", cudnnGetVersion(),
+              options.tf32 ? "" : ", no TF32",
+              options.exhaustive_search ? "" : ", heuristic conv algorithms",
+              options.tensor_core_attention ? "" : ", CUDA-core attention");
+  return std::shared_ptr<Backend>(
+      std::make_shared<CudaBackend>(std::move(ctx), dtype, cudnn, options));
+}
+
+}  // namespace latent

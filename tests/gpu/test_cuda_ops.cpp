@@ -1,0 +1,479 @@
+// Every op of the CUDA backend against the CPU backend (fp32) at VAE-sized shapes, for bf16,
+// fp16 and fp32. Inputs are rounded to the dtype under test before both backends see them, so
+// the comparison measures the GPU's arithmetic, not the rounding of the inputs.
+//
+// Tolerances (relative L2 over the whole output): bf16 1e-2, fp16 5e-3, fp32 1e-3, except fp32
+// convolutions, which run on TF32 tensor cores (10-bit mantissa products): 3e-3.
+// The backends are created with LATENT_CUDA_POISON=1: every new device buffer starts as NaN,
+// so an output element an op leaves unwritten fails the test.
+//
+// Without a GPU (or in a build without CUDA) the binary exits with 77, which ctest reports as
+// skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/backends/registry.h"
+#include "tests/util/test_util.h"
+#ifdef LATENT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "engine/backends/cuda/cuda_backend.h"
+#endif
+
+namespace {
+
+// Runs before gtest's main: no GPU, no test.
+const bool kGpuPresent = [] {
+  if (latent::cuda_device_count() == 0) {
+    std::fprintf(stderr, "test_cuda_ops: no CUDA device, skipping (exit 77)\n");
+    std::exit(77);
+  }
+  return true;
+}();
+
+}  // namespace
+
+#ifdef LATENT_HAVE_CUDA
+
+namespace latent {
+namespace {
+
+using test::random_tensor;
+
+// A fresh CUDA backend (not the registry's shared one) with poisoned allocations.
+std::shared_ptr<Backend> cuda_backend(DType dtype, bool simple_attention = false) {
+  static std::map<std::pair<DType, bool>, std::shared_ptr<Backend>> cache;
+  auto key = std::make_pair(dtype, simple_attention);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  setenv("LATENT_CUDA_POISON", "1", 1);
+  if (simple_attention)
+    setenv("LATENT_CUDA_ATTENTION", "simple", 1);
+  else
+    unsetenv("LATENT_CUDA_ATTENTION");
+  Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype);
+  unsetenv("LATENT_CUDA_ATTENTION");
+  if (!r.ok()) {
+    ADD_FAILURE() << "create_cuda_backend(0, " << dtype_name(dtype)
+                  << "): " << r.status().message();
+    return nullptr;
+  }
+  cache[key] = r.value();
+  return r.value();
+}
+
+std::shared_ptr<Backend> cpu_reference() {
+  BackendOptions o;
+  o.device = "cpu";
+  o.dtype = "fp32";
+  Result<std::shared_ptr<Backend>> r = get_backend(o);
+  if (!r.ok()) {
+    ADD_FAILURE() << "cpu backend: " << r.status().message();
+    return nullptr;
+  }
+  return r.value();
+}
+
+class CudaOps : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    gpu_ = cuda_backend(GetParam());
+    cpu_ = cpu_reference();
+    ASSERT_TRUE(gpu_ && cpu_);
+  }
+
+  DType dtype() const { return GetParam(); }
+  double tol() const {
+    switch (dtype()) {
+      case DType::kBF16:
+        return 1e-2;
+      case DType::kF16:
+        return 5e-3;
+      case DType::kF32:
+        break;
+    }
+    return 1e-3;
+  }
+  double conv_tol() const { return dtype() == DType::kF32 ? 3e-3 : tol(); }
+
+  // Uniform [lo, hi) fp32 host tensor, rounded to the dtype under test.
+  Tensor input(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) const {
+    Tensor t = random_tensor(shape, seed, lo, hi);
+    return dtype() == DType::kF32 ? t : t.to_dtype(dtype()).to_dtype(DType::kF32);
+  }
+
+  Tensor on_gpu(const Tensor& host) {
+    if (!host.defined()) return Tensor();
+    Result<Tensor> r = gpu_->upload(host);
+    EXPECT_TRUE(r.ok()) << "upload " << host.describe() << ": " << r.status().message();
+    return r.ok() ? r.value() : Tensor();
+  }
+  Tensor on_cpu(const Tensor& host) {
+    if (!host.defined()) return Tensor();
+    Result<Tensor> r = cpu_->upload(host);
+    EXPECT_TRUE(r.ok()) << "cpu upload " << host.describe() << ": " << r.status().message();
+    return r.ok() ? r.value() : Tensor();
+  }
+
+  // Downloads both results and compares: same shape, every element finite, relative L2 < tol.
+  ::testing::AssertionResult close(const std::string& what, const Result<Tensor>& got,
+                                   const Result<Tensor>& want, double tolerance) {
+    if (!got.ok())
+      return ::testing::AssertionFailure() << what << ": cuda: " << got.status().message();
+    if (!want.ok())
+      return ::testing::AssertionFailure() << what << ": cpu: " << want.status().message();
+    if (got.value().layout() != (got.value().rank() == 4 ? Layout::kNHWC : Layout::kContiguous))
+      return ::testing::AssertionFailure()
+             << what << ": unexpected layout of " << got.value().describe();
+    Result<Tensor> g = gpu_->download(got.value());
+    if (!g.ok())
+      return ::testing::AssertionFailure() << what << ": download: " << g.status().message();
+    Result<Tensor> w = cpu_->download(want.value());
+    if (!w.ok())
+      return ::testing::AssertionFailure() << what << ": cpu download: " << w.status().message();
+    if (g.value().shape() != w.value().shape())
+      return ::testing::AssertionFailure() << what << ": shape " << shape_str(g.value().shape())
+                                           << " != reference " << shape_str(w.value().shape());
+    const float* p = g.value().data_as<float>();
+    int64_t bad = 0, first_bad = -1;
+    for (int64_t i = 0; i < g.value().numel(); ++i)
+      if (!std::isfinite(p[i])) {
+        if (first_bad < 0) first_bad = i;
+        ++bad;
+      }
+    if (bad)
+      return ::testing::AssertionFailure()
+             << what << ": " << bad << " of " << g.value().numel()
+             << " outputs are not finite (unwritten?), first at " << first_bad;
+    const double err = relative_l2(g.value(), w.value());
+    std::printf("  %-58s %-5s rel L2 %.3e (tol %.0e)\n", what.c_str(), dtype_name(dtype()), err,
+                tolerance);
+    if (!(err < tolerance))
+      return ::testing::AssertionFailure()
+             << what << ": relative L2 error " << err << " >= " << tolerance;
+    return ::testing::AssertionSuccess();
+  }
+
+  // conv2d on both backends with the same inputs. Weights scaled by 1/sqrt(fan_in).
+  void check_conv(const std::string& what, const Shape& xs, int64_t cout, int kernel,
+                  const Conv2dParams& p, bool bias, bool residual, Activation act, uint64_t seed) {
+    const float ws = 1.f / std::sqrt(static_cast<float>(xs[1] * kernel * kernel));
+    Tensor x = input(xs, seed);
+    Tensor w = input({cout, xs[1], kernel, kernel}, seed + 1, -ws, ws);
+    Tensor b = bias ? input({cout}, seed + 2) : Tensor();
+    const int64_t ho = (xs[2] + p.pad_top + p.pad_bottom - kernel) / p.stride + 1;
+    const int64_t wo = (xs[3] + p.pad_left + p.pad_right - kernel) / p.stride + 1;
+    Tensor r = residual ? input({xs[0], cout, ho, wo}, seed + 3) : Tensor();
+    Result<Tensor> got = gpu_->conv2d(on_gpu(x), on_gpu(w), on_gpu(b), p, on_gpu(r), act);
+    Result<Tensor> want = cpu_->conv2d(on_cpu(x), on_cpu(w), on_cpu(b), p, on_cpu(r), act);
+    EXPECT_TRUE(close(what, got, want, conv_tol()));
+  }
+
+  void check_attention(const std::string& what, Backend& gpu, const Shape& s, int heads,
+                       uint64_t seed) {
+    Tensor q = input(s, seed, -2.f, 2.f), k = input(s, seed + 1, -2.f, 2.f), v = input(s, seed + 2);
+    auto up = [&](const Tensor& t) {
+      Result<Tensor> r = gpu.upload(t);
+      EXPECT_TRUE(r.ok()) << r.status().message();
+      return r.ok() ? r.value() : Tensor();
+    };
+    Result<Tensor> got = gpu.spatial_attention(up(q), up(k), up(v), heads);
+    Result<Tensor> want = cpu_->spatial_attention(on_cpu(q), on_cpu(k), on_cpu(v), heads);
+    // (`gpu` may be another backend instance on the same device: gpu_ downloads its tensors.)
+    EXPECT_TRUE(close(what, got, want, tol()));
+  }
+
+  std::shared_ptr<Backend> gpu_, cpu_;
+};
+
+TEST_P(CudaOps, UploadDownloadRoundTrip) {
+  for (const Shape& s : {Shape{2, 5, 7, 9}, Shape{1, 16, 1, 1}, Shape{1, 1, 3, 4}, Shape{13},
+                         Shape{3, 17}, Shape{2, 3, 5}}) {
+    Tensor host = input(s, 7);
+    Result<Tensor> dev = gpu_->upload(host);
+    ASSERT_TRUE(dev.ok()) << dev.status().message();
+    EXPECT_EQ(dev.value().dtype(), dtype());
+    EXPECT_EQ(dev.value().layout(), s.size() == 4 ? Layout::kNHWC : Layout::kContiguous);
+    Result<Tensor> back = gpu_->download(dev.value());
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    ASSERT_EQ(back.value().shape(), s);
+    // The input is already representable in the dtype: the round trip is exact.
+    EXPECT_EQ(relative_l2(back.value(), host), 0.0) << shape_str(s);
+  }
+  // Host tensors in other dtypes convert on upload.
+  Tensor host = input({1, 24, 5, 6}, 8);
+  for (DType src : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Tensor converted = host.to_dtype(src);
+    Result<Tensor> dev = gpu_->upload(converted);
+    ASSERT_TRUE(dev.ok()) << dev.status().message();
+    Result<Tensor> back = gpu_->download(dev.value());
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    Tensor expected = converted.to_dtype(dtype()).to_dtype(DType::kF32);
+    EXPECT_EQ(relative_l2(back.value(), expected), 0.0) << "from " << dtype_name(src);
+  }
+}
+
+TEST_P(CudaOps, Conv3x3) {
+  check_conv("conv 3x3 [1,128,128,128] pad 1 +bias", {1, 128, 128, 128}, 128, 3,
+             Conv2dParams::same(3), true, false, Activation::kNone, 100);
+}
+
+TEST_P(CudaOps, Conv3x3ResidualSiLU) {
+  check_conv("conv 3x3 [1,128,64,64] +bias +residual, SiLU", {1, 128, 64, 64}, 128, 3,
+             Conv2dParams::same(3), true, true, Activation::kSiLU, 110);
+  check_conv("conv 3x3 [2,64,20,28] -> 96 +residual, ReLU", {2, 64, 20, 28}, 96, 3,
+             Conv2dParams::same(3), false, true, Activation::kReLU, 120);
+}
+
+TEST_P(CudaOps, ConvStride2AsymmetricPad) {
+  Conv2dParams p;
+  p.stride = 2;
+  p.pad_bottom = p.pad_right = 1;  // diffusers Downsample2D: F.pad(x, (0, 1, 0, 1))
+  check_conv("conv 3x3 s2 pad(0,1,0,1) [1,128,128,128]", {1, 128, 128, 128}, 128, 3, p, true, false,
+             Activation::kNone, 200);
+  check_conv("conv 3x3 s2 pad(0,1,0,1) [1,64,33,47]", {1, 64, 33, 47}, 64, 3, p, true, false,
+             Activation::kNone, 210);
+  Conv2dParams q;
+  q.pad_top = 2;
+  q.pad_left = 1;
+  q.pad_right = 1;  // causal-style: all height padding on top
+  check_conv("conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23]", {1, 32, 19, 23}, 48, 3, q, true, false,
+             Activation::kNone, 220);
+}
+
+TEST_P(CudaOps, Conv1x1) {
+  check_conv("conv 1x1 [1,128,128,128] -> 256 +bias", {1, 128, 128, 128}, 256, 1, Conv2dParams(),
+             true, false, Activation::kNone, 300);
+  check_conv("conv 1x1 [1,512,64,64] -> 512 +bias +residual", {1, 512, 64, 64}, 512, 1,
+             Conv2dParams(), true, true, Activation::kNone, 310);
+}
+
+TEST_P(CudaOps, ConvOddChannels) {
+  check_conv("conv_in 3x3 [1,3,128,128] -> 128", {1, 3, 128, 128}, 128, 3, Conv2dParams::same(3),
+             true, false, Activation::kNone, 400);
+  check_conv("conv_out 3x3 [1,128,64,64] -> 3", {1, 128, 64, 64}, 3, 3, Conv2dParams::same(3), true,
+             false, Activation::kNone, 410);
+  check_conv("conv 1x1 [1,16,32,32] -> 32 (latent)", {1, 16, 32, 32}, 32, 1, Conv2dParams(), true,
+             false, Activation::kNone, 420);
+}
+
+TEST_P(CudaOps, ConvPlanCacheReuse) {
+  // The second call reuses the cached plan; results agree with the reference each time.
+  for (int i = 0; i < 2; ++i)
+    check_conv("conv 3x3 [1,64,32,32] (cached plan, call " + std::to_string(i + 1) + ")",
+               {1, 64, 32, 32}, 64, 3, Conv2dParams::same(3), true, false, Activation::kNone, 500);
+}
+
+TEST_P(CudaOps, GroupNorm) {
+  struct Case {
+    Shape shape;
+    int groups;
+    bool affine;
+    Activation act;
+    float offset;
+  };
+  const Case cases[] = {
+      {{1, 512, 64, 64}, 32, true, Activation::kNone, 0.f},
+      {{1, 512, 64, 64}, 32, true, Activation::kSiLU, 0.f},
+      {{1, 128, 128, 128}, 32, true, Activation::kSiLU, 0.f},
+      {{2, 64, 17, 19}, 32, false, Activation::kNone, 0.f},
+      {{1, 256, 32, 32}, 32, true, Activation::kNone, 8.f},  // mean far from 0: Welford holds
+      {{1, 12, 9, 7}, 3, true, Activation::kSiLU, 0.f},      // channels not a multiple of 8
+  };
+  uint64_t seed = 600;
+  for (const Case& c : cases) {
+    Tensor x = input(c.shape, seed++, -1.f + c.offset, 1.f + c.offset);
+    Tensor g = c.affine ? input({c.shape[1]}, seed++, 0.5f, 1.5f) : Tensor();
+    Tensor b = c.affine ? input({c.shape[1]}, seed++) : Tensor();
+    Result<Tensor> got = gpu_->group_norm(on_gpu(x), c.groups, on_gpu(g), on_gpu(b), 1e-6f, c.act);
+    Result<Tensor> want = cpu_->group_norm(on_cpu(x), c.groups, on_cpu(g), on_cpu(b), 1e-6f, c.act);
+    EXPECT_TRUE(
+        close(str_cat("group_norm ", shape_str(c.shape), " g", c.groups, c.affine ? " affine" : "",
+                      c.act == Activation::kSiLU ? " SiLU" : "", c.offset != 0.f ? " offset" : ""),
+              got, want, tol()));
+  }
+}
+
+TEST_P(CudaOps, RmsNormChannels) {
+  struct Case {
+    Shape shape;
+    bool gamma, beta;
+    Activation act;
+  };
+  const Case cases[] = {
+      {{1, 384, 32, 32}, true, false, Activation::kNone},
+      {{1, 384, 32, 32}, true, true, Activation::kSiLU},
+      {{1, 96, 64, 64}, false, false, Activation::kNone},
+      {{2, 12, 5, 7}, true, true, Activation::kSiLU},  // channels not a multiple of 8
+  };
+  uint64_t seed = 700;
+  for (const Case& c : cases) {
+    Tensor x = input(c.shape, seed++);
+    Tensor g = c.gamma ? input({c.shape[1]}, seed++, 0.5f, 1.5f) : Tensor();
+    Tensor b = c.beta ? input({c.shape[1]}, seed++) : Tensor();
+    Result<Tensor> got = gpu_->rms_norm_channels(on_gpu(x), on_gpu(g), on_gpu(b), c.act);
+    Result<Tensor> want = cpu_->rms_norm_channels(on_cpu(x), on_cpu(g), on_cpu(b), c.act);
+    EXPECT_TRUE(close(str_cat("rms_norm_channels ", shape_str(c.shape), c.gamma ? " gamma" : "",
+                              c.beta ? " beta" : "", c.act == Activation::kSiLU ? " SiLU" : ""),
+                      got, want, tol()));
+  }
+}
+
+TEST_P(CudaOps, Activations) {
+  const std::pair<Activation, const char*> acts[] = {{Activation::kNone, "none"},
+                                                     {Activation::kSiLU, "silu"},
+                                                     {Activation::kReLU, "relu"},
+                                                     {Activation::kGELU, "gelu"},
+                                                     {Activation::kTanh, "tanh"}};
+  uint64_t seed = 800;
+  for (const Shape& s : {Shape{1, 64, 32, 32}, Shape{37}}) {
+    for (const auto& [act, name] : acts) {
+      Tensor x = input(s, seed++, -4.f, 4.f);
+      EXPECT_TRUE(close(str_cat("activation ", name, " ", shape_str(s)),
+                        gpu_->activation(on_gpu(x), act), cpu_->activation(on_cpu(x), act), tol()));
+    }
+  }
+}
+
+TEST_P(CudaOps, AddAffineClamp) {
+  for (const Shape& s : {Shape{1, 128, 64, 64}, Shape{1, 3, 5, 7}, Shape{29}}) {
+    Tensor a = input(s, 900), b = input(s, 901), x = input(s, 902, -3.f, 3.f);
+    EXPECT_TRUE(close(str_cat("add ", shape_str(s)), gpu_->add(on_gpu(a), on_gpu(b)),
+                      cpu_->add(on_cpu(a), on_cpu(b)), tol()));
+    EXPECT_TRUE(close(str_cat("affine ", shape_str(s)), gpu_->affine(on_gpu(x), 0.5f, 0.25f),
+                      cpu_->affine(on_cpu(x), 0.5f, 0.25f), tol()));
+    EXPECT_TRUE(close(str_cat("clamp ", shape_str(s)), gpu_->clamp(on_gpu(x), -1.f, 1.f),
+                      cpu_->clamp(on_cpu(x), -1.f, 1.f), tol()));
+  }
+}
+
+TEST_P(CudaOps, ChannelAffine) {
+  uint64_t seed = 1000;
+  for (const Shape& s : {Shape{1, 16, 64, 64}, Shape{2, 3, 9, 11}, Shape{1, 48, 8, 8}}) {
+    Tensor x = input(s, seed++);
+    std::vector<float> scale = random_tensor({s[1]}, seed++, 0.5f, 2.f).to_floats();
+    std::vector<float> shift = random_tensor({s[1]}, seed++).to_floats();
+    EXPECT_TRUE(close(str_cat("channel_affine ", shape_str(s)),
+                      gpu_->channel_affine(on_gpu(x), scale, shift),
+                      cpu_->channel_affine(on_cpu(x), scale, shift), tol()));
+  }
+}
+
+TEST_P(CudaOps, UpsampleAndSlice) {
+  for (const Shape& s : {Shape{1, 128, 32, 48}, Shape{1, 3, 5, 7}, Shape{2, 5, 4, 3}}) {
+    Tensor x = input(s, 1100);
+    // Moves values unchanged: exact.
+    EXPECT_TRUE(close(str_cat("upsample_nearest2x ", shape_str(s)),
+                      gpu_->upsample_nearest2x(on_gpu(x)), cpu_->upsample_nearest2x(on_cpu(x)),
+                      1e-7));
+  }
+  Tensor x = input({1, 32, 16, 24}, 1101);
+  const std::pair<int64_t, int64_t> slices[] = {{0, 16}, {16, 16}, {8, 8}, {3, 5}, {31, 1}};
+  for (const auto& [start, count] : slices)
+    EXPECT_TRUE(close(str_cat("slice_channels [", start, ", ", start + count, ") of 32"),
+                      gpu_->slice_channels(on_gpu(x), start, count),
+                      cpu_->slice_channels(on_cpu(x), start, count), 1e-7));
+}
+
+TEST_P(CudaOps, SpatialAttention) {
+  check_attention("attention [1,512,64,64] 1 head (d 512)", *gpu_, {1, 512, 64, 64}, 1, 1200);
+  check_attention("attention [1,384,32,32] 1 head (d 384)", *gpu_, {1, 384, 32, 32}, 1, 1210);
+  check_attention("attention [1,128,15,17] 2 heads (d 64, T 255)", *gpu_, {1, 128, 15, 17}, 2,
+                  1220);
+  check_attention("attention [2,256,9,11] 2 heads (d 128, N 2)", *gpu_, {2, 256, 9, 11}, 2, 1230);
+  check_attention("attention [1,192,10,10] 1 head (d 192)", *gpu_, {1, 192, 10, 10}, 1, 1240);
+  check_attention("attention [1,96,12,12] 1 head (d 96)", *gpu_, {1, 96, 12, 12}, 1, 1250);
+}
+
+TEST_P(CudaOps, SpatialAttentionCudaCoreKernel) {
+  if (dtype() == DType::kF32) GTEST_SKIP() << "fp32 always runs the CUDA-core kernel";
+  std::shared_ptr<Backend> simple = cuda_backend(dtype(), /*simple_attention=*/true);
+  ASSERT_TRUE(simple);
+  check_attention("attention (CUDA cores) [1,512,32,32] d 512", *simple, {1, 512, 32, 32}, 1, 1300);
+  check_attention("attention (CUDA cores) [1,384,16,16] d 384", *simple, {1, 384, 16, 16}, 1, 1310);
+  check_attention("attention (CUDA cores) [1,128,7,9] 4 heads", *simple, {1, 128, 7, 9}, 4, 1320);
+}
+
+TEST_P(CudaOps, SteadyStateAllocatesNothing) {
+  Tensor x = on_gpu(input({1, 128, 64, 64}, 1400));
+  Tensor w = on_gpu(input({128, 128, 3, 3}, 1401, -0.03f, 0.03f));
+  Tensor g = on_gpu(input({128}, 1402)), b = on_gpu(input({128}, 1403));
+  auto step = [&]() {
+    Result<Tensor> y = gpu_->group_norm(x, 32, g, b, 1e-6f, Activation::kSiLU);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    Result<Tensor> z = gpu_->conv2d(y.value(), w, b, Conv2dParams::same(3), x);
+    ASSERT_TRUE(z.ok()) << z.status().message();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  ASSERT_TRUE(gpu_->synchronize().ok());
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  for (int i = 0; i < 20; ++i) step();
+  ASSERT_TRUE(gpu_->synchronize().ok());
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_EQ(free_before, free_after) << "device memory changed in steady state";
+}
+
+TEST_P(CudaOps, SupportsAndRejects) {
+  for (int op = 0; op <= static_cast<int>(OpKind::kSpatialAttention); ++op) {
+    EXPECT_TRUE(gpu_->supports(static_cast<OpKind>(op), dtype()))
+        << op_name(static_cast<OpKind>(op));
+    EXPECT_FALSE(gpu_->supports(static_cast<OpKind>(op),
+                                dtype() == DType::kF32 ? DType::kBF16 : DType::kF32));
+  }
+  Tensor host = input({1, 8, 4, 4}, 1500);
+  Result<Tensor> r = gpu_->activation(host, Activation::kSiLU);  // a host tensor
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("upload"), std::string::npos) << r.status().message();
+  Tensor x = on_gpu(host);
+  Tensor w = on_gpu(input({8, 4, 3, 3}, 1501));  // 4 input channels, x has 8
+  r = gpu_->conv2d(x, w, Tensor(), Conv2dParams::same(3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("input channels"), std::string::npos) << r.status().message();
+  r = gpu_->group_norm(x, 3, Tensor(), Tensor(), 1e-6f);
+  EXPECT_FALSE(r.ok());
+  r = gpu_->spatial_attention(x, x, x, 3);
+  EXPECT_FALSE(r.ok());
+  r = gpu_->slice_channels(x, 6, 4);
+  EXPECT_FALSE(r.ok());
+  r = gpu_->channel_affine(x, {1.f}, {0.f});
+  EXPECT_FALSE(r.ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::kBF16, DType::kF16, DType::kF32),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+TEST(CudaBackend, ErrorsNameTheDevice) {
+  const int count = cuda_runtime_device_count();
+  ASSERT_GT(count, 0);
+  Result<std::shared_ptr<Backend>> r = create_cuda_backend(count + 3, DType::kBF16);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(str_cat("cuda:", count + 3)), std::string::npos)
+      << r.status().message();
+}
+
+TEST(CudaBackend, WrongDtypeIsRejected) {
+  std::shared_ptr<Backend> bf16 = cuda_backend(DType::kBF16), fp32 = cuda_backend(DType::kF32);
+  ASSERT_TRUE(bf16 && fp32);
+  Result<Tensor> t = fp32->upload(random_tensor({1, 8, 4, 4}, 1600));
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  Result<Tensor> r = bf16->activation(t.value(), Activation::kReLU);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("dtype"), std::string::npos) << r.status().message();
+  EXPECT_EQ(bf16->name(), "cuda:0");
+}
+
+}  // namespace
+}  // namespace latent
+
+#endif  // LATENT_HAVE_CUDA
