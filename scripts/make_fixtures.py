@@ -703,24 +703,30 @@ def generate_qwen(args, out):
 # ---------------------------------------------------------------------------------------------
 # --check: reload the committed files through the reference loaders and compare
 
-def load_reference(case, folder, taesd_mod):
-    """Returns run(sample, latent, device) -> (latent_mean, decoded), or None to skip."""
+def load_reference(case, folder, taesd_mod, dtype=torch.float32):
+    """Returns run(sample, latent, device) -> (latent_mean, decoded), or None to skip.
+    With dtype=torch.bfloat16 the reference runs in bf16 (weights and inputs cast), outputs fp32."""
+    def bound(models, runner):
+        for mm in models:
+            mm.to(dtype)
+        return lambda s, l, dev: tuple(t.float() for t in runner(s.to(dtype), l.to(dtype), dev))
+
     if case in ("kl_tiny", "kl_tiny_bf16", "kl_flux_tiny"):
         m = AutoencoderKL.from_pretrained(str(folder), torch_dtype=torch.float32, low_cpu_mem_usage=False).eval()
-        return lambda s, l, dev: kl_run(m, s, l, dev)
+        return bound([m], lambda s, l, dev: kl_run(m, s, l, dev))
     if case in ("kl_tiny_single", "kl_flux_tiny_single"):
         cfg = KL_TINY_CONFIG if case == "kl_tiny_single" else KL_FLUX_TINY_CONFIG
         m, _ = kl_from_ldm(load_file(str(folder / "vae_single.safetensors")), cfg)
-        return lambda s, l, dev: kl_run(m, s, l, dev)
+        return bound([m], lambda s, l, dev: kl_run(m, s, l, dev))
     if case == "qwen_image_vae_tiny":
         m = AutoencoderKLQwenImage.from_pretrained(str(folder), torch_dtype=torch.float32, low_cpu_mem_usage=False).eval()
-        return lambda s, l, dev: qwen_run(m, s, l, dev)
+        return bound([m], lambda s, l, dev: qwen_run(m, s, l, dev))
     if case == "qwen_image_vae_tiny_single":
         m, _ = qwen_from_wan(load_file(str(folder / "vae_single.safetensors")), QWEN_TINY_CONFIG)
-        return lambda s, l, dev: qwen_run(m, s, l, dev)
+        return bound([m], lambda s, l, dev: qwen_run(m, s, l, dev))
     if case == "tiny_taesd":
         m = AutoencoderTiny.from_pretrained(str(folder), torch_dtype=torch.float32, low_cpu_mem_usage=False).eval()
-        return lambda s, l, dev: tiny_run(m, s, l, dev)
+        return bound([m], lambda s, l, dev: tiny_run(m, s, l, dev))
     if case == "tiny_taesd_single":
         enc = load_file(str(folder / "taesd_encoder.safetensors"))
         dec = load_file(str(folder / "taesd_decoder.safetensors"))
@@ -729,10 +735,10 @@ def load_reference(case, folder, taesd_mod):
                                       TINY_TAESD_CONFIG["encoder_block_out_channels"][0])
             te.load_state_dict(enc, strict=True)
             td.load_state_dict(dec, strict=True)
-            return lambda s, l, dev: taesd_py_run(te, td, s, l, dev)
+            return bound([te, td], lambda s, l, dev: taesd_py_run(te, td, s, l, dev))
         m = AutoencoderTiny(**TINY_TAESD_CONFIG).eval()
         m.load_state_dict(published_to_tiny(enc, dec), strict=True)
-        return lambda s, l, dev: tiny_run(m, s, l, dev)
+        return bound([m], lambda s, l, dev: tiny_run(m, s, l, dev))
     if case == "tiny_taef2":
         if taesd_mod is None:
             return None
@@ -742,8 +748,26 @@ def load_reference(case, folder, taesd_mod):
         combined = load_file(str(folder / "taef2.safetensors"))
         assert_same_sd(combined, published_to_hf_combined(te.state_dict(), td.state_dict()),
                        "tiny_taef2 taef2.safetensors")
-        return lambda s, l, dev: taesd_py_run(te, td, s, l, dev)
+        return bound([te, td], lambda s, l, dev: taesd_py_run(te, td, s, l, dev))
     raise SystemExit(f"unknown case {case}")
+
+
+def add_bf16_references(args, out, taesd_mod):
+    """Adds `latent_mean_bf16` / `decoded_bf16` to each io.safetensors: the same reference run in
+    bf16. Tests of reduced-precision backends compare their error with the reference's own."""
+    for case in args.cases:
+        folder = out / case
+        run = load_reference(case, folder, taesd_mod, torch.bfloat16)
+        if run is None:
+            continue
+        io = load_io(folder)
+        mean, decoded = run(io["sample"], io["latent"], args.device)
+        io["latent_mean_bf16"], io["decoded_bf16"] = mean.cpu().contiguous(), decoded.cpu().contiguous()
+        meta = io_metadata(folder)
+        save_file(io, str(folder / "io.safetensors"), meta)
+        rel = lambda a, b: float((a - b).norm() / b.norm())
+        print(f"  {case}: reference bf16 rel L2 latent_mean {rel(mean.cpu(), io['latent_mean']):.2e}, "
+              f"decoded {rel(decoded.cpu(), io['decoded']):.2e}")
 
 
 def check(args, out, taesd_mod):
@@ -816,6 +840,7 @@ def main():
         generate_tiny(args, out, taesd_mod)
     if any(c.startswith("qwen_") for c in args.cases):
         generate_qwen(args, out)
+    add_bf16_references(args, out, taesd_mod)
     total = sum(p.stat().st_size for c in args.cases if (out / c).is_dir()
                 for p in (out / c).iterdir() if p.is_file())
     print(f"wrote {len(args.cases)} cases to {out} ({total / 1024:.0f} KiB)")

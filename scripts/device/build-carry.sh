@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the CUDA-enabled binaries on this (GPU-less) dev machine and packs them, with the
+# non-GStreamer libraries they need, into .carry/dev.tar.xz for the lent GPU machine
+# (the GStreamer runtime travels separately as .gstrt, see ../shared/device/README.md).
+# On the GPU machine: tar xJf .carry/dev.tar.xz -C /tmp && . /tmp/dev/env.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${B:-build-dev}
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLATENT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DLATENT_TOOL_OPENCV=OFF -DLATENT_BUILD_PLUGIN=ON -DLATENT_BUILD_TESTS=ON >/dev/null
+targets=(latent-tool gstlatent ${LATENT_DEVICE_TESTS:-test_cuda_ops test_cuda_models test_autoencoder_kl test_tiny test_qwen_image_vae})
+ninja -C $B -j"${J:-2}" "${targets[@]}"
+rm -rf .carry/dev && mkdir -p .carry/dev/bin .carry/dev/lib .carry/dev/plugin
+cp $B/tools/latent-tool .carry/dev/bin/
+cp $B/plugin/libgstlatent.so .carry/dev/plugin/
+for t in "${targets[@]}"; do
+  [ -f $B/tests/$t ] && cp $B/tests/$t .carry/dev/bin/
+done
+strip --strip-debug .carry/dev/bin/* .carry/dev/plugin/*.so
+for l in libdnnl.so.2 libOpenCL.so.1 libgomp.so.1; do
+  cp -L "$(ldconfig -p | awk -v l=$l '$1==l {print $NF; exit}')" .carry/dev/lib/$l
+done
+cat > .carry/dev/env.sh <<'ENV'
+D=/tmp/dev; export PATH=$D/bin:$PATH LD_LIBRARY_PATH=$D/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} GST_PLUGIN_PATH_1_0=$D/plugin
+ENV
+tar cJf .carry/dev.tar.xz -C .carry dev
+ls -la .carry/dev.tar.xz

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (see scripts/device/build-carry.sh), from the repository root,
+# with .carry (dev.tar.xz, ref/taesd.py), .gstrt and .whl carried. Writes logs under $OUT.
+#   STEPS="tests gst fixtures bench" (default: all)
+set -uo pipefail
+FINAL=${OUT:-/tmp/out}
+OUT=/tmp/res; mkdir -p $OUT   # everything comes back as one archive (the tool returns <= 8 files)
+trap 'tar czf $FINAL/results.tgz -C /tmp/res .' EXIT
+STEPS=${STEPS:-tests gst fixtures bench}
+tar xJf .carry/dev.tar.xz -C /tmp && . /tmp/dev/env.sh
+NV=$(python3 -c "import nvidia,glob,os;print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d+'/**/lib*.so*',recursive=True)})))" 2>/dev/null)
+export LD_LIBRARY_PATH=$LD_LIBRARY_PATH${NV:+:$NV}
+export LATENT_FIXTURES=$PWD/tests/fixtures LATENT_DEFAULT_MODEL=$PWD/models/default
+nvidia-smi -L
+ldd /tmp/dev/bin/latent-tool | grep "not found"
+has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
+
+if has tests; then
+  for t in test_cuda_ops test_cuda_models test_autoencoder_kl test_tiny test_qwen_image_vae; do
+    [ -x /tmp/dev/bin/$t ] || continue
+    timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
+    echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/$t.log | tr '\n' ' ')"
+  done
+  grep -E "FAILED|rel L2" $OUT/test_cuda_models.log | head -40
+  grep -E "^\[  FAILED" $OUT/test_cuda_ops.log | head -20
+fi
+
+if has gst; then
+  ( G=$PWD/.gstrt; export PATH=$G/bin:$PATH LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH GST_PLUGIN_SYSTEM_PATH_1_0=$G/lib/gstreamer-1.0 GST_PLUGIN_SCANNER_1_0=$G/libexec/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gstrt-registry.bin GST_CUDA_NVRTC_LIBNAME=$G/lib/libgstrt-nvrtc-shim.so
+    gst-inspect-1.0 latent 2>&1 | head -12
+    for m in models/default tests/fixtures/qwen_image_vae_tiny; do
+      for size in 1024x1024 1920x1080; do
+        w=${size%x*}; h=${size#*x}
+        /usr/bin/time -f "%e s wall" gst-launch-1.0 -q videotestsrc num-buffers=60 ! video/x-raw,format=RGB,width=$w,height=$h ! \
+          vaeencode model=$m device=cuda ! vaedecode model=$m device=cuda ! fakesink sync=false 2>&1 | tail -3
+        echo "^ gst cuda $m $size 60 frames"
+      done
+    done ) > $OUT/gst.log 2>&1
+  cat $OUT/gst.log | tail -30
+fi
+
+if has fixtures && [ -f .carry/ref/taesd.py ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  python3 scripts/make_fixtures.py --out /tmp/fx --device cuda --taesd-py .carry/ref/taesd.py > $OUT/fixtures.log 2>&1
+  echo "fixtures: exit $?"; tail -3 $OUT/fixtures.log
+  tar czf $OUT/fixtures.tgz -C /tmp/fx .
+fi
+
+if has bench; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
+  python3 bench/bench_vae.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-eager.json \
+    --models ${BENCH_MODELS:-qwen,flux,taesd} --compile none --repeat 10 2>&1 | tee $OUT/bench-eager.log | tail -30
+  python3 bench/bench_vae.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-compile.json \
+    --models qwen --sizes ${BENCH_COMPILE_SIZES:-1024x1024} --compile static --repeat 10 2>&1 | tee $OUT/bench-compile.log | tail -8
+fi
