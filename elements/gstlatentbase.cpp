@@ -1,0 +1,367 @@
+/**
+ * SECTION:gstlatentbase
+ * @title: GstLatentBase
+ * @short_description: Base class of the latent stages (vaeencode, vaedecode, ...)
+ *
+ * Holds the properties every stage has (`model`, `device`, `dtype`), loads the model in
+ * start() through the engine (sharing one instance between elements that ask for the same
+ * model) and releases it in stop().
+ */
+#include "elements/gstlatentbase.h"
+
+#include <cstdlib>
+#include <map>
+
+#include "engine/backends/registry.h"
+#include "engine/core/log.h"
+#include "engine/weights/model_source.h"
+
+GST_DEBUG_CATEGORY_STATIC(gst_latent_base_debug);
+#define GST_CAT_DEFAULT gst_latent_base_debug
+GST_DEBUG_CATEGORY_STATIC(latent_engine_debug);
+
+namespace {
+
+constexpr const char* kDefaultDevice = "auto";
+
+enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE };
+
+struct Settings {
+  std::string model;                    // empty: the built-in default model
+  std::string device = kDefaultDevice;  // auto, cpu, cuda, cuda:N
+  std::string dtype;                    // empty/auto: the device's default
+};
+
+struct State {
+  std::shared_ptr<GstLatentModel> model;
+};
+
+// ---- engine log -> GStreamer debug log ----------------------------------------------------
+
+GstDebugLevel to_gst_level(latent::LogLevel level) {
+  switch (level) {
+    case latent::LogLevel::kError:
+      return GST_LEVEL_ERROR;
+    case latent::LogLevel::kWarning:
+      return GST_LEVEL_WARNING;
+    case latent::LogLevel::kInfo:
+      return GST_LEVEL_INFO;
+    case latent::LogLevel::kDebug:
+      return GST_LEVEL_DEBUG;
+    case latent::LogLevel::kTrace:
+      return GST_LEVEL_TRACE;
+  }
+  return GST_LEVEL_LOG;
+}
+
+void engine_log(latent::LogLevel level, const char* file, int line, const char* message, void*) {
+  const GstDebugLevel gst_level = to_gst_level(level);
+  if (gst_level > gst_debug_category_get_threshold(latent_engine_debug)) return;
+  gst_debug_log(latent_engine_debug, gst_level, file ? file : "", "", line, nullptr, "%s", message);
+}
+
+// ---- the process-wide model cache ---------------------------------------------------------
+
+struct ModelCache {
+  std::mutex mutex;  // held while loading, so concurrent starts of one model load it once
+  std::map<std::string, std::weak_ptr<GstLatentModel>> models;
+  std::map<const latent::Backend*, std::shared_ptr<std::mutex>> backend_locks;
+};
+
+ModelCache& model_cache() {
+  static ModelCache* cache = new ModelCache();  // never destroyed: elements may outlive exit
+  return *cache;
+}
+
+std::string canonical(const std::string& path) {
+  if (path.empty()) return path;
+  char* real = realpath(path.c_str(), nullptr);
+  if (!real) return path;
+  std::string out(real);
+  free(real);
+  return out;
+}
+
+std::string cache_key(const latent::ModelSource& src, const latent::Backend& backend, guint parts) {
+  return latent::str_cat(canonical(src.weights_path), "|", canonical(src.config_path), "|",
+                         backend.name(), "|", latent::dtype_name(backend.compute_dtype()), "|",
+                         parts);
+}
+
+std::string parts_name(guint parts) {
+  if (parts == (GST_LATENT_PART_ENCODER | GST_LATENT_PART_DECODER)) return "encoder+decoder";
+  if (parts == GST_LATENT_PART_ENCODER) return "encoder";
+  if (parts == GST_LATENT_PART_DECODER) return "decoder";
+  return "nothing";
+}
+
+enum class LoadFailure { kNone, kSettings, kNotFound, kRead };
+
+struct LoadResult {
+  std::shared_ptr<GstLatentModel> model;
+  LoadFailure failure = LoadFailure::kNone;
+  std::string message;
+  bool shared = false;
+};
+
+// Backend, source resolution, then the cache or a fresh load. The cache lock is held
+// throughout so two elements starting together load the model once.
+LoadResult load_shared_model(const Settings& settings, guint parts) {
+  LoadResult r;
+  latent::BackendOptions bo;
+  bo.device = settings.device.empty() ? kDefaultDevice : settings.device;
+  bo.dtype = settings.dtype == "auto" ? "" : settings.dtype;
+  auto backend = latent::get_backend(bo);
+  if (!backend.ok()) {
+    r.failure = LoadFailure::kSettings;
+    r.message = backend.status().message();  // names the device or dtype at fault
+    return r;
+  }
+  auto source = latent::resolve_model_source(settings.model);
+  if (!source.ok()) {
+    r.failure = LoadFailure::kNotFound;
+    r.message = source.status().message();  // names the path and what was looked for
+    return r;
+  }
+
+  ModelCache& cache = model_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  // An instance with every part also serves a stage that needs only one.
+  for (guint candidate : {parts, guint(GST_LATENT_PART_ENCODER | GST_LATENT_PART_DECODER)}) {
+    auto it = cache.models.find(cache_key(*source, **backend, candidate));
+    if (it == cache.models.end()) continue;
+    if (auto existing = it->second.lock()) {
+      r.model = existing;
+      r.shared = true;
+      return r;
+    }
+  }
+  latent::VaeLoadOptions lo;
+  lo.encoder = (parts & GST_LATENT_PART_ENCODER) != 0;
+  lo.decoder = (parts & GST_LATENT_PART_DECODER) != 0;
+  auto vae = latent::load_vae(*source, *backend, lo);
+  if (!vae.ok()) {
+    r.failure = LoadFailure::kRead;
+    r.message =
+        latent::str_cat("cannot load model '", source->given.empty() ? source->root : source->given,
+                        "': ", vae.status().message());
+    return r;
+  }
+  auto model = std::make_shared<GstLatentModel>();
+  model->key = cache_key(*source, **backend, parts);
+  model->source = *source;
+  model->backend = *backend;
+  model->vae = std::move(*vae);
+  model->parts = parts;
+  auto& run_lock = cache.backend_locks[model->backend.get()];
+  if (!run_lock) run_lock = std::make_shared<std::mutex>();
+  model->run_lock = run_lock;
+  // Drop entries whose models are gone, then remember this one.
+  for (auto it = cache.models.begin(); it != cache.models.end();)
+    it = it->second.expired() ? cache.models.erase(it) : std::next(it);
+  cache.models[model->key] = model;
+  r.model = std::move(model);
+  return r;
+}
+
+}  // namespace
+
+GstLatentModel::~GstLatentModel() {
+  if (!run_lock) return;
+  std::lock_guard<std::mutex> lock(*run_lock);
+  vae.reset();
+}
+
+std::string GstLatentModel::describe() const {
+  return latent::str_cat("model '", vae->latent_space().name, "' in ",
+                         source.single_file ? source.weights_path : source.root);
+}
+
+struct GstLatentBasePrivate {
+  struct Impl {
+    std::mutex settings_lock;
+    Settings settings;
+    std::mutex state_lock;
+    State state;
+  };
+  Impl* impl;
+};
+
+#define gst_latent_base_parent_class parent_class
+G_DEFINE_ABSTRACT_TYPE_WITH_PRIVATE(GstLatentBase, gst_latent_base, GST_TYPE_BASE_TRANSFORM)
+
+static GstLatentBasePrivate::Impl* impl_of(GstLatentBase* self) {
+  return static_cast<GstLatentBasePrivate*>(gst_latent_base_get_instance_private(self))->impl;
+}
+
+void gst_latent_element_init(GstPlugin*) {
+  static gsize done = 0;
+  if (g_once_init_enter(&done)) {
+    GST_DEBUG_CATEGORY_INIT(latent_engine_debug, "latent-engine", 0, "gst-latent inference engine");
+    GST_DEBUG_CATEGORY_INIT(gst_latent_base_debug, "latentbase", 0, "latent stage base class");
+    latent::set_log_callback(engine_log, nullptr);
+    g_once_init_leave(&done, 1);
+  }
+}
+
+static void gst_latent_base_set_property(GObject* object, guint prop_id, const GValue* value,
+                                         GParamSpec* pspec) {
+  auto* impl = impl_of(GST_LATENT_BASE(object));
+  const gchar* s = nullptr;
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  switch (prop_id) {
+    case PROP_MODEL:
+      s = g_value_get_string(value);
+      impl->settings.model = s ? s : "";
+      break;
+    case PROP_DEVICE:
+      s = g_value_get_string(value);
+      impl->settings.device = s && *s ? s : kDefaultDevice;
+      break;
+    case PROP_DTYPE:
+      s = g_value_get_string(value);
+      impl->settings.dtype = s ? s : "";
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+      break;
+  }
+}
+
+static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue* value,
+                                         GParamSpec* pspec) {
+  auto* impl = impl_of(GST_LATENT_BASE(object));
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  switch (prop_id) {
+    case PROP_MODEL:
+      g_value_set_string(value, impl->settings.model.c_str());
+      break;
+    case PROP_DEVICE:
+      g_value_set_string(value, impl->settings.device.c_str());
+      break;
+    case PROP_DTYPE:
+      g_value_set_string(value, impl->settings.dtype.c_str());
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+      break;
+  }
+}
+
+static void gst_latent_base_finalize(GObject* object) {
+  auto* priv = static_cast<GstLatentBasePrivate*>(
+      gst_latent_base_get_instance_private(GST_LATENT_BASE(object)));
+  delete priv->impl;
+  priv->impl = nullptr;
+  G_OBJECT_CLASS(parent_class)->finalize(object);
+}
+
+static gboolean gst_latent_base_start(GstBaseTransform* trans) {
+  GstLatentBase* self = GST_LATENT_BASE(trans);
+  auto* impl = impl_of(self);
+  const guint parts = GST_LATENT_BASE_GET_CLASS(self)->parts;
+  Settings settings;
+  {
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    settings = impl->settings;
+  }
+  LoadResult r = load_shared_model(settings, parts);
+  const char* stage = gst_latent_base_stage_name(self);
+  switch (r.failure) {
+    case LoadFailure::kNone:
+      break;
+    case LoadFailure::kSettings:
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s: %s", stage, r.message.c_str()),
+                        ("device=%s dtype=%s", settings.device.c_str(), settings.dtype.c_str()));
+      return FALSE;
+    case LoadFailure::kNotFound:
+      GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s: %s", stage, r.message.c_str()),
+                        ("model=%s", settings.model.c_str()));
+      return FALSE;
+    case LoadFailure::kRead:
+      GST_ELEMENT_ERROR(self, RESOURCE, READ, ("%s: %s", stage, r.message.c_str()),
+                        ("model=%s", settings.model.c_str()));
+      return FALSE;
+  }
+  GST_INFO_OBJECT(self, "%s %s (%s, %s on %s)", r.shared ? "sharing the loaded" : "loaded",
+                  r.model->describe().c_str(), parts_name(r.model->parts).c_str(),
+                  r.model->vae->info().architecture.c_str(), r.model->backend->name().c_str());
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  impl->state.model = std::move(r.model);
+  return TRUE;
+}
+
+static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
+  auto* impl = impl_of(GST_LATENT_BASE(trans));
+  std::shared_ptr<GstLatentModel> dropped;
+  {
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    dropped = std::move(impl->state.model);
+    impl->state = State();
+  }
+  // The last user frees the weights here, outside the state lock.
+  dropped.reset();
+  return TRUE;
+}
+
+static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
+  GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
+  GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
+
+  gst_latent_element_init(nullptr);
+
+  gobject_class->set_property = gst_latent_base_set_property;
+  gobject_class->get_property = gst_latent_base_get_property;
+  gobject_class->finalize = gst_latent_base_finalize;
+
+  const auto flags = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                              GST_PARAM_MUTABLE_READY);
+  g_object_class_install_property(
+      gobject_class, PROP_MODEL,
+      g_param_spec_string("model", "Model",
+                          "Model path: a diffusers folder (or pipeline root), or a .safetensors "
+                          "file; empty for the built-in default model",
+                          "", flags));
+  g_object_class_install_property(
+      gobject_class, PROP_DEVICE,
+      g_param_spec_string("device", "Device",
+                          "Where to run: auto (the first GPU if usable, else the CPU), cpu, cuda "
+                          "or cuda:N",
+                          kDefaultDevice, flags));
+  g_object_class_install_property(
+      gobject_class, PROP_DTYPE,
+      g_param_spec_string("dtype", "Compute dtype",
+                          "fp32, bf16 or fp16; empty or auto for the device's default "
+                          "(fp32 on the CPU, bf16 on CUDA)",
+                          "", flags));
+
+  trans_class->passthrough_on_same_caps = FALSE;
+  trans_class->start = GST_DEBUG_FUNCPTR(gst_latent_base_start);
+  trans_class->stop = GST_DEBUG_FUNCPTR(gst_latent_base_stop);
+
+  gst_type_mark_as_plugin_api(GST_TYPE_LATENT_BASE, static_cast<GstPluginAPIFlags>(0));
+}
+
+static void gst_latent_base_init(GstLatentBase* self) {
+  auto* priv = static_cast<GstLatentBasePrivate*>(gst_latent_base_get_instance_private(self));
+  priv->impl = new GstLatentBasePrivate::Impl();
+  gst_base_transform_set_in_place(GST_BASE_TRANSFORM(self), FALSE);
+  gst_base_transform_set_passthrough(GST_BASE_TRANSFORM(self), FALSE);
+}
+
+std::shared_ptr<GstLatentModel> gst_latent_base_get_model(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  return impl->state.model;
+}
+
+const char* gst_latent_base_stage_name(GstLatentBase* self) {
+  GstElementFactory* factory = gst_element_get_factory(GST_ELEMENT(self));
+  if (factory) return gst_plugin_feature_get_name(GST_PLUGIN_FEATURE(factory));
+  return GST_ELEMENT_NAME(self);
+}
+
+latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self) {
+  if (auto model = gst_latent_base_get_model(self)) return model->backend->compute_dtype();
+  return latent::DType::kF32;
+}

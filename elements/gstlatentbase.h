@@ -1,0 +1,68 @@
+// GstLatentBase: what the latent stages share. Properties `model`, `device` and `dtype` fill a
+// Settings struct; start() resolves the backend and loads (or shares) the model, stop() drops
+// it. Subclasses say which parts of the model they need and use gst_latent_base_get_model().
+#pragma once
+
+#include <gst/base/gstbasetransform.h>
+#include <gst/gst.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/backends/backend.h"
+#include "engine/models/vae/vae.h"
+
+G_BEGIN_DECLS
+
+#define GST_TYPE_LATENT_BASE (gst_latent_base_get_type())
+G_DECLARE_DERIVABLE_TYPE(GstLatentBase, gst_latent_base, GST, LATENT_BASE, GstBaseTransform)
+
+typedef enum {
+  GST_LATENT_PART_ENCODER = 1 << 0,
+  GST_LATENT_PART_DECODER = 1 << 1,
+} GstLatentParts;
+
+struct _GstLatentBaseClass {
+  GstBaseTransformClass parent_class;
+
+  // The GstLatentParts this stage needs; set in the subclass's class_init.
+  guint parts;
+
+  gpointer _gst_reserved[GST_PADDING];
+};
+
+// Debug categories and the engine's log callback (pointed at gst_debug_log under
+// "latent-engine"). Idempotent; every element registration calls it.
+void gst_latent_element_init(GstPlugin* plugin);
+
+G_END_DECLS
+
+// A loaded model. Elements asking for the same source, device, dtype and parts share one
+// instance (a process-wide cache of weak references), so weights are in memory once.
+struct GstLatentModel {
+  std::string key;             // cache key
+  latent::ModelSource source;  // where it came from
+  std::shared_ptr<latent::Backend> backend;
+  std::unique_ptr<latent::VaeModel> vae;
+  guint parts = 0;  // GstLatentParts loaded
+  // Backends are shared between models and elements and are not assumed thread-safe: every
+  // engine call on this model's backend holds this lock.
+  std::shared_ptr<std::mutex> run_lock;
+
+  // Frees the weights under run_lock: another model may be running on the same backend.
+  ~GstLatentModel();
+
+  const latent::LatentSpace& latent_space() const { return vae->latent_space(); }
+  // "model 'flux1' in /models/flux/vae" for messages.
+  std::string describe() const;
+};
+
+// The model loaded by start(), or null while stopped. The returned reference keeps it alive.
+std::shared_ptr<GstLatentModel> gst_latent_base_get_model(GstLatentBase* self);
+
+// The stage's user-facing name for messages: the factory name ("vaedecode").
+const char* gst_latent_base_stage_name(GstLatentBase* self);
+
+// Resolves "auto" and an empty dtype the way start() will (for caps before start()).
+latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self);

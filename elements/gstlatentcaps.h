@@ -1,0 +1,91 @@
+// The latent media type shared by the stages: application/x-latent.
+//
+//   format        string    element type of the buffer: "fp32", "bf16" or "fp16"
+//   channels      int       latent channels C
+//   width/height  int       latent size w x h
+//   latent-space  string    what the latent means (LatentSpace::name, e.g. "flux1")
+//   frame-width   int       the video size vaedecode restores
+//   frame-height  int
+//   size-policy   string    how the frame was fitted to the model grid: pad, crop or scale
+//   framerate     fraction  (optional, 0/1 when absent)
+//
+// A buffer is one frame's normalised latent [C, h, w], contiguous, in system memory.
+#pragma once
+
+#include <gst/gst.h>
+#include <gst/video/video.h>
+
+#include <string>
+
+#include "engine/core/dtype.h"
+#include "engine/core/pixels.h"
+#include "engine/core/status.h"
+
+#define GST_LATENT_MEDIA_TYPE "application/x-latent"
+
+// Limits a caps field must respect; anything outside is refused with a message.
+constexpr int kGstLatentMaxChannels = 1024;
+constexpr int kGstLatentMaxSide = latent::kMaxFrameSide;  // latent and frame sides
+
+// Template caps for a pad carrying latents (every field's full range).
+#define GST_LATENT_CAPS_TEMPLATE                  \
+  GST_LATENT_MEDIA_TYPE                           \
+  ", format = (string) { fp32, bf16, fp16 }, "    \
+  "channels = (int) [ 1, 1024 ], "                \
+  "width = (int) [ 1, 16384 ], "                  \
+  "height = (int) [ 1, 16384 ], "                 \
+  "frame-width = (int) [ 1, 16384 ], "            \
+  "frame-height = (int) [ 1, 16384 ], "           \
+  "size-policy = (string) { pad, crop, scale }, " \
+  "framerate = (fraction) [ 0/1, 2147483647/1 ]"
+
+struct GstLatentInfo {
+  latent::DType dtype = latent::DType::kF32;
+  int channels = 0;
+  int width = 0;
+  int height = 0;
+  std::string latent_space;
+  int frame_width = 0;
+  int frame_height = 0;
+  latent::SizePolicy size_policy = latent::SizePolicy::kPad;
+  int fps_n = 0;
+  int fps_d = 1;
+
+  // Bytes of one buffer: C * h * w * sizeof(dtype).
+  size_t frame_bytes() const;
+  bool operator==(const GstLatentInfo& o) const;
+  bool operator!=(const GstLatentInfo& o) const { return !(*this == o); }
+};
+
+// Fixed caps describing `info`.
+GstCaps* gst_latent_info_to_caps(const GstLatentInfo& info);
+// Parses fixed application/x-latent caps; every field but framerate is required. Absurd values
+// (zero or huge sizes, unknown format or policy, empty latent space) are errors naming the field.
+latent::Result<GstLatentInfo> gst_latent_info_from_caps(const GstCaps* caps);
+
+// GEnum for size-policy properties (nicks "pad", "crop", "scale"; values = latent::SizePolicy).
+#define GST_TYPE_LATENT_SIZE_POLICY (gst_latent_size_policy_get_type())
+GType gst_latent_size_policy_get_type(void);
+
+// The dtype names offered in caps, `preferred` first (the rest in a fixed order).
+void gst_latent_set_format_list(GstStructure* s, latent::DType preferred);
+
+// ---- the video side ----------------------------------------------------------------------
+
+// The packed 8-bit RGB formats the stages read and write, in the order vaedecode offers them.
+#define GST_LATENT_VIDEO_FORMATS "{ RGB, RGBA, BGRA, BGR, RGBx, BGRx, xRGB, xBGR, ARGB, ABGR }"
+constexpr int kGstLatentMinVideoSide = 8;
+constexpr int kGstLatentMaxVideoSide = 8192;
+#define GST_LATENT_VIDEO_CAPS_TEMPLATE                       \
+  "video/x-raw, format = (string) " GST_LATENT_VIDEO_FORMATS \
+  ", "                                                       \
+  "width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], "  \
+  "framerate = (fraction) [ 0/1, 2147483647/1 ]"
+
+// GstVideoFormat -> the engine's pixel format (an error for anything but the list above).
+latent::Result<latent::PixelFormat> gst_latent_pixel_format(GstVideoFormat format);
+// A video/x-raw structure with the format list and no size fields.
+GstStructure* gst_latent_video_structure_new(void);
+// Copies `field` from `from` (any value) to `to` as `as`; false when `from` has no such field.
+bool gst_latent_copy_field(const GstStructure* from, const char* field, GstStructure* to,
+                           const char* as);

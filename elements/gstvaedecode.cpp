@@ -1,0 +1,383 @@
+/**
+ * SECTION:element-vaedecode
+ * @title: vaedecode
+ *
+ * |[
+ * gst-launch-1.0 videotestsrc num-buffers=30 ! video/x-raw,width=320,height=240 ! \
+ *     vaeencode ! vaedecode ! videoconvert ! vp8enc ! webmmux ! filesink location=out.webm
+ * ]| (pipelines/encode_decode.sh; pipelines/decode_latents.sh decodes a saved latent dump)
+ *
+ * Decodes latents (application/x-latent, as vaeencode or a denoiser makes them) back into
+ * video frames with the decoder of a VAE. The output has the caps' `frame-width` x
+ * `frame-height`: the model's output is cropped, extended or resized back according to the
+ * caps' `size-policy`.
+ *
+ * Latents of another latent space (or channel count) than the model's are refused when caps
+ * are negotiated, with an error naming both.
+ */
+#include "elements/gstvaedecode.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "elements/gstlatentcaps.h"
+
+GST_DEBUG_CATEGORY_STATIC(gst_vae_decode_debug);
+#define GST_CAT_DEFAULT gst_vae_decode_debug
+
+namespace {
+
+GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_VIDEO_CAPS_TEMPLATE));
+
+struct Negotiated {
+  GstLatentInfo in_info;
+  GstVideoInfo out_info;
+  latent::PixelFormat pixel_format = latent::PixelFormat::kRGB;
+  latent::FrameGeometry geometry;
+};
+
+struct Impl {
+  std::mutex lock;
+  bool negotiated = false;
+  Negotiated stream;
+  std::string last_refusal;  // the last caps refusal posted, so a repeated query posts once
+};
+
+bool is_system_memory(GstCapsFeatures* f) {
+  return !f || gst_caps_features_is_any(f) ||
+         gst_caps_features_is_equal(f, GST_CAPS_FEATURES_MEMORY_SYSTEM_MEMORY);
+}
+
+// Empty when the latents described by `s` can be this model's; else a message for the user.
+std::string model_mismatch(const GstStructure* s, const GstLatentModel& model) {
+  const latent::LatentSpace& space = model.latent_space();
+  const gchar* name = gst_structure_get_string(s, "latent-space");
+  if (name && space.name != name)
+    return latent::str_cat("vaedecode: latent space '", name, "' from upstream does not match ",
+                           model.describe());
+  int channels = 0;
+  if (gst_structure_get_int(s, "channels", &channels) && channels != space.channels)
+    return latent::str_cat("vaedecode: ", channels, "-channel latents from upstream do not match ",
+                           model.describe(), " (", space.channels, " channels)");
+  return std::string();
+}
+
+// Latent structure -> the video it decodes to. Another model's latents still transform (see
+// video_to_latent); accept-caps refuses them.
+GstStructure* latent_to_video(const GstStructure* s) {
+  GstStructure* out = gst_latent_video_structure_new();
+  if (!gst_latent_copy_field(s, "frame-width", out, "width"))
+    gst_structure_set(out, "width", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
+                      kGstLatentMaxVideoSide, nullptr);
+  if (!gst_latent_copy_field(s, "frame-height", out, "height"))
+    gst_structure_set(out, "height", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
+                      kGstLatentMaxVideoSide, nullptr);
+  gst_latent_copy_field(s, "framerate", out, "framerate");
+  return out;
+}
+
+// Video structure (what downstream takes) -> the latents that would give it. The latent space
+// and channel count are deliberately left open: a caps query that hid the model's space would
+// make a mismatched upstream fail with a bare "not-negotiated"; accept-caps refuses it instead,
+// with an error naming both spaces.
+GstStructure* video_to_latent(const GstStructure* s, latent::DType dtype) {
+  GstStructure* out = gst_structure_new_empty(GST_LATENT_MEDIA_TYPE);
+  gst_latent_set_format_list(out, dtype);
+  gst_structure_set(out, "channels", GST_TYPE_INT_RANGE, 1, kGstLatentMaxChannels, nullptr);
+  // The latent size depends on the size policy upstream chose; only the frame size follows.
+  gst_structure_set(out, "width", GST_TYPE_INT_RANGE, 1, kGstLatentMaxSide, "height",
+                    GST_TYPE_INT_RANGE, 1, kGstLatentMaxSide, nullptr);
+  if (!gst_latent_copy_field(s, "width", out, "frame-width"))
+    gst_structure_set(out, "frame-width", GST_TYPE_INT_RANGE, 1, kGstLatentMaxSide, nullptr);
+  if (!gst_latent_copy_field(s, "height", out, "frame-height"))
+    gst_structure_set(out, "frame-height", GST_TYPE_INT_RANGE, 1, kGstLatentMaxSide, nullptr);
+  gst_latent_copy_field(s, "framerate", out, "framerate");
+  return out;
+}
+
+}  // namespace
+
+struct _GstVaeDecode {
+  GstLatentBase parent;
+  Impl* impl;
+};
+
+#define gst_vae_decode_parent_class parent_class
+G_DEFINE_TYPE(GstVaeDecode, gst_vae_decode, GST_TYPE_LATENT_BASE)
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(vaedecode, "vaedecode", GST_RANK_NONE, GST_TYPE_VAE_DECODE,
+                                      gst_latent_element_init(plugin));
+
+static void gst_vae_decode_finalize(GObject* object) {
+  GstVaeDecode* self = GST_VAE_DECODE(object);
+  delete self->impl;
+  self->impl = nullptr;
+  G_OBJECT_CLASS(parent_class)->finalize(object);
+}
+
+// Posts a negotiation error once per distinct message (accept-caps may be asked repeatedly).
+static void post_refusal(GstVaeDecode* self, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    if (self->impl->last_refusal == message) return;
+    self->impl->last_refusal = message;
+  }
+  GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("%s", message.c_str()), (nullptr));
+}
+
+static GstCaps* gst_vae_decode_transform_caps(GstBaseTransform* trans, GstPadDirection direction,
+                                              GstCaps* caps, GstCaps* filter) {
+  const latent::DType dtype = gst_latent_base_preferred_dtype(GST_LATENT_BASE(trans));
+
+  GstCaps* out = gst_caps_new_empty();
+  if (gst_caps_is_any(caps)) {
+    GstPad* other = direction == GST_PAD_SINK ? GST_BASE_TRANSFORM_SRC_PAD(trans)
+                                              : GST_BASE_TRANSFORM_SINK_PAD(trans);
+    gst_caps_unref(out);
+    out = gst_pad_get_pad_template_caps(other);
+  } else {
+    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
+      if (!is_system_memory(gst_caps_get_features(caps, i))) continue;
+      const GstStructure* s = gst_caps_get_structure(caps, i);
+      GstStructure* o = nullptr;
+      if (direction == GST_PAD_SINK && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
+        o = latent_to_video(s);
+      else if (direction == GST_PAD_SRC && gst_structure_has_name(s, "video/x-raw"))
+        o = video_to_latent(s, dtype);
+      if (o) out = gst_caps_merge_structure(out, o);
+    }
+  }
+  if (filter) {
+    GstCaps* tmp = gst_caps_intersect_full(filter, out, GST_CAPS_INTERSECT_FIRST);
+    gst_caps_unref(out);
+    out = tmp;
+  }
+  GST_DEBUG_OBJECT(trans, "%s caps %" GST_PTR_FORMAT " -> %" GST_PTR_FORMAT,
+                   direction == GST_PAD_SINK ? "sink" : "src", caps, out);
+  return out;
+}
+
+// Checks fixed latent caps against the model. On success fills *info and *geometry and returns
+// ""; otherwise returns a sentence for the user.
+static std::string check_input_caps(const GstCaps* caps, const GstLatentModel& model,
+                                    GstLatentInfo* info, latent::FrameGeometry* geometry) {
+  const std::string mismatch = model_mismatch(gst_caps_get_structure(caps, 0), model);
+  if (!mismatch.empty()) return mismatch;
+  auto parsed = gst_latent_info_from_caps(caps);
+  if (!parsed.ok()) return "vaedecode: " + parsed.status().message();
+  const int factor = model.latent_space().downsample;
+  auto g = latent::plan_frame_geometry(parsed->frame_width, parsed->frame_height, factor,
+                                       parsed->size_policy);
+  if (!g.ok())
+    return latent::str_cat("vaedecode: cannot restore a ", parsed->frame_width, "x",
+                           parsed->frame_height, " frame: ", g.status().message());
+  if (g->latent_width() != parsed->width || g->latent_height() != parsed->height)
+    return latent::str_cat(
+        "vaedecode: a ", parsed->width, "x", parsed->height, " latent does not fit a ",
+        parsed->frame_width, "x", parsed->frame_height, " frame under size-policy ",
+        latent::size_policy_name(parsed->size_policy), " with ", model.describe(),
+        " (downsampling ", factor, ": expected ", g->latent_width(), "x", g->latent_height(), ")");
+  *info = *parsed;
+  *geometry = *g;
+  return std::string();
+}
+
+static gboolean gst_vae_decode_accept_caps(GstBaseTransform* trans, GstPadDirection direction,
+                                           GstCaps* caps) {
+  GstVaeDecode* self = GST_VAE_DECODE(trans);
+  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->accept_caps(trans, direction, caps)) return FALSE;
+  if (direction != GST_PAD_SINK || !gst_caps_is_fixed(caps)) return TRUE;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+  if (!model) return TRUE;  // not started: nothing to check against yet
+  GstLatentInfo info;
+  latent::FrameGeometry geometry;
+  const std::string problem = check_input_caps(caps, *model, &info, &geometry);
+  if (problem.empty()) return TRUE;
+  GST_WARNING_OBJECT(self, "refusing %" GST_PTR_FORMAT ": %s", caps, problem.c_str());
+  post_refusal(self, problem);
+  return FALSE;
+}
+
+static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps,
+                                        GstCaps* outcaps) {
+  GstVaeDecode* self = GST_VAE_DECODE(trans);
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+  if (!model) {
+    GST_ERROR_OBJECT(self, "caps set before a model was loaded");
+    return FALSE;
+  }
+  Negotiated n;
+  const std::string problem = check_input_caps(incaps, *model, &n.in_info, &n.geometry);
+  if (!problem.empty()) {
+    post_refusal(self, problem);
+    return FALSE;
+  }
+  if (!gst_video_info_from_caps(&n.out_info, outcaps)) {
+    GST_ERROR_OBJECT(self, "invalid output caps %" GST_PTR_FORMAT, outcaps);
+    return FALSE;
+  }
+  auto format = gst_latent_pixel_format(GST_VIDEO_INFO_FORMAT(&n.out_info));
+  if (!format.ok()) {
+    GST_ERROR_OBJECT(self, "%s", format.status().message().c_str());
+    return FALSE;
+  }
+  n.pixel_format = *format;
+  const GstLatentInfo& info = n.in_info;
+  if (GST_VIDEO_INFO_WIDTH(&n.out_info) != info.frame_width ||
+      GST_VIDEO_INFO_HEIGHT(&n.out_info) != info.frame_height) {
+    GST_ERROR_OBJECT(self, "output caps %dx%d differ from the frame size %dx%d",
+                     GST_VIDEO_INFO_WIDTH(&n.out_info), GST_VIDEO_INFO_HEIGHT(&n.out_info),
+                     info.frame_width, info.frame_height);
+    return FALSE;
+  }
+  GST_INFO_OBJECT(self, "%s latent [%d, %d, %d] '%s' -> %dx%d %s (%s, model output %dx%d)",
+                  latent::dtype_name(info.dtype), info.channels, info.height, info.width,
+                  info.latent_space.c_str(), info.frame_width, info.frame_height,
+                  latent::pixel_format_name(n.pixel_format),
+                  latent::size_policy_name(info.size_policy), n.geometry.model_width(),
+                  n.geometry.model_height());
+  std::lock_guard<std::mutex> lock(self->impl->lock);
+  self->impl->stream = n;
+  self->impl->negotiated = true;
+  self->impl->last_refusal.clear();
+  return TRUE;
+}
+
+static gboolean gst_vae_decode_transform_size(GstBaseTransform* trans, GstPadDirection direction,
+                                              GstCaps*, gsize, GstCaps* othercaps,
+                                              gsize* othersize) {
+  // One latent in, one frame out, whatever the input buffer's size (transform() checks it).
+  if (direction == GST_PAD_SINK) {
+    GstVideoInfo vinfo;
+    if (!gst_video_info_from_caps(&vinfo, othercaps)) return FALSE;
+    *othersize = GST_VIDEO_INFO_SIZE(&vinfo);
+  } else {
+    auto info = gst_latent_info_from_caps(othercaps);
+    if (!info.ok()) {
+      GST_WARNING_OBJECT(trans, "%s", info.status().message().c_str());
+      return FALSE;
+    }
+    *othersize = info->frame_bytes();
+  }
+  return TRUE;
+}
+
+// The CPU path: latent buffer in system memory -> host tensor [1, C, h, w] in the caps' dtype.
+// (A CUDA-memory path goes beside this.)
+static latent::Result<latent::Tensor> read_latent_sysmem(const GstLatentInfo& info,
+                                                         GstBuffer* inbuf) {
+  const size_t want = info.frame_bytes();
+  const size_t have = gst_buffer_get_size(inbuf);
+  if (have != want)
+    return latent::Status::errorf("latent buffer has ", have, " bytes, expected ", want, " for ",
+                                  latent::dtype_name(info.dtype), "[", info.channels, ", ",
+                                  info.height, ", ", info.width, "]");
+  latent::Tensor t = latent::Tensor::empty({1, info.channels, info.height, info.width}, info.dtype);
+  gst_buffer_extract(inbuf, 0, t.data(), want);
+  return t;
+}
+
+// Normalised latent [1, C, h, w] host -> image [1, 3, H, W] fp32 host.
+static latent::Result<latent::Tensor> decode_latent(GstLatentModel& model,
+                                                    const latent::Tensor& latent_host) {
+  std::lock_guard<std::mutex> lock(*model.run_lock);
+  latent::Backend& b = *model.backend;
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor normalised, b.upload(latent_host));
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.latent_space().denormalize(b, normalised));
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor image, model.vae->decode(raw));
+  return b.download(image);
+}
+
+static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer* inbuf,
+                                              GstBuffer* outbuf) {
+  GstVaeDecode* self = GST_VAE_DECODE(trans);
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+  Negotiated n;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    if (!self->impl->negotiated || !model) {
+      GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, (nullptr), ("buffer before caps were set"));
+      return GST_FLOW_NOT_NEGOTIATED;
+    }
+    n = self->impl->stream;
+  }
+
+  auto latent_host = read_latent_sysmem(n.in_info, inbuf);
+  if (!latent_host.ok()) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
+                      ("vaedecode: %s", latent_host.status().message().c_str()), (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  auto image = decode_latent(*model, *latent_host);
+  if (!image.ok()) {
+    GST_ELEMENT_ERROR(
+        self, STREAM, DECODE,
+        ("vaedecode: decoding a %dx%d latent with %s failed: %s", n.in_info.width, n.in_info.height,
+         model->describe().c_str(), image.status().message().c_str()),
+        (nullptr));
+    return GST_FLOW_ERROR;
+  }
+
+  GstVideoFrame frame;
+  if (!gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
+                      ("vaedecode: cannot map the %zu-byte output buffer as a %dx%d frame",
+                       gst_buffer_get_size(outbuf), GST_VIDEO_INFO_WIDTH(&n.out_info),
+                       GST_VIDEO_INFO_HEIGHT(&n.out_info)),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  latent::Status s =
+      latent::tensor_to_frame(*image, n.geometry, n.pixel_format,
+                              static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)),
+                              GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0));
+  gst_video_frame_unmap(&frame);
+  if (!s.ok()) {
+    GST_ELEMENT_ERROR(self, STREAM, DECODE,
+                      ("vaedecode: %s returned an unexpected image: %s", model->describe().c_str(),
+                       s.message().c_str()),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  return GST_FLOW_OK;
+}
+
+static gboolean gst_vae_decode_stop(GstBaseTransform* trans) {
+  GstVaeDecode* self = GST_VAE_DECODE(trans);
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    self->impl->negotiated = false;
+    self->impl->last_refusal.clear();
+  }
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->stop(trans);
+}
+
+static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
+  GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
+  GstElementClass* element_class = GST_ELEMENT_CLASS(klass);
+  GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
+
+  GST_DEBUG_CATEGORY_INIT(gst_vae_decode_debug, "vaedecode", 0, "VAE decoder");
+
+  gobject_class->finalize = gst_vae_decode_finalize;
+
+  gst_element_class_set_static_metadata(
+      element_class, "VAE decoder", "Filter/Converter/Video",
+      "Decodes a diffusion model's latents into video frames with its VAE decoder",
+      "gst-latent developers");
+  gst_element_class_add_static_pad_template(element_class, &sink_template);
+  gst_element_class_add_static_pad_template(element_class, &src_template);
+
+  trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_caps);
+  trans_class->accept_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_accept_caps);
+  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_set_caps);
+  trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_size);
+  trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_decode_transform);
+  trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_decode_stop);
+
+  GST_LATENT_BASE_CLASS(klass)->parts = GST_LATENT_PART_DECODER;
+}
+
+static void gst_vae_decode_init(GstVaeDecode* self) { self->impl = new Impl(); }
