@@ -132,7 +132,8 @@ int cmd_inspect(const Args& a) {
   }
   std::printf("parameters:    %lld\n", static_cast<long long>(total));
   std::printf("weights dtype:");
-  for (const auto& [dt, n] : info.storage_dtypes) std::printf(" %s (%lld tensors)", dt.c_str(), static_cast<long long>(n));
+  for (const auto& [dt, n] : info.storage_dtypes)
+    std::printf(" %s (%lld parameters)", dt.c_str(), static_cast<long long>(n));
   std::printf("\n");
   std::printf("latent space:  %s, %d channels, %dx downsampling\n", ls.name.c_str(), ls.channels, ls.downsample);
   bool uniform = true;
@@ -144,7 +145,16 @@ int cmd_inspect(const Args& a) {
     std::printf("normalisation: (z - mean[c]) * scale[c], per channel (%zu channels)\n", ls.scale.size());
   std::printf("backend:       %s, compute %s\n", (*model)->backend().name().c_str(),
               latent::dtype_name((*model)->backend().compute_dtype()));
-  if (!info.description.empty()) std::printf("%s", info.description.c_str());
+  if (!info.description.empty()) {
+    std::printf("config:\n");
+    size_t pos = 0;
+    while (pos < info.description.size()) {
+      size_t nl = info.description.find('\n', pos);
+      if (nl == std::string::npos) nl = info.description.size();
+      std::printf("  %s\n", info.description.substr(pos, nl - pos).c_str());
+      pos = nl + 1;
+    }
+  }
   return 0;
 }
 

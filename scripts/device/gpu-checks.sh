@@ -6,7 +6,7 @@ set -uo pipefail
 FINAL=${OUT:-/tmp/out}
 OUT=/tmp/res; mkdir -p $OUT   # everything comes back as one archive (the tool returns <= 8 files)
 trap 'tar czf $FINAL/results.tgz -C /tmp/res .' EXIT
-STEPS=${STEPS:-tests gst fixtures bench}
+STEPS=${STEPS:-tests gst fixtures bench pipelines}
 tar xJf .carry/dev.tar.xz -C /tmp && . /tmp/dev/env.sh
 NV=$(python3 -c "import nvidia,glob,os;print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d+'/**/lib*.so*',recursive=True)})))" 2>/dev/null)
 export LD_LIBRARY_PATH=$LD_LIBRARY_PATH${NV:+:$NV}
@@ -48,8 +48,13 @@ fi
 
 if has bench; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-  python3 bench/bench_vae.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-eager.json \
-    --models ${BENCH_MODELS:-qwen,flux,taesd} --compile none --repeat 10 2>&1 | tee $OUT/bench-eager.log | tail -30
-  python3 bench/bench_vae.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-compile.json \
-    --models qwen --sizes ${BENCH_COMPILE_SIZES:-1024x1024} --compile static --repeat 10 2>&1 | tee $OUT/bench-compile.log | tail -8
+  python3 bench/bench_vae.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-vae.json --workdir /tmp/latent-bench \
+    --models ${BENCH_MODELS:-qwen} --sizes ${BENCH_SIZES:-512x512,1024x1024,1280x720,1920x1088} \
+    --compile ${BENCH_COMPILE:-static} --repeat 10 2>&1 | tee $OUT/bench-vae.log | tail -14
+fi
+
+if has pipelines; then
+  ( G=$PWD/.gstrt; export PATH=$G/bin:$PATH LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH GST_PLUGIN_SYSTEM_PATH_1_0=$G/lib/gstreamer-1.0 GST_PLUGIN_SCANNER_1_0=$G/libexec/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gstrt-registry.bin GST_CUDA_NVRTC_LIBNAME=$G/lib/libgstrt-nvrtc-shim.so
+    models=$PWD/models/default; [ -d /tmp/latent-bench/qwen ] && models=$models,/tmp/latent-bench/qwen
+    python3 bench/bench_pipelines.py --models $models --out $OUT/bench-pipelines.json 2>&1 | tee $OUT/bench-pipelines.log | tail -12 )
 fi
