@@ -2,6 +2,7 @@
 // beside its own code.
 #include <gst/gst.h>
 
+#include "elements/gstditdenoise.h"
 #include "elements/gstvaedecode.h"
 #include "elements/gstvaeencode.h"
 
@@ -16,9 +17,10 @@ static gboolean plugin_init(GstPlugin* plugin) {
   gboolean ret = FALSE;
   ret |= GST_ELEMENT_REGISTER(vaeencode, plugin);
   ret |= GST_ELEMENT_REGISTER(vaedecode, plugin);
+  ret |= GST_ELEMENT_REGISTER(ditdenoise, plugin);
   return ret;
 }
 
 GST_PLUGIN_DEFINE(GST_VERSION_MAJOR, GST_VERSION_MINOR, latent,
-                  "Diffusion-model stages: VAE encode/decode of video frames to latents",
+                  "Diffusion-model stages: VAE encode/decode of video frames to latents, DiT denoising",
                   plugin_init, "0.1.0", "LGPL", "gst-latent", GST_LATENT_ORIGIN)

@@ -1,0 +1,817 @@
+/**
+ * SECTION:element-ditdenoise
+ * @title: ditdenoise
+ * @short_description: Restyles (img2img) or edits latent frames with the Qwen-Image MMDiT
+ *
+ * ## Example launch line
+ * |[
+ * gst-launch-1.0 filesrc location=in.mp4 ! decodebin ! videoconvert ! videoscale \
+ *   ! video/x-raw,width=512,height=512 ! vaeencode model=/models/Qwen-Image \
+ *   ! ditdenoise model=/models/Qwen-Image prompt-embeds=watercolour.safetensors strength=0.6 \
+ *     steps=30 ! vaedecode model=/models/Qwen-Image ! videoconvert ! x264enc \
+ *   ! mp4mux ! filesink location=out.mp4
+ * ]| (pipelines/restyle.sh)
+ *
+ * Latents in, latents out, with the same caps: one frame's normalised Qwen-Image latent
+ * (`latent-space=qwen-image`, 16 channels, even width and height), as vaeencode emits it and
+ * the transformer consumes it. Other latent spaces are refused when caps are set.
+ *
+ * `mode=img2img` (QwenImageImg2ImgPipeline): the incoming latents are noised to the sigma at
+ * `strength` and the remaining steps of `steps` run. `mode=edit` (QwenImageEditPlusPipeline's
+ * loop): the incoming latents are the reference image and a new frame of the same size is
+ * generated from noise (with `strength` < 1 the new frame also starts from the incoming latents).
+ *
+ * The prompt comes as embeddings (`prompt-embeds`, a safetensors file with `prompt_embeds`
+ * [1, T, D] and `prompt_embeds_mask` [1, T], as tools/compute_prompt_embeds.py writes them).
+ * With `negative-prompt-embeds` and `guidance-scale` > 1, true CFG runs.
+ *
+ * `strength`, `seed`, `steps`, `guidance-scale`, `noise-mode`, `mode` and both embedding files
+ * may change while PLAYING: settings are read once per frame, so a change takes effect at the
+ * next frame. A new embedding file is loaded on the thread that sets the property and swapped
+ * in whole; a file that cannot be loaded then posts a warning and the old prompt stays.
+ *
+ * QoS: the element is slow, so in a live pipeline it drops frames that are already late
+ * (GstBaseTransform's QoS handling, enabled by default: property `qos`) instead of building a
+ * backlog, and posts a QoS message for each dropped frame.
+ */
+#include "elements/gstditdenoise.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "elements/gstlatentbase.h"  // gst_latent_element_init
+#include "elements/gstlatentcaps.h"
+#include "engine/backends/registry.h"
+#include "engine/models/dit/denoise.h"
+#include "engine/models/dit/flow_match_scheduler.h"
+#include "engine/models/dit/qwen_image_mmdit.h"
+#include "engine/weights/config.h"
+#include "engine/weights/model_source.h"
+#include "engine/weights/safetensors.h"
+
+GST_DEBUG_CATEGORY_STATIC(gst_dit_denoise_debug);
+#define GST_CAT_DEFAULT gst_dit_denoise_debug
+
+namespace {
+
+constexpr const char* kLatentSpace = "qwen-image";
+constexpr int kLatentChannels = 16;
+
+typedef enum { MODE_IMG2IMG, MODE_EDIT } Mode;
+typedef enum { NOISE_FIXED, NOISE_FRESH } NoiseMode;
+
+enum {
+  PROP_0,
+  PROP_MODEL,
+  PROP_DEVICE,
+  PROP_DTYPE,
+  PROP_STEPS,
+  PROP_STRENGTH,
+  PROP_SEED,
+  PROP_NOISE_MODE,
+  PROP_PROMPT_EMBEDS,
+  PROP_NEGATIVE_PROMPT_EMBEDS,
+  PROP_GUIDANCE_SCALE,
+  PROP_MODE,
+};
+
+constexpr int kDefaultSteps = 30;
+constexpr double kDefaultStrength = 0.6;
+constexpr double kDefaultGuidance = 4.0;  // diffusers' true_cfg_scale default
+
+struct Settings {
+  std::string model;
+  std::string device = "auto";
+  std::string dtype;
+  int steps = kDefaultSteps;
+  double strength = kDefaultStrength;
+  guint64 seed = 0;
+  NoiseMode noise_mode = NOISE_FIXED;
+  std::string prompt_embeds;
+  std::string negative_prompt_embeds;
+  double guidance_scale = kDefaultGuidance;
+  Mode mode = MODE_IMG2IMG;
+};
+
+// A loaded embedding file; replaced whole, never modified.
+struct Embeds {
+  std::string path;
+  latent::PromptEmbeds embeds;
+};
+
+// Built in start() (model, scheduler) and set_caps() (info); dropped in stop().
+struct State {
+  std::shared_ptr<latent::Backend> backend;
+  std::unique_ptr<latent::QwenImageMmdit> model;
+  latent::FlowMatchSchedulerConfig scheduler;
+  bool have_info = false;
+  GstLatentInfo info;
+  // noise-mode=fixed: the noise of `noise_seed` at the negotiated size, drawn once.
+  latent::Tensor fixed_noise;
+  guint64 noise_seed = 0;
+  guint64 frames = 0;  // frames denoised since start (fresh noise: seed + frames)
+};
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::string parent_dir(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
+// Reads `<name>` and optional `<name>_mask` of `path` (`name` = prompt_embeds, or for a
+// negative file also negative_prompt_embeds) and checks them against the transformer's text
+// width. Copies the values so the file is not kept open.
+latent::Result<latent::PromptEmbeds> load_embeds(const std::string& path, bool negative,
+                                                 int64_t joint_dim) {
+  LATENT_ASSIGN_OR_RETURN(auto file, latent::SafetensorsFile::open(path));
+  std::string name = "prompt_embeds";
+  if (negative && !file->find(name) && file->find("negative_prompt_embeds"))
+    name = "negative_prompt_embeds";
+  if (!file->find(name))
+    return latent::Status::errorf(path, " has no tensor '", name,
+                                  "' (a [1, T, D] prompt embedding, as "
+                                  "tools/compute_prompt_embeds.py writes it)");
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor e, file->tensor(name));
+  if (e.rank() != 3 || e.dim(0) != 1 || e.dim(1) < 1)
+    return latent::Status::errorf(path, ": tensor '", name, "' has shape ",
+                                  latent::shape_str(e.shape()), ", expected [1, T, ", joint_dim,
+                                  "]");
+  if (joint_dim > 0 && e.dim(2) != joint_dim)
+    return latent::Status::errorf(path, ": tensor '", name, "' has shape ",
+                                  latent::shape_str(e.shape()), " but the transformer expects ",
+                                  joint_dim, " features per token (joint_attention_dim)");
+  latent::PromptEmbeds p;
+  p.embeds = e.to_dtype(latent::DType::kF32);
+  const std::string mask_name = name + "_mask";
+  if (!file->find(mask_name)) {
+    // Present in a dtype the engine skips (diffusers' masks are int64): say so, never ignore it.
+    auto m = file->tensor(mask_name);
+    if (!m.ok() && m.status().message().rfind("unsupported dtype", 0) == 0)
+      return latent::Status::errorf(m.status().message(),
+                                    "; store the mask as float32 1 / 0 "
+                                    "(tools/compute_prompt_embeds.py does)");
+  } else {
+    LATENT_ASSIGN_OR_RETURN(latent::Tensor m, file->tensor(mask_name));
+    if (m.numel() != e.dim(1) || (m.rank() == 2 && m.dim(0) != 1) || m.rank() > 2)
+      return latent::Status::errorf(path, ": tensor '", mask_name, "' has shape ",
+                                    latent::shape_str(m.shape()), ", expected [1, ", e.dim(1),
+                                    "] to match '", name, "'");
+    p.mask = m.to_floats();
+    bool any = false;
+    for (float v : p.mask) any = any || v != 0.f;
+    if (!any) return latent::Status::errorf(path, ": tensor '", mask_name, "' masks every token");
+  }
+  return p;
+}
+
+}  // namespace
+
+struct _GstDitDenoise {
+  GstBaseTransform parent;
+
+  struct Impl {
+    // Settings and the current embeddings: read once per frame, written by set_property.
+    std::mutex settings_lock;
+    Settings settings;
+    std::shared_ptr<const Embeds> prompt;
+    std::shared_ptr<const Embeds> negative;
+    int64_t joint_dim = 0;  // the loaded transformer's, 0 while stopped
+
+    // State: held by the streaming thread for a whole frame.
+    std::mutex state_lock;
+    State state;
+
+    std::atomic<bool> cancel{false};  // flushing or stopping: end the running loop early
+  };
+  Impl* impl;
+};
+
+#define gst_dit_denoise_parent_class parent_class
+G_DEFINE_TYPE(GstDitDenoise, gst_dit_denoise, GST_TYPE_BASE_TRANSFORM)
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ditdenoise, "ditdenoise", GST_RANK_NONE, GST_TYPE_DIT_DENOISE,
+                                      gst_latent_element_init(plugin));
+
+static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+
+GType gst_dit_denoise_mode_get_type(void) {
+  static gsize type = 0;
+  static const GEnumValue values[] = {
+      {MODE_IMG2IMG, "Restyle: noise the incoming latents to `strength` and denoise", "img2img"},
+      {MODE_EDIT, "Edit: the incoming latents are the reference; generate a new frame", "edit"},
+      {0, nullptr, nullptr},
+  };
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstDitDenoiseMode", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+GType gst_dit_denoise_noise_mode_get_type(void) {
+  static gsize type = 0;
+  static const GEnumValue values[] = {
+      {NOISE_FIXED, "One noise drawn from `seed` for every frame (temporally stable)", "fixed"},
+      {NOISE_FRESH, "Fresh noise per frame (seed + frame number)", "fresh"},
+      {0, nullptr, nullptr},
+  };
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstDitDenoiseNoiseMode", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+// Loads an embedding file for a property set while the element runs, on the setter's thread,
+// and swaps it in at once; the streaming thread picks it up at its next frame.
+static void reload_embeds(GstDitDenoise* self, bool negative, const std::string& path) {
+  auto* impl = self->impl;
+  int64_t joint_dim = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    joint_dim = impl->joint_dim;
+  }
+  if (joint_dim == 0) return;  // stopped: start() loads it
+  std::shared_ptr<const Embeds> loaded;
+  if (!path.empty()) {
+    auto e = load_embeds(path, negative, joint_dim);
+    if (!e.ok()) {
+      GST_ELEMENT_WARNING(self, RESOURCE, READ,
+                          ("ditdenoise: cannot load %s '%s'; keeping the previous one: %s",
+                           negative ? "negative-prompt-embeds" : "prompt-embeds", path.c_str(),
+                           e.status().message().c_str()),
+                          (nullptr));
+      return;
+    }
+    loaded = std::make_shared<const Embeds>(Embeds{path, std::move(*e)});
+  }
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  // Only if no newer value was set meanwhile.
+  const std::string& current =
+      negative ? impl->settings.negative_prompt_embeds : impl->settings.prompt_embeds;
+  if (current != path || impl->joint_dim == 0) return;
+  if (negative)
+    impl->negative = std::move(loaded);
+  else if (loaded)
+    impl->prompt = std::move(loaded);
+  GST_INFO_OBJECT(self, "%s now from '%s'", negative ? "negative prompt" : "prompt", path.c_str());
+}
+
+static void gst_dit_denoise_set_property(GObject* object, guint prop_id, const GValue* value,
+                                         GParamSpec* pspec) {
+  GstDitDenoise* self = GST_DIT_DENOISE(object);
+  auto* impl = self->impl;
+  int reload = -1;  // 0: prompt, 1: negative
+  std::string reload_path;
+  {
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    Settings& s = impl->settings;
+    const gchar* str = nullptr;
+    switch (prop_id) {
+      case PROP_MODEL:
+        str = g_value_get_string(value);
+        s.model = str ? str : "";
+        break;
+      case PROP_DEVICE:
+        str = g_value_get_string(value);
+        s.device = str && *str ? str : "auto";
+        break;
+      case PROP_DTYPE:
+        str = g_value_get_string(value);
+        s.dtype = str ? str : "";
+        break;
+      case PROP_STEPS:
+        s.steps = g_value_get_int(value);
+        break;
+      case PROP_STRENGTH:
+        s.strength = g_value_get_double(value);
+        break;
+      case PROP_SEED:
+        s.seed = g_value_get_uint64(value);
+        break;
+      case PROP_NOISE_MODE:
+        s.noise_mode = static_cast<NoiseMode>(g_value_get_enum(value));
+        break;
+      case PROP_PROMPT_EMBEDS:
+        str = g_value_get_string(value);
+        s.prompt_embeds = str ? str : "";
+        reload = 0;
+        reload_path = s.prompt_embeds;
+        break;
+      case PROP_NEGATIVE_PROMPT_EMBEDS:
+        str = g_value_get_string(value);
+        s.negative_prompt_embeds = str ? str : "";
+        reload = 1;
+        reload_path = s.negative_prompt_embeds;
+        break;
+      case PROP_GUIDANCE_SCALE:
+        s.guidance_scale = g_value_get_double(value);
+        break;
+      case PROP_MODE:
+        s.mode = static_cast<Mode>(g_value_get_enum(value));
+        break;
+      default:
+        G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+        break;
+    }
+  }
+  if (reload >= 0) reload_embeds(self, reload == 1, reload_path);
+}
+
+static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue* value,
+                                         GParamSpec* pspec) {
+  auto* impl = GST_DIT_DENOISE(object)->impl;
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  const Settings& s = impl->settings;
+  switch (prop_id) {
+    case PROP_MODEL:
+      g_value_set_string(value, s.model.c_str());
+      break;
+    case PROP_DEVICE:
+      g_value_set_string(value, s.device.c_str());
+      break;
+    case PROP_DTYPE:
+      g_value_set_string(value, s.dtype.c_str());
+      break;
+    case PROP_STEPS:
+      g_value_set_int(value, s.steps);
+      break;
+    case PROP_STRENGTH:
+      g_value_set_double(value, s.strength);
+      break;
+    case PROP_SEED:
+      g_value_set_uint64(value, s.seed);
+      break;
+    case PROP_NOISE_MODE:
+      g_value_set_enum(value, s.noise_mode);
+      break;
+    case PROP_PROMPT_EMBEDS:
+      g_value_set_string(value, s.prompt_embeds.c_str());
+      break;
+    case PROP_NEGATIVE_PROMPT_EMBEDS:
+      g_value_set_string(value, s.negative_prompt_embeds.c_str());
+      break;
+    case PROP_GUIDANCE_SCALE:
+      g_value_set_double(value, s.guidance_scale);
+      break;
+    case PROP_MODE:
+      g_value_set_enum(value, s.mode);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+      break;
+  }
+}
+
+static void gst_dit_denoise_finalize(GObject* object) {
+  GstDitDenoise* self = GST_DIT_DENOISE(object);
+  delete self->impl;
+  self->impl = nullptr;
+  G_OBJECT_CLASS(parent_class)->finalize(object);
+}
+
+// The scheduler config of `model`: a pipeline root's scheduler/, the scheduler/ beside a
+// transformer folder, else Qwen-Image's published config.
+static latent::Result<latent::FlowMatchSchedulerConfig> scheduler_for(GstDitDenoise* self,
+                                                                      const std::string& model) {
+  std::string root = model;
+  if (!file_exists(model + "/model_index.json")) root = parent_dir(model);
+  const std::string path = root + "/scheduler/scheduler_config.json";
+  if (!file_exists(path)) {
+    GST_INFO_OBJECT(self,
+                    "no scheduler/scheduler_config.json for '%s': using Qwen-Image's default "
+                    "scheduler config",
+                    model.c_str());
+    return latent::qwen_image_scheduler_config();
+  }
+  LATENT_ASSIGN_OR_RETURN(latent::Config cfg, latent::Config::load(path));
+  GST_INFO_OBJECT(self, "scheduler config from %s", path.c_str());
+  return latent::parse_flow_match_scheduler_config(cfg);
+}
+
+static gboolean gst_dit_denoise_start(GstBaseTransform* trans) {
+  GstDitDenoise* self = GST_DIT_DENOISE(trans);
+  auto* impl = self->impl;
+  Settings settings;
+  {
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    settings = impl->settings;
+  }
+  if (settings.model.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
+                      ("ditdenoise: no model set; set `model` to a Qwen-Image pipeline root or "
+                       "its transformer/ folder"),
+                      (nullptr));
+    return FALSE;
+  }
+  if (settings.prompt_embeds.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
+                      ("ditdenoise: no prompt set; set `prompt-embeds` to a safetensors file "
+                       "with `prompt_embeds` (tools/compute_prompt_embeds.py)"),
+                      (nullptr));
+    return FALSE;
+  }
+  latent::BackendOptions bo;
+  bo.device = settings.device;
+  bo.dtype = settings.dtype == "auto" ? "" : settings.dtype;
+  auto backend = latent::get_backend(bo);
+  if (!backend.ok()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("ditdenoise: %s", backend.status().message().c_str()),
+                      ("device=%s dtype=%s", settings.device.c_str(), settings.dtype.c_str()));
+    return FALSE;
+  }
+  auto model = latent::QwenImageMmdit::load(settings.model, *backend);
+  if (!model.ok()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, READ,
+                      ("ditdenoise: cannot load the transformer of '%s': %s",
+                       settings.model.c_str(), model.status().message().c_str()),
+                      (nullptr));
+    return FALSE;
+  }
+  auto scheduler = scheduler_for(self, settings.model);
+  if (!scheduler.ok()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, READ,
+                      ("ditdenoise: %s", scheduler.status().message().c_str()), (nullptr));
+    return FALSE;
+  }
+  const int64_t joint_dim = (*model)->config().joint_attention_dim;
+  std::shared_ptr<const Embeds> prompt, negative;
+  for (bool neg : {false, true}) {
+    const std::string& path = neg ? settings.negative_prompt_embeds : settings.prompt_embeds;
+    if (path.empty()) continue;
+    auto e = load_embeds(path, neg, joint_dim);
+    if (!e.ok()) {
+      GST_ELEMENT_ERROR(
+          self, RESOURCE, READ,
+          ("ditdenoise: cannot load %s: %s", neg ? "negative-prompt-embeds" : "prompt-embeds",
+           e.status().message().c_str()),
+          (nullptr));
+      return FALSE;
+    }
+    (neg ? negative : prompt) = std::make_shared<const Embeds>(Embeds{path, std::move(*e)});
+  }
+  GST_INFO_OBJECT(self, "loaded the Qwen-Image transformer from %s on %s (%s)",
+                  settings.model.c_str(), (*backend)->name().c_str(),
+                  latent::dtype_name((*backend)->compute_dtype()));
+  {
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    impl->state = State();
+    impl->state.backend = *backend;
+    impl->state.model = std::move(*model);
+    impl->state.scheduler = *scheduler;
+  }
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  impl->joint_dim = joint_dim;
+  // A property set while we were loading wins over what was loaded here.
+  if (impl->settings.prompt_embeds == settings.prompt_embeds) impl->prompt = prompt;
+  if (impl->settings.negative_prompt_embeds == settings.negative_prompt_embeds)
+    impl->negative = negative;
+  if (!impl->prompt) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
+                      ("ditdenoise: prompt-embeds changed while starting; set it again"),
+                      (nullptr));
+    return FALSE;
+  }
+  return TRUE;
+}
+
+static gboolean gst_dit_denoise_stop(GstBaseTransform* trans) {
+  auto* impl = GST_DIT_DENOISE(trans)->impl;
+  {
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    impl->joint_dim = 0;
+    impl->prompt.reset();
+    impl->negative.reset();
+  }
+  State dropped;
+  {
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    dropped = std::move(impl->state);
+    impl->state = State();
+  }
+  return TRUE;  // `dropped` frees the weights here, outside the lock
+}
+
+static GstCaps* gst_dit_denoise_transform_caps(GstBaseTransform*, GstPadDirection, GstCaps* caps,
+                                               GstCaps* filter) {
+  // Same caps on both sides.
+  if (filter) return gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
+  return gst_caps_ref(caps);
+}
+
+static gboolean gst_dit_denoise_set_caps(GstBaseTransform* trans, GstCaps* incaps, GstCaps*) {
+  GstDitDenoise* self = GST_DIT_DENOISE(trans);
+  auto info = gst_latent_info_from_caps(incaps);
+  if (!info.ok()) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("ditdenoise: %s", info.status().message().c_str()),
+                      ("caps %" GST_PTR_FORMAT, incaps));
+    return FALSE;
+  }
+  if (info->latent_space != kLatentSpace || info->channels != kLatentChannels) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
+                      ("ditdenoise: latent space '%s' (%d channels) from upstream does not match "
+                       "the Qwen-Image transformer's latent space '%s' (%d channels); encode "
+                       "with the Qwen-Image VAE",
+                       info->latent_space.c_str(), info->channels, kLatentSpace, kLatentChannels),
+                      ("caps %" GST_PTR_FORMAT, incaps));
+    return FALSE;
+  }
+  if (info->width < 2 || info->height < 2 || info->width % 2 || info->height % 2) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
+                      ("ditdenoise: a %d x %d latent cannot be cut into the transformer's 2x2 "
+                       "patches; its width and height must be even (frames a multiple of 16 "
+                       "pixels)",
+                       info->width, info->height),
+                      ("caps %" GST_PTR_FORMAT, incaps));
+    return FALSE;
+  }
+  auto* impl = self->impl;
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  if (!impl->state.have_info || impl->state.info.width != info->width ||
+      impl->state.info.height != info->height)
+    impl->state.fixed_noise = latent::Tensor();  // redrawn at the new size
+  impl->state.info = *info;
+  impl->state.have_info = true;
+  GST_INFO_OBJECT(self, "denoising %s %d x %d latents", latent::dtype_name(info->dtype),
+                  info->width, info->height);
+  return TRUE;
+}
+
+static gboolean gst_dit_denoise_transform_size(GstBaseTransform*, GstPadDirection, GstCaps*,
+                                               gsize size, GstCaps*, gsize* othersize) {
+  *othersize = size;
+  return TRUE;
+}
+
+static gboolean gst_dit_denoise_sink_event(GstBaseTransform* trans, GstEvent* event) {
+  auto* impl = GST_DIT_DENOISE(trans)->impl;
+  if (GST_EVENT_TYPE(event) == GST_EVENT_FLUSH_START) impl->cancel = true;
+  if (GST_EVENT_TYPE(event) == GST_EVENT_FLUSH_STOP) impl->cancel = false;
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
+}
+
+static GstStateChangeReturn gst_dit_denoise_change_state(GstElement* element,
+                                                         GstStateChange transition) {
+  auto* impl = GST_DIT_DENOISE(element)->impl;
+  if (transition == GST_STATE_CHANGE_PAUSED_TO_READY) impl->cancel = true;
+  if (transition == GST_STATE_CHANGE_READY_TO_PAUSED) impl->cancel = false;
+  return GST_ELEMENT_CLASS(parent_class)->change_state(element, transition);
+}
+
+// Controlled properties (strength, seed, steps, guidance-scale) take their value at the frame's
+// stream time.
+static void gst_dit_denoise_before_transform(GstBaseTransform* trans, GstBuffer* buffer) {
+  const GstClockTime ts =
+      gst_segment_to_stream_time(&trans->segment, GST_FORMAT_TIME, GST_BUFFER_PTS(buffer));
+  if (GST_CLOCK_TIME_IS_VALID(ts)) gst_object_sync_values(GST_OBJECT(trans), ts);
+}
+
+static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffer* inbuf,
+                                               GstBuffer* outbuf) {
+  GstDitDenoise* self = GST_DIT_DENOISE(trans);
+  auto* impl = self->impl;
+  // Settings and prompts once per frame.
+  Settings settings;
+  std::shared_ptr<const Embeds> prompt, negative;
+  {
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    settings = impl->settings;
+    prompt = impl->prompt;
+    negative = impl->negative;
+  }
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  State& st = impl->state;
+  if (!st.model || !st.have_info || !prompt) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION,
+                      ("ditdenoise: a buffer arrived before the element was started and caps "
+                       "were set"),
+                      (nullptr));
+    return GST_FLOW_NOT_NEGOTIATED;
+  }
+  const GstLatentInfo& info = st.info;
+  const int64_t h = info.height, w = info.width, c = info.channels;
+  const size_t expected = info.frame_bytes();
+
+  GstMapInfo in_map;
+  if (!gst_buffer_map(inbuf, &in_map, GST_MAP_READ)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, READ, ("ditdenoise: cannot map the input buffer"), (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  if (in_map.size != expected) {
+    const gsize got = in_map.size;
+    gst_buffer_unmap(inbuf, &in_map);
+    GST_ELEMENT_ERROR(
+        self, STREAM, FORMAT,
+        ("ditdenoise: a latent buffer of %" G_GSIZE_FORMAT
+         " bytes does not hold the %s [%d, %d, %d] latent of the caps (%" G_GSIZE_FORMAT " bytes)",
+         got, latent::dtype_name(info.dtype), info.channels, info.height, info.width, expected),
+        (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  // x: [1, 16, 1, h, w] fp32, normalised
+  latent::Tensor x = latent::Tensor::empty({1, c, 1, h, w}, latent::DType::kF32);
+  latent::convert_elements(in_map.data, info.dtype, x.data(), latent::DType::kF32,
+                           static_cast<size_t>(x.numel()));
+  gst_buffer_unmap(inbuf, &in_map);
+
+  latent::Tensor result;
+  if (settings.strength <= 0.0 && settings.mode == MODE_IMG2IMG) {
+    result = x;  // strength 0: nothing to denoise
+  } else {
+    latent::DenoiseRequest req;
+    req.height = h;
+    req.width = w;
+    req.steps = settings.steps;
+    req.strength = settings.strength;
+    req.true_cfg_scale = static_cast<float>(settings.guidance_scale);
+    req.prompt = prompt->embeds;
+    if (negative) req.negative = negative->embeds;
+    if (settings.mode == MODE_EDIT) {
+      req.reference_latents = {x};
+      if (settings.strength > 0.0 && settings.strength < 1.0)
+        req.init_latents = x;
+      else
+        req.strength = 1.0;
+    } else {
+      req.init_latents = x;
+    }
+    if (settings.noise_mode == NOISE_FIXED) {
+      if (!st.fixed_noise.defined() || st.noise_seed != settings.seed) {
+        // randn_tensor((1, 1, C, h, w)): the same memory as [1, C, 1, h, w].
+        auto n = latent::torch_randn({1, 1, c, h, w}, settings.seed);
+        if (!n.ok()) {
+          GST_ELEMENT_ERROR(self, STREAM, FAILED, ("ditdenoise: %s", n.status().message().c_str()),
+                            (nullptr));
+          return GST_FLOW_ERROR;
+        }
+        auto shaped = n->reshape({1, c, 1, h, w});  // [1, 16, 1, h, w]
+        st.fixed_noise = shaped.ok() ? *shaped : *n;
+        st.noise_seed = settings.seed;
+      }
+      req.noise = st.fixed_noise;
+    } else {
+      req.seed = settings.seed + st.frames;
+    }
+    auto r = latent::qwen_image_denoise(*st.model, st.scheduler, req,
+                                        [impl](int, int) { return !impl->cancel.load(); });
+    if (!r.ok()) {
+      if (impl->cancel) return GST_FLOW_FLUSHING;
+      GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                        ("ditdenoise: denoising a %d x %d latent failed: %s", info.width,
+                         info.height, r.status().message().c_str()),
+                        ("model=%s steps=%d strength=%g", settings.model.c_str(), settings.steps,
+                         settings.strength));
+      return GST_FLOW_ERROR;
+    }
+    result = std::move(r->latents);
+    ++st.frames;
+  }
+
+  GstMapInfo out_map;
+  if (!gst_buffer_map(outbuf, &out_map, GST_MAP_WRITE)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("ditdenoise: cannot map the output buffer"),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  if (out_map.size != expected) {
+    gst_buffer_unmap(outbuf, &out_map);
+    GST_ELEMENT_ERROR(self, CORE, FAILED, ("ditdenoise: output buffer of the wrong size"),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  latent::convert_elements(result.data(), latent::DType::kF32, out_map.data, info.dtype,
+                           static_cast<size_t>(result.numel()));
+  gst_buffer_unmap(outbuf, &out_map);
+  return GST_FLOW_OK;
+}
+
+static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
+  GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
+  GstElementClass* element_class = GST_ELEMENT_CLASS(klass);
+  GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
+
+  GST_DEBUG_CATEGORY_INIT(gst_dit_denoise_debug, "ditdenoise", 0, "Qwen-Image DiT denoiser");
+  gst_latent_element_init(nullptr);
+
+  gobject_class->set_property = gst_dit_denoise_set_property;
+  gobject_class->get_property = gst_dit_denoise_get_property;
+  gobject_class->finalize = gst_dit_denoise_finalize;
+
+  const auto ready = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                              GST_PARAM_MUTABLE_READY);
+  const auto playing = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                                GST_PARAM_MUTABLE_PLAYING | GST_PARAM_CONTROLLABLE);
+  // Files and enums change while playing too, but not through a GstController.
+  const auto playing_files = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                                      GST_PARAM_MUTABLE_PLAYING);
+  g_object_class_install_property(
+      gobject_class, PROP_MODEL,
+      g_param_spec_string("model", "Model",
+                          "A Qwen-Image pipeline root (transformer/ and scheduler/), or a "
+                          "transformer folder (the scheduler config then comes from a "
+                          "scheduler/ beside it, else Qwen-Image's default)",
+                          "", ready));
+  g_object_class_install_property(
+      gobject_class, PROP_DEVICE,
+      g_param_spec_string("device", "Device",
+                          "Where to run: auto (the first GPU if usable, else the CPU), cpu, cuda "
+                          "or cuda:N",
+                          "auto", ready));
+  g_object_class_install_property(
+      gobject_class, PROP_DTYPE,
+      g_param_spec_string("dtype", "Compute dtype",
+                          "fp32, bf16 or fp16; empty or auto for the device's default", "", ready));
+  g_object_class_install_property(
+      gobject_class, PROP_STEPS,
+      g_param_spec_int("steps", "Steps",
+                       "Inference steps of the whole schedule (img2img runs the last "
+                       "strength x steps of them)",
+                       1, 1000, kDefaultSteps, playing));
+  g_object_class_install_property(
+      gobject_class, PROP_STRENGTH,
+      g_param_spec_double("strength", "Strength",
+                          "How far the incoming latents are noised: 1 ignores them (img2img), 0 "
+                          "passes them through",
+                          0.0, 1.0, kDefaultStrength, playing));
+  g_object_class_install_property(
+      gobject_class, PROP_SEED,
+      g_param_spec_uint64("seed", "Seed",
+                          "Seed of the noise (torch.Generator('cpu').manual_seed(seed), as "
+                          "diffusers draws it)",
+                          0, G_MAXUINT64, 0, playing));
+  g_object_class_install_property(
+      gobject_class, PROP_NOISE_MODE,
+      g_param_spec_enum("noise-mode", "Noise mode",
+                        "fixed: one noise for every frame (temporal stability); fresh: new noise "
+                        "per frame",
+                        GST_TYPE_DIT_DENOISE_NOISE_MODE, NOISE_FIXED, playing_files));
+  g_object_class_install_property(
+      gobject_class, PROP_PROMPT_EMBEDS,
+      g_param_spec_string("prompt-embeds", "Prompt embeddings",
+                          "safetensors file with `prompt_embeds` [1, T, D] and "
+                          "`prompt_embeds_mask` [1, T] (tools/compute_prompt_embeds.py)",
+                          "", playing_files));
+  g_object_class_install_property(
+      gobject_class, PROP_NEGATIVE_PROMPT_EMBEDS,
+      g_param_spec_string("negative-prompt-embeds", "Negative prompt embeddings",
+                          "safetensors file of the negative prompt (same layout; "
+                          "`negative_prompt_embeds` also accepted); enables true CFG",
+                          "", playing_files));
+  g_object_class_install_property(
+      gobject_class, PROP_GUIDANCE_SCALE,
+      g_param_spec_double("guidance-scale", "Guidance scale",
+                          "True CFG scale (diffusers' true_cfg_scale); CFG runs when > 1 and a "
+                          "negative prompt is set",
+                          0.0, 100.0, kDefaultGuidance, playing));
+  g_object_class_install_property(
+      gobject_class, PROP_MODE,
+      g_param_spec_enum("mode", "Mode",
+                        "img2img: restyle the incoming frame; edit: the incoming frame is the "
+                        "reference of a newly generated one",
+                        GST_TYPE_DIT_DENOISE_MODE, MODE_IMG2IMG, playing_files));
+
+  gst_element_class_set_static_metadata(
+      element_class, "Qwen-Image DiT denoiser", "Filter/Effect/Video",
+      "Restyles or edits latent frames with the Qwen-Image diffusion transformer under a text "
+      "prompt",
+      "gst-latent developers");
+  gst_element_class_add_static_pad_template(element_class, &sink_template);
+  gst_element_class_add_static_pad_template(element_class, &src_template);
+  element_class->change_state = GST_DEBUG_FUNCPTR(gst_dit_denoise_change_state);
+
+  trans_class->passthrough_on_same_caps = FALSE;
+  trans_class->start = GST_DEBUG_FUNCPTR(gst_dit_denoise_start);
+  trans_class->stop = GST_DEBUG_FUNCPTR(gst_dit_denoise_stop);
+  trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform_caps);
+  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_dit_denoise_set_caps);
+  trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform_size);
+  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_dit_denoise_sink_event);
+  trans_class->before_transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_before_transform);
+  trans_class->transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform);
+
+  gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_MODE, static_cast<GstPluginAPIFlags>(0));
+  gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_NOISE_MODE, static_cast<GstPluginAPIFlags>(0));
+}
+
+static void gst_dit_denoise_init(GstDitDenoise* self) {
+  self->impl = new _GstDitDenoise::Impl();
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+  gst_base_transform_set_in_place(trans, FALSE);
+  gst_base_transform_set_passthrough(trans, FALSE);
+  // Late frames are dropped (with a QoS message) rather than denoised into a backlog.
+  gst_base_transform_set_qos_enabled(trans, TRUE);
+}
