@@ -16,13 +16,13 @@ ldd /tmp/dev/bin/latent-tool | grep "not found"
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 
 if has tests; then
-  for t in test_cuda_ops test_cuda_models test_autoencoder_kl test_tiny test_qwen_image_vae; do
+  for t in test_cuda_ops test_cuda_models test_cuda_dit_ops test_cuda_dit_model test_gst_cuda test_autoencoder_kl test_tiny test_qwen_image_vae; do
     [ -x /tmp/dev/bin/$t ] || continue
     timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
     echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/$t.log | tr '\n' ' ')"
   done
   grep -E "FAILED|rel L2" $OUT/test_cuda_models.log | head -40
-  grep -E "^\[  FAILED" $OUT/test_cuda_ops.log | head -20
+  grep -hE "^\[  FAILED|rel L2" $OUT/test_cuda_ops.log $OUT/test_cuda_dit_ops.log $OUT/test_cuda_dit_model.log $OUT/test_gst_cuda.log 2>/dev/null | head -40
 fi
 
 if has gst; then
@@ -57,4 +57,10 @@ if has pipelines; then
   ( G=$PWD/.gstrt; export PATH=$G/bin:$PATH LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH GST_PLUGIN_SYSTEM_PATH_1_0=$G/lib/gstreamer-1.0 GST_PLUGIN_SCANNER_1_0=$G/libexec/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gstrt-registry.bin GST_CUDA_NVRTC_LIBNAME=$G/lib/libgstrt-nvrtc-shim.so
     models=$PWD/models/default; [ -d /tmp/latent-bench/qwen ] && models=$models,/tmp/latent-bench/qwen
     python3 bench/bench_pipelines.py --models $models --out $OUT/bench-pipelines.json 2>&1 | tee $OUT/bench-pipelines.log | tail -12 )
+fi
+
+if has dit; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
+  python3 bench/bench_dit.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-dit.json \
+    --layers ${DIT_LAYERS:-60} --compile ${DIT_COMPILE:-static} 2>&1 | tee $OUT/bench-dit.log | tail -8
 fi

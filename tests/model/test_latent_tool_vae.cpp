@@ -1,0 +1,114 @@
+// `latent-tool run` on every VAE fixture (scripts/make_fixtures.py): the CLI runner that the
+// benchmarks use gives diffusers' outputs within 1e-3 relative L2 on the CPU in fp32, under
+// diffusers' tensor names; bad invocations fail with a message naming the problem.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "engine/weights/safetensors.h"
+#include "tests/util/test_util.h"
+
+namespace latent {
+namespace {
+
+struct ToolRun {
+  int status;
+  std::string output;
+};
+
+ToolRun run_tool(const std::string& args) {
+  const char* tool = std::getenv("LATENT_TOOL");
+  std::string cmd = std::string(tool ? tool : "latent-tool") + " " + args + " 2>&1";
+  ToolRun r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+struct Case {
+  const char* fixture;
+  const char* model;  // relative to the fixture folder; "" = the folder
+  const char* latent_name;
+};
+
+class LatentToolRun : public testing::TestWithParam<Case> {};
+
+TEST_P(LatentToolRun, MatchesDiffusers) {
+  ASSERT_NE(std::getenv("LATENT_TOOL"), nullptr) << "run through ctest (LATENT_TOOL)";
+  const Case& c = GetParam();
+  const std::string dir = test::fixtures_dir() + "/" + c.fixture;
+  const std::string model = std::string(c.model).empty() ? dir : dir + "/" + c.model;
+  const std::string out = test::temp_dir() + "/" + c.fixture;
+  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status().message();
+  struct Part {
+    const char* part;
+    const char* out_name;
+    const char* want;
+  };
+  for (Part p : {Part{"encoder", c.latent_name, "latent_mean"}, Part{"decoder", "sample", "decoded"}}) {
+    const std::string file = out + "-" + p.part + ".safetensors";
+    ToolRun r = run_tool(std::string("run --device cpu --dtype fp32 --model ") + model + " --part " +
+                         p.part + " --inputs " + dir + "/io.safetensors --outputs " + file +
+                         " --repeat 2");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("median"), std::string::npos) << r.output;  // it prints its timing
+    auto got = SafetensorsFile::open(file);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    auto y = (*got)->tensor(p.out_name);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    auto want = (*io)->tensor(p.want);
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ(y->shape(), want->shape());
+    EXPECT_LT(relative_l2(*y, *want), 1e-3) << c.fixture << " " << p.part;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, LatentToolRun,
+    testing::Values(Case{"kl_tiny", "", "latent_mean"}, Case{"kl_tiny_bf16", "", "latent_mean"},
+                    Case{"kl_flux_tiny", "", "latent_mean"}, Case{"tiny_taesd", "", "latents"},
+                    Case{"tiny_taesd_single", "taesd_encoder.safetensors", "latents"},
+                    Case{"tiny_taef2", "taef2.safetensors", "latents"},
+                    Case{"qwen_image_vae_tiny", "", "latent_mean"},
+                    Case{"qwen_image_vae_tiny_single", "vae_single.safetensors", "latent_mean"}),
+    [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.fixture); });
+
+TEST(LatentToolErrors, NameTheProblem) {
+  ASSERT_NE(std::getenv("LATENT_TOOL"), nullptr) << "run through ctest (LATENT_TOOL)";
+  const std::string dir = test::fixtures_dir() + "/kl_tiny";
+  ToolRun r = run_tool("run --model /nonexistent/model --part encoder --inputs " + dir +
+                       "/io.safetensors --outputs /tmp/x.safetensors");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("/nonexistent/model"), std::string::npos) << r.output;
+
+  r = run_tool("run --model " + dir + " --part middle --inputs a --outputs b");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--part"), std::string::npos) << r.output;
+
+  // The decoder's input file has no `latent` tensor.
+  const std::string only_sample = test::temp_dir() + "/only_sample.safetensors";
+  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  ASSERT_TRUE(io.ok());
+  ASSERT_TRUE(write_safetensors(only_sample, {{"sample", *(*io)->tensor("sample")}}).ok());
+  r = run_tool("run --device cpu --model " + dir + " --part decoder --inputs " + only_sample +
+               " --outputs /tmp/y.safetensors");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("latent"), std::string::npos) << r.output;
+
+  // Truncated weights: an error naming the file, no crash.
+  r = run_tool("inspect " + test::fixtures_dir() + "/photos/LICENSES.md");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("LICENSES.md"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace latent
