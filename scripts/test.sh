@@ -15,7 +15,7 @@ log() { printf '\n=== %s ===\n' "$*"; }
 log "main build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$J"
-ctest --test-dir build --output-on-failure -j"$J"
+ctest --test-dir build --output-on-failure -j"$J" 2>&1 | tee build/ctest.log
 
 if [ "${LATENT_TEST_QUICK:-0}" = 1 ]; then exit 0; fi
 
@@ -26,7 +26,8 @@ cmake --build build-asan -j"$J"
 # GStreamer's plugin scanner is not built with ASan: scan in-process, no leak check of glib's
 # intentional one-off allocations.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  GST_REGISTRY_FORK=no ctest --test-dir build-asan --output-on-failure -LE "slow|pipeline" -j"$J"
+  GST_REGISTRY_FORK=no ctest --test-dir build-asan --output-on-failure -LE "slow|pipeline" -j"$J" \
+  2>&1 | tee build-asan/ctest.log
 
 log "meson build (meson_compat/)"
 meson setup build-meson meson_compat --reconfigure >/dev/null 2>&1 || meson setup build-meson meson_compat
@@ -42,7 +43,20 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
 cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_config
 for f in safetensors config; do
   mkdir -p build-fuzz/corpus-$f
-  build-fuzz/tests/fuzz/fuzz_$f -max_total_time="${LATENT_FUZZ_SECONDS:-60}" \
-    build-fuzz/corpus-$f tests/fuzz/corpus/$f
+  # libFuzzer reports every new input; keep its log, show the end.
+  if ! build-fuzz/tests/fuzz/fuzz_$f -max_total_time="${LATENT_FUZZ_SECONDS:-60}" \
+      build-fuzz/corpus-$f tests/fuzz/corpus/$f > build-fuzz/fuzz_$f.log 2>&1; then
+    tail -60 build-fuzz/fuzz_$f.log
+    echo "fuzz_$f found a problem (log: build-fuzz/fuzz_$f.log)"
+    exit 1
+  fi
+  tail -2 build-fuzz/fuzz_$f.log
 done
+
+# One closing line over both test runs (ctest prints "N% tests passed, F tests failed out of T").
+summary() { sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' "$1"; }
+read -r f1 t1 < <(summary build/ctest.log)
+read -r f2 t2 < <(summary build-asan/ctest.log)
+skipped=$(grep -c "\*\*\*Skipped" build/ctest.log || true)
 log "all tests passed"
+echo "tests: $((t1 + t2 - f1 - f2 - skipped)) passed, $((f1 + f2)) failed, $skipped skipped"
