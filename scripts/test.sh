@@ -57,6 +57,6 @@ done
 summary() { sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' "$1"; }
 read -r f1 t1 < <(summary build/ctest.log)
 read -r f2 t2 < <(summary build-asan/ctest.log)
-skipped=$(grep -c "\*\*\*Skipped" build/ctest.log || true)
+skipped=$(cat build/ctest.log build-asan/ctest.log | grep -c "\*\*\*Skipped" || true)
 log "all tests passed"
 echo "tests: $((t1 + t2 - f1 - f2 - skipped)) passed, $((f1 + f2)) failed, $skipped skipped"
