@@ -9,6 +9,7 @@
  */
 #include "elements/gstlatentbase.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -24,12 +25,25 @@ namespace {
 
 constexpr const char* kDefaultDevice = "auto";
 
-enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE };
+enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE, PROP_PREFETCH_DEPTH };
+constexpr guint kDefaultPrefetchDepth = 2;
+constexpr guint kMaxPrefetchDepth = 16;
 
 struct Settings {
   std::string model;                    // empty: the built-in default model
   std::string device = kDefaultDevice;  // auto, cpu, cuda, cuda:N
   std::string dtype;                    // empty/auto: the device's default
+  guint prefetch_depth = kDefaultPrefetchDepth;
+};
+
+// Per-frame processing times for LATENCY answers.
+struct LatencyStats {
+  guint64 frames = 0;
+  GstClockTime first = 0;       // the first frame (warm-up included)
+  GstClockTime steady_max = 0;  // the longest frame after the first
+  GstClockTime frame_duration = GST_CLOCK_TIME_NONE;
+  guint held = 0;             // frames held back for prefetching
+  GstClockTime reported = 0;  // the figure the last latency message announced
 };
 
 struct State {
@@ -183,6 +197,8 @@ struct GstLatentBasePrivate {
     Settings settings;
     std::mutex state_lock;
     State state;
+    std::mutex latency_lock;
+    LatencyStats latency;
   };
   Impl* impl;
 };
@@ -222,6 +238,9 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
       s = g_value_get_string(value);
       impl->settings.dtype = s ? s : "";
       break;
+    case PROP_PREFETCH_DEPTH:
+      impl->settings.prefetch_depth = g_value_get_uint(value);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
       break;
@@ -241,6 +260,9 @@ static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue*
       break;
     case PROP_DTYPE:
       g_value_set_string(value, impl->settings.dtype.c_str());
+      break;
+    case PROP_PREFETCH_DEPTH:
+      g_value_set_uint(value, impl->settings.prefetch_depth);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
@@ -301,6 +323,37 @@ static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
   }
   // The last user frees the weights here, outside the state lock.
   dropped.reset();
+  gst_latent_base_reset_latency(GST_LATENT_BASE(trans));
+  return TRUE;
+}
+
+static GstClockTime own_latency(const LatencyStats& l, guint /*depth*/) {
+  const GstClockTime processing = l.frames > 1 ? l.steady_max : l.first;
+  GstClockTime held = 0;
+  if (l.held > 0)
+    held =
+        GST_CLOCK_TIME_IS_VALID(l.frame_duration) ? l.held * l.frame_duration : l.held * processing;
+  return processing + held;
+}
+
+static gboolean gst_latent_base_query(GstBaseTransform* trans, GstPadDirection direction,
+                                      GstQuery* query) {
+  if (GST_QUERY_TYPE(query) != GST_QUERY_LATENCY || direction != GST_PAD_SRC)
+    return GST_BASE_TRANSFORM_CLASS(parent_class)->query(trans, direction, query);
+  GstLatentBase* self = GST_LATENT_BASE(trans);
+  GstPad* sinkpad = GST_BASE_TRANSFORM_SINK_PAD(trans);
+  if (!gst_pad_peer_query(sinkpad, query)) return FALSE;
+  gboolean live = FALSE;
+  GstClockTime min = 0, max = GST_CLOCK_TIME_NONE;
+  gst_query_parse_latency(query, &live, &min, &max);
+  const GstClockTime ours = gst_latent_base_latency(self);
+  min += ours;
+  if (GST_CLOCK_TIME_IS_VALID(max)) max += ours;
+  GST_DEBUG_OBJECT(self,
+                   "latency: ours %" GST_TIME_FORMAT ", total min %" GST_TIME_FORMAT
+                   " max %" GST_TIME_FORMAT,
+                   GST_TIME_ARGS(ours), GST_TIME_ARGS(min), GST_TIME_ARGS(max));
+  gst_query_set_latency(query, live, min, max);
   return TRUE;
 }
 
@@ -334,8 +387,15 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
                           "fp32, bf16 or fp16; empty or auto for the device's default "
                           "(fp32 on the CPU, bf16 on CUDA)",
                           "", flags));
+  g_object_class_install_property(
+      gobject_class, PROP_PREFETCH_DEPTH,
+      g_param_spec_uint("prefetch-depth", "Prefetch depth",
+                        "On a GPU: frames uploaded (and downloaded) on a copy stream while earlier "
+                        "frames compute; each adds one frame of latency (0: none)",
+                        0, kMaxPrefetchDepth, kDefaultPrefetchDepth, flags));
 
   trans_class->passthrough_on_same_caps = FALSE;
+  trans_class->query = GST_DEBUG_FUNCPTR(gst_latent_base_query);
   trans_class->start = GST_DEBUG_FUNCPTR(gst_latent_base_start);
   trans_class->stop = GST_DEBUG_FUNCPTR(gst_latent_base_stop);
 
@@ -364,4 +424,61 @@ const char* gst_latent_base_stage_name(GstLatentBase* self) {
 latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self) {
   if (auto model = gst_latent_base_get_model(self)) return model->backend->compute_dtype();
   return latent::DType::kF32;
+}
+
+void gst_latent_base_frame_done(GstLatentBase* self, GstClockTime processing) {
+  auto* impl = impl_of(self);
+  bool post = false;
+  {
+    std::lock_guard<std::mutex> lock(impl->latency_lock);
+    LatencyStats& l = impl->latency;
+    if (l.frames == 0)
+      l.first = processing;
+    else
+      l.steady_max = std::max(l.steady_max, processing);
+    ++l.frames;
+    const GstClockTime now = own_latency(l, 0);
+    // Announce the first figure, then only growth beyond a tenth (no message storms).
+    if (l.frames <= 2 ? now != l.reported : now > l.reported + l.reported / 10) {
+      l.reported = now;
+      post = true;
+    }
+  }
+  if (post) {
+    GST_DEBUG_OBJECT(self, "frame took %" GST_TIME_FORMAT ", posting a latency message",
+                     GST_TIME_ARGS(processing));
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
+  }
+}
+
+void gst_latent_base_set_frame_duration(GstLatentBase* self, GstClockTime duration) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->latency_lock);
+  impl->latency.frame_duration = duration;
+}
+
+void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->latency_lock);
+  impl->latency.held = frames;
+}
+
+guint gst_latent_base_prefetch_depth(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  return impl->settings.prefetch_depth;
+}
+
+GstClockTime gst_latent_base_latency(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->latency_lock);
+  return own_latency(impl->latency, 0);
+}
+
+void gst_latent_base_reset_latency(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->latency_lock);
+  const GstClockTime duration = impl->latency.frame_duration;
+  impl->latency = LatencyStats();
+  impl->latency.frame_duration = duration;
 }

@@ -66,3 +66,21 @@ const char* gst_latent_base_stage_name(GstLatentBase* self);
 
 // Resolves "auto" and an empty dtype the way start() will (for caps before start()).
 latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self);
+
+// ---- latency --------------------------------------------------------------------------------
+// A stage reports how long each frame took (from receiving it to its result being ready);
+// LATENCY queries on the src pad add this stage's latency to upstream's: the longest steady
+// frame (the first frame, which includes warm-up such as cuDNN autotuning, counts only until a
+// second arrives) plus, while frames are held for prefetching, `prefetch-depth` frame
+// durations. A latency message is posted when the figure grows by more than a tenth.
+void gst_latent_base_frame_done(GstLatentBase* self, GstClockTime processing);
+// The input's frame duration (GST_CLOCK_TIME_NONE for a variable rate), set with the caps.
+void gst_latent_base_set_frame_duration(GstLatentBase* self, GstClockTime duration);
+// Frames a stage holds back for prefetching now (0 on the CPU, or before start()).
+void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames);
+// The `prefetch-depth` property: frames uploaded ahead while earlier ones compute (GPU only).
+guint gst_latent_base_prefetch_depth(GstLatentBase* self);
+// This stage's own latency as a LATENCY query would add it.
+GstClockTime gst_latent_base_latency(GstLatentBase* self);
+// Resets the latency measurement (a new stream: stop(), a flush).
+void gst_latent_base_reset_latency(GstLatentBase* self);

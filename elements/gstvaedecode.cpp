@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "elements/gstlatentcaps.h"
+#include "engine/backends/frames.h"
 
 GST_DEBUG_CATEGORY_STATIC(gst_vae_decode_debug);
 #define GST_CAT_DEFAULT gst_vae_decode_debug
@@ -238,6 +239,12 @@ static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps
                   latent::pixel_format_name(n.pixel_format),
                   latent::size_policy_name(info.size_policy), n.geometry.model_width(),
                   n.geometry.model_height());
+  {
+    const gint fps_n = n.in_info.fps_n, fps_d = n.in_info.fps_d;
+    gst_latent_base_set_frame_duration(
+        GST_LATENT_BASE(self),
+        fps_n > 0 ? gst_util_uint64_scale_int(GST_SECOND, fps_d, fps_n) : GST_CLOCK_TIME_NONE);
+  }
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
   self->impl->negotiated = true;
@@ -279,15 +286,14 @@ static latent::Result<latent::Tensor> read_latent_sysmem(const GstLatentInfo& in
   return t;
 }
 
-// Normalised latent [1, C, h, w] host -> image [1, 3, H, W] fp32 host.
+// Normalised latent [1, C, h, w] host -> image [1, 3, H, W] on the model's backend (the caller
+// holds model.run_lock).
 static latent::Result<latent::Tensor> decode_latent(GstLatentModel& model,
                                                     const latent::Tensor& latent_host) {
-  std::lock_guard<std::mutex> lock(*model.run_lock);
   latent::Backend& b = *model.backend;
   LATENT_ASSIGN_OR_RETURN(latent::Tensor normalised, b.upload(latent_host));
   LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.latent_space().denormalize(b, normalised));
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor image, model.vae->decode(raw));
-  return b.download(image);
+  return model.vae->decode(raw);
 }
 
 static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer* inbuf,
@@ -303,6 +309,7 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
     }
     n = self->impl->stream;
   }
+  const gint64 started_us = g_get_monotonic_time();
 
   auto latent_host = read_latent_sysmem(n.in_info, inbuf);
   if (!latent_host.ok()) {
@@ -310,6 +317,7 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
                       ("vaedecode: %s", latent_host.status().message().c_str()), (nullptr));
     return GST_FLOW_ERROR;
   }
+  std::unique_lock<std::mutex> run(*model->run_lock);
   auto image = decode_latent(*model, *latent_host);
   if (!image.ok()) {
     GST_ELEMENT_ERROR(
@@ -329,10 +337,15 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-  latent::Status s =
-      latent::tensor_to_frame(*image, n.geometry, n.pixel_format,
-                              static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)),
-                              GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0));
+  // On a GPU the image is converted to the frame's bytes there; only those come back.
+  latent::FrameDesc desc;
+  desc.format = latent::frame_format(n.pixel_format);
+  desc.width = GST_VIDEO_INFO_WIDTH(&n.out_info);
+  desc.height = GST_VIDEO_INFO_HEIGHT(&n.out_info);
+  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
+  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
+  latent::Status s = latent::tensor_to_frame(*model->backend, *image, n.geometry, desc);
+  run.unlock();
   gst_video_frame_unmap(&frame);
   if (!s.ok()) {
     GST_ELEMENT_ERROR(self, STREAM, DECODE,
@@ -341,6 +354,8 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
                       (nullptr));
     return GST_FLOW_ERROR;
   }
+  gst_latent_base_frame_done(GST_LATENT_BASE(self),
+                             (g_get_monotonic_time() - started_us) * GST_USECOND);
   return GST_FLOW_OK;
 }
 

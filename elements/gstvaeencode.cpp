@@ -22,9 +22,12 @@
 #include "elements/gstvaeencode.h"
 
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <mutex>
 
 #include "elements/gstlatentcaps.h"
+#include "engine/backends/frames.h"
 
 GST_DEBUG_CATEGORY_STATIC(gst_vae_encode_debug);
 #define GST_CAT_DEFAULT gst_vae_encode_debug
@@ -34,17 +37,41 @@ namespace {
 enum { PROP_0, PROP_SIZE_POLICY };
 constexpr latent::SizePolicy kDefaultSizePolicy = latent::SizePolicy::kPad;
 
-GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
-    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_VIDEO_CAPS_TEMPLATE));
+// The packed formats plus NV12 and I420 (converted to RGB on the model's device).
+#define VAE_ENCODE_VIDEO_FORMATS \
+  "{ RGB, RGBA, BGRA, BGR, RGBx, BGRx, xRGB, xBGR, ARGB, ABGR, NV12, I420 }"
+#define VAE_ENCODE_SINK_CAPS                                                         \
+  "video/x-raw, format = (string) " VAE_ENCODE_VIDEO_FORMATS                         \
+  ", width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], framerate = (fraction) " \
+  "[ 0/1, 2147483647/1 ]"
+GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS,
+                                                             GST_STATIC_CAPS(VAE_ENCODE_SINK_CAPS));
 GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
     "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
 
 // What set_caps() fixed for the stream.
 struct Negotiated {
   GstVideoInfo in_info;
-  latent::PixelFormat pixel_format = latent::PixelFormat::kRGB;
+  latent::FrameFormat frame_format = latent::FrameFormat::kRGB;
+  latent::YuvColor color;  // NV12/I420
   GstLatentInfo out_info;
   latent::FrameGeometry geometry;
+};
+
+// A frame whose upload is under way (prefetching on a GPU).
+struct Pending {
+  GstBuffer* buffer = nullptr;  // owned until handed to the base class
+  uint64_t ticket = 0;
+};
+
+// Prefetch state; touched by the streaming thread only (and stop(), after streaming ended).
+struct Prefetch {
+  bool checked = false;  // stager created, or found unneeded, for this run
+  std::unique_ptr<latent::FrameStager> stager;
+  std::deque<Pending> pending;
+  bool draining = false;
+  bool has_current = false;  // transform() converts `current` from the stager
+  Pending current;
 };
 
 struct Impl {
@@ -52,6 +79,7 @@ struct Impl {
   latent::SizePolicy size_policy = kDefaultSizePolicy;  // setting
   bool negotiated = false;
   Negotiated stream;
+  Prefetch prefetch;
 };
 
 bool is_system_memory(GstCapsFeatures* f) {
@@ -114,7 +142,10 @@ GstStructure* latent_to_video(const GstStructure* s, const GstLatentModel* model
   const gchar* wanted_policy = gst_structure_get_string(s, "size-policy");
   if (wanted_policy && std::strcmp(wanted_policy, latent::size_policy_name(policy)) != 0)
     return nullptr;
-  GstStructure* out = gst_latent_video_structure_new();
+  GstCaps* formats =
+      gst_caps_from_string("video/x-raw, format = (string) " VAE_ENCODE_VIDEO_FORMATS);
+  GstStructure* out = gst_structure_copy(gst_caps_get_structure(formats, 0));
+  gst_caps_unref(formats);
   if (!gst_latent_copy_field(s, "frame-width", out, "width"))
     gst_structure_set(out, "width", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
                       kGstLatentMaxVideoSide, nullptr);
@@ -247,12 +278,23 @@ static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps
     GST_ERROR_OBJECT(self, "invalid input caps %" GST_PTR_FORMAT, incaps);
     return FALSE;
   }
-  auto format = gst_latent_pixel_format(GST_VIDEO_INFO_FORMAT(&n.in_info));
-  if (!format.ok()) {
-    GST_ERROR_OBJECT(self, "%s", format.status().message().c_str());
-    return FALSE;
+  const GstVideoFormat vformat = GST_VIDEO_INFO_FORMAT(&n.in_info);
+  if (vformat == GST_VIDEO_FORMAT_NV12 || vformat == GST_VIDEO_FORMAT_I420) {
+    n.frame_format =
+        vformat == GST_VIDEO_FORMAT_NV12 ? latent::FrameFormat::kNV12 : latent::FrameFormat::kI420;
+    const GstVideoColorimetry& c = GST_VIDEO_INFO_COLORIMETRY(&n.in_info);
+    n.color.full_range = c.range == GST_VIDEO_COLOR_RANGE_0_255;
+    n.color.matrix = c.matrix == GST_VIDEO_COLOR_MATRIX_BT709    ? latent::YuvMatrix::kBT709
+                     : c.matrix == GST_VIDEO_COLOR_MATRIX_BT2020 ? latent::YuvMatrix::kBT2020
+                                                                 : latent::YuvMatrix::kBT601;
+  } else {
+    auto format = gst_latent_pixel_format(vformat);
+    if (!format.ok()) {
+      GST_ERROR_OBJECT(self, "%s", format.status().message().c_str());
+      return FALSE;
+    }
+    n.frame_format = latent::frame_format(*format);
   }
-  n.pixel_format = *format;
   auto info = gst_latent_info_from_caps(outcaps);
   if (!info.ok()) {
     GST_ERROR_OBJECT(self, "output caps %" GST_PTR_FORMAT ": %s", outcaps,
@@ -284,10 +326,16 @@ static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps
   }
   n.geometry = *geometry;
   GST_INFO_OBJECT(self, "%dx%d %s -> %s latent [%d, %d, %d] (%s, model input %dx%d)", w, h,
-                  latent::pixel_format_name(n.pixel_format), latent::dtype_name(info->dtype),
+                  latent::frame_format_name(n.frame_format), latent::dtype_name(info->dtype),
                   info->channels, info->height, info->width,
                   latent::size_policy_name(info->size_policy), geometry->model_width(),
                   geometry->model_height());
+  {
+    const gint fps_n = GST_VIDEO_INFO_FPS_N(&n.in_info), fps_d = GST_VIDEO_INFO_FPS_D(&n.in_info);
+    gst_latent_base_set_frame_duration(
+        GST_LATENT_BASE(self),
+        fps_n > 0 ? gst_util_uint64_scale_int(GST_SECOND, fps_d, fps_n) : GST_CLOCK_TIME_NONE);
+  }
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
   self->impl->negotiated = true;
@@ -323,29 +371,42 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
 }
 
 // The CPU path: frame in system memory -> host tensor. (A CUDA-memory path goes beside this.)
-static latent::Result<latent::Tensor> read_frame_sysmem(const Negotiated& n, GstBuffer* inbuf) {
+// A frame in system memory -> model input [1, 3, H, W] on the model's backend: its planes go
+// to the device as raw bytes and are converted there (engine/backends/frames.h).
+static latent::Result<latent::Tensor> read_frame_sysmem(const Negotiated& n, GstBuffer* inbuf,
+                                                        GstLatentModel& model) {
   GstVideoFrame frame;
   if (!gst_video_frame_map(&frame, const_cast<GstVideoInfo*>(&n.in_info), inbuf, GST_MAP_READ)) {
     return latent::Status::errorf("input buffer of ", gst_buffer_get_size(inbuf),
                                   " bytes does not hold a ", GST_VIDEO_INFO_WIDTH(&n.in_info), "x",
                                   GST_VIDEO_INFO_HEIGHT(&n.in_info), " ",
-                                  latent::pixel_format_name(n.pixel_format), " frame (",
+                                  latent::frame_format_name(n.frame_format), " frame (",
                                   GST_VIDEO_INFO_SIZE(&n.in_info), " bytes)");
   }
-  auto t =
-      latent::frame_to_tensor(static_cast<const uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)),
-                              GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0), n.pixel_format, n.geometry);
+  latent::FrameDesc desc;
+  desc.format = n.frame_format;
+  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
+  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
+  desc.color = n.color;
+  for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame) && i < 3; ++i) {
+    desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
+    desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
+  }
+  latent::Result<latent::Tensor> t = latent::Status::error("unset");
+  {
+    std::lock_guard<std::mutex> lock(*model.run_lock);
+    t = latent::frame_to_tensor(*model.backend, desc, n.geometry);
+  }
   gst_video_frame_unmap(&frame);
   return t;
 }
 
-// sample [1, 3, H, W] host -> normalised latent [1, C, h, w] fp32 host.
+// sample [1, 3, H, W] on the backend -> normalised latent [1, C, h, w] fp32 host.
 static latent::Result<latent::Tensor> encode_frame(GstLatentModel& model,
                                                    const latent::Tensor& sample) {
   std::lock_guard<std::mutex> lock(*model.run_lock);
   latent::Backend& b = *model.backend;
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor x, b.upload(sample));
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.vae->encode(x));
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.vae->encode(sample));
   LATENT_ASSIGN_OR_RETURN(latent::Tensor normalised, model.latent_space().normalize(b, raw));
   return b.download(normalised);
 }
@@ -363,8 +424,16 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
     }
     n = self->impl->stream;
   }
+  const gint64 started_us = g_get_monotonic_time();
 
-  auto sample = read_frame_sysmem(n, inbuf);
+  latent::Result<latent::Tensor> sample = latent::Status::error("unset");
+  Prefetch& pf = self->impl->prefetch;
+  if (pf.has_current) {
+    std::lock_guard<std::mutex> lock(*model->run_lock);
+    sample = pf.stager->convert(pf.current.ticket, n.geometry);
+  } else {
+    sample = read_frame_sysmem(n, inbuf, *model);
+  }
   if (!sample.ok()) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("vaeencode: %s", sample.status().message().c_str()),
                       (nullptr));
@@ -407,11 +476,139 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
                            static_cast<size_t>(latents->numel()));
   gst_buffer_unmap(outbuf, &map);
   gst_buffer_set_size(outbuf, bytes);
+  gst_latent_base_frame_done(GST_LATENT_BASE(self),
+                             (g_get_monotonic_time() - started_us) * GST_USECOND);
   return GST_FLOW_OK;
+}
+
+// ---- prefetch: frames are staged on submission and converted `prefetch-depth` frames later ----
+
+static void drop_prefetch(GstVaeEncode* self) {
+  Prefetch& pf = self->impl->prefetch;
+  for (Pending& p : pf.pending) gst_buffer_unref(p.buffer);
+  pf.pending.clear();
+  pf.stager.reset();  // waits for its copies and kernels (events), then frees its slots
+  pf.checked = false;
+  pf.has_current = false;
+  gst_latent_base_set_frames_held(GST_LATENT_BASE(self), 0);
+}
+
+// The stager for this run, created on the first frame when the model runs on a GPU.
+static latent::FrameStager* prefetch_stager(GstVaeEncode* self, GstLatentModel& model) {
+  Prefetch& pf = self->impl->prefetch;
+  if (pf.checked) return pf.stager.get();
+  pf.checked = true;
+  const guint depth = gst_latent_base_prefetch_depth(GST_LATENT_BASE(self));
+  if (depth == 0) return nullptr;
+  auto stager = latent::create_frame_stager(*model.backend, static_cast<int>(depth));
+  if (!stager.ok()) {
+    GST_WARNING_OBJECT(self, "no prefetching (frames upload in turn): %s",
+                       stager.status().message().c_str());
+    return nullptr;
+  }
+  pf.stager = std::move(*stager);
+  if (pf.stager)
+    GST_INFO_OBJECT(self, "prefetching %u frames on %s", depth, model.backend->name().c_str());
+  gst_latent_base_set_frames_held(GST_LATENT_BASE(self), pf.stager ? depth : 0);
+  return pf.stager.get();
+}
+
+static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
+                                                        gboolean is_discont, GstBuffer* input) {
+  GstVaeEncode* self = GST_VAE_ENCODE(trans);
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+  Negotiated n;
+  bool negotiated;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    negotiated = self->impl->negotiated;
+    n = self->impl->stream;
+  }
+  latent::FrameStager* stager = negotiated && model ? prefetch_stager(self, *model) : nullptr;
+  if (!stager)
+    return GST_BASE_TRANSFORM_CLASS(parent_class)->submit_input_buffer(trans, is_discont, input);
+  GstVideoFrame frame;
+  if (!gst_video_frame_map(&frame, &n.in_info, input, GST_MAP_READ)) {
+    // transform() reports the bad buffer in its own words.
+    return GST_BASE_TRANSFORM_CLASS(parent_class)->submit_input_buffer(trans, is_discont, input);
+  }
+  latent::FrameDesc desc;
+  desc.format = n.frame_format;
+  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
+  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
+  desc.color = n.color;
+  for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame) && i < 3; ++i) {
+    desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
+    desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
+  }
+  auto ticket = stager->stage(desc);
+  gst_video_frame_unmap(&frame);
+  if (!ticket.ok()) {
+    gst_buffer_unref(input);
+    GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                      ("vaeencode: cannot upload a %dx%d frame: %s", desc.width, desc.height,
+                       ticket.status().message().c_str()),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  self->impl->prefetch.pending.push_back(Pending{input, *ticket});
+  return GST_FLOW_OK;
+}
+
+static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, GstBuffer** outbuf) {
+  GstVaeEncode* self = GST_VAE_ENCODE(trans);
+  Prefetch& pf = self->impl->prefetch;
+  if (pf.pending.empty())
+    return GST_BASE_TRANSFORM_CLASS(parent_class)->generate_output(trans, outbuf);
+  *outbuf = nullptr;
+  const size_t depth = pf.stager ? static_cast<size_t>(pf.stager->depth()) : 0;
+  if (pf.pending.size() <= depth && !pf.draining) return GST_FLOW_OK;
+  pf.current = pf.pending.front();
+  pf.pending.pop_front();
+  pf.has_current = true;
+  trans->queued_buf = pf.current.buffer;  // the base class takes it over
+  const GstFlowReturn ret = GST_BASE_TRANSFORM_CLASS(parent_class)->generate_output(trans, outbuf);
+  pf.has_current = false;
+  return ret;
+}
+
+// Pushes out every frame still held back (before EOS and before new caps).
+static GstFlowReturn drain_prefetch(GstVaeEncode* self) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+  Prefetch& pf = self->impl->prefetch;
+  GstFlowReturn ret = GST_FLOW_OK;
+  pf.draining = true;
+  while (ret == GST_FLOW_OK && !pf.pending.empty()) {
+    GstBuffer* out = nullptr;
+    ret = gst_vae_encode_generate_output(trans, &out);
+    if (out) ret = gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(trans), out);
+  }
+  pf.draining = false;
+  if (ret != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "drain stopped: %s", gst_flow_get_name(ret));
+  return ret;
+}
+
+static gboolean gst_vae_encode_sink_event(GstBaseTransform* trans, GstEvent* event) {
+  GstVaeEncode* self = GST_VAE_ENCODE(trans);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_EOS:
+    case GST_EVENT_CAPS:
+    case GST_EVENT_SEGMENT:
+      drain_prefetch(self);
+      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS) drop_prefetch(self);  // new frame size
+      break;
+    case GST_EVENT_FLUSH_STOP:
+      drop_prefetch(self);
+      break;
+    default:
+      break;
+  }
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
 }
 
 static gboolean gst_vae_encode_stop(GstBaseTransform* trans) {
   GstVaeEncode* self = GST_VAE_ENCODE(trans);
+  drop_prefetch(self);
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
@@ -453,6 +650,9 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_encode_propose_allocation);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_encode_transform);
   trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_encode_stop);
+  trans_class->submit_input_buffer = GST_DEBUG_FUNCPTR(gst_vae_encode_submit_input_buffer);
+  trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_encode_generate_output);
+  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_vae_encode_sink_event);
 
   GST_LATENT_BASE_CLASS(klass)->parts = GST_LATENT_PART_ENCODER;
   gst_type_mark_as_plugin_api(GST_TYPE_LATENT_SIZE_POLICY, static_cast<GstPluginAPIFlags>(0));

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
+#include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/core/dtype.h"
 #include "engine/models/vae/vae.h"
@@ -382,7 +384,7 @@ TEST(VaeEncode, AbsurdCapsAreRefused) {
   const char* bad[] = {
       "video/x-raw, format=RGB, width=0, height=70, framerate=30/1",
       "video/x-raw, format=RGB, width=100000, height=100000, framerate=30/1",
-      "video/x-raw, format=NV12, width=64, height=64, framerate=30/1",
+      "video/x-raw, format=YUY2, width=64, height=64, framerate=30/1",
       "video/x-raw, format=RGB, width=4, height=4, framerate=30/1",
       "application/x-latent, format=fp32, channels=4, width=8, height=8",
   };
@@ -430,3 +432,101 @@ TEST(VaeEncode, WrongBufferSizeIsAStreamError) {
 }
 
 }  // namespace
+// A YUV frame (I420 or NV12) with deterministic planes, and its RGB conversion by the engine.
+GstBuffer* make_yuv_frame(int w, int h, const char* format, std::vector<uint8_t>* rgb) {
+  GstVideoInfo info;
+  gst_video_info_set_format(&info, gst_video_format_from_string(format), w, h);
+  gst_video_colorimetry_from_string(&info.colorimetry, "bt601");
+  GstBuffer* buf = gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&info), nullptr);
+  GstVideoFrame frame;
+  if (!gst_video_frame_map(&frame, &info, buf, GST_MAP_WRITE)) return buf;
+  const bool nv12 = GST_VIDEO_INFO_FORMAT(&info) == GST_VIDEO_FORMAT_NV12;
+  auto* y = static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0));
+  for (int r = 0; r < h; ++r)
+    for (int x = 0; x < w; ++x)
+      y[r * GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0) + x] = 16 + pixel_value(x, r, 0, 3) % 220;
+  for (int r = 0; r < (h + 1) / 2; ++r)
+    for (int x = 0; x < (w + 1) / 2; ++x) {
+      const uint8_t u = 60 + pixel_value(x, r, 1, 5) % 140, v = 60 + pixel_value(x, r, 2, 7) % 140;
+      if (nv12) {
+        auto* uv = static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 1)) +
+                   r * GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 1);
+        uv[2 * x] = u, uv[2 * x + 1] = v;
+      } else {
+        static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(
+            &frame, 1))[r * GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 1) + x] = u;
+        static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(
+            &frame, 2))[r * GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 2) + x] = v;
+      }
+    }
+  latent::FrameDesc d;
+  d.format = nv12 ? latent::FrameFormat::kNV12 : latent::FrameFormat::kI420;
+  d.width = w, d.height = h;
+  for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame); ++i) {
+    d.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
+    d.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
+  }
+  rgb->assign(static_cast<size_t>(w) * h * 3, 0);
+  EXPECT_TRUE(latent::yuv_to_rgb_host(d, rgb->data(), w * 3).ok());
+  gst_video_frame_unmap(&frame);
+  return buf;
+}
+
+// NV12 and I420 input encodes exactly like the RGB frame the engine converts it to.
+TEST(VaeEncode, YuvInputEncodesLikeItsRgbConversion) {
+  for (const char* format : {"I420", "NV12"}) {
+    SCOPED_TRACE(format);
+    const int w = 40, h = 30;
+    std::vector<uint8_t> rgb;
+    GstBuffer* yuv = make_yuv_frame(w, h, format, &rgb);
+    GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}});
+    GstCaps* caps = video_caps(w, h, format);
+    gst_caps_set_simple(caps, "colorimetry", G_TYPE_STRING, "bt601", nullptr);
+    gst_harness_set_src_caps(hs, caps);
+    ASSERT_EQ(gst_harness_push(hs, yuv), GST_FLOW_OK);
+    GstBuffer* from_yuv = gst_harness_pull(hs);
+    gst_harness_teardown(hs);
+
+    GstHarness* hr = harness_for("vaeencode", {{"model", taesd_model()}});
+    gst_harness_set_src_caps(hr, video_caps(w, h, "RGB"));
+    GstVideoInfo info;
+    gst_video_info_set_format(&info, GST_VIDEO_FORMAT_RGB, w, h);
+    GstBuffer* rgb_buf = gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&info), nullptr);
+    GstVideoFrame frame;
+    ASSERT_TRUE(gst_video_frame_map(&frame, &info, rgb_buf, GST_MAP_WRITE));
+    for (int r = 0; r < h; ++r)
+      memcpy(static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)) +
+                 r * GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0),
+             rgb.data() + r * w * 3, w * 3);
+    gst_video_frame_unmap(&frame);
+    ASSERT_EQ(gst_harness_push(hr, rgb_buf), GST_FLOW_OK);
+    GstBuffer* from_rgb = gst_harness_pull(hr);
+    gst_harness_teardown(hr);
+    EXPECT_EQ(buffer_bytes(from_yuv), buffer_bytes(from_rgb));
+    gst_buffer_unref(from_yuv);
+    gst_buffer_unref(from_rgb);
+  }
+}
+
+// LATENCY: upstream's figure plus this stage's measured processing time.
+TEST(VaeEncode, LatencyQueryAddsTheProcessingTime) {
+  GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}});
+  gst_harness_set_upstream_latency(hs, 5 * GST_MSECOND);
+  gst_harness_set_src_caps(hs, video_caps(64, 64));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(gst_harness_push(hs, make_frame(64, 64)), GST_FLOW_OK);
+    gst_buffer_unref(gst_harness_pull(hs));
+  }
+  GstQuery* q = gst_query_new_latency();
+  ASSERT_TRUE(gst_pad_peer_query(hs->sinkpad, q));
+  gboolean live = FALSE;
+  GstClockTime min = 0, max = 0;
+  gst_query_parse_latency(q, &live, &min, &max);
+  gst_query_unref(q);
+  EXPECT_TRUE(live);
+  // The CPU holds no frames back: upstream + the longest steady frame (> 0, well below 10 s).
+  EXPECT_GT(min, 5 * GST_MSECOND);
+  EXPECT_LT(min, 5 * GST_MSECOND + 10 * GST_SECOND);
+  EXPECT_EQ(max, GST_CLOCK_TIME_NONE);  // the harness reports no upper bound
+  gst_harness_teardown(hs);
+}

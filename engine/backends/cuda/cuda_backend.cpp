@@ -31,11 +31,14 @@
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/conv2d.cuh"
 #include "engine/backends/cuda/convert.cuh"
+#include "engine/backends/cuda/dit_ops.h"  // cuda-dit
 #include "engine/backends/cuda/elementwise.cuh"
 #include "engine/backends/cuda/group_norm.cuh"
 #include "engine/backends/cuda/memory.h"
+#include "engine/backends/cuda/pixels.cuh"  // gpu-elements: frames
 #include "engine/backends/cuda/rms_norm.cuh"
 #include "engine/backends/cuda/upsample.cuh"
+#include "engine/backends/frames.h"  // gpu-elements: transfer counters
 #include "engine/core/log.h"
 
 namespace latent {
@@ -80,12 +83,14 @@ class CudaBackend final : public Backend {
     launch_.stream = ctx_->stream();
     launch_.sm_count = ctx_->properties().multiProcessorCount;
     launch_.smem_optin = ctx_->properties().sharedMemPerBlockOptin;
+    dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
   }
 
   ~CudaBackend() override {
     DeviceGuard guard;
     if (!guard.set(ctx_->device()).ok()) return;
     LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
+    dit_linear_.reset();  // cuda-dit: cuBLASLt plans and handle, device current
     conv_plans_.reset();
     LATENT_CUDA_WARN(cudnnDestroy(cudnn_));
   }
@@ -100,6 +105,9 @@ class CudaBackend final : public Backend {
   Result<Tensor> upload(const Tensor& host) override;
   Result<Tensor> download(const Tensor& t) override;
   Status synchronize() override;
+  // gpu-elements: what the frame kernels (pixels.cpp) need.
+  const std::shared_ptr<DeviceContext>& context() const { return ctx_; }
+  const cuda::Launch& launch_config() const { return launch_; }
   // Live bytes of the backend's memory pool (tensors, scratch, cuDNN workspace) at their peak;
   // cuDNN's and the driver's own allocations are not counted.
   int64_t peak_memory_bytes() const override { return ctx_->peak_bytes(); }
@@ -121,6 +129,34 @@ class CudaBackend final : public Backend {
   Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override;
   Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                    int heads) override;
+
+  // === cuda-dit: DiT ops (dit_ops.h; checks and kernels live there) ===
+  bool supports_dit(DitOp op, DType dtype) const override {
+    if (op == DitOp::kUploadFp32) return true;
+    return static_cast<int>(op) <= static_cast<int>(DitOp::kSlice) && dtype == dtype_;
+  }
+  Result<Tensor> upload_fp32(const Tensor& host) override;
+  Result<Tensor> linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+                        DitActivation act) override;
+  Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            float eps) override;
+  Result<Tensor> rms_norm(const Tensor& x, const Tensor& gamma, float eps) override;
+  Result<Tensor> modulate(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                          const std::vector<int64_t>& group_starts) override;
+  Result<Tensor> layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                     const std::vector<int64_t>& group_starts,
+                                     float eps) override;
+  Result<Tensor> gated_add(const Tensor& residual, const Tensor& x, const Tensor& gate,
+                           const std::vector<int64_t>& group_starts) override;
+  Result<Tensor> rope(const Tensor& x, const Tensor& freqs, int heads) override;
+  Result<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
+                           const Tensor& key_mask) override;
+  Result<Tensor> dit_activation(const Tensor& x, DitActivation act) override;
+  Result<Tensor> scaled_add(const Tensor& a, const Tensor& b, float alpha, float beta) override;
+  Result<Tensor> cfg_combine(const Tensor& cond, const Tensor& uncond, float scale) override;
+  Result<Tensor> concat(const std::vector<Tensor>& parts, int dim) override;
+  Result<Tensor> slice(const Tensor& x, int dim, int64_t start, int64_t count) override;
+  // === end cuda-dit ===
 
  private:
   // Runs an op body with the lock held and the device current; failures name op and device.
@@ -184,6 +220,19 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::ConvPlanCache> conv_plans_;
   cuda::GrowableBuffer workspace_;  // cuDNN's, shared by all convolutions (one stream)
   std::mutex mutex_;
+  // === cuda-dit: what the DiT ops need (call with the lock held) ===
+  cuda::DitEnv dit_env() {
+    cuda::DitEnv env;
+    env.ctx = ctx_.get();
+    env.dtype = dtype_;
+    env.launch = launch_;
+    env.device = device();
+    env.name = name();
+    env.linear = dit_linear_.get();
+    return env;
+  }
+  std::unique_ptr<cuda::DitLinear> dit_linear_;  // cuBLASLt handle and plans
+  // === end cuda-dit ===
 };
 
 Result<Tensor> CudaBackend::upload(const Tensor& host) {
@@ -205,12 +254,14 @@ Result<Tensor> CudaBackend::upload(const Tensor& host) {
     if (!transpose && host.dtype() == dtype_) {
       LATENT_CUDA_CHECK(
           cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream));
+      count_host_to_device(host.nbytes());  // gpu-elements
       return out;
     }
     TempBuffer staging;
     LATENT_TRY(staging.allocate(*ctx_, host.nbytes()));
     LATENT_CUDA_CHECK(
         cudaMemcpyAsync(staging.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream));
+    count_host_to_device(host.nbytes());  // gpu-elements
     if (transpose) {
       // [N][C][H*W] -> [N][H*W][C]
       LATENT_TRY(cuda::launch_transpose(staging.get(), host.dtype(), out.data(), dtype_,
@@ -239,6 +290,7 @@ Result<Tensor> CudaBackend::download(const Tensor& t) {
     if (!transpose && t.dtype() == DType::kF32) {
       LATENT_CUDA_CHECK(
           cudaMemcpyAsync(host.data(), t.data(), host.nbytes(), cudaMemcpyDeviceToHost, stream));
+      count_device_to_host(host.nbytes());  // gpu-elements
     } else {
       TempBuffer staging;
       LATENT_TRY(staging.allocate(*ctx_, host.nbytes()));
@@ -252,6 +304,7 @@ Result<Tensor> CudaBackend::download(const Tensor& t) {
       }
       LATENT_CUDA_CHECK(cudaMemcpyAsync(host.data(), staging.get(), host.nbytes(),
                                         cudaMemcpyDeviceToHost, stream));
+      count_device_to_host(host.nbytes());  // gpu-elements
     }
     LATENT_CUDA_CHECK(cudaStreamSynchronize(stream));
     return host;
@@ -485,7 +538,129 @@ Result<Tensor> CudaBackend::spatial_attention(const Tensor& q, const Tensor& k, 
   });
 }
 
+// === cuda-dit: DiT ops, dispatched to dit_ops.cpp under the lock ===
+Result<Tensor> CudaBackend::upload_fp32(const Tensor& host) {
+  return run("upload_fp32", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_upload_fp32(env, host);
+  });
+}
+
+Result<Tensor> CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                   DitActivation act) {
+  return run("linear", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_linear(env, x, w, bias, act);
+  });
+}
+
+Result<Tensor> CudaBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                       float eps) {
+  return run("layer_norm", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_layer_norm(env, x, gamma, beta, eps);
+  });
+}
+
+Result<Tensor> CudaBackend::rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
+  return run("rms_norm", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_rms_norm(env, x, gamma, eps);
+  });
+}
+
+Result<Tensor> CudaBackend::modulate(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                     const std::vector<int64_t>& group_starts) {
+  return run("modulate", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_modulate(env, x, shift, scale, group_starts, false, 0.f);
+  });
+}
+
+Result<Tensor> CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift,
+                                                const Tensor& scale,
+                                                const std::vector<int64_t>& group_starts,
+                                                float eps) {
+  return run("layer_norm_modulate", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_modulate(env, x, shift, scale, group_starts, true, eps);
+  });
+}
+
+Result<Tensor> CudaBackend::gated_add(const Tensor& residual, const Tensor& x, const Tensor& gate,
+                                      const std::vector<int64_t>& group_starts) {
+  return run("gated_add", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_gated_add(env, residual, x, gate, group_starts);
+  });
+}
+
+Result<Tensor> CudaBackend::rope(const Tensor& x, const Tensor& freqs, int heads) {
+  return run("rope", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_rope(env, x, freqs, heads);
+  });
+}
+
+Result<Tensor> CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      int heads, const Tensor& key_mask) {
+  return run("attention", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_attention(env, q, k, v, heads, key_mask);
+  });
+}
+
+Result<Tensor> CudaBackend::dit_activation(const Tensor& x, DitActivation act) {
+  return run("dit_activation", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_activation(env, x, act);
+  });
+}
+
+Result<Tensor> CudaBackend::scaled_add(const Tensor& a, const Tensor& b, float alpha,
+                                       float beta) {
+  return run("scaled_add", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_scaled_add(env, a, b, alpha, beta);
+  });
+}
+
+Result<Tensor> CudaBackend::cfg_combine(const Tensor& cond, const Tensor& uncond, float scale) {
+  return run("cfg_combine", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_cfg_combine(env, cond, uncond, scale);
+  });
+}
+
+Result<Tensor> CudaBackend::concat(const std::vector<Tensor>& parts, int dim) {
+  return run("concat", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_concat(env, parts, dim);
+  });
+}
+
+Result<Tensor> CudaBackend::slice(const Tensor& x, int dim, int64_t start, int64_t count) {
+  return run("slice", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_slice(env, x, dim, start, count);
+  });
+}
+// === end cuda-dit ===
+
 }  // namespace
+
+// === gpu-elements: the backend's device context for the frame kernels (pixels.cuh) ===
+namespace cuda {
+std::shared_ptr<DeviceContext> backend_device_context(Backend& backend) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  return cuda_backend ? cuda_backend->context() : nullptr;
+}
+Launch backend_launch(Backend& backend) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  return cuda_backend ? cuda_backend->launch_config() : Launch{};
+}
+}  // namespace cuda
+// === end gpu-elements ===
 
 int cuda_runtime_device_count() {
   int count = 0;

@@ -1,0 +1,140 @@
+// cuBLASLt is column-major; a row-major [R, C] matrix reads as its column-major transpose.
+// So y^T [N, M] = w [N, K] . x^T [K, M]: A = w (stored as col-major [K, N], op T), B = x
+// (col-major [K, M], op N), D = y (col-major [N, M]); the bias then runs along D's rows (N),
+// as the epilogue wants.
+#include "engine/backends/cuda/dit_linear.h"
+
+#include "engine/backends/cuda/check.h"
+#include "engine/core/log.h"
+
+namespace latent::cuda {
+namespace {
+
+// Workspace offered to cuBLASLt's heuristic (what NVIDIA recommends for Hopper).
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kF32:
+      break;
+  }
+  return CUDA_R_32F;
+}
+
+// The largest power of two up to 256 dividing the address.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && (a % align) != 0) align >>= 1;
+  return align;
+}
+
+}  // namespace
+
+struct DitLinear::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  ~Plan() {
+    if (a) LATENT_CUDA_WARN(cublasLtMatrixLayoutDestroy(a));
+    if (b) LATENT_CUDA_WARN(cublasLtMatrixLayoutDestroy(b));
+    if (c) LATENT_CUDA_WARN(cublasLtMatrixLayoutDestroy(c));
+    if (desc) LATENT_CUDA_WARN(cublasLtMatmulDescDestroy(desc));
+  }
+};
+
+DitLinear::DitLinear(bool tf32) : tf32_(tf32) {}
+
+DitLinear::~DitLinear() {
+  plans_.clear();
+  if (handle_) LATENT_CUDA_WARN(cublasLtDestroy(handle_));
+}
+
+Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k,
+                                         DType dtype, bool bias, bool gelu, uint32_t align_x,
+                                         uint32_t align_w, uint32_t align_y) {
+  const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(dtype), ':', bias, gelu, ':',
+                                  align_x, ',', align_w, ',', align_y);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second.get();
+
+  if (!handle_) LATENT_CUDA_CHECK(cublasLtCreate(&handle_));
+  auto p = std::make_unique<Plan>();
+  const cudaDataType_t type = cuda_type(dtype);
+  const cublasComputeType_t compute = dtype != DType::kF32 ? CUBLAS_COMPUTE_32F
+                                      : tf32_              ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                           : CUBLAS_COMPUTE_32F;
+  LATENT_CUDA_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  LATENT_CUDA_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+  LATENT_CUDA_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+  const cublasLtEpilogue_t epilogue =
+      gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU)
+           : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                   &epilogue, sizeof(epilogue)));
+  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, k, n, k));  // w
+  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, k, m, k));  // x
+  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->c, type, n, m, n));  // y
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  LATENT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  struct PrefGuard {  // released however this function returns
+    cublasLtMatmulPreference_t p;
+    ~PrefGuard() { LATENT_CUDA_WARN(cublasLtMatmulPreferenceDestroy(p)); }
+  } pref_guard{pref};
+  const size_t ws = kWorkspaceBytes;
+  LATENT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  LATENT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof(align_w)));
+  LATENT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x, sizeof(align_x)));
+  LATENT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y, sizeof(align_y)));
+  LATENT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof(align_y)));
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  LATENT_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref,
+                                                   1, &result, &found));
+  if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
+    return Status::errorf("cuBLASLt has no algorithm for x [", m, ", ", k, "] . w^T [", k, ", ", n,
+                          "] in ", dtype_name(dtype), bias ? " with bias" : "",
+                          gelu ? " and GELU" : "");
+  p->algo = result.algo;
+  p->workspace = result.workspaceSize;
+  LATENT_DEBUG("dit linear plan ", key, ": workspace ", p->workspace, " bytes");
+  (void)ctx;
+  Plan* raw = p.get();
+  plans_.emplace(key, std::move(p));
+  return raw;
+}
+
+Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y,
+                      int64_t m, int64_t n, int64_t k, DType dtype, bool gelu) {
+  if (m <= 0 || n <= 0 || k <= 0) return ok_status();
+  LATENT_ASSIGN_OR_RETURN(Plan * p, plan(ctx, m, n, k, dtype, bias != nullptr, gelu,
+                                         alignment_of(x), alignment_of(w), alignment_of(y)));
+  if (bias)
+    LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof(bias)));
+  void* workspace = nullptr;
+  if (p->workspace) {
+    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p->workspace));
+  }
+  const float one = 1.f, zero = 0.f;
+  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b, &zero, y, p->c, y,
+                                   p->c, &p->algo, workspace, p->workspace, ctx.stream()));
+  return ok_status();
+}
+
+}  // namespace latent::cuda

@@ -1,0 +1,51 @@
+// DiT linear layers on cuBLASLt: y = epilogue(x w^T) with x [M, K], w [N, K] (nn.Linear's
+// layout), y [M, N], all row-major in one dtype (bf16/fp16 with fp32 accumulation; fp32 on TF32
+// tensor cores unless disabled). Bias and the tanh-GELU run in cuBLASLt's epilogue
+// (CUBLASLT_EPILOGUE_BIAS / GELU / GELU_BIAS), so the output is written once.
+//
+// Plans (matmul descriptor, layouts, the heuristic's algorithm) are cached per shape, dtype,
+// epilogue and operand alignment; the first call of a shape asks the heuristic (host only, no
+// synchronisation), later calls only launch.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine/backends/cuda/memory.h"
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+
+namespace latent::cuda {
+
+class DitLinear {
+ public:
+  explicit DitLinear(bool tf32);
+  // Destroys the plans and the handle: the device must be current and its stream idle.
+  ~DitLinear();
+  DitLinear(const DitLinear&) = delete;
+  DitLinear& operator=(const DitLinear&) = delete;
+
+  // y = (gelu_tanh if `gelu`)(x w^T + bias); bias [n] or null (16-byte aligned when given).
+  Status run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y, int64_t m,
+             int64_t n, int64_t k, DType dtype, bool gelu);
+
+  // Plans built so far (tests: a repeated shape reuses its plan).
+  size_t plan_count() const { return plans_.size(); }
+
+ private:
+  struct Plan;
+  Result<Plan*> plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k, DType dtype, bool bias,
+                     bool gelu, uint32_t align_x, uint32_t align_w, uint32_t align_y);
+
+  bool tf32_;
+  cublasLtHandle_t handle_ = nullptr;
+  std::map<std::string, std::unique_ptr<Plan>> plans_;
+  GrowableBuffer workspace_;
+};
+
+}  // namespace latent::cuda

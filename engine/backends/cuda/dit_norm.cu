@@ -1,0 +1,123 @@
+// LayerNorm / RMSNorm over the last dim, fused with the affine and the AdaLN modulation: one
+// warp a row. Statistics take two passes over the row (mean, then squared deviations: no
+// cancellation when the mean is large); the rows stay in L1 between passes, so the tensor is
+// read from memory once and written once.
+#include "engine/backends/cuda/dit_common.cuh"
+
+namespace latent::cuda {
+namespace {
+
+struct NormArgs {
+  const void* x;
+  void* y;
+  int64_t rows;
+  int d;
+  DitNorm norm;
+  float eps;
+  const void* gamma;
+  const void* beta;
+  const void* shift;
+  const void* scale;
+  DitGroups groups;
+};
+
+template <typename T, int V>
+__global__ void __launch_bounds__(256) dit_norm_kernel(const NormArgs a) {
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  T* __restrict__ y = static_cast<T*>(a.y);
+  const T* __restrict__ gamma = static_cast<const T*>(a.gamma);
+  const T* __restrict__ beta = static_cast<const T*>(a.beta);
+  const T* __restrict__ shift = static_cast<const T*>(a.shift);
+  const T* __restrict__ scale = static_cast<const T*>(a.scale);
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  const int64_t warps = (int64_t{gridDim.x} * blockDim.x) >> 5;
+  const int d = a.d, steps = d / V;
+  const float inv_d = 1.f / static_cast<float>(d);
+  for (int64_t r = first; r < a.rows; r += warps) {
+    const T* xr = x + r * d;
+    T* yr = y + r * d;
+    float mean = 0.f, inv = 1.f;
+    if (a.norm == DitNorm::kLayer) {
+      float s = 0.f;
+      for (int i = lane; i < steps; i += 32) {
+        float v[V];
+        load_floats<T, V>(xr + i * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += v[j];
+      }
+      mean = warp_sum(s) * inv_d;
+      float q = 0.f;
+      for (int i = lane; i < steps; i += 32) {
+        float v[V];
+        load_floats<T, V>(xr + i * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) q = fmaf(v[j] - mean, v[j] - mean, q);
+      }
+      inv = rsqrtf(warp_sum(q) * inv_d + a.eps);
+    } else if (a.norm == DitNorm::kRms) {
+      float q = 0.f;
+      for (int i = lane; i < steps; i += 32) {
+        float v[V];
+        load_floats<T, V>(xr + i * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) q = fmaf(v[j], v[j], q);
+      }
+      inv = rsqrtf(warp_sum(q) * inv_d + a.eps);
+    }
+    const int64_t crow = (shift || scale) ? dit_condition_row(a.groups, r) * d : 0;
+    for (int i = lane; i < steps; i += 32) {
+      float v[V], p[V];
+      load_floats<T, V>(xr + i * V, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = (v[j] - mean) * inv;
+      if (gamma) {
+        load_floats<T, V>(gamma + i * V, p);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] *= p[j];
+      }
+      if (beta) {
+        load_floats<T, V>(beta + i * V, p);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] += p[j];
+      }
+      if (scale) {
+        load_floats<T, V>(scale + crow + i * V, p);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = fmaf(v[j], p[j], v[j]);  // v (1 + scale)
+      }
+      if (shift) {
+        load_floats<T, V>(shift + crow + i * V, p);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] += p[j];
+      }
+      store_floats<T, V>(yr + i * V, v);
+    }
+  }
+}
+
+}  // namespace
+
+Status launch_dit_norm(const void* x, void* y, int64_t rows, int64_t d, DitNorm norm, float eps,
+                       const void* gamma, const void* beta, const void* shift, const void* scale,
+                       const DitGroups& groups, DType dtype, const Launch& l) {
+  if (rows <= 0 || d <= 0) return ok_status();
+  if (d > 0x7fffffff) return Status::errorf("dit norm: rows of ", d, " elements are too long");
+  const NormArgs args{x,     y,     rows,  static_cast<int>(d), norm, eps, gamma, beta,
+                      shift, scale, groups};
+  return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
+    constexpr int kPack = Pack<T>::kN;
+    const bool vec = d % kPack == 0 && aligned16(x) && aligned16(y) &&
+                     (!gamma || aligned16(gamma)) && (!beta || aligned16(beta)) &&
+                     (!shift || aligned16(shift)) && (!scale || aligned16(scale));
+    const unsigned blocks = grid_for(rows * 32, 256, l);
+    if (vec)
+      dit_norm_kernel<T, kPack><<<blocks, 256, 0, l.stream>>>(args);
+    else
+      dit_norm_kernel<T, 1><<<blocks, 256, 0, l.stream>>>(args);
+    LATENT_CUDA_CHECK_LAUNCH("dit_norm_kernel");
+    return ok_status();
+  });
+}
+
+}  // namespace latent::cuda

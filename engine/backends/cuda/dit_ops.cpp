@@ -1,0 +1,371 @@
+// Checks and dispatch of the CUDA backend's DiT ops (see dit_ops.h). The checks mirror the CPU
+// backend's (engine/backends/cpu/dit_ops.cpp), so both reject the same inputs with the same
+// words, except that the CUDA attention cannot look at the key mask's values (see dit_ops.h).
+#include "engine/backends/cuda/dit_ops.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "engine/backends/cuda/check.h"
+#include "engine/backends/cuda/convert.cuh"
+
+namespace latent::cuda {
+namespace {
+
+// A row-major tensor: contiguous, or a 4-D NHWC one whose layout agrees with row-major (one
+// channel or one pixel).
+bool row_major(const Tensor& t) {
+  if (t.layout() == Layout::kContiguous) return true;
+  return t.rank() == 4 && (t.dim(1) == 1 || t.dim(2) * t.dim(3) == 1);
+}
+
+// A tensor of this device in `dtype`, row-major, with all its bytes in its storage, of rank
+// `rank` (-1: any, >= 1) with no empty dim. `form` names the expected shape in messages.
+Status check(const DitEnv& env, const char* what, const Tensor& t, DType dtype, int rank,
+             const char* form) {
+  if (!t.defined()) return Status::errorf(what, " is undefined");
+  if (t.device() != env.device)
+    return Status::errorf(what, " ", t.describe(), " is not on ", env.name,
+                          t.device().is_cpu() ? " (upload() it first)" : "");
+  if (t.dtype() != dtype)
+    return Status::errorf(what, " ", t.describe(), " is not in ", dtype_name(dtype));
+  if (!row_major(t))
+    return Status::errorf(what, " ", t.describe(),
+                          " is in the NHWC layout; DiT ops take row-major tensors");
+  if (t.byte_offset() + t.nbytes() > t.storage()->bytes())
+    return Status::errorf(what, " ", t.describe(), " needs ", t.nbytes(), " bytes at offset ",
+                          t.byte_offset(), " but its storage holds ", t.storage()->bytes());
+  if (t.rank() == 0 || (rank >= 0 && t.rank() != rank))
+    return Status::errorf(what, " must be ", form, ", got ", shape_str(t.shape()));
+  for (int64_t d : t.shape())
+    if (d <= 0) return Status::errorf(what, " ", shape_str(t.shape()), " has an empty dimension");
+  return ok_status();
+}
+
+Status check_vector(const DitEnv& env, const char* what, const Tensor& t, int64_t n,
+                    const Tensor& x) {
+  if (!t.defined()) return ok_status();
+  LATENT_TRY(check(env, what, t, env.dtype, -1, "a vector"));
+  if (t.numel() != n)
+    return Status::errorf(what, " ", shape_str(t.shape()), " should have ", n,
+                          " elements for input ", shape_str(x.shape()));
+  return ok_status();
+}
+
+Status check_groups(const std::vector<int64_t>& starts, int64_t tokens, DitGroups* groups) {
+  if (starts.empty() || starts[0] != 0) return Status::error("token groups must start at token 0");
+  for (size_t g = 1; g < starts.size(); ++g)
+    if (starts[g] <= starts[g - 1] || starts[g] >= tokens)
+      return Status::errorf("token group starts must increase and stay below the ", tokens,
+                            " tokens (group ", g, " starts at ", starts[g], ")");
+  if (starts.size() > static_cast<size_t>(kMaxDitGroups))
+    return Status::errorf(starts.size(), " token groups; the CUDA kernels take at most ",
+                          kMaxDitGroups);
+  groups->count = static_cast<int>(starts.size());
+  for (size_t g = 0; g < starts.size(); ++g) groups->starts[g] = starts[g];
+  return ok_status();
+}
+
+// A conditioning tensor for G groups of a [B, T, D] input: G * B rows of D.
+Status check_conditioning(const DitEnv& env, const char* what, const Tensor& c, const Tensor& x,
+                          size_t groups) {
+  LATENT_TRY(check(env, what, c, env.dtype, -1, "[G, B, D] or [G * B, D]"));
+  const int64_t want = static_cast<int64_t>(groups) * x.dim(0) * x.dim(2);
+  if (c.dim(-1) != x.dim(2) || c.numel() != want)
+    return Status::errorf(what, " ", shape_str(c.shape()), " should hold ", groups, " group(s) x ",
+                          x.dim(0), " batch rows x ", x.dim(2), " features for input ",
+                          shape_str(x.shape()));
+  return ok_status();
+}
+
+Status check_eps(float eps) {
+  if (!(eps >= 0.f) || !std::isfinite(eps)) return Status::errorf("invalid eps ", eps);
+  return ok_status();
+}
+
+Status check_act(DitActivation act) {
+  if (static_cast<int>(act) > static_cast<int>(DitActivation::kGELUTanh))
+    return Status::errorf("unknown activation ", static_cast<int>(act));
+  return ok_status();
+}
+
+Status resolve_dim(int* dim, const Tensor& x) {
+  const int d = *dim < 0 ? *dim + x.rank() : *dim;
+  if (d < 0 || d >= x.rank())
+    return Status::errorf("dim ", *dim, " is out of range for ", shape_str(x.shape()));
+  *dim = d;
+  return ok_status();
+}
+
+Result<Tensor> empty(DitEnv& env, const Shape& shape, DType dtype) {
+  return env.ctx->empty(shape, dtype, Layout::kContiguous);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
+
+const void* data_or_null(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
+
+}  // namespace
+
+Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host) {
+  if (!host.defined()) return Status::error("tensor is undefined");
+  if (!host.device().is_cpu() || host.layout() != Layout::kContiguous)
+    return Status::errorf(host.describe(), " is not a contiguous host tensor");
+  if (host.byte_offset() + host.nbytes() > host.storage()->bytes())
+    return Status::errorf(host.describe(), " needs ", host.nbytes(), " bytes at offset ",
+                          host.byte_offset(), " but its storage holds ", host.storage()->bytes());
+  for (int64_t d : host.shape())
+    if (d < 0) return Status::errorf(host.describe(), " has a negative dimension");
+  LATENT_ASSIGN_OR_RETURN(Tensor out, empty(env, host.shape(), DType::kF32));
+  if (host.numel() == 0) return out;
+  cudaStream_t stream = env.ctx->stream();
+  if (host.dtype() == DType::kF32) {
+    LATENT_CUDA_CHECK(
+        cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream));
+    return out;
+  }
+  TempBuffer staging;
+  LATENT_TRY(staging.allocate(*env.ctx, host.nbytes()));
+  LATENT_CUDA_CHECK(
+      cudaMemcpyAsync(staging.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream));
+  LATENT_TRY(launch_convert(staging.get(), host.dtype(), out.data(), DType::kF32, host.numel(),
+                            env.launch));
+  return out;
+}
+
+Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
+                          DitActivation act) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., K]"));
+  LATENT_TRY(check(env, "weight w", w, env.dtype, 2, "[N, K]"));
+  if (w.dim(1) != x.dim(-1))
+    return Status::errorf("weight w ", shape_str(w.shape()), " expects ", w.dim(1),
+                          " input features but x is ", shape_str(x.shape()));
+  LATENT_TRY(check_vector(env, "bias", bias, w.dim(0), w));
+  LATENT_TRY(check_act(act));
+  const int64_t m = rows_of(x), n = w.dim(0), k = w.dim(1);
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (m > big || n > big || k > big)
+    return Status::errorf("x ", shape_str(x.shape()), " . w^T ", shape_str(w.shape()),
+                          " is too large for cuBLASLt");
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
+  // Bias and tanh-GELU go into cuBLASLt's epilogue; SiLU (no such epilogue) and a bias that is
+  // not 16-byte aligned (a view at an odd offset) take one more pass over y, after which the
+  // GELU has to wait too.
+  const bool fuse_bias = bias.defined() && aligned16(bias.data());
+  const bool fuse_gelu = act == DitActivation::kGELUTanh && (!bias.defined() || fuse_bias);
+  LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), fuse_bias ? bias.data() : nullptr,
+                             y.data(), m, n, k, env.dtype, fuse_gelu));
+  const bool bias_left = bias.defined() && !fuse_bias;
+  const bool act_left =
+      act == DitActivation::kSiLU || (act == DitActivation::kGELUTanh && !fuse_gelu);
+  if (bias_left || act_left)
+    LATENT_TRY(launch_dit_bias_act(y.data(), bias_left ? bias.data() : nullptr, y.data(), y.numel(),
+                                   n, act_left ? act : DitActivation::kNone, env.dtype,
+                                   env.launch));
+  return y;
+}
+
+Result<Tensor> dit_layer_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float eps) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., D]"));
+  LATENT_TRY(check_vector(env, "gamma", gamma, x.dim(-1), x));
+  LATENT_TRY(check_vector(env, "beta", beta, x.dim(-1), x));
+  LATENT_TRY(check_eps(eps));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, x.shape(), env.dtype));
+  LATENT_TRY(launch_dit_norm(x.data(), y.data(), rows_of(x), x.dim(-1), DitNorm::kLayer, eps,
+                             data_or_null(gamma), data_or_null(beta), nullptr, nullptr, DitGroups(),
+                             env.dtype, env.launch));
+  return y;
+}
+
+Result<Tensor> dit_rms_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, float eps) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., D]"));
+  LATENT_TRY(check_vector(env, "gamma", gamma, x.dim(-1), x));
+  LATENT_TRY(check_eps(eps));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, x.shape(), env.dtype));
+  LATENT_TRY(launch_dit_norm(x.data(), y.data(), rows_of(x), x.dim(-1), DitNorm::kRms, eps,
+                             data_or_null(gamma), nullptr, nullptr, nullptr, DitGroups(), env.dtype,
+                             env.launch));
+  return y;
+}
+
+Result<Tensor> dit_modulate(DitEnv& env, const Tensor& x, const Tensor& shift, const Tensor& scale,
+                            const std::vector<int64_t>& group_starts, bool normalize, float eps) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, 3, "[B, T, D]"));
+  DitGroups groups;
+  LATENT_TRY(check_groups(group_starts, x.dim(1), &groups));
+  LATENT_TRY(check_conditioning(env, "shift", shift, x, group_starts.size()));
+  LATENT_TRY(check_conditioning(env, "scale", scale, x, group_starts.size()));
+  if (normalize) LATENT_TRY(check_eps(eps));
+  groups.batch = x.dim(0);
+  groups.tokens = x.dim(1);
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, x.shape(), env.dtype));
+  LATENT_TRY(launch_dit_norm(x.data(), y.data(), rows_of(x), x.dim(2),
+                             normalize ? DitNorm::kLayer : DitNorm::kNone, eps, nullptr, nullptr,
+                             shift.data(), scale.data(), groups, env.dtype, env.launch));
+  return y;
+}
+
+Result<Tensor> dit_gated_add(DitEnv& env, const Tensor& residual, const Tensor& x,
+                             const Tensor& gate, const std::vector<int64_t>& group_starts) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, 3, "[B, T, D]"));
+  LATENT_TRY(check(env, "residual", residual, env.dtype, 3, "[B, T, D]"));
+  if (residual.shape() != x.shape())
+    return Status::errorf("residual ", shape_str(residual.shape()), " and x ", shape_str(x.shape()),
+                          " differ");
+  DitGroups groups;
+  LATENT_TRY(check_groups(group_starts, x.dim(1), &groups));
+  LATENT_TRY(check_conditioning(env, "gate", gate, x, group_starts.size()));
+  groups.batch = x.dim(0);
+  groups.tokens = x.dim(1);
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, x.shape(), env.dtype));
+  LATENT_TRY(launch_dit_gated_add(residual.data(), x.data(), gate.data(), y.data(), x.dim(2),
+                                  groups, env.dtype, env.launch));
+  return y;
+}
+
+Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int heads) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, 3, "[B, T, heads * d]"));
+  if (heads < 1 || x.dim(2) % heads != 0 || (x.dim(2) / heads) % 2 != 0)
+    return Status::errorf(x.dim(2), " features of x ", shape_str(x.shape()), " do not split into ",
+                          heads, " heads of an even size");
+  LATENT_TRY(check(env, "freqs", freqs, DType::kF32, 3, "[T, d/2, 2] fp32 (upload_fp32)"));
+  const int64_t d = x.dim(2) / heads;
+  if (freqs.dim(0) != x.dim(1) || freqs.dim(1) != d / 2 || freqs.dim(2) != 2)
+    return Status::errorf("freqs ", shape_str(freqs.shape()), " should be [", x.dim(1), ", ", d / 2,
+                          ", 2] for x ", shape_str(x.shape()), " with ", heads, " heads");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, x.shape(), env.dtype));
+  LATENT_TRY(launch_dit_rope(x.data(), freqs.data_as<float>(), y.data(), x.dim(0) * x.dim(1),
+                             x.dim(1), heads, d, env.dtype, env.launch));
+  return y;
+}
+
+Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
+                             int heads, const Tensor& key_mask) {
+  LATENT_TRY(check(env, "q", q, env.dtype, 3, "[B, T, heads * d]"));
+  LATENT_TRY(check(env, "k", k, env.dtype, 3, "[B, S, heads * d]"));
+  LATENT_TRY(check(env, "v", v, env.dtype, 3, "[B, S, heads * d]"));
+  if (k.shape() != v.shape() || k.dim(0) != q.dim(0) || k.dim(2) != q.dim(2))
+    return Status::errorf("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " and v ",
+                          shape_str(v.shape()), " do not fit together");
+  if (heads < 1 || q.dim(2) % heads != 0)
+    return Status::errorf(q.dim(2), " features of q ", shape_str(q.shape()),
+                          " cannot be split into ", heads, " heads");
+  if (key_mask.defined()) {
+    LATENT_TRY(check(env, "key_mask", key_mask, env.dtype, 2, "[B, S]"));
+    if (key_mask.dim(0) != k.dim(0) || key_mask.dim(1) != k.dim(1))
+      return Status::errorf("key_mask ", shape_str(key_mask.shape()), " should be [", k.dim(0),
+                            ", ", k.dim(1), "] for k ", shape_str(k.shape()));
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, q.shape(), env.dtype));
+  LATENT_TRY(launch_dit_attention(q.data(), k.data(), v.data(), data_or_null(key_mask), y.data(),
+                                  q.dim(0), q.dim(1), k.dim(1), heads, q.dim(2) / heads, env.dtype,
+                                  env.launch));
+  return y;
+}
+
+Result<Tensor> dit_activation(DitEnv& env, const Tensor& x, DitActivation act) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "a tensor"));
+  LATENT_TRY(check_act(act));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, x.shape(), env.dtype));
+  LATENT_TRY(launch_dit_bias_act(x.data(), nullptr, y.data(), x.numel(), x.dim(-1), act, env.dtype,
+                                 env.launch));
+  return y;
+}
+
+Result<Tensor> dit_scaled_add(DitEnv& env, const Tensor& a, const Tensor& b, float alpha,
+                              float beta) {
+  LATENT_TRY(check(env, "a", a, env.dtype, -1, "a tensor"));
+  LATENT_TRY(check(env, "b", b, env.dtype, -1, "a tensor"));
+  if (a.shape() != b.shape())
+    return Status::errorf("shapes differ: ", shape_str(a.shape()), " and ", shape_str(b.shape()));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, a.shape(), env.dtype));
+  LATENT_TRY(launch_dit_scaled_add(a.data(), b.data(), y.data(), a.numel(), alpha, beta, env.dtype,
+                                   env.launch));
+  return y;
+}
+
+Result<Tensor> dit_cfg_combine(DitEnv& env, const Tensor& cond, const Tensor& uncond, float scale) {
+  LATENT_TRY(check(env, "cond", cond, env.dtype, -1, "[..., C]"));
+  LATENT_TRY(check(env, "uncond", uncond, env.dtype, -1, "[..., C]"));
+  if (cond.shape() != uncond.shape())
+    return Status::errorf("cond ", shape_str(cond.shape()), " and uncond ",
+                          shape_str(uncond.shape()), " differ");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, cond.shape(), env.dtype));
+  LATENT_TRY(launch_dit_cfg_combine(cond.data(), uncond.data(), y.data(), rows_of(cond),
+                                    cond.dim(-1), scale, env.dtype, env.launch));
+  return y;
+}
+
+Result<Tensor> dit_concat(DitEnv& env, const std::vector<Tensor>& parts, int dim) {
+  if (parts.empty()) return Status::error("no tensors given");
+  LATENT_TRY(check(env, "part 0", parts[0], env.dtype, -1, "a tensor"));
+  LATENT_TRY(resolve_dim(&dim, parts[0]));
+  const Tensor& first = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string what = str_cat("part ", i);
+    LATENT_TRY(
+        check(env, what.c_str(), parts[i], env.dtype, first.rank(), "of the first part's rank"));
+    for (int d = 0; d < first.rank(); ++d)
+      if (d != dim && parts[i].dim(d) != first.dim(d))
+        return Status::errorf("part ", i, " ", shape_str(parts[i].shape()),
+                              " does not match part 0 ", shape_str(first.shape()), " outside dim ",
+                              dim);
+  }
+  const size_t es = dtype_size(env.dtype);
+  int64_t outer = 1, inner = 1, total = 0;
+  for (int i = 0; i < dim; ++i) outer *= first.dim(i);
+  for (int i = dim + 1; i < first.rank(); ++i) inner *= first.dim(i);
+  for (const Tensor& p : parts) total += p.dim(dim);
+  Shape shape = first.shape();
+  shape[dim] = total;
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, shape, env.dtype));
+  // Each part is `outer` rows of its bytes, landing at its column of the output's rows.
+  const size_t out_row = static_cast<size_t>(total * inner) * es;
+  size_t col = 0;
+  for (const Tensor& p : parts) {
+    const size_t bytes = static_cast<size_t>(p.dim(dim) * inner) * es;
+    char* dst = static_cast<char*>(y.data()) + col;
+    if (outer == 1)
+      LATENT_CUDA_CHECK(
+          cudaMemcpyAsync(dst, p.data(), bytes, cudaMemcpyDeviceToDevice, env.ctx->stream()));
+    else
+      LATENT_CUDA_CHECK(cudaMemcpy2DAsync(dst, out_row, p.data(), bytes, bytes,
+                                          static_cast<size_t>(outer), cudaMemcpyDeviceToDevice,
+                                          env.ctx->stream()));
+    col += bytes;
+  }
+  return y;
+}
+
+Result<Tensor> dit_slice(DitEnv& env, const Tensor& x, int dim, int64_t start, int64_t count) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "a tensor"));
+  LATENT_TRY(resolve_dim(&dim, x));
+  if (start < 0 || count < 1 || start > x.dim(dim) - count)
+    return Status::errorf("[", start, ", ", start + count, ") is outside the ", x.dim(dim),
+                          " entries of dim ", dim, " of ", shape_str(x.shape()));
+  const size_t es = dtype_size(env.dtype);
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < dim; ++i) outer *= x.dim(i);
+  for (int i = dim + 1; i < x.rank(); ++i) inner *= x.dim(i);
+  Shape shape = x.shape();
+  shape[dim] = count;
+  const size_t in_row = static_cast<size_t>(x.dim(dim) * inner) * es;
+  const size_t offset = static_cast<size_t>(start * inner) * es;
+  if (outer == 1)  // one contiguous block: a view sharing the storage
+    return Tensor::from_storage(x.storage(), x.byte_offset() + offset, shape, env.dtype);
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, shape, env.dtype));
+  const size_t bytes = static_cast<size_t>(count * inner) * es;
+  LATENT_CUDA_CHECK(cudaMemcpy2DAsync(y.data(), bytes, static_cast<const char*>(x.data()) + offset,
+                                      in_row, bytes, static_cast<size_t>(outer),
+                                      cudaMemcpyDeviceToDevice, env.ctx->stream()));
+  return y;
+}
+
+}  // namespace latent::cuda

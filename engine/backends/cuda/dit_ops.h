@@ -1,0 +1,58 @@
+// The CUDA backend's DiT ops (backend.h, "DiT ops"). cuda_backend.cpp's overrides call the
+// dit_* functions below with the lock held and the device current; they check their inputs
+// and queue kernels (no host synchronisation):
+//   dit_ops.cpp          these checks and the dispatch
+//   dit_kernels.cuh      the launchers of the kernels below
+//   dit_linear.cpp       linear() on cuBLASLt, bias / GELU(tanh) fused as epilogues
+//   dit_norm.cu          layer / RMS norm, modulation and their fusion, one warp a row
+//   dit_rope.cu          rotary embedding
+//   dit_attention.cu     flash attention with a key padding mask
+//   dit_elementwise.cu   gated_add, scaled_add, cfg_combine, activations
+// Token tensors are contiguous row-major [..., D] (4-D ones too: a reshaped [B, T, H, d] is
+// not NHWC); outputs are contiguous. Arithmetic in fp32, storage in the backend's dtype.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/cuda/dit_kernels.cuh"
+#include "engine/backends/cuda/dit_linear.h"
+#include "engine/backends/cuda/launch.h"
+#include "engine/backends/cuda/memory.h"
+
+namespace latent::cuda {
+
+// What a DiT op needs of the backend.
+struct DitEnv {
+  DeviceContext* ctx = nullptr;
+  DType dtype = DType::kBF16;
+  Launch launch;
+  Device device;
+  std::string name;  // "cuda:0", for messages
+  DitLinear* linear = nullptr;
+};
+
+Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host);
+Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
+                          DitActivation act);
+Result<Tensor> dit_layer_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float eps);
+Result<Tensor> dit_rms_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, float eps);
+Result<Tensor> dit_modulate(DitEnv& env, const Tensor& x, const Tensor& shift, const Tensor& scale,
+                            const std::vector<int64_t>& group_starts, bool normalize, float eps);
+Result<Tensor> dit_gated_add(DitEnv& env, const Tensor& residual, const Tensor& x,
+                             const Tensor& gate, const std::vector<int64_t>& group_starts);
+Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int heads);
+Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
+                             int heads, const Tensor& key_mask);
+Result<Tensor> dit_activation(DitEnv& env, const Tensor& x, DitActivation act);
+Result<Tensor> dit_scaled_add(DitEnv& env, const Tensor& a, const Tensor& b, float alpha,
+                              float beta);
+Result<Tensor> dit_cfg_combine(DitEnv& env, const Tensor& cond, const Tensor& uncond, float scale);
+Result<Tensor> dit_concat(DitEnv& env, const std::vector<Tensor>& parts, int dim);
+Result<Tensor> dit_slice(DitEnv& env, const Tensor& x, int dim, int64_t start, int64_t count);
+
+}  // namespace latent::cuda

@@ -1,0 +1,52 @@
+// Frames <-> model tensors on the GPU (the CUDA side of engine/backends/frames.h).
+//
+// The kernels read a frame's raw bytes (packed RGB formats, NV12, I420) and write the NHWC
+// model tensor in the compute dtype, applying the size policy on the way (pad: edge
+// replication; crop: centre window; scale: bilinear with half-pixel centres) exactly as
+// engine/core/pixels.cpp does on the host; the way back writes packed bytes.
+// Plain C++ (included by the .cpp host side and by the .cu kernels alike).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/cuda/launch.h"
+#include "engine/backends/frames.h"
+#include "engine/core/pixels.h"
+
+namespace latent::cuda {
+
+class DeviceContext;
+
+// A frame the kernels read: plane pointers in device memory.
+struct FrameKernelSource {
+  FrameFormat format = FrameFormat::kRGB;
+  int width = 0, height = 0;
+  const uint8_t* planes[3] = {nullptr, nullptr, nullptr};
+  size_t strides[3] = {0, 0, 0};
+  YuvCoefficients yuv{};
+};
+
+// frame -> out [1, model_h, model_w, 3] (NHWC) in `dtype`.
+Status launch_frame_to_nhwc(const FrameKernelSource& src, const FrameGeometry& g, void* out,
+                            DType dtype, const Launch& l);
+// in [1, model_h, model_w, 3] (NHWC) in `dtype` -> packed frame of g.frame_width x
+// g.frame_height at `out` (device memory, `stride` bytes a row).
+Status launch_nhwc_to_frame(const void* in, DType dtype, const FrameGeometry& g, PixelFormat format,
+                            uint8_t* out, size_t stride, const Launch& l);
+
+// The CUDA implementations behind frames.h (frame on the host or on the backend's device).
+Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g);
+Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometry& g,
+                       const FrameDesc& frame);
+
+Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth);
+
+// === defined in cuda_backend.cpp (gpu-elements) ===
+// The device context and launch configuration of a CUDA backend; null for other backends.
+std::shared_ptr<DeviceContext> backend_device_context(Backend& backend);
+Launch backend_launch(Backend& backend);
+
+}  // namespace latent::cuda

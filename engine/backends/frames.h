@@ -1,0 +1,122 @@
+// Video frames <-> model tensors on a backend, GStreamer-free.
+//
+// A FrameDesc points at the planes of one 8-bit frame, in host memory or in the memory of a
+// CUDA device. frame_to_tensor() turns it into the backend tensor a VAE encoder takes
+// ([1, 3, model_height, model_width] in the backend's compute dtype and layout, values in
+// [-1, 1]), fitting its size per a FrameGeometry (engine/core/pixels.h); tensor_to_frame() does
+// the inverse into a packed frame. The CPU backend delegates to engine/core/pixels; the CUDA
+// backend converts with kernels (engine/backends/cuda/pixels.cu), uploading a host frame as its
+// raw bytes, so the conversion work never runs on the host.
+//
+// YUV input (NV12, I420) is converted to RGB bytes first (rounded and clamped as a converter
+// would), with the chroma sample of each 2x2 block (no chroma interpolation), then follows the
+// packed path; CPU and CUDA give the same bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "engine/backends/backend.h"
+#include "engine/core/pixels.h"
+
+namespace latent {
+
+// Packed formats are PixelFormat's values; NV12 and I420 follow them.
+enum class FrameFormat : uint8_t {
+  kRGB,
+  kBGR,
+  kRGBA,
+  kBGRA,
+  kRGBx,
+  kBGRx,
+  kxRGB,
+  kxBGR,
+  kARGB,
+  kABGR,
+  kNV12,  // Y plane, then interleaved U/V at half width and height
+  kI420,  // Y plane, U plane, V plane (U and V at half width and height)
+};
+constexpr FrameFormat frame_format(PixelFormat f) { return static_cast<FrameFormat>(f); }
+inline bool frame_format_is_packed(FrameFormat f) { return f < FrameFormat::kNV12; }
+inline PixelFormat frame_pixel_format(FrameFormat f) { return static_cast<PixelFormat>(f); }
+int frame_format_planes(FrameFormat f);        // 1, 2 or 3
+const char* frame_format_name(FrameFormat f);  // "RGBx", "NV12", ...
+
+// The YUV -> RGB matrix and range of NV12/I420 frames.
+enum class YuvMatrix : uint8_t { kBT601, kBT709, kBT2020 };
+struct YuvColor {
+  YuvMatrix matrix = YuvMatrix::kBT601;
+  bool full_range = false;  // false: Y in 16..235, U/V in 16..240
+};
+
+// YUV -> RGB as floats: r = y' + cr_r * v', g = y' - cb_g * u' - cr_g * v', b = y' + cb_b * u'
+// with y' = (Y - y_off) * y_scale and u', v' = (U/V - 128) * c_scale (all in 0..255 units).
+struct YuvCoefficients {
+  float y_off, y_scale, c_scale;
+  float cr_r, cb_g, cr_g, cb_b;
+};
+YuvCoefficients yuv_coefficients(const YuvColor& c);
+
+struct FrameDesc {
+  FrameFormat format = FrameFormat::kRGB;
+  int width = 0, height = 0;
+  // planes[i] with strides[i] bytes a row; unused planes stay null. Host pointers when
+  // `device` is the CPU, device pointers of that CUDA device otherwise.
+  void* planes[3] = {nullptr, nullptr, nullptr};
+  size_t strides[3] = {0, 0, 0};
+  Device device;
+  YuvColor color;  // NV12/I420 only
+};
+
+// Checks a frame's description against a geometry (sizes, strides, planes) and names the fault.
+Status check_frame_desc(const FrameDesc& frame, const FrameGeometry& g);
+
+// frame -> backend tensor [1, 3, g.model_height(), g.model_width()] (compute dtype; NHWC on
+// CUDA). The frame must be on the host or on the backend's device; a host frame may be freed
+// or reused once this returns.
+Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g);
+
+// backend tensor [1, 3, g.model_height(), g.model_width()] -> packed frame (`frame` must be a
+// packed format, on the host or on the backend's device), undoing g.policy. The frame holds the
+// result when this returns.
+Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometry& g,
+                       const FrameDesc& frame);
+
+// Uploads host frames ahead of their conversion on GPU backends: stage() copies a frame into a
+// pinned host slot and queues its upload on a separate copy stream, so the upload overlaps the
+// work queued for earlier frames; convert() makes the model tensor from a staged frame, the
+// compute stream waiting on the upload's event (the host does not wait). depth + 1 slots are
+// reused round-robin and only grow, so frames of a steady size allocate nothing. At most
+// `depth` + 1 frames may be staged and not yet converted; convert() takes them in stage order.
+class FrameStager {
+ public:
+  virtual ~FrameStager() = default;
+  // The host frame may be freed or reused once this returns. Returns the frame's ticket.
+  virtual Result<uint64_t> stage(const FrameDesc& host_frame) = 0;
+  // The staged frame `ticket` -> backend tensor, as frame_to_tensor() would make it.
+  virtual Result<Tensor> convert(uint64_t ticket, const FrameGeometry& g) = 0;
+  virtual int depth() const = 0;
+};
+// A stager for `backend` (which must outlive it), or null (not an error) where staging buys
+// nothing (the CPU).
+Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth);
+
+// Host copies of YUV frames: NV12/I420 -> packed RGB bytes (w * 3 a row), as described above.
+Status yuv_to_rgb_host(const FrameDesc& frame, uint8_t* rgb, size_t rgb_stride);
+
+// ---- transfer counters (tests check that no byte takes a needless trip) ---------------------
+// Every host -> device and device -> host copy the engine makes (backend upload/download and
+// the frame paths above) counts here, process-wide.
+struct TransferCounts {
+  int64_t host_to_device = 0;
+  int64_t device_to_host = 0;
+  int64_t host_to_device_bytes = 0;
+  int64_t device_to_host_bytes = 0;
+};
+TransferCounts transfer_counts();
+void reset_transfer_counts();
+void count_host_to_device(size_t bytes);
+void count_device_to_host(size_t bytes);
+
+}  // namespace latent

@@ -1,0 +1,547 @@
+// Every DiT op of the CUDA backend (backend.h, "DiT ops") against the CPU backend (fp32), at
+// Qwen-Image-sized shapes (3072 features, 24 heads of 128, 4096 image + 512 text tokens) and at
+// small, odd shapes that take the kernels' unvectorised paths, for bf16, fp16 and fp32. Inputs
+// are rounded to the dtype under test before both backends see them.
+//
+// Tolerances (relative L2 over the whole output): bf16 2e-2 (1e-2 for linear and attention),
+// fp16 5e-3, fp32 1e-3, except fp32 linear layers, which run on TF32 tensor cores (10-bit
+// mantissa products): 3e-3. Moves (concat, slice) must be exact.
+// The backends are created with LATENT_CUDA_POISON=1: every new device buffer starts as NaN,
+// so an output element an op leaves unwritten fails the test.
+//
+// Without a GPU (or in a build without CUDA) the binary exits with 77 (skipped).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/registry.h"
+#include "tests/util/test_util.h"
+#ifdef LATENT_HAVE_CUDA
+#include "engine/backends/cuda/cuda_backend.h"
+#endif
+
+namespace {
+
+// Runs before gtest's main: no GPU, no test.
+const bool kGpuPresent = [] {
+  if (latent::cuda_device_count() == 0) {
+    std::fprintf(stderr, "test_cuda_dit_ops: no CUDA device, skipping (exit 77)\n");
+    std::exit(77);
+  }
+  return true;
+}();
+
+}  // namespace
+
+#ifdef LATENT_HAVE_CUDA
+
+namespace latent {
+namespace {
+
+using test::random_tensor;
+
+std::shared_ptr<Backend> cuda_backend(DType dtype) {
+  static std::map<DType, std::shared_ptr<Backend>> cache;
+  auto it = cache.find(dtype);
+  if (it != cache.end()) return it->second;
+  setenv("LATENT_CUDA_POISON", "1", 1);
+  Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype);
+  if (!r.ok()) {
+    ADD_FAILURE() << "create_cuda_backend(0, " << dtype_name(dtype)
+                  << "): " << r.status().message();
+    return nullptr;
+  }
+  cache[dtype] = r.value();
+  return r.value();
+}
+
+std::shared_ptr<Backend> cpu_reference() {
+  BackendOptions o;
+  o.device = "cpu";
+  o.dtype = "fp32";
+  Result<std::shared_ptr<Backend>> r = get_backend(o);
+  if (!r.ok()) {
+    ADD_FAILURE() << "cpu backend: " << r.status().message();
+    return nullptr;
+  }
+  return r.value();
+}
+
+class CudaDitOps : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    gpu_ = cuda_backend(GetParam());
+    cpu_ = cpu_reference();
+    ASSERT_TRUE(gpu_ && cpu_);
+  }
+
+  DType dtype() const { return GetParam(); }
+  // Elementwise and row ops.
+  double tol() const {
+    switch (dtype()) {
+      case DType::kBF16:
+        return 2e-2;
+      case DType::kF16:
+        return 5e-3;
+      case DType::kF32:
+        break;
+    }
+    return 1e-3;
+  }
+  double linear_tol() const {
+    return dtype() == DType::kBF16 ? 1e-2 : dtype() == DType::kF32 ? 3e-3 : tol();
+  }
+  double attention_tol() const { return dtype() == DType::kBF16 ? 1e-2 : tol(); }
+
+  // Uniform [lo, hi) fp32 host tensor, rounded to the dtype under test.
+  Tensor input(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) const {
+    Tensor t = random_tensor(shape, seed, lo, hi);
+    return dtype() == DType::kF32 ? t : t.to_dtype(dtype()).to_dtype(DType::kF32);
+  }
+
+  Tensor on_gpu(const Tensor& host) {
+    if (!host.defined()) return Tensor();
+    Result<Tensor> r = gpu_->upload(host);
+    EXPECT_TRUE(r.ok()) << "upload " << host.describe() << ": " << r.status().message();
+    return r.ok() ? r.value() : Tensor();
+  }
+  Tensor on_cpu(const Tensor& host) {
+    if (!host.defined()) return Tensor();
+    Result<Tensor> r = cpu_->upload(host);
+    EXPECT_TRUE(r.ok()) << "cpu upload " << host.describe() << ": " << r.status().message();
+    return r.ok() ? r.value() : Tensor();
+  }
+  // A host tensor viewed in another shape (uploaded 3-D, then reshaped on the device: upload()
+  // would put a 4-D tensor in NHWC).
+  static Tensor reshaped(const Tensor& t, const Shape& shape) {
+    Result<Tensor> r = t.reshape(shape);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? r.value() : Tensor();
+  }
+
+  // Downloads both results and compares: same shape, every element finite, relative L2 < tol.
+  ::testing::AssertionResult close(const std::string& what, const Result<Tensor>& got,
+                                   const Result<Tensor>& want, double tolerance) {
+    if (!got.ok())
+      return ::testing::AssertionFailure() << what << ": cuda: " << got.status().message();
+    if (!want.ok())
+      return ::testing::AssertionFailure() << what << ": cpu: " << want.status().message();
+    if (got.value().layout() != Layout::kContiguous)
+      return ::testing::AssertionFailure() << what << ": not row-major: " << got.value().describe();
+    Result<Tensor> g = gpu_->download(got.value());
+    if (!g.ok())
+      return ::testing::AssertionFailure() << what << ": download: " << g.status().message();
+    Result<Tensor> w = cpu_->download(want.value());
+    if (!w.ok())
+      return ::testing::AssertionFailure() << what << ": cpu download: " << w.status().message();
+    if (g.value().shape() != w.value().shape())
+      return ::testing::AssertionFailure() << what << ": shape " << shape_str(g.value().shape())
+                                           << " != reference " << shape_str(w.value().shape());
+    const float* p = g.value().data_as<float>();
+    int64_t bad = 0, first_bad = -1;
+    for (int64_t i = 0; i < g.value().numel(); ++i)
+      if (!std::isfinite(p[i])) {
+        if (first_bad < 0) first_bad = i;
+        ++bad;
+      }
+    if (bad)
+      return ::testing::AssertionFailure()
+             << what << ": " << bad << " of " << g.value().numel()
+             << " outputs are not finite (unwritten?), first at " << first_bad;
+    const double err = relative_l2(g.value(), w.value());
+    std::printf("  %-66s %-5s rel L2 %.3e (tol %.0e)\n", what.c_str(), dtype_name(dtype()), err,
+                tolerance);
+    if (!(err <= tolerance))
+      return ::testing::AssertionFailure()
+             << what << ": relative L2 error " << err << " > " << tolerance;
+    return ::testing::AssertionSuccess();
+  }
+
+  void check_linear(const std::string& what, const Shape& xs, int64_t n, bool bias,
+                    DitActivation act, uint64_t seed) {
+    const int64_t k = xs.back();
+    const float ws = 1.f / std::sqrt(static_cast<float>(k));
+    Tensor x = input(xs, seed), w = input({n, k}, seed + 1, -ws, ws);
+    Tensor b = bias ? input({n}, seed + 2) : Tensor();
+    EXPECT_TRUE(close(what, gpu_->linear(on_gpu(x), on_gpu(w), on_gpu(b), act),
+                      cpu_->linear(on_cpu(x), on_cpu(w), on_cpu(b), act), linear_tol()));
+  }
+
+  // q: [b, t, heads * d]; k, v: [b, s, heads * d]; keep: b * s flags or empty (no mask).
+  void check_attention(const std::string& what, int64_t b, int64_t t, int64_t s, int heads,
+                       int64_t d, const std::vector<float>& keep, uint64_t seed) {
+    Tensor q = input({b, t, heads * d}, seed, -2.f, 2.f);
+    Tensor k = input({b, s, heads * d}, seed + 1, -2.f, 2.f);
+    Tensor v = input({b, s, heads * d}, seed + 2);
+    Tensor m = keep.empty() ? Tensor() : Tensor::from_floats({b, s}, keep);
+    EXPECT_TRUE(close(what, gpu_->attention(on_gpu(q), on_gpu(k), on_gpu(v), heads, on_gpu(m)),
+                      cpu_->attention(on_cpu(q), on_cpu(k), on_cpu(v), heads, on_cpu(m)),
+                      attention_tol()));
+  }
+
+  std::shared_ptr<Backend> gpu_, cpu_;
+};
+
+const char* act_name(DitActivation act) {
+  switch (act) {
+    case DitActivation::kNone:
+      return "none";
+    case DitActivation::kSiLU:
+      return "silu";
+    case DitActivation::kGELUTanh:
+      return "gelu_tanh";
+  }
+  return "?";
+}
+
+TEST_P(CudaDitOps, SupportsEveryOp) {
+  for (int op = 0; op <= static_cast<int>(DitOp::kSlice); ++op) {
+    EXPECT_TRUE(gpu_->supports_dit(static_cast<DitOp>(op), dtype()))
+        << dit_op_name(static_cast<DitOp>(op));
+    if (static_cast<DitOp>(op) != DitOp::kUploadFp32) {
+      EXPECT_FALSE(gpu_->supports_dit(static_cast<DitOp>(op),
+                                      dtype() == DType::kF32 ? DType::kBF16 : DType::kF32));
+    }
+  }
+}
+
+TEST_P(CudaDitOps, UploadFp32KeepsFullPrecision) {
+  Tensor host = random_tensor({37, 5, 2}, 10, -3.f, 3.f);  // not representable in bf16
+  for (DType src : {DType::kF32, DType::kBF16}) {
+    Tensor h = host.to_dtype(src);
+    Result<Tensor> dev = gpu_->upload_fp32(h);
+    ASSERT_TRUE(dev.ok()) << dev.status().message();
+    EXPECT_EQ(dev.value().dtype(), DType::kF32);
+    EXPECT_EQ(dev.value().layout(), Layout::kContiguous);
+    Result<Tensor> back = gpu_->download(dev.value());
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_EQ(relative_l2(back.value(), h.to_dtype(DType::kF32)), 0.0) << dtype_name(src);
+  }
+}
+
+TEST_P(CudaDitOps, LinearDitSized) {
+  // Qwen-Image: 2 x 4096 image tokens, 3072 features; attention projections and the MLP.
+  check_linear("linear [8192, 3072] -> 3072 +bias", {8192, 3072}, 3072, true, DitActivation::kNone,
+               100);
+  check_linear("linear [2, 4096, 3072] -> 12288 +bias, gelu_tanh (fused)", {2, 4096, 3072}, 12288,
+               true, DitActivation::kGELUTanh, 110);
+  check_linear("linear [1, 512, 3584] -> 3072 +bias (text in)", {1, 512, 3584}, 3072, true,
+               DitActivation::kNone, 120);
+  check_linear("linear [2, 3072] -> 18432 +bias, silu (AdaLN-sized)", {2, 3072}, 18432, true,
+               DitActivation::kSiLU, 130);
+}
+
+TEST_P(CudaDitOps, LinearSmallEveryEpilogue) {
+  uint64_t seed = 200;
+  for (DitActivation act : {DitActivation::kNone, DitActivation::kSiLU, DitActivation::kGELUTanh}) {
+    for (bool bias : {false, true}) {
+      check_linear(str_cat("linear [2, 7, 40] -> 24", bias ? " +bias" : "", ", ", act_name(act)),
+                   {2, 7, 40}, 24, bias, act, seed);
+      check_linear(str_cat("linear [3, 5] -> 6", bias ? " +bias" : "", ", ", act_name(act)), {3, 5},
+                   6, bias, act, seed + 10);
+      seed += 20;
+    }
+  }
+  // The same shape again reuses its cached plan.
+  check_linear("linear [2, 7, 40] -> 24 +bias, gelu_tanh (cached plan)", {2, 7, 40}, 24, true,
+               DitActivation::kGELUTanh, 300);
+}
+
+TEST_P(CudaDitOps, LinearGeluEpilogueIsTheTanhForm) {
+  // cuBLASLt's GELU epilogue must be PyTorch's approximate="tanh" GELU, not the erf form. With
+  // y = x exactly (x on a grid TF32 holds, times one-hot weights), the fused output must lie
+  // closer to the tanh form than to the erf form (they differ by up to ~1e-3 near |x| = 2).
+  if (dtype() != DType::kF32) GTEST_SKIP() << "bf16/fp16 output rounding hides the difference";
+  const int64_t m = 512, k = 8, n = 8;
+  std::vector<float> xs(m * k, 0.f), ws(n * k, 0.f);
+  for (int64_t i = 0; i < m; ++i) xs[i * k] = -4.f + static_cast<float>(i) / 64.f;
+  for (int64_t j = 0; j < n; ++j) ws[j * k] = 1.f;
+  Result<Tensor> y =
+      gpu_->linear(on_gpu(Tensor::from_floats({m, k}, xs)), on_gpu(Tensor::from_floats({n, k}, ws)),
+                   Tensor(), DitActivation::kGELUTanh);
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  Result<Tensor> host = gpu_->download(y.value());
+  ASSERT_TRUE(host.ok()) << host.status().message();
+  double to_tanh = 0, to_erf = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const double v = xs[i * k];
+    const double t = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    const double e = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    for (int64_t j = 0; j < n; ++j) {
+      const double g = host.value().data_as<float>()[i * n + j];
+      to_tanh += (g - t) * (g - t);
+      to_erf += (g - e) * (g - e);
+    }
+  }
+  std::printf("  GELU epilogue: L2 distance to tanh form %.3e, to erf form %.3e\n",
+              std::sqrt(to_tanh), std::sqrt(to_erf));
+  EXPECT_LT(to_tanh, to_erf);
+}
+
+TEST_P(CudaDitOps, LinearUnalignedOperands) {
+  // A bias (and an input) that are views at an odd element offset: the bias leaves the cuBLASLt
+  // epilogue for a separate pass, the input gets an algorithm for its alignment.
+  const int64_t n = 48, k = 64;
+  Tensor x = input({1, 9, k}, 400), w = input({n, k}, 401, -0.125f, 0.125f);
+  Tensor b = input({n + 1}, 402);
+  for (DitActivation act : {DitActivation::kNone, DitActivation::kSiLU, DitActivation::kGELUTanh}) {
+    Result<Tensor> gb = gpu_->slice(on_gpu(b), 0, 1, n);  // one element in: a view
+    Result<Tensor> cb = cpu_->slice(on_cpu(b), 0, 1, n);
+    Result<Tensor> gx = gpu_->slice(on_gpu(x), 1, 1, 8);  // one token in: a view
+    Result<Tensor> cx = cpu_->slice(on_cpu(x), 1, 1, 8);
+    ASSERT_TRUE(gb.ok() && cb.ok() && gx.ok() && cx.ok());
+    EXPECT_TRUE(close(str_cat("linear, unaligned bias and input, ", act_name(act)),
+                      gpu_->linear(gx.value(), on_gpu(w), gb.value(), act),
+                      cpu_->linear(cx.value(), on_cpu(w), cb.value(), act), linear_tol()));
+  }
+}
+
+TEST_P(CudaDitOps, LayerNorm) {
+  struct Case {
+    Shape shape;
+    bool gamma, beta;
+    float offset;
+  };
+  const Case cases[] = {
+      {{2, 1024, 3072}, true, true, 0.f},
+      {{1, 4096, 3072}, false, false, 0.f},
+      {{1, 300, 3072}, true, false, 8.f},  // mean far from 0: two-pass statistics hold
+      {{3, 7, 37}, false, true, 0.f},      // rows not a whole number of packs
+  };
+  uint64_t seed = 500;
+  for (const Case& c : cases) {
+    const int64_t d = c.shape.back();
+    Tensor x = input(c.shape, seed++, -1.f + c.offset, 1.f + c.offset);
+    Tensor g = c.gamma ? input({d}, seed++, 0.5f, 1.5f) : Tensor();
+    Tensor b = c.beta ? input({d}, seed++) : Tensor();
+    EXPECT_TRUE(close(str_cat("layer_norm ", shape_str(c.shape), c.gamma ? " gamma" : "",
+                              c.beta ? " beta" : "", c.offset != 0.f ? " offset 8" : ""),
+                      gpu_->layer_norm(on_gpu(x), on_gpu(g), on_gpu(b), 1e-6f),
+                      cpu_->layer_norm(on_cpu(x), on_cpu(g), on_cpu(b), 1e-6f), tol()));
+  }
+}
+
+TEST_P(CudaDitOps, RmsNorm) {
+  // Per-head QK norm: [B, T, H * d] viewed as [B, T, H, d] (a contiguous 4-D tensor).
+  Tensor x = input({1, 4608, 3072}, 600, -2.f, 2.f);
+  Tensor g = input({128}, 601, 0.5f, 1.5f);
+  EXPECT_TRUE(close("rms_norm [1, 4608, 24, 128] per head, gamma",
+                    gpu_->rms_norm(reshaped(on_gpu(x), {1, 4608, 24, 128}), on_gpu(g), 1e-6f),
+                    cpu_->rms_norm(reshaped(on_cpu(x), {1, 4608, 24, 128}), on_cpu(g), 1e-6f),
+                    tol()));
+  Tensor y = input({2, 64, 3072}, 602);
+  EXPECT_TRUE(close("rms_norm [2, 64, 3072] no gamma", gpu_->rms_norm(on_gpu(y), Tensor(), 1e-6f),
+                    cpu_->rms_norm(on_cpu(y), Tensor(), 1e-6f), tol()));
+  Tensor z = input({5, 30}, 603);
+  Tensor gz = input({30}, 604);
+  EXPECT_TRUE(close("rms_norm [5, 30] gamma", gpu_->rms_norm(on_gpu(z), on_gpu(gz), 1e-5f),
+                    cpu_->rms_norm(on_cpu(z), on_cpu(gz), 1e-5f), tol()));
+}
+
+TEST_P(CudaDitOps, ModulateAndGatedAdd) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> starts;
+  };
+  const Case cases[] = {
+      {{2, 1024, 3072}, {0}},
+      {{1, 4096, 3072}, {0, 3000}},  // zero_cond_t: target tokens, then reference tokens
+      {{2, 9, 20}, {0, 4}},          // rows not a whole number of packs
+      {{3, 6, 8}, {0, 1, 2}},
+  };
+  uint64_t seed = 700;
+  for (const Case& c : cases) {
+    const int64_t groups = static_cast<int64_t>(c.starts.size());
+    const Shape cond = {groups, c.shape[0], c.shape[2]};
+    Tensor x = input(c.shape, seed++, -2.f, 2.f), r = input(c.shape, seed++);
+    Tensor shift = input(cond, seed++), scale = input(cond, seed++, -0.5f, 0.5f);
+    Tensor gate = input(cond, seed++);
+    const std::string s = str_cat(shape_str(c.shape), " G=", groups);
+    EXPECT_TRUE(close("modulate " + s,
+                      gpu_->modulate(on_gpu(x), on_gpu(shift), on_gpu(scale), c.starts),
+                      cpu_->modulate(on_cpu(x), on_cpu(shift), on_cpu(scale), c.starts), tol()));
+    EXPECT_TRUE(
+        close("layer_norm_modulate " + s,
+              gpu_->layer_norm_modulate(on_gpu(x), on_gpu(shift), on_gpu(scale), c.starts, 1e-6f),
+              cpu_->layer_norm_modulate(on_cpu(x), on_cpu(shift), on_cpu(scale), c.starts, 1e-6f),
+              tol()));
+    EXPECT_TRUE(close("gated_add " + s,
+                      gpu_->gated_add(on_gpu(r), on_gpu(x), on_gpu(gate), c.starts),
+                      cpu_->gated_add(on_cpu(r), on_cpu(x), on_cpu(gate), c.starts), tol()));
+  }
+}
+
+TEST_P(CudaDitOps, Rope) {
+  struct Case {
+    Shape shape;
+    int heads;
+  };
+  const Case cases[] = {{{1, 4608, 3072}, 24}, {{2, 300, 256}, 2}, {{2, 5, 18}, 3}};
+  uint64_t seed = 800;
+  for (const Case& c : cases) {
+    const int64_t t = c.shape[1], half = c.shape[2] / c.heads / 2;
+    Tensor angles = random_tensor({t, half}, seed++, -3.14159f, 3.14159f);
+    std::vector<float> table(static_cast<size_t>(t * half * 2));
+    for (int64_t i = 0; i < t * half; ++i) {
+      table[2 * i] = std::cos(angles.data_as<float>()[i]);
+      table[2 * i + 1] = std::sin(angles.data_as<float>()[i]);
+    }
+    Tensor freqs = Tensor::from_floats({t, half, 2}, table);
+    Result<Tensor> gf = gpu_->upload_fp32(freqs), cf = cpu_->upload_fp32(freqs);
+    ASSERT_TRUE(gf.ok() && cf.ok());
+    Tensor x = input(c.shape, seed++, -2.f, 2.f);
+    EXPECT_TRUE(close(str_cat("rope ", shape_str(c.shape), " ", c.heads, " heads"),
+                      gpu_->rope(on_gpu(x), gf.value(), c.heads),
+                      cpu_->rope(on_cpu(x), cf.value(), c.heads), tol()));
+  }
+}
+
+TEST_P(CudaDitOps, AttentionDitSized) {
+  // Joint attention of Qwen-Image: 512 text tokens (the last 212 padding) then 4096 image
+  // tokens, 24 heads of 128; the padding sits in the middle of the key sequence.
+  const int64_t text = 512, image = 4096, s = text + image;
+  std::vector<float> keep(static_cast<size_t>(s), 1.f);
+  for (int64_t j = 300; j < text; ++j) keep[j] = 0.f;
+  check_attention("attention [1, 4608, 24 x 128], 212 padding keys", 1, s, s, 24, 128, keep, 900);
+}
+
+TEST_P(CudaDitOps, AttentionSmall) {
+  // Cross lengths, masks that empty whole key tiles (including the first), every kernel path:
+  // tensor cores for d = 64 / 128 in bf16/fp16, CUDA cores for the rest and for fp32.
+  std::vector<float> keep(2 * 130, 1.f);
+  for (int64_t j = 0; j < 70; ++j) keep[130 + j] = 0.f;  // row 1: keys 0..69 masked
+  for (int64_t j = 100; j < 130; ++j) keep[j] = 0.f;     // row 0: the tail masked
+  check_attention("attention b2 t77 s130 2 x 64, mask", 2, 77, 130, 2, 64, keep, 1000);
+  check_attention("attention b2 t33 s50 3 x 128, no mask", 2, 33, 50, 3, 128, {}, 1010);
+  check_attention("attention b2 t77 s130 4 x 32, mask", 2, 77, 130, 4, 32, keep, 1020);
+  check_attention("attention b2 t77 s130 1 x 80, mask", 2, 77, 130, 1, 80, keep, 1030);
+  check_attention("attention b1 t1 s1 1 x 128", 1, 1, 1, 1, 128, {}, 1040);
+  check_attention("attention b1 t200 s7 2 x 256", 1, 200, 7, 2, 256, {}, 1050);
+}
+
+TEST_P(CudaDitOps, AttentionFullyMaskedRowIsZero) {
+  // The CPU backend rejects a batch row without keys; the CUDA one cannot see the mask's values
+  // without a host synchronisation and writes zeros for such a row instead of NaN.
+  for (int64_t d : {64, 48}) {
+    const int64_t s = 40;
+    std::vector<float> keep(2 * s, 1.f);
+    for (int64_t j = 0; j < s; ++j) keep[s + j] = 0.f;
+    Tensor q = on_gpu(input({2, 10, 2 * d}, 1100)), kv = on_gpu(input({2, s, 2 * d}, 1101));
+    Result<Tensor> y = gpu_->attention(q, kv, kv, 2, on_gpu(Tensor::from_floats({2, s}, keep)));
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    Result<Tensor> host = gpu_->download(y.value());
+    ASSERT_TRUE(host.ok()) << host.status().message();
+    const float* p = host.value().data_as<float>();
+    const int64_t row = 10 * 2 * d;
+    double first = 0;
+    for (int64_t i = 0; i < row; ++i) first += std::fabs(p[i]);
+    EXPECT_GT(first, 0.0) << "d " << d << ": batch row 0 has keys";
+    for (int64_t i = row; i < 2 * row; ++i) ASSERT_EQ(p[i], 0.f) << "d " << d << " at " << i;
+  }
+}
+
+TEST_P(CudaDitOps, ElementwiseOps) {
+  uint64_t seed = 1200;
+  for (const Shape& s : {Shape{2, 4096, 64}, Shape{3, 1000}, Shape{37}}) {
+    for (DitActivation act :
+         {DitActivation::kNone, DitActivation::kSiLU, DitActivation::kGELUTanh}) {
+      Tensor x = input(s, seed++, -5.f, 5.f);
+      EXPECT_TRUE(close(str_cat("dit_activation ", act_name(act), " ", shape_str(s)),
+                        gpu_->dit_activation(on_gpu(x), act), cpu_->dit_activation(on_cpu(x), act),
+                        tol()));
+    }
+    Tensor a = input(s, seed++), b = input(s, seed++);
+    EXPECT_TRUE(close(str_cat("scaled_add ", shape_str(s)),
+                      gpu_->scaled_add(on_gpu(a), on_gpu(b), 0.75f, -1.25f),
+                      cpu_->scaled_add(on_cpu(a), on_cpu(b), 0.75f, -1.25f), tol()));
+  }
+  for (const Shape& s : {Shape{2, 4096, 64}, Shape{3, 5, 7}, Shape{1, 16, 3072}}) {
+    Tensor c = input(s, seed++), u = input(s, seed++);
+    EXPECT_TRUE(close(str_cat("cfg_combine ", shape_str(s), " scale 4"),
+                      gpu_->cfg_combine(on_gpu(c), on_gpu(u), 4.f),
+                      cpu_->cfg_combine(on_cpu(c), on_cpu(u), 4.f), tol()));
+  }
+}
+
+TEST_P(CudaDitOps, ConcatAndSliceAreExact) {
+  Tensor text = input({2, 512, 3072}, 1300), image = input({2, 4096, 3072}, 1301);
+  EXPECT_TRUE(close("concat tokens [2, 512 + 4096, 3072]",
+                    gpu_->concat({on_gpu(text), on_gpu(image)}, 1),
+                    cpu_->concat({on_cpu(text), on_cpu(image)}, 1), 0.0));
+  Tensor a = input({3, 5, 7}, 1302), b = input({3, 5, 2}, 1303), c = input({3, 5, 1}, 1304);
+  EXPECT_TRUE(close("concat features [3, 5, 7 + 2 + 1] (dim -1)",
+                    gpu_->concat({on_gpu(a), on_gpu(b), on_gpu(c)}, -1),
+                    cpu_->concat({on_cpu(a), on_cpu(b), on_cpu(c)}, -1), 0.0));
+  Tensor d = input({1, 5, 7}, 1305);
+  EXPECT_TRUE(close("concat batch [3 + 1, 5, 7]", gpu_->concat({on_gpu(a), on_gpu(d)}, 0),
+                    cpu_->concat({on_cpu(a), on_cpu(d)}, 0), 0.0));
+
+  Tensor x = input({2, 4608, 3072}, 1306);
+  Tensor gx = on_gpu(x), cx = on_cpu(x);
+  EXPECT_TRUE(close("slice tokens [512, 4608) of [2, 4608, 3072] (copy)",
+                    gpu_->slice(gx, 1, 512, 4096), cpu_->slice(cx, 1, 512, 4096), 0.0));
+  EXPECT_TRUE(
+      close("slice batch row 1 (view)", gpu_->slice(gx, 0, 1, 1), cpu_->slice(cx, 0, 1, 1), 0.0));
+  EXPECT_TRUE(close("slice features [3, 6) of [3, 5, 7]", gpu_->slice(on_gpu(a), -1, 3, 3),
+                    cpu_->slice(on_cpu(a), -1, 3, 3), 0.0));
+  // A view feeds other ops like any tensor.
+  Tensor y = input({1, 600, 64}, 1307);
+  Result<Tensor> gv = gpu_->slice(on_gpu(y), 1, 77, 500), cv = cpu_->slice(on_cpu(y), 1, 77, 500);
+  ASSERT_TRUE(gv.ok() && cv.ok());
+  EXPECT_TRUE(close("layer_norm of a token view",
+                    gpu_->layer_norm(gv.value(), Tensor(), Tensor(), 1e-6f),
+                    cpu_->layer_norm(cv.value(), Tensor(), Tensor(), 1e-6f), tol()));
+}
+
+TEST_P(CudaDitOps, RejectsBadInputs) {
+  Tensor host = input({2, 8, 16}, 1400);
+  Tensor x = on_gpu(host);
+  Tensor w = on_gpu(input({4, 12}, 1401));
+  Result<Tensor> r = gpu_->layer_norm(host, Tensor(), Tensor(), 1e-6f);  // a host tensor
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("upload"), std::string::npos) << r.status().message();
+  r = gpu_->linear(x, w, Tensor(), DitActivation::kNone);  // 12 input features, x has 16
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("input features"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("linear on cuda:0"), std::string::npos)
+      << r.status().message();
+  Tensor nhwc = on_gpu(input({1, 4, 3, 5}, 1402));  // uploaded 4-D: NHWC
+  r = gpu_->rms_norm(nhwc, Tensor(), 1e-6f);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("NHWC"), std::string::npos) << r.status().message();
+  Tensor cond = on_gpu(input({1, 2, 16}, 1403));
+  EXPECT_FALSE(gpu_->modulate(x, cond, cond, {0, 4}).ok());  // 2 groups, 1 group of rows given
+  EXPECT_FALSE(gpu_->modulate(x, cond, cond, {0, 0}).ok());  // starts not increasing
+  EXPECT_FALSE(gpu_->gated_add(x, on_gpu(input({2, 7, 16}, 1404)), cond, {0}).ok());
+  EXPECT_FALSE(gpu_->attention(x, x, x, 3, Tensor()).ok());  // 16 features, 3 heads
+  EXPECT_FALSE(gpu_->attention(x, x, x, 2, on_gpu(input({2, 7}, 1405))).ok());  // mask [2, 7]
+  Result<Tensor> f = gpu_->upload_fp32(random_tensor({7, 4, 2}, 1406));
+  ASSERT_TRUE(f.ok());
+  EXPECT_FALSE(gpu_->rope(x, f.value(), 2).ok());  // 8 tokens need [8, 4, 2]
+  EXPECT_FALSE(gpu_->rope(x, f.value(), 3).ok());  // 16 features, 3 heads
+  if (dtype() != DType::kF32) {
+    EXPECT_FALSE(gpu_->rope(x, x, 2).ok());  // freqs not fp32
+  }
+  EXPECT_FALSE(gpu_->slice(x, 1, 4, 5).ok());
+  EXPECT_FALSE(gpu_->slice(x, 3, 0, 1).ok());
+  EXPECT_FALSE(gpu_->concat({x, on_gpu(input({2, 8, 15}, 1407))}, 1).ok());
+  EXPECT_FALSE(gpu_->scaled_add(x, on_gpu(input({2, 8, 15}, 1408)), 1.f, 1.f).ok());
+  EXPECT_FALSE(gpu_->dit_activation(x, static_cast<DitActivation>(9)).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaDitOps,
+                         ::testing::Values(DType::kBF16, DType::kF16, DType::kF32),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+}  // namespace
+}  // namespace latent
+
+#endif  // LATENT_HAVE_CUDA

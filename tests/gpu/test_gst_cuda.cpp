@@ -1,0 +1,333 @@
+// The GPU frame path: engine/backends/frames.h on the CUDA backend against the CPU backend
+// (packed, NV12 and I420 input under every size policy, host and device frames, the way back,
+// transfer counts), and vaeencode ! vaedecode with device=cuda against device=cpu (RGB, NV12,
+// I420 input; LATENCY answers). Exits 77 (skipped) without a GPU.
+#include <gst/gst.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <deque>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backends/frames.h"
+#include "engine/backends/registry.h"
+#include "tests/util/test_util.h"
+
+#ifdef LATENT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace {
+
+// Skip the whole binary without a GPU, before gtest starts.
+const bool kHaveGpu = [] {
+  if (latent::cuda_device_count() == 0) {
+    std::fprintf(stderr, "test_gst_cuda: no CUDA device, skipping\n");
+    std::exit(77);
+  }
+#ifdef LATENT_PLUGIN_DIR
+  setenv("GST_PLUGIN_PATH_1_0", LATENT_PLUGIN_DIR, 0);  // ctest runs; the device sets its own
+#endif
+  return true;
+}();
+
+}  // namespace
+
+namespace latent {
+namespace {
+
+std::shared_ptr<Backend> backend(const char* device) {
+  BackendOptions o;
+  o.device = device;
+  auto b = get_backend(o);
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  return b.ok() ? *b : nullptr;
+}
+
+std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(gen());
+  return v;
+}
+
+// A host frame of any format with random bytes (strides padded by 12 bytes).
+struct HostFrame {
+  FrameDesc desc;
+  std::vector<uint8_t> planes[3];
+  HostFrame(FrameFormat f, int w, int h, uint64_t seed) {
+    desc.format = f;
+    desc.width = w;
+    desc.height = h;
+    const int n = frame_format_planes(f);
+    for (int i = 0; i < n; ++i) {
+      size_t row, rows = i == 0 ? h : (h + 1) / 2;
+      if (frame_format_is_packed(f))
+        row = static_cast<size_t>(w) * pixel_layout(frame_pixel_format(f)).bytes_per_pixel;
+      else
+        row = i == 0 ? w : static_cast<size_t>((w + 1) / 2) * (f == FrameFormat::kNV12 ? 2 : 1);
+      desc.strides[i] = row + 12;
+      planes[i] = random_bytes(desc.strides[i] * rows, seed + i);
+      desc.planes[i] = planes[i].data();
+    }
+  }
+};
+
+FrameGeometry plan(int w, int h, SizePolicy p) {
+  auto g = plan_frame_geometry(w, h, 8, p);
+  EXPECT_TRUE(g.ok());
+  return *g;
+}
+
+TEST(CudaFrames, FrameToTensorMatchesTheCpuWithinBf16) {
+  auto cuda = backend("cuda"), cpu = backend("cpu");
+  ASSERT_TRUE(cuda && cpu);
+  for (FrameFormat f : {FrameFormat::kRGB, FrameFormat::kBGRx, FrameFormat::kARGB,
+                        FrameFormat::kNV12, FrameFormat::kI420}) {
+    for (SizePolicy p : {SizePolicy::kPad, SizePolicy::kCrop, SizePolicy::kScale}) {
+      SCOPED_TRACE(std::string(frame_format_name(f)) + " " + size_policy_name(p));
+      HostFrame frame(f, 101, 67, 3);
+      const FrameGeometry g = plan(101, 67, p);
+      reset_transfer_counts();
+      auto on_gpu = frame_to_tensor(*cuda, frame.desc, g);
+      ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().message();
+      const TransferCounts c = transfer_counts();
+      EXPECT_EQ(c.host_to_device, frame_format_planes(f));  // the raw planes, nothing else
+      EXPECT_EQ(c.device_to_host, 0);
+      auto ref = frame_to_tensor(*cpu, frame.desc, g);
+      ASSERT_TRUE(ref.ok());
+      auto got = cuda->download(*on_gpu);
+      ASSERT_TRUE(got.ok());
+      ASSERT_EQ(got->shape(), ref->shape());
+      const std::vector<float> a = got->to_floats(), b = ref->to_floats();
+      float worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+      EXPECT_LE(worst, 1.f / 128) << "bf16 keeps 8 bits: |x| <= 1 rounds by at most 2^-9";
+    }
+  }
+}
+
+#ifdef LATENT_HAVE_CUDA
+TEST(CudaFrames, DeviceFramesAreReadInPlace) {
+  auto cuda = backend("cuda"), cpu = backend("cpu");
+  ASSERT_TRUE(cuda && cpu);
+  HostFrame frame(FrameFormat::kRGBA, 64, 48, 5);
+  const size_t bytes = frame.desc.strides[0] * 48;
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, frame.planes[0].data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  FrameDesc d = frame.desc;
+  d.planes[0] = dev;
+  d.device = cuda->device();
+  const FrameGeometry g = plan(64, 48, SizePolicy::kPad);
+  reset_transfer_counts();
+  auto t = frame_to_tensor(*cuda, d, g);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(transfer_counts().host_to_device, 0);
+  // The way back into device memory, then compare on the host.
+  void* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, bytes), cudaSuccess);
+  FrameDesc o = d;
+  o.planes[0] = out;
+  ASSERT_TRUE(tensor_to_frame(*cuda, *t, g, o).ok());
+  EXPECT_EQ(transfer_counts().device_to_host, 0);
+  std::vector<uint8_t> back(bytes);
+  ASSERT_EQ(cudaMemcpy(back.data(), out, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t y = 0; y < 48; ++y)
+    for (size_t x = 0; x < 64 * 4; ++x) {
+      const int want = x % 4 == 3 ? 255 : frame.planes[0][y * frame.desc.strides[0] + x];
+      ASSERT_LE(std::abs(int(back[y * frame.desc.strides[0] + x]) - want), 1) << y << "," << x;
+    }
+  cudaFree(dev);
+  cudaFree(out);
+}
+#endif  // LATENT_HAVE_CUDA
+
+TEST(CudaFrames, TensorToFrameMatchesTheCpu) {
+  auto cuda = backend("cuda"), cpu = backend("cpu");
+  ASSERT_TRUE(cuda && cpu);
+  for (SizePolicy p : {SizePolicy::kPad, SizePolicy::kCrop, SizePolicy::kScale}) {
+    SCOPED_TRACE(size_policy_name(p));
+    const FrameGeometry g = plan(90, 50, p);
+    // bf16-exact values, so both backends decode the same numbers.
+    Tensor img = test::random_tensor({1, 3, g.model_height(), g.model_width()}, 9, -1.1f, 1.1f)
+                     .to_dtype(DType::kBF16)
+                     .to_dtype(DType::kF32);
+    auto on_gpu = cuda->upload(img);
+    auto on_cpu = cpu->upload(img);
+    ASSERT_TRUE(on_gpu.ok() && on_cpu.ok());
+    HostFrame a(FrameFormat::kBGRA, 90, 50, 1), b(FrameFormat::kBGRA, 90, 50, 1);
+    reset_transfer_counts();
+    ASSERT_TRUE(tensor_to_frame(*cuda, *on_gpu, g, a.desc).ok());
+    EXPECT_EQ(transfer_counts().device_to_host, 1);  // only the frame's bytes
+    ASSERT_TRUE(tensor_to_frame(*cpu, *on_cpu, g, b.desc).ok());
+    int worst = 0;
+    for (size_t i = 0; i < a.planes[0].size(); ++i)
+      worst = std::max(worst, std::abs(int(a.planes[0][i]) - int(b.planes[0][i])));
+    EXPECT_LE(worst, 1);  // rounding of bilinear sums only
+  }
+}
+
+// Staged frames convert to what frame_to_tensor() makes, in order, with one upload each.
+TEST(CudaFrames, StagedFramesMatchDirectConversion) {
+  auto cuda = backend("cuda");
+  ASSERT_TRUE(cuda);
+  auto made = create_frame_stager(*cuda, 2);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  std::unique_ptr<FrameStager> stager = std::move(*made);
+  ASSERT_TRUE(stager);
+  const FrameGeometry g = plan(80, 56, SizePolicy::kPad);
+  std::vector<HostFrame> frames;
+  for (int i = 0; i < 8; ++i) frames.emplace_back(FrameFormat::kNV12, 80, 56, 100 + i);
+  std::deque<uint64_t> tickets;
+  int converted = 0;
+  for (int i = 0; i < 8; ++i) {
+    reset_transfer_counts();
+    auto t = stager->stage(frames[i].desc);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    EXPECT_EQ(transfer_counts().host_to_device, 1);  // the frame's planes in one copy
+    tickets.push_back(*t);
+    if (tickets.size() <= 2) continue;  // two frames ahead
+    auto staged = stager->convert(tickets.front(), g);
+    tickets.pop_front();
+    ASSERT_TRUE(staged.ok()) << staged.status().message();
+    auto direct = frame_to_tensor(*cuda, frames[converted].desc, g);
+    ASSERT_TRUE(direct.ok());
+    auto a = cuda->download(*staged), b = cuda->download(*direct);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame " << converted;
+    ++converted;
+  }
+  EXPECT_EQ(converted, 6);
+  // A fourth frame in flight with depth 2 is refused, not overwritten.
+  ASSERT_TRUE(stager->stage(frames[0].desc).ok());
+  EXPECT_FALSE(stager->stage(frames[1].desc).ok());
+}
+
+// ---- the elements ---------------------------------------------------------------------------
+
+struct RunResult {
+  std::vector<std::vector<uint8_t>> frames;
+  GstClockTime latency_min = GST_CLOCK_TIME_NONE;
+  bool ok = false;
+  std::string error;
+};
+
+void on_handoff(GstElement*, GstBuffer* buf, GstPad*, gpointer data) {
+  auto* r = static_cast<RunResult*>(data);
+  GstMapInfo m;
+  if (gst_buffer_map(buf, &m, GST_MAP_READ)) {
+    r->frames.emplace_back(m.data, m.data + m.size);
+    gst_buffer_unmap(buf, &m);
+  }
+}
+
+RunResult run_pipeline(const std::string& description) {
+  RunResult r;
+  GError* err = nullptr;
+  GstElement* p = gst_parse_launch(description.c_str(), &err);
+  if (!p) {
+    r.error = err ? err->message : "parse failed";
+    g_clear_error(&err);
+    return r;
+  }
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
+  g_object_set(sink, "signal-handoffs", TRUE, nullptr);
+  g_signal_connect(sink, "handoff", G_CALLBACK(on_handoff), &r);
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  GstBus* bus = gst_element_get_bus(p);
+  GstMessage* msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND,
+                                               GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  if (msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS) {
+    r.ok = true;
+    // Asked from the sink's pad: a sink with sync=false would not ask upstream itself.
+    GstQuery* q = gst_query_new_latency();
+    GstPad* pad = gst_element_get_static_pad(sink, "sink");
+    const bool answered = gst_pad_peer_query(pad, q);
+    gst_object_unref(pad);
+    if (answered) {
+      gboolean live;
+      GstClockTime max;
+      gst_query_parse_latency(q, &live, &r.latency_min, &max);
+    }
+    gst_query_unref(q);
+  } else if (msg) {
+    GError* e = nullptr;
+    gst_message_parse_error(msg, &e, nullptr);
+    r.error = e ? e->message : "error";
+    g_clear_error(&e);
+  } else {
+    r.error = "timeout";
+  }
+  if (msg) gst_message_unref(msg);
+  gst_object_unref(bus);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(p);
+  return r;
+}
+
+std::string model() { return test::fixtures_dir() + "/tiny_taesd"; }
+
+std::string round_trip(const char* device, const char* format, const char* policy) {
+  return str_cat("videotestsrc num-buffers=3 pattern=smpte ! video/x-raw,format=", format,
+                 ",width=100,height=60,framerate=30/1 ! vaeencode model=", model(),
+                 " device=", device, " size-policy=", policy, " ! vaedecode model=", model(),
+                 " device=", device, " ! video/x-raw,format=RGB ! fakesink name=out sync=false");
+}
+
+double mean_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += std::abs(int(a[i]) - int(b[i]));
+  return s / std::max<size_t>(1, a.size());
+}
+
+TEST(GstCuda, EncodeDecodeOnTheGpuMatchesTheCpu) {
+  for (const char* format : {"RGB", "BGRx", "NV12", "I420"}) {
+    for (const char* policy : {"pad", "crop", "scale"}) {
+      SCOPED_TRACE(std::string(format) + " " + policy);
+      RunResult gpu = run_pipeline(round_trip("cuda", format, policy));
+      RunResult cpu = run_pipeline(round_trip("cpu", format, policy));
+      ASSERT_TRUE(gpu.ok) << gpu.error;
+      ASSERT_TRUE(cpu.ok) << cpu.error;
+      ASSERT_EQ(gpu.frames.size(), 3u);
+      ASSERT_EQ(cpu.frames.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        ASSERT_EQ(gpu.frames[i].size(), cpu.frames[i].size());
+        // bf16 activations through a whole (tiny) VAE against fp32: a few levels on average.
+        EXPECT_LE(mean_abs_diff(gpu.frames[i], cpu.frames[i]), 3.0) << "frame " << i;
+      }
+    }
+  }
+}
+
+TEST(GstCuda, PrefetchingChangesNoByte) {
+  const std::string base = round_trip("cuda", "I420", "scale");
+  std::string none = base;
+  none.replace(none.find(" size-policy"), 0, " prefetch-depth=0");
+  RunResult a = run_pipeline(base), b = run_pipeline(none);
+  ASSERT_TRUE(a.ok) << a.error;
+  ASSERT_TRUE(b.ok) << b.error;
+  ASSERT_EQ(a.frames.size(), 3u);  // EOS drains the frames held back
+  EXPECT_EQ(a.frames, b.frames);
+}
+
+TEST(GstCuda, LatencyQueryCountsBothStages) {
+  RunResult r = run_pipeline(round_trip("cuda", "RGB", "pad"));
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_TRUE(GST_CLOCK_TIME_IS_VALID(r.latency_min));
+  EXPECT_GT(r.latency_min, 0u);  // videotestsrc is not live: the stages' own figures
+  EXPECT_LT(r.latency_min, 10 * GST_SECOND);
+}
+
+}  // namespace
+}  // namespace latent
+
+int main(int argc, char** argv) {
+  (void)kHaveGpu;
+  gst_init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
