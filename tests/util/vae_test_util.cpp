@@ -1,0 +1,96 @@
+#include "tests/util/vae_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "engine/backends/registry.h"
+#include "engine/weights/safetensors.h"
+#include "tests/util/test_util.h"
+
+namespace latent::test {
+
+std::shared_ptr<Backend> cpu() {
+  auto b = get_backend(BackendOptions{"cpu", ""});
+  EXPECT_TRUE(b.ok()) << b.status().message();
+  return b.ok() ? *b : nullptr;
+}
+
+std::string fixture(const std::string& name) { return fixtures_dir() + "/" + name; }
+
+Io load_io(const std::string& dir) {
+  Io io;
+  auto f = SafetensorsFile::open(dir + "/io.safetensors");
+  EXPECT_TRUE(f.ok()) << f.status().message()
+                      << " (generate the fixtures with scripts/make_fixtures.py)";
+  if (!f.ok()) return io;
+  auto get = [&](const char* n) {
+    auto t = (*f)->tensor(n);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return t.ok() ? t->to_dtype(DType::kF32) : Tensor();
+  };
+  io.sample = get("sample");
+  io.latent_mean = get("latent_mean");
+  io.latent = get("latent");
+  io.decoded = get("decoded");
+  return io;
+}
+
+void expect_matches(VaeModel& model, const Io& io, bool encoder, bool decoder, double tolerance) {
+  Backend& b = model.backend();
+  if (encoder) {
+    auto x = b.upload(io.sample);
+    ASSERT_TRUE(x.ok()) << x.status().message();
+    auto z = model.encode(*x);
+    ASSERT_TRUE(z.ok()) << z.status().message();
+    auto host = b.download(*z);
+    ASSERT_TRUE(host.ok()) << host.status().message();
+    ASSERT_EQ(host->shape(), io.latent_mean.shape());
+    EXPECT_LT(relative_l2(*host, io.latent_mean), tolerance) << "encoder";
+  }
+  if (decoder) {
+    auto z = b.upload(io.latent);
+    ASSERT_TRUE(z.ok()) << z.status().message();
+    auto y = model.decode(*z);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    auto host = b.download(*y);
+    ASSERT_TRUE(host.ok()) << host.status().message();
+    ASSERT_EQ(host->shape(), io.decoded.shape());
+    EXPECT_LT(relative_l2(*host, io.decoded), tolerance) << "decoder";
+  }
+}
+
+std::unique_ptr<VaeModel> load_ok(const std::string& path, const VaeLoadOptions& opts) {
+  auto m = load_vae(path, cpu(), opts);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+std::string load_error(const std::string& path, const VaeLoadOptions& opts) {
+  auto m = load_vae(path, cpu(), opts);
+  EXPECT_FALSE(m.ok()) << path << " loaded but should not have";
+  return m.ok() ? "" : m.status().message();
+}
+
+std::map<std::string, Tensor> read_all(const std::string& path) {
+  std::map<std::string, Tensor> out;
+  auto f = SafetensorsFile::open(path);
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  if (!f.ok()) return out;
+  for (const auto& r : (*f)->records()) out[r.name] = (*f)->tensor(r.name)->to_dtype(r.dtype);
+  return out;
+}
+
+void write_all(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+  Status s = write_safetensors(path, tensors);
+  ASSERT_TRUE(s.ok()) << s.message();
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace latent::test

@@ -1,0 +1,40 @@
+// Helpers shared by the VAE model tests (tests/model/test_autoencoder_kl.cpp, test_tiny.cpp):
+// the fixtures of scripts/make_fixtures.py and checks against them on the CPU backend.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/backends/backend.h"
+#include "engine/models/vae/vae.h"
+
+namespace latent::test {
+
+// The shared fp32 CPU backend.
+std::shared_ptr<Backend> cpu();
+// tests/fixtures/<name>.
+std::string fixture(const std::string& name);
+
+// A fixture's io.safetensors: diffusers' inputs and outputs (fp32).
+struct Io {
+  Tensor sample, latent_mean, latent, decoded;
+};
+Io load_io(const std::string& dir);
+
+// Runs the model on the fixture's inputs and compares with diffusers' outputs (relative L2).
+void expect_matches(VaeModel& model, const Io& io, bool encoder = true, bool decoder = true,
+                    double tolerance = 1e-3);
+
+std::unique_ptr<VaeModel> load_ok(const std::string& path, const VaeLoadOptions& opts = {});
+// The load must fail; returns its message.
+std::string load_error(const std::string& path, const VaeLoadOptions& opts = {});
+
+// Every tensor of a safetensors file, in its stored dtype.
+std::map<std::string, Tensor> read_all(const std::string& path);
+void write_all(const std::string& path, const std::map<std::string, Tensor>& tensors);
+void write_text(const std::string& path, const std::string& text);
+nlohmann::json read_json(const std::string& path);
+
+}  // namespace latent::test
