@@ -33,6 +33,12 @@
  * QoS: the element is slow, so in a live pipeline it drops frames that are already late
  * (GstBaseTransform's QoS handling, enabled by default: property `qos`) instead of building a
  * backlog, and posts a QoS message for each dropped frame.
+ *
+ * On a CUDA device the pads also take application/x-latent(memory:CUDAMemory), so latents
+ * arrive from vaeencode and go on to vaedecode in GPU memory (the context is shared through
+ * GstContext, elements/gstlatentcuda.h). The denoising loop itself takes host latents
+ * (engine/models/dit/denoise.h), so each latent is converted on the device, then downloaded once
+ * and the result uploaded once.
  */
 #include "elements/gstditdenoise.h"
 
@@ -45,6 +51,7 @@
 
 #include "elements/gstlatentbase.h"  // gst_latent_element_init
 #include "elements/gstlatentcaps.h"
+#include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/models/dit/denoise.h"
 #include "engine/models/dit/flow_match_scheduler.h"
@@ -193,6 +200,11 @@ struct _GstDitDenoise {
     State state;
 
     std::atomic<bool> cancel{false};  // flushing or stopping: end the running loop early
+
+    GstLatentCuda cuda;  // latents in CUDA memory (elements/gstlatentcuda.h)
+    // Started on the CPU: caps without CUDA memory. Not under state_lock, which a frame holds
+    // for its whole denoising loop (caps queries must not wait for it).
+    std::atomic<bool> on_cpu{false};
   };
   Impl* impl;
 };
@@ -202,10 +214,15 @@ G_DEFINE_TYPE(GstDitDenoise, gst_dit_denoise, GST_TYPE_BASE_TRANSFORM)
 GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ditdenoise, "ditdenoise", GST_RANK_NONE, GST_TYPE_DIT_DENOISE,
                                       gst_latent_element_init(plugin));
 
+#ifdef LATENT_HAVE_GST_CUDA
+#define DIT_DENOISE_TEMPLATE GST_LATENT_CUDA_CAPS_TEMPLATE "; " GST_LATENT_CAPS_TEMPLATE
+#else
+#define DIT_DENOISE_TEMPLATE GST_LATENT_CAPS_TEMPLATE
+#endif
 static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
-    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(DIT_DENOISE_TEMPLATE));
 static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
-    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(DIT_DENOISE_TEMPLATE));
 
 GType gst_dit_denoise_mode_get_type(void) {
   static gsize type = 0;
@@ -474,6 +491,10 @@ static gboolean gst_dit_denoise_start(GstBaseTransform* trans) {
     impl->state.model = std::move(*model);
     impl->state.scheduler = *scheduler;
   }
+  const bool shared = impl->cuda.start(GST_ELEMENT(self), (*backend)->device());
+  if (!shared)
+    GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: latents stay in system memory");
+  impl->on_cpu = (*backend)->device().is_cpu() || !shared;
   std::lock_guard<std::mutex> lock(impl->settings_lock);
   impl->joint_dim = joint_dim;
   // A property set while we were loading wins over what was loaded here.
@@ -497,6 +518,8 @@ static gboolean gst_dit_denoise_stop(GstBaseTransform* trans) {
     impl->prompt.reset();
     impl->negative.reset();
   }
+  impl->cuda.stop();
+  impl->on_cpu = false;
   State dropped;
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
@@ -506,11 +529,118 @@ static gboolean gst_dit_denoise_stop(GstBaseTransform* trans) {
   return TRUE;  // `dropped` frees the weights here, outside the lock
 }
 
-static GstCaps* gst_dit_denoise_transform_caps(GstBaseTransform*, GstPadDirection, GstCaps* caps,
-                                               GstCaps* filter) {
-  // Same caps on both sides.
-  if (filter) return gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
-  return gst_caps_ref(caps);
+static GstCaps* gst_dit_denoise_transform_caps(GstBaseTransform* trans, GstPadDirection,
+                                               GstCaps* caps, GstCaps* filter) {
+  // Same caps on both sides; CUDA memory only while we run on a GPU (or have not started).
+  auto* impl = GST_DIT_DENOISE(trans)->impl;
+  const bool on_cpu = impl->on_cpu;
+  GstCaps* out = nullptr;
+  if ((on_cpu || !gst_latent_cuda_built()) && !gst_caps_is_any(caps)) {
+    out = gst_caps_new_empty();
+    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
+      if (gst_latent_caps_features_is_cuda(gst_caps_get_features(caps, i))) continue;
+      out = gst_caps_merge_structure_full(out, gst_structure_copy(gst_caps_get_structure(caps, i)),
+                                          gst_caps_features_copy(gst_caps_get_features(caps, i)));
+    }
+  } else {
+    out = gst_caps_ref(caps);
+  }
+  if (filter) {
+    GstCaps* tmp = gst_caps_intersect_full(filter, out, GST_CAPS_INTERSECT_FIRST);
+    gst_caps_unref(out);
+    out = tmp;
+  }
+  return out;
+}
+
+static gboolean gst_dit_denoise_query(GstBaseTransform* trans, GstPadDirection direction,
+                                      GstQuery* query) {
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CONTEXT &&
+      GST_DIT_DENOISE(trans)->impl->cuda.handle_query(GST_ELEMENT(trans), query))
+    return TRUE;
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->query(trans, direction, query);
+}
+
+static void gst_dit_denoise_set_context(GstElement* element, GstContext* context) {
+  GST_DIT_DENOISE(element)->impl->cuda.set_context(element, context);
+  GST_ELEMENT_CLASS(parent_class)->set_context(element, context);
+}
+
+static gboolean gst_dit_denoise_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
+                                                   GstQuery* query) {
+  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
+    return FALSE;
+  gst_latent_cuda_propose_latent_pool(&GST_DIT_DENOISE(trans)->impl->cuda, query);
+  return TRUE;
+}
+
+static gboolean gst_dit_denoise_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
+  if (gst_latent_cuda_decide_latent_pool(&GST_DIT_DENOISE(trans)->impl->cuda, query)) return TRUE;
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
+}
+
+// A latent buffer -> normalised fp32 host [1, C, 1, h, w]. CUDA memory of our context is read
+// on the device (converted there, then downloaded: the denoising loop takes host latents,
+// engine/models/dit/denoise.h); anything else through a system-memory mapping.
+static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::Backend& backend,
+                                                  const GstLatentInfo& info, GstBuffer* inbuf) {
+  const int64_t h = info.height, w = info.width, c = info.channels;
+  const size_t expected = info.frame_bytes();
+  GstMapInfo map;
+  const bool on_device = self->impl->cuda.map(inbuf, &map, GST_MAP_READ);
+  if (!on_device && !gst_buffer_map(inbuf, &map, GST_MAP_READ))
+    return latent::Status::error("cannot map the input buffer");
+  const gsize got = on_device ? gst_buffer_get_size(inbuf) : map.size;
+  // CUDA memory may be larger than the latent (pitched, see gstlatentcuda.h).
+  if (got != expected && !(got > expected && gst_latent_buffer_is_cuda(inbuf))) {
+    gst_buffer_unmap(inbuf, &map);
+    return latent::Status::errorf("a latent buffer of ", got, " bytes does not hold the ",
+                                  latent::dtype_name(info.dtype), " [", c, ", ", h, ", ", w,
+                                  "] latent of the caps (", expected, " bytes)");
+  }
+  latent::Result<latent::Tensor> x = latent::Status::error("unset");
+  if (on_device) {
+    auto t = latent::device_latent_to_tensor(backend, map.data, info.dtype, info.channels,
+                                             info.height, info.width);
+    x = t.ok() ? backend.download(*t) : t;
+  } else {
+    // x: [1, 16, 1, h, w] fp32, normalised
+    x = latent::Tensor::empty({1, c, 1, h, w}, latent::DType::kF32);
+    latent::convert_elements(map.data, info.dtype, x->data(), latent::DType::kF32,
+                             static_cast<size_t>(x->numel()));
+  }
+  gst_buffer_unmap(inbuf, &map);
+  if (!x.ok()) return x.status();
+  return x->reshape({1, c, 1, h, w});
+}
+
+// Normalised fp32 host [1, C, 1, h, w] -> `outbuf` (uploaded and converted on the device when it
+// is CUDA memory of our context).
+static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend,
+                                   const GstLatentInfo& info, const latent::Tensor& result,
+                                   GstBuffer* outbuf) {
+  const size_t expected = info.frame_bytes();
+  GstMapInfo map;
+  const bool on_device = self->impl->cuda.map(outbuf, &map, GST_MAP_WRITE);
+  if (!on_device && !gst_buffer_map(outbuf, &map, GST_MAP_WRITE))
+    return latent::Status::error("cannot map the output buffer");
+  if (map.size < expected) {
+    gst_buffer_unmap(outbuf, &map);
+    return latent::Status::error("output buffer of the wrong size");
+  }
+  latent::Status st = latent::ok_status();
+  if (on_device) {
+    // [1, C, 1, h, w] -> [1, C, h, w]
+    auto flat = result.reshape({1, info.channels, info.height, info.width});
+    auto up = flat.ok() ? backend.upload(*flat) : flat;
+    st =
+        up.ok() ? latent::tensor_to_device_latent(backend, *up, map.data, info.dtype) : up.status();
+  } else {
+    latent::convert_elements(result.data(), latent::DType::kF32, map.data, info.dtype,
+                             static_cast<size_t>(result.numel()));
+  }
+  gst_buffer_unmap(outbuf, &map);
+  return st;
 }
 
 static gboolean gst_dit_denoise_set_caps(GstBaseTransform* trans, GstCaps* incaps, GstCaps*) {
@@ -604,29 +734,15 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
   }
   const GstLatentInfo& info = st.info;
   const int64_t h = info.height, w = info.width, c = info.channels;
-  const size_t expected = info.frame_bytes();
 
-  GstMapInfo in_map;
-  if (!gst_buffer_map(inbuf, &in_map, GST_MAP_READ)) {
-    GST_ELEMENT_ERROR(self, RESOURCE, READ, ("ditdenoise: cannot map the input buffer"), (nullptr));
-    return GST_FLOW_ERROR;
-  }
-  if (in_map.size != expected) {
-    const gsize got = in_map.size;
-    gst_buffer_unmap(inbuf, &in_map);
-    GST_ELEMENT_ERROR(
-        self, STREAM, FORMAT,
-        ("ditdenoise: a latent buffer of %" G_GSIZE_FORMAT
-         " bytes does not hold the %s [%d, %d, %d] latent of the caps (%" G_GSIZE_FORMAT " bytes)",
-         got, latent::dtype_name(info.dtype), info.channels, info.height, info.width, expected),
-        (nullptr));
+  auto read = read_latent(self, *st.backend, info, inbuf);
+  if (!read.ok()) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("ditdenoise: %s", read.status().message().c_str()),
+                      (nullptr));
     return GST_FLOW_ERROR;
   }
   // x: [1, 16, 1, h, w] fp32, normalised
-  latent::Tensor x = latent::Tensor::empty({1, c, 1, h, w}, latent::DType::kF32);
-  latent::convert_elements(in_map.data, info.dtype, x.data(), latent::DType::kF32,
-                           static_cast<size_t>(x.numel()));
-  gst_buffer_unmap(inbuf, &in_map);
+  latent::Tensor x = std::move(*read);
 
   latent::Tensor result;
   if (settings.strength <= 0.0 && settings.mode == MODE_IMG2IMG) {
@@ -681,21 +797,12 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
     ++st.frames;
   }
 
-  GstMapInfo out_map;
-  if (!gst_buffer_map(outbuf, &out_map, GST_MAP_WRITE)) {
-    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("ditdenoise: cannot map the output buffer"),
+  latent::Status written = write_latent(self, *st.backend, info, result, outbuf);
+  if (!written.ok()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("ditdenoise: %s", written.message().c_str()),
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-  if (out_map.size != expected) {
-    gst_buffer_unmap(outbuf, &out_map);
-    GST_ELEMENT_ERROR(self, CORE, FAILED, ("ditdenoise: output buffer of the wrong size"),
-                      (nullptr));
-    return GST_FLOW_ERROR;
-  }
-  latent::convert_elements(result.data(), latent::DType::kF32, out_map.data, info.dtype,
-                           static_cast<size_t>(result.numel()));
-  gst_buffer_unmap(outbuf, &out_map);
   return GST_FLOW_OK;
 }
 
@@ -802,6 +909,10 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
   trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_dit_denoise_sink_event);
   trans_class->before_transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_before_transform);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform);
+  trans_class->query = GST_DEBUG_FUNCPTR(gst_dit_denoise_query);
+  trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_dit_denoise_propose_allocation);
+  trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_dit_denoise_decide_allocation);
+  element_class->set_context = GST_DEBUG_FUNCPTR(gst_dit_denoise_set_context);
 
   gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_MODE, static_cast<GstPluginAPIFlags>(0));
   gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_NOISE_MODE, static_cast<GstPluginAPIFlags>(0));

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "elements/gstlatentcaps.h"
 #include "engine/backends/registry.h"
 #include "engine/core/log.h"
 #include "engine/weights/model_source.h"
@@ -199,6 +200,7 @@ struct GstLatentBasePrivate {
     State state;
     std::mutex latency_lock;
     LatencyStats latency;
+    GstLatentCuda cuda;
   };
   Impl* impl;
 };
@@ -308,6 +310,8 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
   GST_INFO_OBJECT(self, "%s %s (%s, %s on %s)", r.shared ? "sharing the loaded" : "loaded",
                   r.model->describe().c_str(), parts_name(r.model->parts).c_str(),
                   r.model->vae->info().architecture.c_str(), r.model->backend->name().c_str());
+  if (!impl->cuda.start(GST_ELEMENT(self), r.model->backend->device()))
+    GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: buffers stay in system memory");
   std::lock_guard<std::mutex> lock(impl->state_lock);
   impl->state.model = std::move(r.model);
   return TRUE;
@@ -321,6 +325,7 @@ static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
     dropped = std::move(impl->state.model);
     impl->state = State();
   }
+  impl->cuda.stop();
   // The last user frees the weights here, outside the state lock.
   dropped.reset();
   gst_latent_base_reset_latency(GST_LATENT_BASE(trans));
@@ -336,8 +341,28 @@ static GstClockTime own_latency(const LatencyStats& l, guint /*depth*/) {
   return processing + held;
 }
 
+// The CUDA device the `device` property names ("cuda", "cuda:N"; "auto": the first GPU when
+// there is one, as start() will most likely decide), else -1.
+static int planned_cuda_device(GstLatentBase* self) {
+  if (!gst_latent_cuda_built()) return -1;
+  std::string device;
+  {
+    auto* impl = impl_of(self);
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    device = impl->settings.device;
+  }
+  if (device == kDefaultDevice) return latent::cuda_device_count() > 0 ? 0 : -1;
+  auto parsed = latent::parse_device(device);
+  return parsed.ok() && parsed->kind == latent::DeviceKind::kCUDA ? parsed->index : -1;
+}
+
 static gboolean gst_latent_base_query(GstBaseTransform* trans, GstPadDirection direction,
                                       GstQuery* query) {
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CONTEXT &&
+      impl_of(GST_LATENT_BASE(trans))
+          ->cuda.handle_query(GST_ELEMENT(trans), query,
+                              planned_cuda_device(GST_LATENT_BASE(trans))))
+    return TRUE;
   if (GST_QUERY_TYPE(query) != GST_QUERY_LATENCY || direction != GST_PAD_SRC)
     return GST_BASE_TRANSFORM_CLASS(parent_class)->query(trans, direction, query);
   GstLatentBase* self = GST_LATENT_BASE(trans);
@@ -355,6 +380,11 @@ static gboolean gst_latent_base_query(GstBaseTransform* trans, GstPadDirection d
                    GST_TIME_ARGS(ours), GST_TIME_ARGS(min), GST_TIME_ARGS(max));
   gst_query_set_latency(query, live, min, max);
   return TRUE;
+}
+
+static void gst_latent_base_set_context(GstElement* element, GstContext* context) {
+  impl_of(GST_LATENT_BASE(element))->cuda.set_context(element, context);
+  GST_ELEMENT_CLASS(parent_class)->set_context(element, context);
 }
 
 static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
@@ -394,6 +424,7 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
                         "frames compute; each adds one frame of latency (0: none)",
                         0, kMaxPrefetchDepth, kDefaultPrefetchDepth, flags));
 
+  GST_ELEMENT_CLASS(klass)->set_context = GST_DEBUG_FUNCPTR(gst_latent_base_set_context);
   trans_class->passthrough_on_same_caps = FALSE;
   trans_class->query = GST_DEBUG_FUNCPTR(gst_latent_base_query);
   trans_class->start = GST_DEBUG_FUNCPTR(gst_latent_base_start);
@@ -481,4 +512,21 @@ void gst_latent_base_reset_latency(GstLatentBase* self) {
   const GstClockTime duration = impl->latency.frame_duration;
   impl->latency = LatencyStats();
   impl->latency.frame_duration = duration;
+}
+
+GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self) { return &impl_of(self)->cuda; }
+
+bool gst_latent_base_offers_cuda(GstLatentBase* self) {
+  if (!gst_latent_cuda_built()) return false;
+  auto model = gst_latent_base_get_model(self);
+  if (!model) return true;
+  return !model->backend->device().is_cpu() && impl_of(self)->cuda.active();
+}
+
+bool gst_latent_base_propose_latent_pool(GstLatentBase* self, GstQuery* query) {
+  return gst_latent_cuda_propose_latent_pool(&impl_of(self)->cuda, query);
+}
+
+bool gst_latent_base_decide_latent_pool(GstLatentBase* self, GstQuery* query) {
+  return gst_latent_cuda_decide_latent_pool(&impl_of(self)->cuda, query);
 }

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "elements/gstlatentcuda.h"
 #include "engine/backends/backend.h"
 #include "engine/models/vae/vae.h"
 
@@ -84,3 +85,18 @@ guint gst_latent_base_prefetch_depth(GstLatentBase* self);
 GstClockTime gst_latent_base_latency(GstLatentBase* self);
 // Resets the latency measurement (a new stream: stop(), a flush).
 void gst_latent_base_reset_latency(GstLatentBase* self);
+
+// ---- GPU-resident buffers (elements/gstlatentcuda.h) ------------------------------------------
+// The stage's CUDA context state: active after start() on a CUDA device. Lives as long as the
+// element; context queries and set_context are handled by the base class.
+GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self);
+// Whether the stage offers CUDA-memory caps: it runs on a CUDA device, or it has not started yet
+// (templates and early queries offer both).
+bool gst_latent_base_offers_cuda(GstLatentBase* self);
+// propose_allocation for an application/x-latent sink pad: with CUDA-memory caps, offers a
+// CUDA latent pool on the stage's context. True when it added a pool.
+bool gst_latent_base_propose_latent_pool(GstLatentBase* self, GstQuery* query);
+// decide_allocation for an application/x-latent src pad with CUDA-memory caps: keeps
+// downstream's pool when it is a CUDA pool of our context, else makes one. False when the
+// caps are not CUDA memory (the caller takes the default path) or no pool could be made.
+bool gst_latent_base_decide_latent_pool(GstLatentBase* self, GstQuery* query);

@@ -9,7 +9,8 @@
 //   size-policy   string    how the frame was fitted to the model grid: pad, crop or scale
 //   framerate     fraction  (optional, 0/1 when absent)
 //
-// A buffer is one frame's normalised latent [C, h, w], contiguous, in system memory.
+// A buffer is one frame's normalised latent [C, h, w], contiguous, in system memory, or with
+// the memory:CUDAMemory feature in one GstCudaMemory (elements/gstlatentcuda.h).
 #pragma once
 
 #include <gst/gst.h>
@@ -37,6 +38,18 @@ constexpr int kGstLatentMaxSide = latent::kMaxFrameSide;  // latent and frame si
   "frame-width = (int) [ 1, 16384 ], "            \
   "frame-height = (int) [ 1, 16384 ], "           \
   "size-policy = (string) { pad, crop, scale }, " \
+  "framerate = (fraction) [ 0/1, 2147483647/1 ]"
+
+// The same in CUDA memory (elements/gstlatentcuda.h): one GstCudaMemory holding [C, h, w].
+#define GST_LATENT_CUDA_CAPS_TEMPLATE                             \
+  GST_LATENT_MEDIA_TYPE                                           \
+  "(memory:CUDAMemory), format = (string) { fp32, bf16, fp16 }, " \
+  "channels = (int) [ 1, 1024 ], "                                \
+  "width = (int) [ 1, 16384 ], "                                  \
+  "height = (int) [ 1, 16384 ], "                                 \
+  "frame-width = (int) [ 1, 16384 ], "                            \
+  "frame-height = (int) [ 1, 16384 ], "                           \
+  "size-policy = (string) { pad, crop, scale }, "                 \
   "framerate = (fraction) [ 0/1, 2147483647/1 ]"
 
 struct GstLatentInfo {
@@ -80,6 +93,11 @@ constexpr int kGstLatentMaxVideoSide = 8192;
   "video/x-raw, format = (string) " GST_LATENT_VIDEO_FORMATS \
   ", "                                                       \
   "width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], "  \
+  "framerate = (fraction) [ 0/1, 2147483647/1 ]"
+
+#define GST_LATENT_CUDA_VIDEO_CAPS_TEMPLATE                                     \
+  "video/x-raw(memory:CUDAMemory), format = (string) " GST_LATENT_VIDEO_FORMATS \
+  ", width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], "                   \
   "framerate = (fraction) [ 0/1, 2147483647/1 ]"
 
 // GstVideoFormat -> the engine's pixel format (an error for anything but the list above).

@@ -14,6 +14,11 @@
  *
  * Latents of another latent space (or channel count) than the model's are refused when caps
  * are negotiated, with an error naming both.
+ *
+ * On a CUDA device, application/x-latent(memory:CUDAMemory) input (from vaeencode or
+ * ditdenoise on the same GPU) is read without a host copy, and video/x-raw(memory:CUDAMemory)
+ * output (packed RGB formats) is written into a GstCudaBufferPool on the context it shares with
+ * cudaconvert / cudadownload through GstContext; see vaeencode's second launch line.
  */
 #include "elements/gstvaedecode.h"
 
@@ -28,16 +33,27 @@ GST_DEBUG_CATEGORY_STATIC(gst_vae_decode_debug);
 
 namespace {
 
+#ifdef LATENT_HAVE_GST_CUDA
+// Latents and frames may also stay in GPU memory (elements/gstlatentcuda.h).
+#define VAE_DECODE_SINK_TEMPLATE GST_LATENT_CUDA_CAPS_TEMPLATE "; " GST_LATENT_CAPS_TEMPLATE
+#define VAE_DECODE_SRC_TEMPLATE \
+  GST_LATENT_CUDA_VIDEO_CAPS_TEMPLATE "; " GST_LATENT_VIDEO_CAPS_TEMPLATE
+#else
+#define VAE_DECODE_SINK_TEMPLATE GST_LATENT_CAPS_TEMPLATE
+#define VAE_DECODE_SRC_TEMPLATE GST_LATENT_VIDEO_CAPS_TEMPLATE
+#endif
 GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
-    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(VAE_DECODE_SINK_TEMPLATE));
 GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
-    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_VIDEO_CAPS_TEMPLATE));
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(VAE_DECODE_SRC_TEMPLATE));
 
 struct Negotiated {
   GstLatentInfo in_info;
   GstVideoInfo out_info;
   latent::PixelFormat pixel_format = latent::PixelFormat::kRGB;
   latent::FrameGeometry geometry;
+  bool cuda_in = false;   // latents arrive in CUDA memory
+  bool cuda_out = false;  // frames leave in CUDA memory
 };
 
 struct Impl {
@@ -48,8 +64,7 @@ struct Impl {
 };
 
 bool is_system_memory(GstCapsFeatures* f) {
-  return !f || gst_caps_features_is_any(f) ||
-         gst_caps_features_is_equal(f, GST_CAPS_FEATURES_MEMORY_SYSTEM_MEMORY);
+  return gst_latent_caps_features_is_system(f) || gst_latent_caps_features_is_cuda(f);
 }
 
 // Empty when the latents described by `s` can be this model's; else a message for the user.
@@ -131,6 +146,7 @@ static void post_refusal(GstVaeDecode* self, const std::string& message) {
 static GstCaps* gst_vae_decode_transform_caps(GstBaseTransform* trans, GstPadDirection direction,
                                               GstCaps* caps, GstCaps* filter) {
   const latent::DType dtype = gst_latent_base_preferred_dtype(GST_LATENT_BASE(trans));
+  const bool cuda = gst_latent_base_offers_cuda(GST_LATENT_BASE(trans));
 
   GstCaps* out = gst_caps_new_empty();
   if (gst_caps_is_any(caps)) {
@@ -147,7 +163,7 @@ static GstCaps* gst_vae_decode_transform_caps(GstBaseTransform* trans, GstPadDir
         o = latent_to_video(s);
       else if (direction == GST_PAD_SRC && gst_structure_has_name(s, "video/x-raw"))
         o = video_to_latent(s, dtype);
-      if (o) out = gst_caps_merge_structure(out, o);
+      if (o) out = gst_latent_caps_merge_both(out, o, cuda);
     }
   }
   if (filter) {
@@ -225,6 +241,10 @@ static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps
     return FALSE;
   }
   n.pixel_format = *format;
+  n.cuda_in = gst_latent_caps_is_cuda(incaps);
+  n.cuda_out = gst_latent_caps_is_cuda(outcaps);
+  GST_INFO_OBJECT(self, "latents in %s memory, frames out in %s memory",
+                  n.cuda_in ? "CUDA" : "system", n.cuda_out ? "CUDA" : "system");
   const GstLatentInfo& info = n.in_info;
   if (GST_VIDEO_INFO_WIDTH(&n.out_info) != info.frame_width ||
       GST_VIDEO_INFO_HEIGHT(&n.out_info) != info.frame_height) {
@@ -271,13 +291,13 @@ static gboolean gst_vae_decode_transform_size(GstBaseTransform* trans, GstPadDir
   return TRUE;
 }
 
-// The CPU path: latent buffer in system memory -> host tensor [1, C, h, w] in the caps' dtype.
-// (A CUDA-memory path goes beside this.)
+// A latent buffer in system memory -> host tensor [1, C, h, w] in the caps' dtype.
 static latent::Result<latent::Tensor> read_latent_sysmem(const GstLatentInfo& info,
                                                          GstBuffer* inbuf) {
   const size_t want = info.frame_bytes();
   const size_t have = gst_buffer_get_size(inbuf);
-  if (have != want)
+  // CUDA memory read through system memory may be larger (pitched, see gstlatentcuda.h).
+  if (have != want && !(have > want && gst_latent_buffer_is_cuda(inbuf)))
     return latent::Status::errorf("latent buffer has ", have, " bytes, expected ", want, " for ",
                                   latent::dtype_name(info.dtype), "[", info.channels, ", ",
                                   info.height, ", ", info.width, "]");
@@ -286,12 +306,35 @@ static latent::Result<latent::Tensor> read_latent_sysmem(const GstLatentInfo& in
   return t;
 }
 
-// Normalised latent [1, C, h, w] host -> image [1, 3, H, W] on the model's backend (the caller
-// holds model.run_lock).
+// A latent buffer -> normalised latent [1, C, h, w] on the model's backend: CUDA memory of our
+// context is copied device-to-device, anything else is read on the host and uploaded. The
+// caller holds model.run_lock.
+static latent::Result<latent::Tensor> read_latent(GstVaeDecode* self, const GstLatentInfo& info,
+                                                  bool cuda_in, GstBuffer* inbuf,
+                                                  GstLatentModel& model) {
+  GstMapInfo map;
+  if (cuda_in && gst_latent_base_cuda(GST_LATENT_BASE(self))->map(inbuf, &map, GST_MAP_READ)) {
+    const size_t want = info.frame_bytes();
+    latent::Result<latent::Tensor> t = latent::Status::error("unset");
+    if (gst_buffer_get_size(inbuf) < want)
+      t = latent::Status::errorf("latent buffer has ", gst_buffer_get_size(inbuf),
+                                 " bytes, expected ", want, " for ", latent::dtype_name(info.dtype),
+                                 "[", info.channels, ", ", info.height, ", ", info.width, "]");
+    else
+      t = latent::device_latent_to_tensor(*model.backend, map.data, info.dtype, info.channels,
+                                          info.height, info.width);
+    gst_buffer_unmap(inbuf, &map);
+    return t;
+  }
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor host, read_latent_sysmem(info, inbuf));
+  return model.backend->upload(host);
+}
+
+// Normalised latent [1, C, h, w] on the backend -> image [1, 3, H, W] (the caller holds
+// model.run_lock).
 static latent::Result<latent::Tensor> decode_latent(GstLatentModel& model,
-                                                    const latent::Tensor& latent_host) {
+                                                    const latent::Tensor& normalised) {
   latent::Backend& b = *model.backend;
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor normalised, b.upload(latent_host));
   LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.latent_space().denormalize(b, normalised));
   return model.vae->decode(raw);
 }
@@ -311,14 +354,15 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   }
   const gint64 started_us = g_get_monotonic_time();
 
-  auto latent_host = read_latent_sysmem(n.in_info, inbuf);
-  if (!latent_host.ok()) {
+  std::unique_lock<std::mutex> run(*model->run_lock);
+  auto normalised = read_latent(self, n.in_info, n.cuda_in, inbuf, *model);
+  if (!normalised.ok()) {
+    run.unlock();
     GST_ELEMENT_ERROR(self, STREAM, FORMAT,
-                      ("vaedecode: %s", latent_host.status().message().c_str()), (nullptr));
+                      ("vaedecode: %s", normalised.status().message().c_str()), (nullptr));
     return GST_FLOW_ERROR;
   }
-  std::unique_lock<std::mutex> run(*model->run_lock);
-  auto image = decode_latent(*model, *latent_host);
+  auto image = decode_latent(*model, *normalised);
   if (!image.ok()) {
     GST_ELEMENT_ERROR(
         self, STREAM, DECODE,
@@ -329,7 +373,10 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   }
 
   GstVideoFrame frame;
-  if (!gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
+  GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
+  const bool on_device = n.cuda_out && cuda->map_frame(&frame, &n.out_info, outbuf, GST_MAP_WRITE);
+  if (!on_device && !gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
+    run.unlock();
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
                       ("vaedecode: cannot map the %zu-byte output buffer as a %dx%d frame",
                        gst_buffer_get_size(outbuf), GST_VIDEO_INFO_WIDTH(&n.out_info),
@@ -342,6 +389,7 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   desc.format = latent::frame_format(n.pixel_format);
   desc.width = GST_VIDEO_INFO_WIDTH(&n.out_info);
   desc.height = GST_VIDEO_INFO_HEIGHT(&n.out_info);
+  if (on_device) desc.device = cuda->device();
   desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
   desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
   latent::Status s = latent::tensor_to_frame(*model->backend, *image, n.geometry, desc);
@@ -357,6 +405,56 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   gst_latent_base_frame_done(GST_LATENT_BASE(self),
                              (g_get_monotonic_time() - started_us) * GST_USECOND);
   return GST_FLOW_OK;
+}
+
+static gboolean gst_vae_decode_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
+                                                  GstQuery* query) {
+  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
+    return FALSE;
+  // Latents in CUDA memory: upstream writes them into our context's pool.
+  gst_latent_base_propose_latent_pool(GST_LATENT_BASE(trans), query);
+  return TRUE;
+}
+
+static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
+  GstCaps* caps = nullptr;
+  gst_query_parse_allocation(query, &caps, nullptr);
+  GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(trans));
+  if (!caps || !gst_latent_caps_is_cuda(caps) || !cuda->active())
+    return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
+  // Frames in CUDA memory: downstream's pool when it is on our context, else our own.
+  GstVideoInfo info;
+  if (!gst_video_info_from_caps(&info, caps)) return FALSE;
+  GstBufferPool* pool = nullptr;
+  guint size = 0, min = 0, max = 0;
+  if (gst_query_get_n_allocation_pools(query) > 0) {
+    gst_query_parse_nth_allocation_pool(query, 0, &pool, &size, &min, &max);
+    if (pool && !cuda->owns_pool(pool)) {
+      gst_object_unref(pool);
+      pool = nullptr;
+    }
+  }
+  if (pool) {
+    GstStructure* config = gst_buffer_pool_get_config(pool);
+    gst_buffer_pool_config_set_params(config, caps, GST_VIDEO_INFO_SIZE(&info), min, max);
+    gst_buffer_pool_config_add_option(config, GST_BUFFER_POOL_OPTION_VIDEO_META);
+    if (!gst_buffer_pool_set_config(pool, config)) {
+      gst_object_unref(pool);
+      pool = nullptr;
+    }
+  }
+  if (!pool) pool = cuda->new_video_pool(caps, min, max);
+  if (!pool) {
+    GST_ERROR_OBJECT(trans, "no CUDA buffer pool for %" GST_PTR_FORMAT, caps);
+    return FALSE;
+  }
+  size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
+  if (gst_query_get_n_allocation_pools(query) > 0)
+    gst_query_set_nth_allocation_pool(query, 0, pool, size, min, max);
+  else
+    gst_query_add_allocation_pool(query, pool, size, min, max);
+  gst_object_unref(pool);
+  return TRUE;
 }
 
 static gboolean gst_vae_decode_stop(GstBaseTransform* trans) {
@@ -390,6 +488,8 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_set_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_size);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_decode_transform);
+  trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_propose_allocation);
+  trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_decide_allocation);
   trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_decode_stop);
 
   GST_LATENT_BASE_CLASS(klass)->parts = GST_LATENT_PART_DECODER;

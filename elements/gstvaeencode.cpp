@@ -18,6 +18,21 @@
  *
  * Frames of any size are accepted: `size-policy` fits them to the model's downsampling grid
  * (pad: replicate the edges up to the next multiple; crop: centre crop; scale: resize).
+ *
+ * On a CUDA device, frames and latents can stay in GPU memory:
+ *
+ * |[
+ * gst-launch-1.0 videotestsrc num-buffers=30 ! video/x-raw,format=NV12,width=320,height=240 ! \
+ *     cudaupload ! vaeencode device=cuda ! vaedecode device=cuda ! \
+ *     "video/x-raw(memory:CUDAMemory),format=RGBA" ! cudadownload ! videoconvert ! autovideosink
+ * ]|
+ *
+ * The sink pad takes video/x-raw(memory:CUDAMemory) (RGB/BGR/RGBA/BGRA/RGBx/BGRx/xRGB/xBGR/
+ * ARGB/ABGR, NV12, I420) from cudaupload or an NVDEC decoder and reads it in place; the src pad
+ * offers application/x-latent(memory:CUDAMemory) first, so a vaedecode or ditdenoise on the
+ * same GPU takes the latent without it leaving device memory. All of them share the device's
+ * primary CUDA context through GstContext (elements/gstlatentcuda.h). With a neighbour on the
+ * CPU, caps fall back to system memory.
  */
 #include "elements/gstvaeencode.h"
 
@@ -40,14 +55,24 @@ constexpr latent::SizePolicy kDefaultSizePolicy = latent::SizePolicy::kPad;
 // The packed formats plus NV12 and I420 (converted to RGB on the model's device).
 #define VAE_ENCODE_VIDEO_FORMATS \
   "{ RGB, RGBA, BGRA, BGR, RGBx, BGRx, xRGB, xBGR, ARGB, ABGR, NV12, I420 }"
-#define VAE_ENCODE_SINK_CAPS                                                         \
-  "video/x-raw, format = (string) " VAE_ENCODE_VIDEO_FORMATS                         \
+#define VAE_ENCODE_VIDEO_FIELDS                                                      \
+  " format = (string) " VAE_ENCODE_VIDEO_FORMATS                                     \
   ", width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], framerate = (fraction) " \
   "[ 0/1, 2147483647/1 ]"
-GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS,
-                                                             GST_STATIC_CAPS(VAE_ENCODE_SINK_CAPS));
+#define VAE_ENCODE_SINK_CAPS "video/x-raw," VAE_ENCODE_VIDEO_FIELDS
+#ifdef LATENT_HAVE_GST_CUDA
+// Frames and latents may also stay in GPU memory (elements/gstlatentcuda.h).
+#define VAE_ENCODE_SINK_TEMPLATE \
+  "video/x-raw(" GST_LATENT_CUDA_FEATURE ")," VAE_ENCODE_VIDEO_FIELDS "; " VAE_ENCODE_SINK_CAPS
+#define VAE_ENCODE_SRC_TEMPLATE GST_LATENT_CUDA_CAPS_TEMPLATE "; " GST_LATENT_CAPS_TEMPLATE
+#else
+#define VAE_ENCODE_SINK_TEMPLATE VAE_ENCODE_SINK_CAPS
+#define VAE_ENCODE_SRC_TEMPLATE GST_LATENT_CAPS_TEMPLATE
+#endif
+GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(VAE_ENCODE_SINK_TEMPLATE));
 GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
-    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(VAE_ENCODE_SRC_TEMPLATE));
 
 // What set_caps() fixed for the stream.
 struct Negotiated {
@@ -56,6 +81,8 @@ struct Negotiated {
   latent::YuvColor color;  // NV12/I420
   GstLatentInfo out_info;
   latent::FrameGeometry geometry;
+  bool cuda_in = false;   // frames arrive in CUDA memory
+  bool cuda_out = false;  // latents leave in CUDA memory
 };
 
 // A frame whose upload is under way (prefetching on a GPU).
@@ -83,8 +110,7 @@ struct Impl {
 };
 
 bool is_system_memory(GstCapsFeatures* f) {
-  return !f || gst_caps_features_is_any(f) ||
-         gst_caps_features_is_equal(f, GST_CAPS_FEATURES_MEMORY_SYSTEM_MEMORY);
+  return gst_latent_caps_features_is_system(f) || gst_latent_caps_features_is_cuda(f);
 }
 
 // video/x-raw structure -> the latent structure this element would output for it.
@@ -224,6 +250,7 @@ static GstCaps* gst_vae_encode_transform_caps(GstBaseTransform* trans, GstPadDir
   auto model = gst_latent_base_get_model(base);
   const latent::SizePolicy policy = current_policy(self);
   const latent::DType dtype = gst_latent_base_preferred_dtype(base);
+  const bool cuda = gst_latent_base_offers_cuda(base);
 
   GstCaps* out = gst_caps_new_empty();
   if (gst_caps_is_any(caps)) {
@@ -240,7 +267,7 @@ static GstCaps* gst_vae_encode_transform_caps(GstBaseTransform* trans, GstPadDir
         o = video_to_latent(s, model.get(), policy, dtype);
       else if (direction == GST_PAD_SRC && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
         o = latent_to_video(s, model.get(), policy);
-      if (o) out = gst_caps_merge_structure(out, o);
+      if (o) out = gst_latent_caps_merge_both(out, o, cuda);
     }
   }
   if (filter) {
@@ -325,6 +352,10 @@ static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps
     return FALSE;
   }
   n.geometry = *geometry;
+  n.cuda_in = gst_latent_caps_is_cuda(incaps);
+  n.cuda_out = gst_latent_caps_is_cuda(outcaps);
+  GST_INFO_OBJECT(self, "frames in %s memory, latents out in %s memory",
+                  n.cuda_in ? "CUDA" : "system", n.cuda_out ? "CUDA" : "system");
   GST_INFO_OBJECT(self, "%dx%d %s -> %s latent [%d, %d, %d] (%s, model input %dx%d)", w, h,
                   latent::frame_format_name(n.frame_format), latent::dtype_name(info->dtype),
                   info->channels, info->height, info->width,
@@ -367,16 +398,35 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
     return FALSE;
   // Strided frames are fine: the frame is read through GstVideoFrame.
   gst_query_add_allocation_meta(query, GST_VIDEO_META_API_TYPE, nullptr);
+  GstCaps* caps = nullptr;
+  gst_query_parse_allocation(query, &caps, nullptr);
+  if (caps && gst_latent_caps_is_cuda(caps) && gst_query_get_n_allocation_pools(query) == 0) {
+    // Upstream (cudaupload, a decoder) may write frames straight into our context's memory.
+    GstBufferPool* pool = gst_latent_base_cuda(GST_LATENT_BASE(trans))->new_video_pool(caps, 0, 0);
+    GstVideoInfo info;
+    if (pool && gst_video_info_from_caps(&info, caps))
+      gst_query_add_allocation_pool(query, pool, GST_VIDEO_INFO_SIZE(&info), 0, 0);
+    if (pool) gst_object_unref(pool);
+  }
   return TRUE;
 }
 
-// The CPU path: frame in system memory -> host tensor. (A CUDA-memory path goes beside this.)
-// A frame in system memory -> model input [1, 3, H, W] on the model's backend: its planes go
+static gboolean gst_vae_encode_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
+  if (gst_latent_base_decide_latent_pool(GST_LATENT_BASE(trans), query)) return TRUE;
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
+}
+
+// A frame -> model input [1, 3, H, W] on the model's backend: its planes go
 // to the device as raw bytes and are converted there (engine/backends/frames.h).
-static latent::Result<latent::Tensor> read_frame_sysmem(const Negotiated& n, GstBuffer* inbuf,
-                                                        GstLatentModel& model) {
+// Frames in CUDA memory of our context are read in place on the device (no host copy); any
+// other buffer through a system-memory mapping.
+static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negotiated& n,
+                                                 GstBuffer* inbuf, GstLatentModel& model) {
   GstVideoFrame frame;
-  if (!gst_video_frame_map(&frame, const_cast<GstVideoInfo*>(&n.in_info), inbuf, GST_MAP_READ)) {
+  GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
+  const bool on_device = n.cuda_in && cuda->map_frame(&frame, &n.in_info, inbuf, GST_MAP_READ);
+  if (!on_device &&
+      !gst_video_frame_map(&frame, const_cast<GstVideoInfo*>(&n.in_info), inbuf, GST_MAP_READ)) {
     return latent::Status::errorf("input buffer of ", gst_buffer_get_size(inbuf),
                                   " bytes does not hold a ", GST_VIDEO_INFO_WIDTH(&n.in_info), "x",
                                   GST_VIDEO_INFO_HEIGHT(&n.in_info), " ",
@@ -388,6 +438,7 @@ static latent::Result<latent::Tensor> read_frame_sysmem(const Negotiated& n, Gst
   desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
   desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
   desc.color = n.color;
+  if (on_device) desc.device = cuda->device();
   for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame) && i < 3; ++i) {
     desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
     desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
@@ -401,14 +452,47 @@ static latent::Result<latent::Tensor> read_frame_sysmem(const Negotiated& n, Gst
   return t;
 }
 
-// sample [1, 3, H, W] on the backend -> normalised latent [1, C, h, w] fp32 host.
+// sample [1, 3, H, W] on the backend -> normalised latent [1, C, h, w] on the backend (the
+// caller holds model.run_lock).
 static latent::Result<latent::Tensor> encode_frame(GstLatentModel& model,
                                                    const latent::Tensor& sample) {
-  std::lock_guard<std::mutex> lock(*model.run_lock);
   latent::Backend& b = *model.backend;
   LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.vae->encode(sample));
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor normalised, model.latent_space().normalize(b, raw));
-  return b.download(normalised);
+  return model.latent_space().normalize(b, raw);
+}
+
+// Latent [1, C, h, w] on the backend -> `outbuf`: in place on the device when it is CUDA memory
+// of our context, else downloaded and converted to the caps' dtype on the host. The caller holds
+// model.run_lock. Returns a message on failure.
+static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLatentModel& model,
+                                const latent::Tensor& latents, GstBuffer* outbuf) {
+  const size_t bytes = n.out_info.frame_bytes();
+  GstMapInfo map;
+  if (n.cuda_out && gst_latent_base_cuda(GST_LATENT_BASE(self))->map(outbuf, &map, GST_MAP_WRITE)) {
+    std::string problem;
+    if (map.size < bytes)
+      problem = latent::str_cat("output buffer of ", map.size, " bytes is smaller than a latent (",
+                                bytes, ")");
+    else if (latent::Status st = latent::tensor_to_device_latent(*model.backend, latents, map.data,
+                                                                 n.out_info.dtype);
+             !st.ok())
+      problem = st.message();
+    gst_buffer_unmap(outbuf, &map);
+    return problem;  // the buffer keeps the pool's (pitched) size, see gstlatentcuda.h
+  }
+  auto host = model.backend->download(latents);
+  if (!host.ok()) return host.status().message();
+  if (!gst_buffer_map(outbuf, &map, GST_MAP_WRITE)) return "cannot map the output buffer";
+  if (map.size < bytes) {
+    gst_buffer_unmap(outbuf, &map);
+    return latent::str_cat("output buffer of ", map.size, " bytes is smaller than a latent (",
+                           bytes, ")");
+  }
+  latent::convert_elements(host->data(), host->dtype(), map.data, n.out_info.dtype,
+                           static_cast<size_t>(host->numel()));
+  gst_buffer_unmap(outbuf, &map);
+  gst_buffer_set_size(outbuf, bytes);
+  return std::string();
 }
 
 static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer* inbuf,
@@ -432,15 +516,17 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
     std::lock_guard<std::mutex> lock(*model->run_lock);
     sample = pf.stager->convert(pf.current.ticket, n.geometry);
   } else {
-    sample = read_frame_sysmem(n, inbuf, *model);
+    sample = read_frame(self, n, inbuf, *model);
   }
   if (!sample.ok()) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("vaeencode: %s", sample.status().message().c_str()),
                       (nullptr));
     return GST_FLOW_ERROR;
   }
+  std::unique_lock<std::mutex> run(*model->run_lock);
   auto latents = encode_frame(*model, *sample);
   if (!latents.ok()) {
+    run.unlock();
     GST_ELEMENT_ERROR(
         self, STREAM, FAILED,
         ("vaeencode: encoding a %dx%d frame with %s failed: %s", n.geometry.frame_width(),
@@ -449,33 +535,20 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
     return GST_FLOW_ERROR;
   }
   const latent::Shape want{1, n.out_info.channels, n.out_info.height, n.out_info.width};
-  if (latents->shape() != want || latents->dtype() != latent::DType::kF32) {
+  if (latents->shape() != want) {
+    run.unlock();
     GST_ELEMENT_ERROR(self, STREAM, FAILED,
-                      ("vaeencode: %s returned %s, expected fp32%s", model->describe().c_str(),
+                      ("vaeencode: %s returned %s, expected %s", model->describe().c_str(),
                        latents->describe().c_str(), latent::shape_str(want).c_str()),
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-
-  GstMapInfo map;
-  if (!gst_buffer_map(outbuf, &map, GST_MAP_WRITE)) {
-    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: cannot map the output buffer"),
-                      (nullptr));
+  const std::string problem = write_latent(self, n, *model, *latents, outbuf);
+  run.unlock();
+  if (!problem.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
     return GST_FLOW_ERROR;
   }
-  const size_t bytes = n.out_info.frame_bytes();
-  if (map.size < bytes) {
-    gst_buffer_unmap(outbuf, &map);
-    GST_ELEMENT_ERROR(
-        self, RESOURCE, WRITE,
-        ("vaeencode: output buffer of %zu bytes is smaller than a latent (%zu)", map.size, bytes),
-        (nullptr));
-    return GST_FLOW_ERROR;
-  }
-  latent::convert_elements(latents->data(), latent::DType::kF32, map.data, n.out_info.dtype,
-                           static_cast<size_t>(latents->numel()));
-  gst_buffer_unmap(outbuf, &map);
-  gst_buffer_set_size(outbuf, bytes);
   gst_latent_base_frame_done(GST_LATENT_BASE(self),
                              (g_get_monotonic_time() - started_us) * GST_USECOND);
   return GST_FLOW_OK;
@@ -524,7 +597,9 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
     negotiated = self->impl->negotiated;
     n = self->impl->stream;
   }
-  latent::FrameStager* stager = negotiated && model ? prefetch_stager(self, *model) : nullptr;
+  // Frames already in device memory need no staging.
+  latent::FrameStager* stager =
+      negotiated && model && !n.cuda_in ? prefetch_stager(self, *model) : nullptr;
   if (!stager)
     return GST_BASE_TRANSFORM_CLASS(parent_class)->submit_input_buffer(trans, is_discont, input);
   GstVideoFrame frame;
@@ -648,6 +723,7 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_vae_encode_set_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_encode_transform_size);
   trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_encode_propose_allocation);
+  trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_encode_decide_allocation);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_encode_transform);
   trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_encode_stop);
   trans_class->submit_input_buffer = GST_DEBUG_FUNCPTR(gst_vae_encode_submit_input_buffer);

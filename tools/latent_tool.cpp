@@ -15,11 +15,13 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/backends/registry.h"
 #include "engine/core/log.h"
+#include "engine/models/vae/planned_vae.h"  // plans: --graph
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
 #include "tools/dit_commands.h"
@@ -54,6 +56,8 @@ const char* kUsage =
     "  decode  [--model M] --input LAT.safetensors --output IMG\n"
     "  run     [--model M] --part encoder|decoder --inputs IN.safetensors --outputs OUT.safetensors\n"
     "          [--warmup N] [--repeat N] [--json]  one model part on raw tensors, timed\n"
+    "          [--graph 1|0]  plan the part for the input shape and replay it as a CUDA graph\n"
+    "          (default 1 on CUDA; the plan is built before the timed runs)\n"
     "          encoder: `sample` [N,3,H,W] in [-1,1] -> `latent_mean` (TAESD family: `latents`)\n"
     "          decoder: `latent` (un-normalised) -> `sample` in [-1,1]\n"
     "  compare IMG_A IMG_B                      PSNR (dB) and SSIM of two images\n"
@@ -316,9 +320,25 @@ int cmd_run(const Args& a) {
   std::vector<double> times;
   Tensor y;
   b.reset_peak_memory();
+  // plans: a plan for this shape (warm-up + graph capture), built before the timed runs.
+  const bool graph = a.get("graph", b.supports_capture() ? "1" : "0") != "0";
+  std::unique_ptr<latent::PlannedPart> plan;
+  if (graph) {
+    auto t0 = std::chrono::steady_clock::now();
+    latent::PlanOptions po;
+    po.graph = true;
+    auto built = latent::PlannedPart::build(m, enc ? latent::VaePart::kEncode : latent::VaePart::kDecode, *x, po);
+    if (!built.ok()) return fail(built.status());
+    plan = std::move(built).value();
+    Status s = b.synchronize();
+    if (!s.ok()) return fail(s);
+    std::fprintf(stderr, "plan for %s built in %.1f ms (%s)\n", latent::shape_str(x->shape()).c_str(),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                 plan->uses_graph() ? "graph" : "no graph: plain forward");
+  }
   for (int i = 0; i < warmup + repeat; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    auto r = enc ? m.encode(*x) : m.decode(*x);
+    auto r = plan ? plan->run(*x) : enc ? m.encode(*x) : m.decode(*x);
     if (!r.ok()) return fail(r.status());
     Status s = b.synchronize();
     if (!s.ok()) return fail(s);
@@ -341,10 +361,10 @@ int cmd_run(const Args& a) {
               *std::min_element(times.begin(), times.end()));
   if (a.options.count("json"))
     std::printf("{\"part\": \"%s\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
-                "\"peak_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\"}\n",
+                "\"peak_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\", \"graph\": %s}\n",
                 part.c_str(), median(times), *std::min_element(times.begin(), times.end()), repeat,
                 static_cast<long long>(b.peak_memory_bytes()), b.name().c_str(),
-                latent::dtype_name(b.compute_dtype()));
+                latent::dtype_name(b.compute_dtype()), plan && plan->uses_graph() ? "true" : "false");
   return 0;
 }
 

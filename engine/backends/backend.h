@@ -103,6 +103,16 @@ inline const char* dit_op_name(DitOp op) {
 }
 // === end of DiT types ========================================================================
 
+// === Graph capture (plans; engine/models/vae/planned_vae.h) =================================
+// Work a backend recorded between begin_capture() and end_capture(), replayable with replay().
+// Opaque to callers; it keeps alive whatever device memory the recorded work uses besides the
+// tensors the caller passed in (which the caller must keep alive and unchanged in place).
+class CapturedGraph {
+ public:
+  virtual ~CapturedGraph() = default;
+};
+// === end of graph capture types ==============================================================
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -163,6 +173,39 @@ class Backend {
   // (H*W) x (H*W) score matrix at once.
   virtual Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            int heads) = 0;
+
+  // === Graph capture and plan persistence (plans) ===========================================
+  // A backend that supports capture records the device work that the ops called by this thread
+  // between begin_capture() and end_capture() queue, instead of running it; replay() runs it
+  // again with the same buffers (new data placed in the captured input tensors in place, e.g.
+  // with copy_into()). While capturing: every op must already have been run once at its shape
+  // (so no tuning or allocation decision happens inside), nothing may wait for the device
+  // (download(), synchronize() fail), and other threads' calls wait until end_capture().
+  // Tensors the captured ops return are only valid during replays: keep none past end_capture()
+  // except by copying into a tensor made before begin_capture(). The defaults: not supported.
+  virtual bool supports_capture() const { return false; }
+  virtual Status begin_capture() {
+    return Status::errorf("graph capture is not supported by backend ", name());
+  }
+  // Ends the capture begun by this thread (also after a failed op, to leave capture mode) and
+  // returns the recorded work, or the reason capture failed.
+  virtual Result<std::shared_ptr<CapturedGraph>> end_capture() {
+    return Status::errorf("graph capture is not supported by backend ", name());
+  }
+  // Queues the recorded work (asynchronous, like any op).
+  virtual Status replay(const CapturedGraph& graph) {
+    (void)graph;
+    return Status::errorf("graph capture is not supported by backend ", name());
+  }
+  // dst <- src in place (same shape, dtype and layout; both of this backend), queued.
+  virtual Status copy_into(const Tensor& src, const Tensor& dst) {
+    (void)src, (void)dst;
+    return Status::errorf("copy_into is not supported by backend ", name());
+  }
+  // Writes tuning results found so far (cuDNN algorithm choices) to the on-disk plan cache
+  // (engine/core/plan_cache.h), if the backend keeps one; a no-op otherwise.
+  virtual Status save_plans() { return ok_status(); }
+  // === end of graph capture and plan persistence ============================================
 
   // === DiT ops (diffusion transformers; engine/models/dit/) ==================================
   // Token tensors are row-major with features last: activations [B, T, D] (batch, tokens,

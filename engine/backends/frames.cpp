@@ -169,6 +169,32 @@ Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int d
   return std::unique_ptr<FrameStager>();
 }
 
+Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
+                                       int channels, int height, int width) {
+  if (!data) return Status::error("device latent buffer is null");
+  if (channels <= 0 || height <= 0 || width <= 0)
+    return Status::errorf("device latent of ", channels, "x", height, "x", width, " is empty");
+#ifdef LATENT_HAVE_CUDA
+  if (backend.device().kind == DeviceKind::kCUDA)
+    return cuda::device_latent_to_tensor(backend, data, dtype, channels, height, width);
+#endif
+  (void)dtype;
+  return Status::errorf("backend ", backend.name(), " cannot read latents in device memory");
+}
+
+Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype) {
+  if (!data) return Status::error("device latent buffer is null");
+  if (!latent.defined() || latent.rank() != 4 || latent.dim(0) != 1)
+    return Status::errorf("expected a latent [1, C, h, w], got ",
+                          latent.defined() ? latent.describe() : std::string("an empty tensor"));
+#ifdef LATENT_HAVE_CUDA
+  if (backend.device().kind == DeviceKind::kCUDA)
+    return cuda::tensor_to_device_latent(backend, latent, data, dtype);
+#endif
+  (void)dtype;
+  return Status::errorf("backend ", backend.name(), " cannot write latents to device memory");
+}
+
 TransferCounts transfer_counts() {
   TransferCounts c;
   c.host_to_device = g_h2d.load();

@@ -105,6 +105,17 @@ Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int d
 // Host copies of YUV frames: NV12/I420 -> packed RGB bytes (w * 3 a row), as described above.
 Status yuv_to_rgb_host(const FrameDesc& frame, uint8_t* rgb, size_t rgb_stride);
 
+// ---- latents in device memory (GPU-resident buffers between the stages) --------------------
+// A latent buffer [C, h, w] (contiguous, channel-major, in `dtype`) at `data` in the memory of
+// the backend's device -> backend tensor [1, C, h, w] in the compute dtype and layout. The copy
+// (and re-layout) is device-to-device: no byte goes through the host. Errors on a CPU backend.
+Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
+                                       int channels, int height, int width);
+// backend tensor [1, C, h, w] -> latent buffer [C, h, w] (contiguous, channel-major, `dtype`)
+// at `data` on the backend's device. The buffer is complete when this returns (its reader may
+// be on another stream).
+Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype);
+
 // ---- transfer counters (tests check that no byte takes a needless trip) ---------------------
 // Every host -> device and device -> host copy the engine makes (backend upload/download and
 // the frame paths above) counts here, process-wide.

@@ -11,6 +11,8 @@ tar xJf .carry/dev.tar.xz -C /tmp && . /tmp/dev/env.sh
 NV=$(python3 -c "import nvidia,glob,os;print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d+'/**/lib*.so*',recursive=True)})))" 2>/dev/null)
 export LD_LIBRARY_PATH=$LD_LIBRARY_PATH${NV:+:$NV}
 export LATENT_FIXTURES=$PWD/tests/fixtures LATENT_DEFAULT_MODEL=$PWD/models/default
+# The GStreamer runtime (../shared/device/gst-runtime.sh) for gst-launch and the gst tests.
+G=$PWD/.gstrt; export PATH=$G/bin:$PATH LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH GST_PLUGIN_SYSTEM_PATH_1_0=$G/lib/gstreamer-1.0 GST_PLUGIN_SCANNER_1_0=$G/libexec/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gstrt-registry.bin GST_CUDA_NVRTC_LIBNAME=$G/lib/libgstrt-nvrtc-shim.so
 nvidia-smi -L
 ldd /tmp/dev/bin/latent-tool | grep "not found"
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
@@ -26,7 +28,7 @@ if has tests; then
 fi
 
 if has gst; then
-  ( G=$PWD/.gstrt; export PATH=$G/bin:$PATH LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH GST_PLUGIN_SYSTEM_PATH_1_0=$G/lib/gstreamer-1.0 GST_PLUGIN_SCANNER_1_0=$G/libexec/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gstrt-registry.bin GST_CUDA_NVRTC_LIBNAME=$G/lib/libgstrt-nvrtc-shim.so
+  (
     gst-inspect-1.0 latent 2>&1 | head -12
     for m in models/default tests/fixtures/qwen_image_vae_tiny; do
       for size in 1024x1024 1920x1080; do
@@ -54,7 +56,7 @@ if has bench; then
 fi
 
 if has pipelines; then
-  ( G=$PWD/.gstrt; export PATH=$G/bin:$PATH LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH GST_PLUGIN_SYSTEM_PATH_1_0=$G/lib/gstreamer-1.0 GST_PLUGIN_SCANNER_1_0=$G/libexec/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gstrt-registry.bin GST_CUDA_NVRTC_LIBNAME=$G/lib/libgstrt-nvrtc-shim.so
+  (
     models=$PWD/models/default; [ -d /tmp/latent-bench/qwen ] && models=$models,/tmp/latent-bench/qwen
     python3 bench/bench_pipelines.py --models $models --out $OUT/bench-pipelines.json 2>&1 | tee $OUT/bench-pipelines.log | tail -12 )
 fi

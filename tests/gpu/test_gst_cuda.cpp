@@ -1,18 +1,23 @@
 // The GPU frame path: engine/backends/frames.h on the CUDA backend against the CPU backend
 // (packed, NV12 and I420 input under every size policy, host and device frames, the way back,
 // transfer counts), and vaeencode ! vaedecode with device=cuda against device=cpu (RGB, NV12,
-// I420 input; LATENCY answers). Exits 77 (skipped) without a GPU.
+// I420 input; LATENCY answers); latents and frames in CUDA memory between the elements and
+// GStreamer's CUDA elements (cudaupload, cudadownload), with the engine's host<->device copies
+// counted. Exits 77 (skipped) without a GPU.
+#include <dlfcn.h>
 #include <gst/gst.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
+#include "engine/weights/safetensors.h"
 #include "tests/util/test_util.h"
 
 #ifdef LATENT_HAVE_CUDA
@@ -320,6 +325,221 @@ TEST(GstCuda, LatencyQueryCountsBothStages) {
   ASSERT_TRUE(GST_CLOCK_TIME_IS_VALID(r.latency_min));
   EXPECT_GT(r.latency_min, 0u);  // videotestsrc is not live: the stages' own figures
   EXPECT_LT(r.latency_min, 10 * GST_SECOND);
+}
+
+// ---- GPU-resident buffers between the elements (elements/gstlatentcuda.h) --------------------
+
+// The engine's transfer counters as the plugin sees them. The plugin carries its own copy of the
+// engine, so its counters are read through its own symbols (plus this binary's, in case the
+// dynamic linker bound the plugin's counting calls here).
+struct PluginCounters {
+  using Get = TransferCounts (*)();
+  using Reset = void (*)();
+  Get get = nullptr;
+  Reset reset = nullptr;
+  PluginCounters() {
+    GstPlugin* plugin = gst_registry_find_plugin(gst_registry_get(), "latent");
+    if (!plugin) return;
+    GstPlugin* loaded = gst_plugin_load(plugin);
+    const gchar* file = loaded ? gst_plugin_get_filename(loaded) : nullptr;
+    void* handle = file ? dlopen(file, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+    if (handle) {
+      get = reinterpret_cast<Get>(dlsym(handle, "_ZN6latent15transfer_countsEv"));
+      reset = reinterpret_cast<Reset>(dlsym(handle, "_ZN6latent21reset_transfer_countsEv"));
+    }
+    if (loaded) gst_object_unref(loaded);
+    gst_object_unref(plugin);
+  }
+  bool ok() const { return get && reset; }
+  void clear() const {
+    reset();
+    reset_transfer_counts();
+  }
+  TransferCounts read() const {
+    TransferCounts a = get(), b = transfer_counts();
+    a.host_to_device += b.host_to_device;
+    a.device_to_host += b.device_to_host;
+    a.host_to_device_bytes += b.host_to_device_bytes;
+    a.device_to_host_bytes += b.device_to_host_bytes;
+    return a;
+  }
+};
+
+struct CountedRun {
+  RunResult run;
+  TransferCounts counts;
+};
+
+// Runs `description` with the counters reset when the first frame reaches the element named
+// "enc" (the models are loaded and their weights uploaded by then).
+CountedRun run_counted(const std::string& description) {
+  CountedRun r;
+  static const PluginCounters counters;
+  EXPECT_TRUE(counters.ok()) << "the latent plugin's transfer counters were not found";
+  if (!counters.ok()) return r;
+  struct Hook {
+    const PluginCounters* c;
+    bool armed = true;
+  } hook{&counters};
+  GError* err = nullptr;
+  GstElement* p = gst_parse_launch(description.c_str(), &err);
+  if (!p) {
+    r.run.error = err ? err->message : "parse failed";
+    g_clear_error(&err);
+    return r;
+  }
+  GstElement* enc = gst_bin_get_by_name(GST_BIN(p), "enc");
+  GstPad* pad = enc ? gst_element_get_static_pad(enc, "sink") : nullptr;
+  if (pad) {
+    gst_pad_add_probe(
+        pad, GST_PAD_PROBE_TYPE_BUFFER,
+        [](GstPad*, GstPadProbeInfo*, gpointer data) -> GstPadProbeReturn {
+          auto* h = static_cast<Hook*>(data);
+          if (h->armed) h->c->clear();
+          h->armed = false;
+          return GST_PAD_PROBE_OK;
+        },
+        &hook, nullptr);
+    gst_object_unref(pad);
+  }
+  if (enc) gst_object_unref(enc);
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
+  g_object_set(sink, "signal-handoffs", TRUE, nullptr);
+  g_signal_connect(sink, "handoff", G_CALLBACK(on_handoff), &r.run);
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  GstBus* bus = gst_element_get_bus(p);
+  GstMessage* msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND,
+                                               GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  r.counts = counters.read();
+  if (msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS) {
+    r.run.ok = true;
+  } else if (msg) {
+    GError* e = nullptr;
+    gchar* dbg = nullptr;
+    gst_message_parse_error(msg, &e, &dbg);
+    r.run.error = str_cat(e ? e->message : "error", " (", dbg ? dbg : "", ")");
+    g_clear_error(&e);
+    g_free(dbg);
+  } else {
+    r.run.error = "timeout";
+  }
+  if (msg) gst_message_unref(msg);
+  gst_object_unref(bus);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(p);
+  return r;
+}
+
+constexpr int kW = 96, kH = 64, kFrames = 3;
+
+// vaeencode ! <latent caps> ! vaedecode on the GPU, RGBA frames from and to system memory.
+std::string latent_link(const char* latent_caps) {
+  return str_cat("videotestsrc num-buffers=", kFrames,
+                 " pattern=smpte ! video/x-raw,format=RGBA,width=", kW, ",height=", kH,
+                 ",framerate=30/1 ! vaeencode name=enc model=", model(), " device=cuda ! ",
+                 latent_caps, " ! vaedecode model=", model(),
+                 " device=cuda ! video/x-raw,format=RGBA ! fakesink name=out sync=false");
+}
+
+TEST(GstCudaMemory, LatentsStayOnTheGpuBetweenTheStages) {
+  CountedRun dev = run_counted(latent_link("application/x-latent(memory:CUDAMemory)"));
+  CountedRun sys = run_counted(latent_link("application/x-latent(memory:SystemMemory)"));
+  ASSERT_TRUE(dev.run.ok) << dev.run.error;
+  ASSERT_TRUE(sys.run.ok) << sys.run.error;
+  ASSERT_EQ(dev.run.frames.size(), size_t(kFrames));
+  // Latents in the compute dtype (bf16) either way: the same bytes, so the same frames.
+  EXPECT_EQ(dev.run.frames, sys.run.frames);
+  const int64_t frame_bytes = int64_t(kW) * kH * 4;
+  // GPU-resident: only each frame's upload and each frame's download.
+  EXPECT_EQ(dev.counts.host_to_device, kFrames);
+  EXPECT_EQ(dev.counts.host_to_device_bytes, kFrames * frame_bytes);
+  EXPECT_EQ(dev.counts.device_to_host, kFrames);
+  EXPECT_EQ(dev.counts.device_to_host_bytes, kFrames * frame_bytes);
+  // System-memory latents: one latent download and one upload more per frame.
+  EXPECT_EQ(sys.counts.host_to_device, 2 * kFrames);
+  EXPECT_EQ(sys.counts.device_to_host, 2 * kFrames);
+}
+
+TEST(GstCudaMemory, CudaFramesInAndOutMatchSystemMemoryFrames) {
+  for (const char* format : {"NV12", "RGBA", "I420"}) {
+    SCOPED_TRACE(format);
+    const std::string src = str_cat("videotestsrc num-buffers=", kFrames,
+                                    " pattern=smpte ! video/x-raw,format=", format, ",width=", kW,
+                                    ",height=", kH, ",framerate=30/1 ! ");
+    const std::string stages =
+        str_cat("vaeencode name=enc model=", model(), " device=cuda ! vaedecode model=", model(),
+                " device=cuda ! ");
+    CountedRun dev = run_counted(
+        src + "cudaupload ! video/x-raw(memory:CUDAMemory) ! " + stages +
+        "video/x-raw(memory:CUDAMemory),format=RGBA ! cudadownload ! video/x-raw,format=RGBA ! "
+        "fakesink name=out sync=false");
+    CountedRun sys =
+        run_counted(src + stages + "video/x-raw,format=RGBA ! fakesink name=out sync=false");
+    ASSERT_TRUE(dev.run.ok) << dev.run.error;
+    ASSERT_TRUE(sys.run.ok) << sys.run.error;
+    ASSERT_EQ(dev.run.frames.size(), size_t(kFrames));
+    ASSERT_EQ(sys.run.frames.size(), size_t(kFrames));
+    for (int i = 0; i < kFrames; ++i) {
+      ASSERT_EQ(dev.run.frames[i].size(), sys.run.frames[i].size());
+      // The same kernels read the same bytes (in place instead of uploaded): bf16 tolerance.
+      EXPECT_LE(mean_abs_diff(dev.run.frames[i], sys.run.frames[i]), 1.0) << "frame " << i;
+    }
+    // Frames and latents in CUDA memory: the engine copies nothing between host and device.
+    EXPECT_EQ(dev.counts.host_to_device, 0);
+    EXPECT_EQ(dev.counts.device_to_host, 0);
+  }
+}
+
+// The Qwen-Image fixture pipeline (VAE, transformer) and a prompt-embeds file written from its
+// reference inputs, for ditdenoise between the VAE stages.
+std::string dit_root() { return test::fixtures_dir() + "/dit_qwen_image_tiny"; }
+std::string dit_prompt_file() {
+  const std::string path = test::temp_dir() + "/gst_cuda_dit_prompt.safetensors";
+  auto io = SafetensorsFile::open(dit_root() + "/io_denoise.safetensors");
+  EXPECT_TRUE(io.ok()) << io.status().message();
+  if (!io.ok()) return path;
+  std::map<std::string, Tensor> t;
+  for (const char* name : {"prompt_embeds", "prompt_embeds_mask"}) {
+    auto v = (*io)->tensor(std::string("t2i_cfg.") + name);
+    if (v.ok()) t[name] = v->to_dtype(DType::kF32);
+  }
+  EXPECT_EQ(t.count("prompt_embeds"), 1u);
+  Status st = write_safetensors(path, t);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return path;
+}
+
+// vaeencode ! <caps> ! ditdenoise ! <caps> ! vaedecode, all on the GPU (64x96: an 8x12 latent).
+std::string dit_link(const char* latent_caps, const std::string& prompt) {
+  const std::string vae = dit_root() + "/vae";
+  return str_cat("videotestsrc num-buffers=2 pattern=smpte ! video/x-raw,format=RGBA,width=96,",
+                 "height=64,framerate=30/1 ! vaeencode name=enc model=", vae, " device=cuda ! ",
+                 latent_caps, " ! ditdenoise model=", dit_root(), " prompt-embeds=", prompt,
+                 " steps=2 strength=0.6 seed=7 noise-mode=fixed device=cuda ! ", latent_caps,
+                 " ! vaedecode model=", vae,
+                 " device=cuda ! video/x-raw,format=RGBA ! fakesink name=out sync=false");
+}
+
+TEST(GstCudaMemory, DitDenoiseTakesAndGivesCudaLatents) {
+  const std::string prompt = dit_prompt_file();
+  CountedRun dev = run_counted(dit_link("application/x-latent(memory:CUDAMemory)", prompt));
+  CountedRun sys = run_counted(dit_link("application/x-latent(memory:SystemMemory)", prompt));
+  ASSERT_TRUE(dev.run.ok) << dev.run.error;
+  ASSERT_TRUE(sys.run.ok) << sys.run.error;
+  ASSERT_EQ(dev.run.frames.size(), 2u);
+  ASSERT_EQ(sys.run.frames.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(dev.run.frames[i].size(), sys.run.frames[i].size());
+    // The loop sees the same host latents either way; only bf16 rounding of its result may
+    // differ (device vs host conversion).
+    EXPECT_LE(mean_abs_diff(dev.run.frames[i], sys.run.frames[i]), 1.0) << "frame " << i;
+  }
+  // The loop takes host latents (engine/models/dit/denoise.h): with CUDA memory each latent goes
+  // down and up once inside ditdenoise instead of at vaeencode and vaedecode, so no copy is
+  // added; the VAE stages make none of their own.
+  EXPECT_EQ(dev.counts.device_to_host, sys.counts.device_to_host);
+  EXPECT_EQ(dev.counts.host_to_device, sys.counts.host_to_device);
 }
 
 }  // namespace

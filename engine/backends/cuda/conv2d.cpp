@@ -86,6 +86,10 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
                                                      const void* w, void* y, DeviceContext& ctx) {
   auto it = plans_.find(shape);
   if (it != plans_.end()) return it->second.get();
+  // plans: no algorithm search (it synchronises) inside a graph capture.
+  if (capturing_)
+    return Status::errorf("conv2d: ", describe(shape),
+                          " has no plan yet; run it once before capturing a graph");
 
   auto plan = std::make_unique<Plan>();
   const cudnnDataType_t dt = cudnn_type(shape.dtype);
@@ -114,6 +118,39 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
       cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NHWC, dt, shape.n, shape.k, oh, ow));
 
   const size_t limit = workspace_limit();
+  // === plans: a choice saved by an earlier process for this GPU and library versions ===
+  const std::string key = plan_key(shape);
+  nlohmann::json saved;
+  if (disk_ && disk_->lookup(key, &saved)) {
+    const bool valid = saved.is_object() && saved.contains("algo") &&
+                       saved["algo"].is_number_integer() && saved.contains("math") &&
+                       saved["math"].is_number_integer();
+    const int a = valid ? saved["algo"].get<int>() : -1;
+    const int m = valid ? saved["math"].get<int>() : -1;
+    size_t ws = 0;
+    if (a >= 0 && a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT &&
+        (m == CUDNN_DEFAULT_MATH || m == CUDNN_TENSOR_OP_MATH ||
+         m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION || m == CUDNN_FMA_MATH) &&
+        cudnnSetConvolutionMathType(plan->conv, static_cast<cudnnMathType_t>(m)) ==
+            CUDNN_STATUS_SUCCESS &&
+        cudnnGetConvolutionForwardWorkspaceSize(handle_, plan->x, plan->w, plan->conv, plan->y,
+                                                static_cast<cudnnConvolutionFwdAlgo_t>(a),
+                                                &ws) == CUDNN_STATUS_SUCCESS &&
+        ws <= limit) {
+      plan->algo = static_cast<cudnnConvolutionFwdAlgo_t>(a);
+      plan->workspace = ws;
+      LATENT_DEBUG("conv2d plan ", describe(shape), ": ", algo_name(plan->algo), ", ", ws,
+                   " bytes of workspace (from ", disk_->path(), ")");
+      Plan* raw = plan.get();
+      plans_.emplace(shape, std::move(plan));
+      return raw;
+    }
+    LATENT_WARN("conv2d: the saved plan '", key, "' = ", saved.dump(), " in ", disk_->path(),
+                " does not apply here; searching again");
+    LATENT_CUDA_CHECK(cudnnSetConvolutionMathType(
+        plan->conv, tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  }
+  // === end plans ===
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int returned = 0;
   bool timed = false;
@@ -160,10 +197,38 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
                chosen->mathType == CUDNN_TENSOR_OP_MATH ? " (tensor ops)" : "", ", ",
                plan->workspace, " bytes of workspace",
                timed ? str_cat(", ", chosen->time, " ms") : std::string());
+  // plans: only measured choices are worth keeping (heuristics cost nothing to ask again).
+  if (disk_ && timed)
+    disk_->put(key, nlohmann::json{{"algo", static_cast<int>(plan->algo)},
+                                   {"math", static_cast<int>(chosen->mathType)},
+                                   {"name", algo_name(plan->algo)},
+                                   {"workspace", plan->workspace},
+                                   {"ms", chosen->time}});
   Plan* raw = plan.get();
   plans_.emplace(shape, std::move(plan));
   return raw;
 }
+
+// === plans ===
+std::string ConvPlanCache::plan_key(const ConvShape& s) const {
+  return str_cat("conv2d ", dtype_name(s.dtype), " tf32=", tf32_ ? 1 : 0, " x=", s.n, ",", s.c,
+                 ",", s.h, ",", s.w, " w=", s.k, ",", s.r, ",", s.s, " pad=", s.pad_h, ",",
+                 s.pad_w, " stride=", s.stride);
+}
+
+Status ConvPlanCache::forward_in(const ConvShape& shape, const void* x, const void* w, void* y,
+                                 DeviceContext& ctx, void* workspace, size_t workspace_bytes) {
+  LATENT_ASSIGN_OR_RETURN(Plan * plan, plan_for(shape, x, w, y, ctx));
+  if (plan->workspace > workspace_bytes)
+    return Status::errorf("conv2d: ", describe(shape), " needs ", plan->workspace,
+                          " bytes of workspace, ", workspace_bytes, " given");
+  const float alpha = 1.f, beta = 0.f;
+  LATENT_CUDA_CHECK(cudnnConvolutionForward(handle_, &alpha, plan->x, x, plan->w, w, plan->conv,
+                                            plan->algo, plan->workspace ? workspace : nullptr,
+                                            plan->workspace, &beta, plan->y, y));
+  return ok_status();
+}
+// === end plans ===
 
 Status ConvPlanCache::forward(const ConvShape& shape, const void* x, const void* w, void* y,
                               DeviceContext& ctx, GrowableBuffer& workspace) {

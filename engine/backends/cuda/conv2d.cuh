@@ -15,6 +15,7 @@
 
 #include "engine/backends/cuda/memory.h"
 #include "engine/core/dtype.h"
+#include "engine/core/plan_cache.h"  // plans
 #include "engine/core/status.h"
 
 namespace latent::cuda {
@@ -47,6 +48,20 @@ class ConvPlanCache {
 
   size_t size() const { return plans_.size(); }
 
+  // === plans: on-disk algorithm choices and graph capture ===
+  // Algorithm choices are looked up in `disk` before searching, and timed choices are added to
+  // it (under plan_key()); the owner saves it.
+  void set_disk_cache(std::shared_ptr<PlanCache> disk) { disk_ = std::move(disk); }
+  // While capturing a graph nothing may be timed or synchronised: a shape without a plan is
+  // an error instead (run the work once before capturing it).
+  void set_capturing(bool capturing) { capturing_ = capturing; }
+  // forward() with a caller-owned workspace of `workspace_bytes` (too small: an error).
+  Status forward_in(const ConvShape& shape, const void* x, const void* w, void* y,
+                    DeviceContext& ctx, void* workspace, size_t workspace_bytes);
+  // "conv2d bf16 tf32=1 x=1,128,64,64 w=128,3,3 pad=1,1 stride=1"
+  std::string plan_key(const ConvShape& shape) const;
+  // === end plans ===
+
  private:
   struct Plan;
   Result<Plan*> plan_for(const ConvShape& shape, const void* x, const void* w, void* y,
@@ -56,6 +71,8 @@ class ConvPlanCache {
   bool tf32_;
   bool exhaustive_;
   std::map<ConvShape, std::unique_ptr<Plan>> plans_;
+  std::shared_ptr<PlanCache> disk_;  // plans
+  bool capturing_ = false;           // plans
 };
 
 }  // namespace latent::cuda

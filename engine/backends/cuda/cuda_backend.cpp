@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>  // plans
+#include <thread>              // plans
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -33,6 +35,7 @@
 #include "engine/backends/cuda/convert.cuh"
 #include "engine/backends/cuda/dit_ops.h"  // cuda-dit
 #include "engine/backends/cuda/elementwise.cuh"
+#include "engine/backends/cuda/graph.h"  // plans: graphs and the plan cache
 #include "engine/backends/cuda/group_norm.cuh"
 #include "engine/backends/cuda/memory.h"
 #include "engine/backends/cuda/pixels.cuh"  // gpu-elements: frames
@@ -84,12 +87,15 @@ class CudaBackend final : public Backend {
     launch_.sm_count = ctx_->properties().multiProcessorCount;
     launch_.smem_optin = ctx_->properties().sharedMemPerBlockOptin;
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
+    disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
+    conv_plans_->set_disk_cache(disk_plans_);                       // plans
   }
 
   ~CudaBackend() override {
     DeviceGuard guard;
     if (!guard.set(ctx_->device()).ok()) return;
     LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
+    save_plans_locked();  // plans
     dit_linear_.reset();  // cuda-dit: cuBLASLt plans and handle, device current
     conv_plans_.reset();
     LATENT_CUDA_WARN(cudnnDestroy(cudnn_));
@@ -110,8 +116,15 @@ class CudaBackend final : public Backend {
   const cuda::Launch& launch_config() const { return launch_; }
   // Live bytes of the backend's memory pool (tensors, scratch, cuDNN workspace) at their peak;
   // cuDNN's and the driver's own allocations are not counted.
-  int64_t peak_memory_bytes() const override { return ctx_->peak_bytes(); }
-  void reset_peak_memory() override { ctx_->reset_peak(); }
+  // plans: plus the memory of captured graphs on this device (not in the pool).
+  int64_t peak_memory_bytes() const override {
+    const int64_t pool = ctx_->peak_bytes();
+    return pool < 0 ? pool : pool + cuda::graph_memory_high(ctx_->device());
+  }
+  void reset_peak_memory() override {
+    ctx_->reset_peak();
+    cuda::reset_graph_memory_high(ctx_->device());  // plans
+  }
 
   Result<Tensor> conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& residual, Activation act) override;
@@ -129,6 +142,15 @@ class CudaBackend final : public Backend {
   Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override;
   Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                    int heads) override;
+
+  // === plans: graph capture and the on-disk plan cache (graph.h) ===
+  bool supports_capture() const override { return true; }
+  Status begin_capture() override;
+  Result<std::shared_ptr<CapturedGraph>> end_capture() override;
+  Status replay(const CapturedGraph& graph) override;
+  Status copy_into(const Tensor& src, const Tensor& dst) override;
+  Status save_plans() override;
+  // === end plans ===
 
   // === cuda-dit: DiT ops (dit_ops.h; checks and kernels live there) ===
   bool supports_dit(DitOp op, DType dtype) const override {
@@ -162,7 +184,8 @@ class CudaBackend final : public Backend {
   // Runs an op body with the lock held and the device current; failures name op and device.
   template <typename F>
   Result<Tensor> run(const char* op, F&& body) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_for_capture(lock);  // plans
     DeviceGuard guard;
     Status st = guard.set(ctx_->device());
     if (!st.ok()) return st.with_context(str_cat(op, " on ", ctx_->label()));
@@ -220,6 +243,24 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::ConvPlanCache> conv_plans_;
   cuda::GrowableBuffer workspace_;  // cuDNN's, shared by all convolutions (one stream)
   std::mutex mutex_;
+  // === plans (members; guarded by mutex_) ===
+  // While one thread captures, the others' ops wait (their work would land in its graph).
+  void wait_for_capture(std::unique_lock<std::mutex>& lock) {
+    capture_cv_.wait(lock, [&] {
+      return !capturing_ || capture_thread_ == std::this_thread::get_id();
+    });
+  }
+  void save_plans_locked() {
+    if (!disk_plans_ || !disk_plans_->dirty()) return;
+    Status st = disk_plans_->save();
+    if (!st.ok()) LATENT_WARN(ctx_->label(), ": ", st.message());
+  }
+  std::shared_ptr<PlanCache> disk_plans_;
+  bool capturing_ = false;
+  std::thread::id capture_thread_;
+  std::condition_variable capture_cv_;
+  std::shared_ptr<Storage> capture_workspace_;  // the cuDNN workspace of the graph in capture
+  // === end plans ===
   // === cuda-dit: what the DiT ops need (call with the lock held) ===
   cuda::DitEnv dit_env() {
     cuda::DitEnv env;
@@ -312,12 +353,87 @@ Result<Tensor> CudaBackend::download(const Tensor& t) {
 }
 
 Status CudaBackend::synchronize() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  wait_for_capture(lock);  // plans
+  if (capturing_) return Status::errorf("synchronize on ", ctx_->label(), " while capturing a graph");
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx_->device()));
   LATENT_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
+  save_plans_locked();  // plans: new cuDNN choices, written once (no-op when nothing is new)
   return ok_status();
 }
+
+// === plans: graph capture and the on-disk plan cache ===
+Status CudaBackend::begin_capture() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  wait_for_capture(lock);
+  if (capturing_) return Status::errorf(ctx_->label(), ": this thread is already capturing");
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(ctx_->device()));
+  // The graph keeps its own cuDNN workspace, as large as any convolution run so far needed
+  // (the shared one may be regrown, and so moved, by later shapes).
+  capture_workspace_.reset();
+  if (workspace_.size() > 0) {
+    LATENT_ASSIGN_OR_RETURN(capture_workspace_, ctx_->allocate_storage(workspace_.size()));
+  }
+  LATENT_TRY(cuda::begin_stream_capture(*ctx_));
+  conv_plans_->set_capturing(true);
+  capturing_ = true;
+  capture_thread_ = std::this_thread::get_id();
+  return ok_status();
+}
+
+Result<std::shared_ptr<CapturedGraph>> CudaBackend::end_capture() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!capturing_ || capture_thread_ != std::this_thread::get_id())
+    return Status::errorf(ctx_->label(), ": end_capture without begin_capture on this thread");
+  DeviceGuard guard;
+  Status st = guard.set(ctx_->device());
+  auto made = cuda::end_stream_capture(ctx_, std::move(capture_workspace_));
+  capture_workspace_.reset();
+  conv_plans_->set_capturing(false);
+  capturing_ = false;
+  lock.unlock();
+  capture_cv_.notify_all();
+  LATENT_TRY(st);
+  if (!made.ok()) return made.status();
+  LATENT_DEBUG(ctx_->label(), ": captured a graph of ", (*made)->nodes(), " nodes");
+  return std::shared_ptr<CapturedGraph>(std::move(made).value());
+}
+
+Status CudaBackend::replay(const CapturedGraph& graph) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  wait_for_capture(lock);
+  auto* g = dynamic_cast<const cuda::CudaGraph*>(&graph);
+  if (!g || g->context() != ctx_.get())
+    return Status::errorf("replay: the graph was not captured by ", ctx_->label());
+  if (capturing_) return Status::errorf("replay on ", ctx_->label(), " while capturing a graph");
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(ctx_->device()));
+  return g->launch();
+}
+
+Status CudaBackend::copy_into(const Tensor& src, const Tensor& dst) {
+  return run("copy_into", [&]() -> Result<Tensor> {
+           LATENT_TRY(check_tensor("src", src, -1));
+           LATENT_TRY(check_tensor("dst", dst, -1));
+           if (src.shape() != dst.shape() || src.layout() != dst.layout())
+             return Status::errorf("src ", src.describe(), " and dst ", dst.describe(),
+                                   " differ in shape or layout");
+           if (src.data() != dst.data())
+             LATENT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(),
+                                               cudaMemcpyDeviceToDevice, ctx_->stream()));
+           return dst;
+         })
+      .status();
+}
+
+Status CudaBackend::save_plans() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!disk_plans_) return ok_status();
+  return disk_plans_->save();
+}
+// === end plans ===
 
 Result<Tensor> CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                    const Conv2dParams& p, const Tensor& residual, Activation act) {
@@ -381,7 +497,14 @@ Result<Tensor> CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tenso
       input = padded.get();
     }
     LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
-    LATENT_TRY(conv_plans_->forward(s, input, w.data(), y.data(), *ctx_, workspace_));
+    if (capturing_) {  // plans: the graph's own workspace (begin_capture)
+      LATENT_TRY(conv_plans_->forward_in(
+          s, input, w.data(), y.data(), *ctx_,
+          capture_workspace_ ? capture_workspace_->data() : nullptr,
+          capture_workspace_ ? capture_workspace_->bytes() : 0));
+    } else {
+      LATENT_TRY(conv_plans_->forward(s, input, w.data(), y.data(), *ctx_, workspace_));
+    }
     if (bias.defined() || residual.defined() || act != Activation::kNone) {
       LATENT_TRY(cuda::launch_bias_residual_act(y.data(), bias.defined() ? bias.data() : nullptr,
                                                 residual.defined() ? residual.data() : nullptr,

@@ -44,6 +44,11 @@ Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometr
 
 Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth);
 
+// The CUDA implementations of frames.h's device latents (latents.cpp).
+Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
+                                       int channels, int height, int width);
+Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype);
+
 // === defined in cuda_backend.cpp (gpu-elements) ===
 // The device context and launch configuration of a CUDA backend; null for other backends.
 std::shared_ptr<DeviceContext> backend_device_context(Backend& backend);

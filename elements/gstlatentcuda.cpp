@@ -1,0 +1,361 @@
+// GPU-resident buffers and the shared CUDA context; see gstlatentcuda.h.
+#include "elements/gstlatentcuda.h"
+
+#include <cstring>
+#include <map>
+
+#include "elements/gstlatentcaps.h"
+
+#ifdef LATENT_HAVE_GST_CUDA
+#ifndef GST_USE_UNSTABLE_API
+#define GST_USE_UNSTABLE_API
+#endif
+#include <cuda_runtime_api.h>
+#include <gst/cuda/gstcudabufferpool.h>
+#include <gst/cuda/gstcudacontext.h>
+#include <gst/cuda/gstcudaloader.h>
+#include <gst/cuda/gstcudamemory.h>
+#include <gst/cuda/gstcudautils.h>
+#endif
+
+GST_DEBUG_CATEGORY_STATIC(gst_latent_cuda_debug);
+#define GST_CAT_DEFAULT gst_latent_cuda_debug
+
+namespace {
+
+void init_debug() {
+  static gsize done = 0;
+  if (g_once_init_enter(&done)) {
+    GST_DEBUG_CATEGORY_INIT(gst_latent_cuda_debug, "latentcuda", 0,
+                            "gst-latent CUDA memory and context sharing");
+    g_once_init_leave(&done, 1);
+  }
+}
+
+#ifdef LATENT_HAVE_GST_CUDA
+using PrimaryCtxRetain = CUresult (*)(CUcontext*, CUdevice);
+
+// The process-wide wrapper of device `index`'s primary context (null on failure). The primary
+// context stays retained for the life of the process: the engine's runtime uses it anyway.
+GstCudaContext* primary_context(int index) {
+  static std::mutex mutex;
+  static std::map<int, GstCudaContext*>* wrappers = new std::map<int, GstCudaContext*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = wrappers->find(index);
+  if (it != wrappers->end()) return it->second;
+  GstCudaContext* wrapped = nullptr;
+  if (!gst_cuda_load_library()) {
+    GST_WARNING("GStreamer's CUDA library could not load libcuda: buffers stay in system memory");
+  } else {
+    // The runtime initialises the driver and creates the primary context (as the engine will);
+    // the current device of this thread is left as it was.
+    int previous = -1;
+    if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(index) == cudaSuccess) {
+      cudaFree(nullptr);
+      if (previous >= 0) cudaSetDevice(previous);
+    }
+    // Through the runtime's entry-point query, so the plugin need not link libcuda.
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxRetain", &fn, 12000,
+                                                     cudaEnableDefault, &found);
+    CUcontext handle = nullptr;
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
+      GST_WARNING("cuDevicePrimaryCtxRetain not found (%s)", cudaGetErrorString(e));
+    } else if (reinterpret_cast<PrimaryCtxRetain>(fn)(&handle, static_cast<CUdevice>(index)) !=
+                   CUDA_SUCCESS ||
+               !handle) {
+      GST_WARNING("cannot retain the primary context of cuda:%d", index);
+    } else {
+      wrapped = gst_cuda_context_new_wrapped(handle, static_cast<CUdevice>(index));
+      if (wrapped) gst_object_ref_sink(wrapped);
+      GST_INFO("cuda:%d: sharing the primary context %p as %" GST_PTR_FORMAT, index, handle,
+               wrapped);
+    }
+  }
+  (*wrappers)[index] = wrapped;
+  return wrapped;
+}
+
+bool same_context(GstCudaContext* a, GstCudaContext* b) {
+  return a && b && (a == b || gst_cuda_context_get_handle(a) == gst_cuda_context_get_handle(b));
+}
+
+// The one GstCudaMemory of `buffer`, or null.
+GstCudaMemory* single_cuda_memory(GstBuffer* buffer) {
+  if (!buffer || gst_buffer_n_memory(buffer) != 1) return nullptr;
+  GstMemory* mem = gst_buffer_peek_memory(buffer, 0);
+  return gst_is_cuda_memory(mem) ? GST_CUDA_MEMORY_CAST(mem) : nullptr;
+}
+#endif
+
+}  // namespace
+
+bool gst_latent_cuda_built(void) {
+#ifdef LATENT_HAVE_GST_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+GstLatentCuda::~GstLatentCuda() {
+  stop();
+  if (foreign_) gst_object_unref(foreign_);
+}
+
+bool GstLatentCuda::start(GstElement* element, const latent::Device& device) {
+  init_debug();
+  stop();
+  if (device.is_cpu()) return true;
+#ifdef LATENT_HAVE_GST_CUDA
+  gst_cuda_memory_init_once();
+  GstCudaContext* ctx = primary_context(device.index);
+  if (!ctx) return false;
+  {
+    std::lock_guard<std::mutex> lock(lock_);
+    context_ = gst_object_ref(ctx);
+    device_ = device;
+    if (foreign_ && !same_context(GST_CUDA_CONTEXT(foreign_), ctx))
+      GST_INFO_OBJECT(element,
+                      "a CUDA context other than cuda:%d's primary one was set on us; CUDA "
+                      "memory of that context is read through system memory",
+                      device.index);
+  }
+  GstContext* c = gst_context_new_cuda_context(ctx);
+  gst_element_post_message(element, gst_message_new_have_context(GST_OBJECT(element), c));
+  return true;
+#else
+  (void)element;
+  return true;
+#endif
+}
+
+void GstLatentCuda::stop() {
+  std::lock_guard<std::mutex> lock(lock_);
+  if (context_) gst_object_unref(context_);
+  context_ = nullptr;
+  device_ = latent::Device();
+}
+
+void GstLatentCuda::set_context(GstElement* element, GstContext* context) {
+#ifdef LATENT_HAVE_GST_CUDA
+  init_debug();
+  GstCudaContext* got = nullptr;
+  if (!gst_cuda_handle_set_context(element, context, -1, &got) || !got) return;
+  std::lock_guard<std::mutex> lock(lock_);
+  if (foreign_) gst_object_unref(foreign_);
+  foreign_ = got;  // owned
+#else
+  (void)element;
+  (void)context;
+#endif
+}
+
+bool GstLatentCuda::handle_query(GstElement* element, GstQuery* query, int planned_device) {
+#ifdef LATENT_HAVE_GST_CUDA
+  if (GST_QUERY_TYPE(query) != GST_QUERY_CONTEXT) return false;
+  const gchar* type = nullptr;
+  if (!gst_query_parse_context_type(query, &type) || g_strcmp0(type, GST_CUDA_CONTEXT_TYPE) != 0)
+    return false;
+  GstCudaContext* ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(lock_);
+    if (context_) ctx = GST_CUDA_CONTEXT(gst_object_ref(context_));
+  }
+  if (!ctx && planned_device >= 0) {
+    init_debug();
+    GstCudaContext* primary = primary_context(planned_device);
+    if (primary) ctx = GST_CUDA_CONTEXT(gst_object_ref(primary));
+  }
+  if (!ctx) return false;
+  const bool answered = gst_cuda_handle_context_query(element, query, ctx);
+  gst_object_unref(ctx);
+  return answered;
+#else
+  (void)element;
+  (void)query;
+  (void)planned_device;
+  return false;
+#endif
+}
+
+bool GstLatentCuda::active() {
+  std::lock_guard<std::mutex> lock(lock_);
+  return context_ != nullptr;
+}
+
+latent::Device GstLatentCuda::device() {
+  std::lock_guard<std::mutex> lock(lock_);
+  return device_;
+}
+
+bool GstLatentCuda::map(GstBuffer* buffer, GstMapInfo* info, GstMapFlags flags) {
+#ifdef LATENT_HAVE_GST_CUDA
+  GstCudaMemory* mem = single_cuda_memory(buffer);
+  {
+    std::lock_guard<std::mutex> lock(lock_);
+    if (!mem || !context_) return false;
+    if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
+      if (!warned_)
+        GST_WARNING("CUDA memory of another context (%p): going through system memory",
+                    mem->context);
+      warned_ = true;
+      return false;
+    }
+  }
+  return gst_buffer_map(buffer, info, static_cast<GstMapFlags>(flags | GST_MAP_CUDA));
+#else
+  (void)buffer;
+  (void)info;
+  (void)flags;
+  return false;
+#endif
+}
+
+bool GstLatentCuda::map_frame(GstVideoFrame* frame, const GstVideoInfo* info, GstBuffer* buffer,
+                              GstMapFlags flags) {
+#ifdef LATENT_HAVE_GST_CUDA
+  GstCudaMemory* mem = single_cuda_memory(buffer);
+  {
+    std::lock_guard<std::mutex> lock(lock_);
+    if (!mem || !context_) return false;
+    if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
+      if (!warned_)
+        GST_WARNING("CUDA memory of another context (%p): going through system memory",
+                    mem->context);
+      warned_ = true;
+      return false;
+    }
+  }
+  return gst_video_frame_map(frame, const_cast<GstVideoInfo*>(info), buffer,
+                             static_cast<GstMapFlags>(flags | GST_MAP_CUDA));
+#else
+  (void)frame;
+  (void)info;
+  (void)buffer;
+  (void)flags;
+  return false;
+#endif
+}
+
+GstBufferPool* GstLatentCuda::new_latent_pool(gsize bytes, guint min, guint max) {
+  // One GRAY8 row of the latent's bytes: GstCudaBufferPool sizes memory from video caps.
+  GstCaps* caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "GRAY8", "width",
+                                      G_TYPE_INT, static_cast<gint>(bytes), "height", G_TYPE_INT, 1,
+                                      "framerate", GST_TYPE_FRACTION, 0, 1, nullptr);
+  GstBufferPool* pool = new_video_pool(caps, min, max);
+  gst_caps_unref(caps);
+  return pool;
+}
+
+GstBufferPool* GstLatentCuda::new_video_pool(GstCaps* caps, guint min, guint max) {
+#ifdef LATENT_HAVE_GST_CUDA
+  GstCudaContext* ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(lock_);
+    if (context_) ctx = GST_CUDA_CONTEXT(gst_object_ref(context_));
+  }
+  if (!ctx) return nullptr;
+  GstVideoInfo info;
+  GstBufferPool* pool = nullptr;
+  if (gst_video_info_from_caps(&info, caps)) {
+    pool = gst_cuda_buffer_pool_new(ctx);
+    GstStructure* config = gst_buffer_pool_get_config(pool);
+    gst_buffer_pool_config_set_params(config, caps, GST_VIDEO_INFO_SIZE(&info), min, max);
+    gst_buffer_pool_config_add_option(config, GST_BUFFER_POOL_OPTION_VIDEO_META);
+    if (!gst_buffer_pool_set_config(pool, config)) {
+      GST_WARNING("cannot configure a CUDA buffer pool for %" GST_PTR_FORMAT, caps);
+      gst_object_unref(pool);
+      pool = nullptr;
+    }
+  }
+  gst_object_unref(ctx);
+  return pool;
+#else
+  (void)caps;
+  (void)min;
+  (void)max;
+  return nullptr;
+#endif
+}
+
+bool GstLatentCuda::owns_pool(GstBufferPool* pool) {
+#ifdef LATENT_HAVE_GST_CUDA
+  if (!pool || !GST_IS_CUDA_BUFFER_POOL(pool)) return false;
+  std::lock_guard<std::mutex> lock(lock_);
+  return context_ && same_context(GST_CUDA_BUFFER_POOL(pool)->context, GST_CUDA_CONTEXT(context_));
+#else
+  (void)pool;
+  return false;
+#endif
+}
+
+bool gst_latent_buffer_is_cuda(GstBuffer* buffer) {
+  return buffer && gst_buffer_n_memory(buffer) == 1 &&
+         gst_memory_is_type(gst_buffer_peek_memory(buffer, 0), "gst.cuda.memory");
+}
+
+bool gst_latent_caps_features_is_cuda(const GstCapsFeatures* f) {
+  return f && !gst_caps_features_is_any(f) &&
+         gst_caps_features_contains(f, GST_LATENT_CUDA_FEATURE);
+}
+
+bool gst_latent_caps_features_is_system(const GstCapsFeatures* f) {
+  return !f || gst_caps_features_is_any(f) ||
+         gst_caps_features_is_equal(f, GST_CAPS_FEATURES_MEMORY_SYSTEM_MEMORY);
+}
+
+GstCaps* gst_latent_caps_merge_both(GstCaps* caps, GstStructure* s, bool cuda) {
+  if (cuda && gst_latent_cuda_built())
+    caps = gst_caps_merge_structure_full(caps, gst_structure_copy(s),
+                                         gst_caps_features_new(GST_LATENT_CUDA_FEATURE, nullptr));
+  return gst_caps_merge_structure(caps, s);
+}
+
+bool gst_latent_caps_is_cuda(const GstCaps* caps) {
+  return caps && gst_caps_get_size(caps) > 0 &&
+         gst_latent_caps_features_is_cuda(gst_caps_get_features(caps, 0));
+}
+
+bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
+  GstCaps* caps = nullptr;
+  gst_query_parse_allocation(query, &caps, nullptr);
+  if (!caps || !gst_latent_caps_is_cuda(caps) || !cuda->active()) return false;
+  auto info = gst_latent_info_from_caps(caps);
+  if (!info.ok()) return false;
+  GstBufferPool* pool = cuda->new_latent_pool(info->frame_bytes(), 0, 0);
+  if (!pool) return false;
+  gst_query_add_allocation_pool(query, pool, static_cast<guint>(info->frame_bytes()), 0, 0);
+  gst_object_unref(pool);
+  return true;
+}
+
+bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
+  GstCaps* caps = nullptr;
+  gst_query_parse_allocation(query, &caps, nullptr);
+  if (!caps || !gst_latent_caps_is_cuda(caps) || !cuda->active()) return false;
+  auto info = gst_latent_info_from_caps(caps);
+  if (!info.ok()) return false;
+  GstBufferPool* pool = nullptr;
+  guint min = 0, max = 0, size = 0;
+  if (gst_query_get_n_allocation_pools(query) > 0) {
+    gst_query_parse_nth_allocation_pool(query, 0, &pool, &size, &min, &max);
+    if (pool && (!cuda->owns_pool(pool) || size < info->frame_bytes())) {
+      gst_object_unref(pool);
+      pool = nullptr;
+    }
+  }
+  if (!pool) pool = cuda->new_latent_pool(info->frame_bytes(), min, max);
+  if (!pool) return false;
+  // Configured by whoever made it (propose_latent_pool or new_latent_pool): latent caps are not
+  // video caps, so the base class must not configure it again.
+  size = static_cast<guint>(info->frame_bytes());
+  if (gst_query_get_n_allocation_pools(query) > 0)
+    gst_query_set_nth_allocation_pool(query, 0, pool, size, min, max);
+  else
+    gst_query_add_allocation_pool(query, pool, size, min, max);
+  gst_object_unref(pool);
+  GST_DEBUG("latents in CUDA memory (%u bytes a buffer)", size);
+  return true;
+}

@@ -1,0 +1,105 @@
+// GPU-resident buffers for the latent stages, through GStreamer's CUDA library.
+//
+// Every stage on a CUDA device uses one GstCudaContext: a wrapper of that device's PRIMARY
+// context, the context the engine's CUDA runtime calls use, so device pointers pass between
+// GStreamer elements and the engine unchanged. It is shared with neighbours (cudaupload,
+// nvh264dec, cudaconvert, cudadownload, ...) through GstContext: announced with a have-context
+// message when a stage starts, and answered in context queries, also before start() for the
+// device the `device` property names, because states change from the sink upwards and a
+// downstream cudadownload asks before we start. Neighbours then adopt it instead of creating
+// their own.
+//
+// A context handed to us from elsewhere (set_context) that is not the primary context is not
+// used for our own work: a CUDA-memory buffer belonging to another context is read and written
+// through GStreamer's system-memory mapping (GstCudaMemory copies in its own context), never
+// with its device pointer in ours. Correct, only slower; a warning says so once.
+//
+// Latents in CUDA memory: application/x-latent(memory:CUDAMemory) buffers hold one GstCudaMemory
+// with the latent [C, h, w] contiguous in the caps' dtype at its start. GstCudaBufferPool
+// allocates from video caps only, so the latent pool is configured with one GRAY8 row of the
+// latent's bytes (the buffer may be longer: pitched). Producers synchronise their stream before
+// pushing, so a consumer on another stream reads a complete latent.
+//
+// Without GStreamer's CUDA library (the CPU build), everything here reports "no CUDA" and the
+// stages stay on system memory.
+#pragma once
+
+#include <gst/gst.h>
+#include <gst/video/video.h>
+
+#include <mutex>
+
+#include "engine/core/dtype.h"
+
+#define GST_LATENT_CUDA_FEATURE "memory:CUDAMemory"
+
+// Whether this build can hand buffers over in CUDA memory.
+bool gst_latent_cuda_built(void);
+
+// One element's CUDA context state (thread-safe).
+class GstLatentCuda {
+ public:
+  GstLatentCuda() = default;
+  ~GstLatentCuda();
+  GstLatentCuda(const GstLatentCuda&) = delete;
+  GstLatentCuda& operator=(const GstLatentCuda&) = delete;
+
+  // start(): the stage runs on `device`: take the device's primary-context wrapper and announce
+  // it. A CPU device (or no CUDA library) clears it. False only when the CUDA library failed.
+  bool start(GstElement* element, const latent::Device& device);
+  void stop();
+  // GstElement::set_context: remembers a foreign context (see above) for queries before start.
+  void set_context(GstElement* element, GstContext* context);
+  // A context query for GStreamer's CUDA context: answered with ours; before start(), with the
+  // primary context of `planned_device` (>= 0: the device the `device` property names), so
+  // neighbours that start first (downstream ones) adopt it too. True when answered.
+  bool handle_query(GstElement* element, GstQuery* query, int planned_device = -1);
+
+  // True once start() found a CUDA device.
+  bool active();
+  latent::Device device();
+
+  // Maps `buffer` for device access when it is one GstCudaMemory of our context (flags:
+  // GST_MAP_READ or GST_MAP_WRITE). False otherwise (the caller maps system memory instead).
+  bool map(GstBuffer* buffer, GstMapInfo* info, GstMapFlags flags);
+  // The same for a video frame (plane pointers become device pointers).
+  bool map_frame(GstVideoFrame* frame, const GstVideoInfo* info, GstBuffer* buffer,
+                 GstMapFlags flags);
+
+  // A GstCudaBufferPool on our context for latents of `bytes`, configured and inactive (null
+  // when inactive or on failure).
+  GstBufferPool* new_latent_pool(gsize bytes, guint min, guint max);
+  // A GstCudaBufferPool on our context for video `caps`, configured (null on failure).
+  GstBufferPool* new_video_pool(GstCaps* caps, guint min, guint max);
+  // Whether `pool` is a GstCudaBufferPool of our context.
+  bool owns_pool(GstBufferPool* pool);
+
+ private:
+  std::mutex lock_;
+  gpointer context_ = nullptr;  // GstCudaContext*, ours (primary) once started
+  gpointer foreign_ = nullptr;  // GstCudaContext* set on us from outside
+  latent::Device device_;
+  bool warned_ = false;
+};
+
+// Whether `buffer` is one GstCudaMemory. Such a latent buffer may be larger than the latent
+// (the pool allocates pitched rows); the latent is at its start. Buffers keep the pool's size,
+// so the pool recycles them instead of freeing (cuMemFree synchronises the device).
+bool gst_latent_buffer_is_cuda(GstBuffer* buffer);
+
+// Caps features helpers.
+bool gst_latent_caps_features_is_cuda(const GstCapsFeatures* f);
+bool gst_latent_caps_features_is_system(const GstCapsFeatures* f);
+// Appends `s` to `caps` once with the CUDA-memory feature (when `cuda`) and once in system
+// memory; takes `s`.
+GstCaps* gst_latent_caps_merge_both(GstCaps* caps, GstStructure* s, bool cuda);
+// Whether the first structure of fixed `caps` carries memory:CUDAMemory.
+bool gst_latent_caps_is_cuda(const GstCaps* caps);
+
+// propose_allocation for an application/x-latent sink pad: with CUDA-memory caps, offers a
+// latent pool on `cuda`'s context. True when it added a pool.
+bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query);
+// decide_allocation for an application/x-latent src pad with CUDA-memory caps: keeps
+// downstream's pool when it is a CUDA pool of our context, else makes one. False when the caps
+// are not CUDA memory (the caller takes the default path) or no pool could be made.
+bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query);

@@ -1,0 +1,62 @@
+// CUDA graphs and the on-disk plan cache of the CUDA backend.
+//
+// Capture: the backend's stream is captured in cudaStreamCaptureModeThreadLocal (other threads
+// may keep using CUDA; this thread may not call anything that synchronises). Buffers the
+// captured ops allocate from the backend's pool (cudaMallocFromPoolAsync) become graph memory
+// nodes and the frees become free nodes: the driver gives the graph its own memory, reusing
+// it between allocations whose lifetimes do not overlap (the per-plan arena planned by
+// liveness), and all of it is freed inside the graph, so the graph can be relaunched at once.
+// What must outlive a replay and was not allocated inside the capture (the cuDNN workspace)
+// is owned by the CudaGraph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/cuda/memory.h"
+#include "engine/core/plan_cache.h"
+
+namespace latent::cuda {
+
+class CudaGraph final : public CapturedGraph {
+ public:
+  CudaGraph(std::shared_ptr<DeviceContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec,
+            std::shared_ptr<Storage> workspace);
+  ~CudaGraph() override;
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  // Queues one replay on the context's stream (the caller makes the device current).
+  Status launch() const;
+  const DeviceContext* context() const { return ctx_.get(); }
+  size_t nodes() const { return nodes_; }
+
+ private:
+  std::shared_ptr<DeviceContext> ctx_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  std::shared_ptr<Storage> workspace_;
+  size_t nodes_ = 0;
+};
+
+// Starts capturing ctx.stream() for the calling thread.
+Status begin_stream_capture(DeviceContext& ctx);
+// Ends the capture of ctx.stream() and instantiates it; `workspace` is kept by the graph.
+// Fails (after ending the capture) when the capture was invalidated by a forbidden call.
+Result<std::shared_ptr<CudaGraph>> end_stream_capture(std::shared_ptr<DeviceContext> ctx,
+                                                      std::shared_ptr<Storage> workspace);
+
+// Most device memory graphs held at once on `device` since the last reset (graph memory nodes
+// are not in the backend's pool), and its reset; 0 where unknown.
+int64_t graph_memory_high(int device);
+void reset_graph_memory_high(int device);
+
+// The plan cache file for this device, named and checked by GPU name, compute capability,
+// cuDNN and CUDA runtime versions (PlanCache::default_directory(); in memory only when that is
+// empty), already loaded.
+std::shared_ptr<PlanCache> open_plan_cache(const DeviceContext& ctx);
+
+}  // namespace latent::cuda

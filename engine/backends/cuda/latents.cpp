@@ -1,0 +1,54 @@
+// Latent buffers in device memory <-> backend tensors (frames.h), device-to-device: the
+// GStreamer stages hand latents over in GPU memory and nothing goes through the host.
+#include <cuda_runtime_api.h>
+
+#include "engine/backends/cuda/check.h"
+#include "engine/backends/cuda/convert.cuh"
+#include "engine/backends/cuda/memory.h"
+#include "engine/backends/cuda/pixels.cuh"
+
+namespace latent::cuda {
+
+Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
+                                       int channels, int height, int width) {
+  auto ctx = backend_device_context(backend);
+  if (!ctx) return Status::errorf("backend ", backend.name(), " is not a CUDA backend");
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(ctx->device()));
+  const Launch l = backend_launch(backend);
+  // out: [1, C, h, w] in the backend's NHWC layout and compute dtype
+  LATENT_ASSIGN_OR_RETURN(
+      Tensor out, ctx->empty({1, channels, height, width}, backend.compute_dtype(), Layout::kNHWC));
+  const int64_t pixels = static_cast<int64_t>(height) * width;
+  if (channels > 1 && pixels > 1) {
+    // [1][C][h*w] -> [1][h*w][C]
+    LATENT_TRY(launch_transpose(data, dtype, out.data(), out.dtype(), 1, channels, pixels, l));
+  } else {
+    LATENT_TRY(launch_convert(data, dtype, out.data(), out.dtype(), channels * pixels, l));
+  }
+  return out;
+}
+
+Status tensor_to_device_latent(Backend& backend, const Tensor& t, void* data, DType dtype) {
+  auto ctx = backend_device_context(backend);
+  if (!ctx) return Status::errorf("backend ", backend.name(), " is not a CUDA backend");
+  if (t.device() != backend.device())
+    return Status::errorf("latent ", t.describe(), " is not on ", backend.name());
+  if (t.byte_offset() + t.nbytes() > t.storage()->bytes())
+    return Status::errorf("latent ", t.describe(), " is larger than its storage");
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(ctx->device()));
+  const Launch l = backend_launch(backend);
+  const int64_t channels = t.dim(1), pixels = t.dim(2) * t.dim(3);
+  if (t.layout() == Layout::kNHWC && channels > 1 && pixels > 1) {
+    // [1][h*w][C] -> [1][C][h*w]
+    LATENT_TRY(launch_transpose(t.data(), t.dtype(), data, dtype, 1, pixels, channels, l));
+  } else {
+    LATENT_TRY(launch_convert(t.data(), t.dtype(), data, dtype, t.numel(), l));
+  }
+  // The buffer's reader (the next element) may use another stream.
+  LATENT_CUDA_CHECK(cudaStreamSynchronize(ctx->stream()));
+  return ok_status();
+}
+
+}  // namespace latent::cuda

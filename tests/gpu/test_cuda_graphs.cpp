@@ -1,0 +1,195 @@
+// Planned VAE parts on the CUDA backend (engine/models/vae/planned_vae.h): for every fixture
+// VAE, both parts, at two input shapes, a plan captured as a CUDA graph gives the same output as
+// the plain forward, and new input data replayed through the same graph gives the new output.
+// New buffers are poisoned with NaN (LATENT_CUDA_POISON), so an output the graph leaves unwritten
+// fails. Also: the cuDNN algorithm choices land in the on-disk plan cache
+// ($LATENT_PLAN_CACHE, here a temporary folder). Exits 77 (skipped) without a GPU.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/backends/registry.h"
+#include "engine/core/plan_cache.h"
+#include "engine/models/vae/planned_vae.h"
+#include "engine/models/vae/vae.h"
+#include "engine/weights/safetensors.h"
+#include "tests/util/test_util.h"
+
+namespace latent {
+namespace {
+
+const std::string& plan_dir() {
+  static const std::string dir = test::temp_dir() + "/plan-cache";
+  return dir;
+}
+
+const bool kSkipWithoutGpu = [] {
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "test_cuda_graphs: no CUDA device, skipping\n");
+    std::exit(77);
+  }
+  // Before any backend exists: both are read when a backend is created.
+  setenv("LATENT_CUDA_POISON", "1", 1);
+  setenv("LATENT_PLAN_CACHE", plan_dir().c_str(), 1);
+  return true;
+}();
+
+struct Case {
+  std::string name;  // fixture folder
+  std::string path;  // what to load, relative to the folder ("" = the folder itself)
+};
+
+struct Param {
+  Case c;
+  std::string dtype;
+};
+
+std::string param_name(const testing::TestParamInfo<Param>& p) {
+  std::string n = p.param.c.name + "_" + p.param.dtype;
+  for (char& ch : n)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+class CudaGraphs : public testing::TestWithParam<Param> {};
+
+TEST_P(CudaGraphs, ReplayMatchesPlainForward) {
+  const Param& p = GetParam();
+  const std::string dir = test::fixtures_dir() + "/" + p.c.name;
+  auto backend = get_backend(BackendOptions{"cuda", p.dtype});
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  Backend& b = **backend;
+  ASSERT_TRUE(b.supports_capture());
+  auto model = load_vae(p.c.path.empty() ? dir : dir + "/" + p.c.path, *backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  VaeModel& m = **model;
+  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status().message();
+
+  PlanOptions options;
+  options.require_graph = true;
+  uint64_t seed = 1;
+  for (VaePart part : {VaePart::kEncode, VaePart::kDecode}) {
+    if (part == VaePart::kEncode ? !m.has_encoder() : !m.has_decoder()) continue;
+    auto fixture_in = (*io)->tensor(part == VaePart::kEncode ? "sample" : "latent");
+    ASSERT_TRUE(fixture_in.ok()) << fixture_in.status().message();
+    const Shape base = fixture_in->shape();
+    // The second shape: not square, and larger by whole latent pixels.
+    const int64_t step = part == VaePart::kEncode ? m.downsample() : 1;
+    const std::vector<Shape> shapes = {base,
+                                       {base[0], base[1], base[2] + 2 * step, base[3] + step}};
+    for (const Shape& shape : shapes) {
+      SCOPED_TRACE(str_cat(vae_part_name(part), " ", shape_str(shape)));
+      auto example = b.upload(test::random_tensor(shape, seed++));
+      ASSERT_TRUE(example.ok()) << example.status().message();
+      auto plan = PlannedPart::build(m, part, *example, options);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE((*plan)->uses_graph());
+      std::vector<Tensor> outputs;
+      for (int run = 0; run < 3; ++run) {
+        const Tensor host_in = test::random_tensor(shape, seed++);
+        auto x = b.upload(host_in);
+        ASSERT_TRUE(x.ok()) << x.status().message();
+        auto plain = part == VaePart::kEncode ? m.encode(*x) : m.decode(*x);
+        ASSERT_TRUE(plain.ok()) << plain.status().message();
+        auto want = b.download(*plain);
+        ASSERT_TRUE(want.ok()) << want.status().message();
+        auto y = (*plan)->run(*x);
+        ASSERT_TRUE(y.ok()) << y.status().message();
+        EXPECT_EQ(y->shape(), (*plan)->output_shape());
+        auto got = b.download(*y);
+        ASSERT_TRUE(got.ok()) << got.status().message();
+        ASSERT_EQ(got->shape(), want->shape());
+        const double err = relative_l2(*got, *want);
+        EXPECT_TRUE(err < 1e-5) << "run " << run << ": graph vs plain forward rel L2 " << err;
+        outputs.push_back(*got);
+      }
+      // Different inputs through the same graph give different outputs.
+      for (size_t i = 1; i < outputs.size(); ++i)
+        EXPECT_GT(relative_l2(outputs[i], outputs[0]), 1e-3) << "run " << i << " repeats run 0";
+      // The wrong shape is refused, not run.
+      auto wrong =
+          b.upload(test::random_tensor({shape[0], shape[1], shape[2] + 2 * step, shape[3]}, 7));
+      ASSERT_TRUE(wrong.ok());
+      EXPECT_FALSE((*plan)->run(*wrong).ok());
+    }
+  }
+
+  // A planner keeps one plan per (part, shape).
+  VaePlanner planner(m, options);
+  const VaePart part = m.has_decoder() ? VaePart::kDecode : VaePart::kEncode;
+  auto fixture_in = (*io)->tensor(part == VaePart::kEncode ? "sample" : "latent");
+  ASSERT_TRUE(fixture_in.ok());
+  auto x = b.upload(*fixture_in);
+  ASSERT_TRUE(x.ok());
+  ASSERT_TRUE(planner.run(part, *x).ok());
+  ASSERT_TRUE(planner.run(part, *x).ok());
+  EXPECT_EQ(planner.size(), 1u);
+}
+
+std::vector<Param> params() {
+  const std::vector<Case> cases = {
+      {"kl_tiny", ""},
+      {"kl_flux_tiny", ""},
+      {"tiny_taesd", ""},
+      {"tiny_taef2", "taef2.safetensors"},
+      {"qwen_image_vae_tiny", ""},
+  };
+  std::vector<Param> out;
+  for (const Case& c : cases) {
+    out.push_back({c, "fp32"});
+    out.push_back({c, "bf16"});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGraphs, testing::ValuesIn(params()), param_name);
+
+// The convolution algorithms timed above were written to $LATENT_PLAN_CACHE, under this GPU's
+// and these libraries' context, one entry per convolution shape.
+TEST(CudaPlanCache, ConvChoicesAreSaved) {
+  auto backend = get_backend(BackendOptions{"cuda", "bf16"});
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  Backend& b = **backend;
+  // A convolution shape no fixture uses, so at least one new timed entry exists.
+  auto x = b.upload(test::random_tensor({1, 24, 37, 41}, 11));
+  auto w = b.upload(test::random_tensor({40, 24, 3, 3}, 12));
+  ASSERT_TRUE(x.ok() && w.ok());
+  auto y = b.conv2d(*x, *w, Tensor(), Conv2dParams::same(3));
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  Status s = b.save_plans();
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  std::vector<std::string> files;
+  DIR* d = opendir(plan_dir().c_str());
+  ASSERT_NE(d, nullptr) << plan_dir() << " was not created";
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind("cuda-plans-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".json")
+      files.push_back(plan_dir() + "/" + n);
+  }
+  closedir(d);
+  ASSERT_EQ(files.size(), 1u) << "one GPU, one cuDNN: one file";
+  std::ifstream in(files[0]);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << files[0];
+  EXPECT_FALSE(j["context"]["gpu"].get<std::string>().empty());
+  EXPECT_FALSE(j["context"]["cudnn"].get<std::string>().empty());
+  const std::string key = "conv2d bf16 tf32=1 x=1,24,37,41 w=40,3,3 pad=1,1 stride=1";
+  ASSERT_TRUE(j["entries"].contains(key)) << j["entries"].dump(1);
+  EXPECT_TRUE(j["entries"][key]["algo"].is_number_integer());
+  EXPECT_GT(j["entries"].size(), 1u);
+  // The file loads back under the same context (what the next process does).
+  PlanCache again(files[0], j["context"].get<PlanCache::Context>());
+  EXPECT_EQ(again.load(), j["entries"].size());
+}
+
+}  // namespace
+}  // namespace latent
