@@ -18,13 +18,13 @@ ldd /tmp/dev/bin/latent-tool | grep "not found"
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 
 if has tests; then
-  for t in test_cuda_ops test_cuda_models test_cuda_dit_ops test_cuda_dit_model test_gst_cuda test_autoencoder_kl test_tiny test_qwen_image_vae; do
+  for t in test_cuda_ops test_cuda_models test_cuda_graphs test_cuda_dit_ops test_cuda_dit_model test_gst_cuda test_autoencoder_kl test_tiny test_qwen_image_vae; do
     [ -x /tmp/dev/bin/$t ] || continue
     timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
-    echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/$t.log | tr '\n' ' ')"
+    echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' $OUT/$t.log | tr '\n' ' ')"
   done
-  grep -E "FAILED|rel L2" $OUT/test_cuda_models.log | head -40
-  grep -hE "^\[  FAILED|rel L2" $OUT/test_cuda_ops.log $OUT/test_cuda_dit_ops.log $OUT/test_cuda_dit_model.log $OUT/test_gst_cuda.log 2>/dev/null | head -40
+  grep -E "bf16 rel L2" $OUT/test_cuda_models.log | head -20
+  grep -hE "^\[  FAILED  \] [A-Za-z]" $OUT/test_*.log 2>/dev/null | cut -c1-160 | sort -u | head -30
 fi
 
 if has gst; then
