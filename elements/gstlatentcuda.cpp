@@ -240,9 +240,12 @@ bool GstLatentCuda::map_frame(GstVideoFrame* frame, const GstVideoInfo* info, Gs
 }
 
 GstBufferPool* GstLatentCuda::new_latent_pool(gsize bytes, guint min, guint max) {
-  // One GRAY8 row of the latent's bytes: GstCudaBufferPool sizes memory from video caps.
-  GstCaps* caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "GRAY8", "width",
-                                      G_TYPE_INT, static_cast<gint>(bytes), "height", G_TYPE_INT, 1,
+  // One RGBA row holding the latent's bytes: GstCudaBufferPool sizes memory from video caps, and
+  // GStreamer 1.22's CUDA allocator accepts only the formats its kernels use (GRAY8 aborts in
+  // gst_cuda_allocator_alloc_internal), RGBA among them.
+  const gint width = static_cast<gint>((bytes + 3) / 4);
+  GstCaps* caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGBA", "width",
+                                      G_TYPE_INT, width, "height", G_TYPE_INT, 1,
                                       "framerate", GST_TYPE_FRACTION, 0, 1, nullptr);
   GstBufferPool* pool = new_video_pool(caps, min, max);
   gst_caps_unref(caps);

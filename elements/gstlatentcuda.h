@@ -16,7 +16,7 @@
 //
 // Latents in CUDA memory: application/x-latent(memory:CUDAMemory) buffers hold one GstCudaMemory
 // with the latent [C, h, w] contiguous in the caps' dtype at its start. GstCudaBufferPool
-// allocates from video caps only, so the latent pool is configured with one GRAY8 row of the
+// allocates from video caps only, so the latent pool is configured with one RGBA row holding the
 // latent's bytes (the buffer may be longer: pitched). Producers synchronise their stream before
 // pushing, so a consumer on another stream reads a complete latent.
 //

@@ -6,6 +6,7 @@ set -uo pipefail
 FINAL=${OUT:-/tmp/out}
 OUT=/tmp/res; mkdir -p $OUT   # everything comes back as one archive (the tool returns <= 8 files)
 trap 'tar czf $FINAL/results.tgz -C /tmp/res .' EXIT
+trap 'exit 143' TERM INT
 STEPS=${STEPS:-tests gst fixtures bench pipelines}
 tar xJf .carry/dev.tar.xz -C /tmp && . /tmp/dev/env.sh
 NV=$(python3 -c "import nvidia,glob,os;print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d+'/**/lib*.so*',recursive=True)})))" 2>/dev/null)
@@ -63,6 +64,6 @@ fi
 
 if has dit; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-  python3 bench/bench_dit.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-dit.json \
+  timeout ${DIT_TIMEOUT:-330} python3 bench/bench_dit.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-dit.json \
     --layers ${DIT_LAYERS:-60} --compile ${DIT_COMPILE:-static} 2>&1 | tee $OUT/bench-dit.log | tail -8
 fi
