@@ -187,7 +187,10 @@ class CudaOps : public ::testing::TestWithParam<DType> {
     };
     Result<Tensor> got = gpu.spatial_attention(up(q), up(k), up(v), heads);
     Result<Tensor> want = cpu_->spatial_attention(on_cpu(q), on_cpu(k), on_cpu(v), heads);
-    // (`gpu` may be another backend instance on the same device: gpu_ downloads its tensors.)
+    // `gpu` may be another backend instance on the same device, with its own stream, while gpu_
+    // downloads the result on gpu_'s stream: wait for `gpu`'s work first (without this the
+    // download raced the kernel and read the NaN poison, seen once on an H200).
+    EXPECT_TRUE(gpu.synchronize().ok());
     EXPECT_TRUE(close(what, got, want, tol()));
   }
 
