@@ -25,7 +25,7 @@
  * gst-launch-1.0 videotestsrc num-buffers=30 ! video/x-raw,format=NV12,width=320,height=240 ! \
  *     cudaupload ! vaeencode device=cuda ! vaedecode device=cuda ! \
  *     "video/x-raw(memory:CUDAMemory),format=RGBA" ! cudadownload ! videoconvert ! autovideosink
- * ]|
+ * ]| (pipelines/cuda_memory.sh writes the same to a WebM file)
  *
  * The sink pad takes video/x-raw(memory:CUDAMemory) (RGB/BGR/RGBA/BGRA/RGBx/BGRx/xRGB/xBGR/
  * ARGB/ABGR, NV12, I420) from cudaupload or an NVDEC decoder and reads it in place; the src pad
