@@ -21,25 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
-using namespace test;  // cpu(), fixture(), Io, load_io(), expect_matches(), ... (vae_test_util.h)
-
-// A fresh folder under the test's temp dir.
-std::string new_dir(const std::string& name) {
-  std::string d = test::temp_dir() + "/" + name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// A copy of a diffusers fixture folder whose weights are `tensors` and config `config`.
-std::string folder_with(const std::string& name, const std::map<std::string, Tensor>& tensors,
-                        const nlohmann::json& config) {
-  std::string d = new_dir(name);
-  write_all(d + "/diffusion_pytorch_model.safetensors", tensors);
-  write_text(d + "/config.json", config.dump(2));
-  return d;
-}
+using namespace test;  // cpu(), fixture(), Io, load_io(), new_dir(), folder_with(), ...
 
 // A single file with a "x.json" beside it giving what the weights cannot tell
 // (norm_num_groups: the fixtures use 4, real checkpoints 32).

@@ -20,23 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
-using namespace test;  // cpu(), fixture(), Io, load_io(), expect_matches(), ... (vae_test_util.h)
-
-std::string new_dir(const std::string& name) {
-  std::string d = test::temp_dir() + "/" + name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string folder_with(const std::string& name, const std::map<std::string, Tensor>& tensors,
-                        const nlohmann::json& config) {
-  std::string d = new_dir(name);
-  write_all(d + "/diffusion_pytorch_model.safetensors", tensors);
-  std::ofstream(d + "/config.json") << config.dump(2);
-  return d;
-}
+using namespace test;  // cpu(), fixture(), Io, load_io(), new_dir(), folder_with(), ...
 
 // Prefixes every key of `tensors` (the published files' bare "N.*" names).
 std::map<std::string, Tensor> prefixed(const std::string& prefix,

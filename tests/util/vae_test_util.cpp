@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "engine/backends/registry.h"
@@ -91,6 +92,21 @@ void write_text(const std::string& path, const std::string& text) { std::ofstrea
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
+}
+
+std::string new_dir(const std::string& name) {
+  std::string d = temp_dir() + "/" + name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+std::string folder_with(const std::string& name, const std::map<std::string, Tensor>& tensors,
+                        const nlohmann::json& config) {
+  std::string d = new_dir(name);
+  write_all(d + "/diffusion_pytorch_model.safetensors", tensors);
+  write_text(d + "/config.json", config.dump(2));
+  return d;
 }
 
 }  // namespace latent::test

@@ -36,5 +36,10 @@ std::map<std::string, Tensor> read_all(const std::string& path);
 void write_all(const std::string& path, const std::map<std::string, Tensor>& tensors);
 void write_text(const std::string& path, const std::string& text);
 nlohmann::json read_json(const std::string& path);
+// A fresh (emptied) folder under the test's temp dir.
+std::string new_dir(const std::string& name);
+// A diffusers folder whose weights are `tensors` and config `config`.
+std::string folder_with(const std::string& name, const std::map<std::string, Tensor>& tensors,
+                        const nlohmann::json& config);
 
 }  // namespace latent::test
