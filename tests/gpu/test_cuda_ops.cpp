@@ -11,6 +11,7 @@
 // skipped.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -194,8 +195,90 @@ class CudaOps : public ::testing::TestWithParam<DType> {
     EXPECT_TRUE(close(what, got, want, tol()));
   }
 
+  // VAE-sized attention ([n, c, h, w], T = h * w up to 32,640), where a full CPU reference would
+  // take minutes: every output must be finite (the poison is NaN) and sampled query rows (tile
+  // edges and ends, every image, first and last head) match a float64 reference. Once per
+  // kernel variant in `kernels` on the same device inputs.
+  void check_attention_sampled(const std::string& what, const Shape& sh, int heads, uint64_t seed,
+                               const std::vector<const char*>& kernels) {
+    const int64_t n = sh[0], c = sh[1], t = sh[2] * sh[3], d = c / heads;
+    Tensor q = input(sh, seed, -2.f, 2.f), k = input(sh, seed + 1, -2.f, 2.f),
+           v = input(sh, seed + 2);
+    Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v);
+    // Host tensors are [n][c][t]: channel ch of token j of image b at (b * c + ch) * t + j.
+    const float* qp = q.data_as<float>();
+    const float* kp = k.data_as<float>();
+    const float* vp = v.data_as<float>();
+    std::vector<int64_t> queries;
+    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{127}, t / 2 + 5,
+                      t - 65, t - 64, t - 1})
+      if (i >= 0 && i < t && std::find(queries.begin(), queries.end(), i) == queries.end())
+        queries.push_back(i);
+    struct Row {
+      int64_t b, qi, h;
+      std::vector<double> out;
+    };
+    std::vector<Row> rows;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<double> p(static_cast<size_t>(t));
+    std::vector<int64_t> hs = {0};
+    if (heads > 1) hs.push_back(heads - 1);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t h : hs)
+        for (int64_t qi : queries) {
+          Row r{b, qi, h, std::vector<double>(static_cast<size_t>(d), 0.0)};
+          std::fill(p.begin(), p.end(), 0.0);
+          for (int64_t e = 0; e < d; ++e) {
+            const double qe = qp[(b * c + h * d + e) * t + qi];
+            const float* kr = kp + (b * c + h * d + e) * t;
+            for (int64_t j = 0; j < t; ++j) p[j] += qe * kr[j];
+          }
+          double mx = -INFINITY;
+          for (int64_t j = 0; j < t; ++j) mx = std::max(mx, p[j] *= scale);
+          double sum = 0;
+          for (int64_t j = 0; j < t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+          for (int64_t e = 0; e < d; ++e) {
+            const float* vr = vp + (b * c + h * d + e) * t;
+            double acc = 0;
+            for (int64_t j = 0; j < t; ++j) acc += p[j] * vr[j];
+            r.out[e] = acc / sum;
+          }
+          rows.push_back(std::move(r));
+        }
+    for (const char* kernel : kernels) {
+      setenv("LATENT_ATTENTION_KERNEL", kernel, 1);
+      const std::string name = what + " [" + kernel + "]";
+      Result<Tensor> y = gpu_->spatial_attention(gq, gk, gv, heads);
+      unsetenv("LATENT_ATTENTION_KERNEL");
+      ASSERT_TRUE(y.ok()) << name << ": " << y.status().message();
+      Result<Tensor> host = gpu_->download(y.value());
+      ASSERT_TRUE(host.ok()) << name << ": " << host.status().message();
+      ASSERT_EQ(host.value().numel(), n * c * t) << name;
+      const float* yp = host.value().data_as<float>();
+      int64_t bad = 0;
+      for (int64_t i = 0; i < host.value().numel(); ++i) bad += std::isfinite(yp[i]) ? 0 : 1;
+      EXPECT_EQ(bad, 0) << name << ": outputs not finite (unwritten?)";
+      double num = 0, den = 0;
+      for (const Row& r : rows)
+        for (int64_t e = 0; e < d; ++e) {
+          const double g = yp[(r.b * c + r.h * d + e) * t + r.qi];
+          num += (g - r.out[e]) * (g - r.out[e]);
+          den += r.out[e] * r.out[e];
+        }
+      const double err = std::sqrt(num / std::max(den, 1e-30));
+      std::printf("  %-58s %-5s rel L2 %.3e (tol %.0e, %zu rows)\n", name.c_str(),
+                  dtype_name(dtype()), err, tol(), rows.size());
+      EXPECT_LT(err, tol()) << name;
+    }
+  }
+
   std::shared_ptr<Backend> gpu_, cpu_;
 };
+
+// Every attention kernel variant LATENT_ATTENTION_KERNEL can force (attention_flash.cuh; "wgmma"
+// is the Hopper kernel for d = 128 on compute capability 9.0 and the default elsewhere, "simple"
+// the CUDA-core kernel). The untimed Hopper kernel last, so the others have run if it breaks.
+const std::vector<const char*> kAttentionKernels = {"mma", "mma16", "mma32", "simple", "wgmma"};
 
 TEST_P(CudaOps, UploadDownloadRoundTrip) {
   for (const Shape& s : {Shape{2, 5, 7, 9}, Shape{1, 16, 1, 1}, Shape{1, 1, 3, 4}, Shape{13},
@@ -403,6 +486,39 @@ TEST_P(CudaOps, SpatialAttentionCudaCoreKernel) {
   check_attention("attention (CUDA cores) [1,512,32,32] d 512", *simple, {1, 512, 32, 32}, 1, 1300);
   check_attention("attention (CUDA cores) [1,384,16,16] d 384", *simple, {1, 384, 16, 16}, 1, 1310);
   check_attention("attention (CUDA cores) [1,128,7,9] 4 heads", *simple, {1, 128, 7, 9}, 4, 1320);
+}
+
+TEST_P(CudaOps, SpatialAttentionEveryKernel) {
+  // Token counts off every tile size (16, 32, 64, 128 queries; 32 or 64 keys), each variant
+  // (fp32 has one kernel, whatever is forced).
+  const std::vector<const char*> kernels =
+      dtype() == DType::kF32 ? std::vector<const char*>{"mma"} : kAttentionKernels;
+  for (const char* kernel : kernels) {
+    setenv("LATENT_ATTENTION_KERNEL", kernel, 1);
+    const std::string tag = std::string(" [") + kernel + "]";
+    check_attention("attention [1,128,33,35] 1 head (d 128, T 1155)" + tag, *gpu_, {1, 128, 33, 35},
+                    1, 1700);
+    check_attention("attention [2,256,9,11] 2 heads (d 128, N 2)" + tag, *gpu_, {2, 256, 9, 11}, 2,
+                    1710);
+    check_attention("attention [1,128,15,17] 2 heads (d 64, T 255)" + tag, *gpu_, {1, 128, 15, 17},
+                    2, 1720);
+    check_attention("attention [1,512,20,21] 1 head (d 512, T 420)" + tag, *gpu_, {1, 512, 20, 21},
+                    1, 1730);
+    check_attention("attention [1,256,13,19] 1 head (d 256, T 247)" + tag, *gpu_, {1, 256, 13, 19},
+                    1, 1740);
+    unsetenv("LATENT_ATTENTION_KERNEL");
+  }
+}
+
+TEST_P(CudaOps, SpatialAttentionVaeSized) {
+  // The mid-block of a 1080p decode: T = 136 * 240 = 32,640 tokens (the latent of 1088 x 1920),
+  // one head of 512; and one head of 128 at the same length (d <= 128 configurations).
+  const bool f32 = dtype() == DType::kF32;  // one kernel, whatever is forced
+  check_attention_sampled(
+      "attention [1,512,136,240] 1 head (d 512)", {1, 512, 136, 240}, 1, 1800,
+      f32 ? std::vector<const char*>{"mma"} : std::vector<const char*>{"mma", "simple"});
+  check_attention_sampled("attention [1,128,136,240] 1 head (d 128)", {1, 128, 136, 240}, 1, 1810,
+                          f32 ? std::vector<const char*>{"mma"} : kAttentionKernels);
 }
 
 TEST_P(CudaOps, SteadyStateAllocatesNothing) {

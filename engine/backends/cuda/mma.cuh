@@ -1,6 +1,7 @@
-// Tensor-core building blocks shared by the flash-attention kernels (attention.cu for the VAE
-// mid-block, dit_attention.cu for the DiT): shared-memory addresses, cp.async, ldmatrix, the
-// m16n8k16 bf16/fp16 MMA with fp32 accumulation, and packing two floats into one register.
+// Tensor-core building blocks of the flash-attention kernels (attention_flash.cu, behind the
+// VAE's attention.cu and the DiT's dit_attention.cu): shared-memory addresses, cp.async,
+// ldmatrix, the m16n8k16 bf16/fp16 MMA with fp32 accumulation, packing two floats into one
+// register.
 #pragma once
 
 #include <cstdint>
