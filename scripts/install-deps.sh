@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gst-latent needs to build, test and run (CPU build; the CUDA
-# backend is added automatically when a CUDA toolkit with cuDNN is present).
+# backend is added automatically when a CUDA toolkit with cuDNN is present, and then the pinned
+# cudnn-frontend headers too, see below).
 # Only what is missing is installed; with everything present it does nothing.
 set -euo pipefail
 
@@ -21,13 +22,92 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PKGS[@]} packages present"
-  exit 0
-fi
-echo "install-deps: installing ${missing[*]}"
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# cudnn-frontend: NVIDIA's header-only C++ API to cuDNN's graph engines (MIT), for cuDNN's fused
+# flash attention (engine/backends/cuda/sdpa.cpp). Not in Debian nor in the CUDA toolkit: only
+# with a CUDA toolkit that has cuDNN, the pinned release's include/ is taken from its PyPI wheel
+# (checksum checked; GitHub's source tarball if pip cannot fetch it) into
+# /usr/local/include/cudnn-frontend (root or sudo) or ~/.cache/gst-latent/cudnn-frontend/include,
+# both of which CMake searches. LATENT_CUDNN_FRONTEND_DIR=<folder> picks another (then configure
+# with -DLATENT_CUDNN_FRONTEND_INCLUDE_DIR=<folder>). Nothing is written into the repository.
+FE_VERSION=1.32.0
+FE_WHEEL=nvidia_cudnn_frontend-1.32.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+FE_WHEEL_SHA256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
+install_cudnn_frontend() {
+  local nvcc cudnn_h="" dir="" d
+  nvcc=$(command -v nvcc || true)
+  [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+  for d in /usr/local/cuda/include /usr/include /usr/include/x86_64-linux-gnu /usr/local/include; do
+    [ -f "$d/cudnn.h" ] && cudnn_h=$d/cudnn.h && break
+  done
+  if [ -z "$nvcc" ] || [ -z "$cudnn_h" ]; then
+    echo "install-deps: no CUDA toolkit with cuDNN, cudnn-frontend not needed"
+    return 0
+  fi
+  if [ -n "${LATENT_CUDNN_FRONTEND_DIR:-}" ]; then
+    dir=$LATENT_CUDNN_FRONTEND_DIR
+  elif [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null; then
+    dir=/usr/local/include/cudnn-frontend
+  else
+    dir=$HOME/.cache/gst-latent/cudnn-frontend/include
+  fi
+  local have="$dir/cudnn_frontend_version.h"
+  if [ -f "$have" ] && grep -q "CUDNN_FRONTEND_MINOR_VERSION $(echo $FE_VERSION | cut -d. -f2)\b" "$have" &&
+     grep -q "CUDNN_FRONTEND_MAJOR_VERSION $(echo $FE_VERSION | cut -d. -f1)\b" "$have"; then
+    echo "install-deps: cudnn-frontend $FE_VERSION present in $dir"
+    return 0
+  fi
+  local tmp
+  tmp=$(mktemp -d)
+  trap 'rm -rf "${tmp:-}"; trap - RETURN' RETURN
+  local src=""
+  if [ "$(uname -m)" = x86_64 ]; then
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+      $SUDO apt-get update -qq
+      $SUDO apt-get install -y -q --no-install-recommends python3-pip
+    fi
+    # The wheel only carries the headers for us (its Python module is not used); any Python
+    # version's wheel holds the same include/.
+    if python3 -m pip download -q "nvidia-cudnn-frontend==$FE_VERSION" --no-deps \
+         --only-binary=:all: --python-version 3.11 --platform manylinux_2_28_x86_64 -d "$tmp"; then
+      if [ -f "$tmp/$FE_WHEEL" ] && echo "$FE_WHEEL_SHA256  $tmp/$FE_WHEEL" | sha256sum -c --quiet; then
+        python3 - "$tmp/$FE_WHEEL" "$tmp/x" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+        src=$tmp/x/include
+      else
+        echo "install-deps: cudnn-frontend wheel missing or checksum mismatch, trying GitHub" >&2
+      fi
+    fi
+  fi
+  if [ -z "$src" ]; then
+    local url="https://github.com/NVIDIA/cudnn-frontend/archive/refs/tags/v$FE_VERSION.tar.gz"
+    if command -v curl >/dev/null; then
+      curl -fsSL "$url" -o "$tmp/fe.tar.gz"
+    else
+      python3 -c "import sys,urllib.request;urllib.request.urlretrieve(sys.argv[1],sys.argv[2])" "$url" "$tmp/fe.tar.gz"
+    fi
+    tar xzf "$tmp/fe.tar.gz" -C "$tmp"
+    src=$tmp/cudnn-frontend-$FE_VERSION/include
+  fi
+  [ -f "$src/cudnn_frontend.h" ] || { echo "install-deps: no cudnn_frontend.h in $src" >&2; return 1; }
+  local as=""
+  case "$dir" in /usr/*|/opt/*) as=$SUDO ;; esac
+  $as rm -rf "$dir"
+  $as mkdir -p "$dir"
+  $as cp -r "$src/." "$dir/"
+  echo "install-deps: cudnn-frontend $FE_VERSION installed in $dir"
+}
+install_cudnn_frontend

@@ -12,9 +12,11 @@
 // Without a GPU (or in a build without CUDA) the binary exits with 77 (skipped).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,6 +74,17 @@ std::shared_ptr<Backend> cpu_reference() {
   }
   return r.value();
 }
+
+// Every attention kernel variant LATENT_ATTENTION_KERNEL can force (attention_flash.cuh; "wgmma"
+// is the Hopper kernel on compute capability 9.0 and the default elsewhere, "simple" the
+// CUDA-core kernel). The untimed Hopper kernel last, so the others have run if it breaks.
+const char* const kAttentionKernels[] = {"mma", "mma16", "mma32", "simple", "wgmma"};
+
+// Forces one attention kernel variant (attention_flash.cuh) for its lifetime.
+struct ScopedAttentionKernel {
+  explicit ScopedAttentionKernel(const char* name) { setenv("LATENT_ATTENTION_KERNEL", name, 1); }
+  ~ScopedAttentionKernel() { unsetenv("LATENT_ATTENTION_KERNEL"); }
+};
 
 class CudaDitOps : public ::testing::TestWithParam<DType> {
  protected:
@@ -183,6 +196,103 @@ class CudaDitOps : public ::testing::TestWithParam<DType> {
     EXPECT_TRUE(close(what, gpu_->attention(on_gpu(q), on_gpu(k), on_gpu(v), heads, on_gpu(m)),
                       cpu_->attention(on_cpu(q), on_cpu(k), on_cpu(v), heads, on_cpu(m)),
                       attention_tol()));
+  }
+
+  // The attention variants worth running: fp32 has one kernel (CUDA cores), whatever is forced.
+  std::vector<const char*> attention_kernels() const {
+    if (dtype() == DType::kF32) return {"mma"};
+    return std::vector<const char*>(std::begin(kAttentionKernels), std::end(kAttentionKernels));
+  }
+
+  // Attention at full DiT size, where a CPU reference of the whole output would take minutes:
+  // every output element must be finite (the poison is NaN), and sampled rows (both batch rows,
+  // three heads, queries at the tile edges and the ends) are compared against a float64
+  // reference. Runs once per kernel variant on the same device inputs.
+  void check_attention_sampled(const std::string& what, int64_t b, int64_t t, int64_t s, int heads,
+                               int64_t d, const std::vector<float>& keep, uint64_t seed) {
+    const int64_t ch = heads * d;
+    Tensor q = input({b, t, ch}, seed, -2.f, 2.f);
+    Tensor k = input({b, s, ch}, seed + 1, -2.f, 2.f);
+    Tensor v = input({b, s, ch}, seed + 2);
+    Tensor m = keep.empty() ? Tensor() : Tensor::from_floats({b, s}, keep);
+    Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v), gm = on_gpu(m);
+    const float* qp = q.data_as<float>();
+    const float* kp = k.data_as<float>();
+    const float* vp = v.data_as<float>();
+
+    std::vector<int64_t> queries;
+    for (int64_t i :
+         {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{63}, int64_t{64}, int64_t{127},
+          int64_t{128}, t / 2 + 3, t - 129, t - 128, t - 65, t - 64, t - 2, t - 1})
+      if (i >= 0 && i < t && std::find(queries.begin(), queries.end(), i) == queries.end())
+        queries.push_back(i);
+    std::vector<int> hs = {0, heads / 2, heads - 1};
+    hs.erase(std::unique(hs.begin(), hs.end()), hs.end());
+    struct Row {
+      int64_t bi, qi;
+      int h;
+      std::vector<double> out;
+    };
+    std::vector<Row> rows;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<double> p(static_cast<size_t>(s));
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int h : hs)
+        for (int64_t qi : queries) {
+          Row r{bi, qi, h, std::vector<double>(static_cast<size_t>(d), 0.0)};
+          const float* qr = qp + (bi * t + qi) * ch + h * d;
+          double mx = -INFINITY;
+          for (int64_t j = 0; j < s; ++j) {
+            if (!keep.empty() && keep[static_cast<size_t>(bi * s + j)] == 0.f) {
+              p[j] = -INFINITY;
+              continue;
+            }
+            const float* kr = kp + (bi * s + j) * ch + h * d;
+            double acc = 0;
+            for (int64_t c = 0; c < d; ++c) acc += static_cast<double>(qr[c]) * kr[c];
+            p[j] = acc * scale;
+            mx = std::max(mx, p[j]);
+          }
+          if (mx != -INFINITY) {  // a row without keys stays zero
+            double sum = 0;
+            for (int64_t j = 0; j < s; ++j) {
+              p[j] = p[j] == -INFINITY ? 0.0 : std::exp(p[j] - mx);
+              sum += p[j];
+            }
+            for (int64_t j = 0; j < s; ++j) {
+              if (p[j] == 0.0) continue;
+              const float* vr = vp + (bi * s + j) * ch + h * d;
+              for (int64_t c = 0; c < d; ++c) r.out[c] += p[j] / sum * vr[c];
+            }
+          }
+          rows.push_back(std::move(r));
+        }
+
+    for (const char* kernel : attention_kernels()) {
+      ScopedAttentionKernel forced(kernel);
+      const std::string name = what + " [" + kernel + "]";
+      Result<Tensor> y = gpu_->attention(gq, gk, gv, heads, gm);
+      ASSERT_TRUE(y.ok()) << name << ": " << y.status().message();
+      Result<Tensor> host = gpu_->download(y.value());
+      ASSERT_TRUE(host.ok()) << name << ": " << host.status().message();
+      ASSERT_EQ(host.value().numel(), b * t * ch) << name;
+      const float* yp = host.value().data_as<float>();
+      int64_t bad = 0;
+      for (int64_t i = 0; i < host.value().numel(); ++i) bad += std::isfinite(yp[i]) ? 0 : 1;
+      EXPECT_EQ(bad, 0) << name << ": outputs not finite (unwritten?)";
+      double num = 0, den = 0;
+      for (const Row& r : rows) {
+        const float* yr = yp + (r.bi * t + r.qi) * ch + r.h * d;
+        for (int64_t c = 0; c < d; ++c) {
+          num += (yr[c] - r.out[c]) * (yr[c] - r.out[c]);
+          den += r.out[c] * r.out[c];
+        }
+      }
+      const double err = std::sqrt(num / std::max(den, 1e-30));
+      std::printf("  %-66s %-5s rel L2 %.3e (tol %.0e, %zu rows)\n", name.c_str(),
+                  dtype_name(dtype()), err, attention_tol(), rows.size());
+      EXPECT_LE(err, attention_tol()) << name;
+    }
   }
 
   std::shared_ptr<Backend> gpu_, cpu_;
@@ -408,7 +518,8 @@ TEST_P(CudaDitOps, AttentionDitSized) {
   const int64_t text = 512, image = 4096, s = text + image;
   std::vector<float> keep(static_cast<size_t>(s), 1.f);
   for (int64_t j = 300; j < text; ++j) keep[j] = 0.f;
-  check_attention("attention [1, 4608, 24 x 128], 212 padding keys", 1, s, s, 24, 128, keep, 900);
+  check_attention_sampled("attention [1, 4608, 24 x 128], 212 padding keys", 1, s, s, 24, 128, keep,
+                          900);
 }
 
 TEST_P(CudaDitOps, AttentionSmall) {
@@ -425,24 +536,68 @@ TEST_P(CudaDitOps, AttentionSmall) {
   check_attention("attention b1 t200 s7 2 x 256", 1, 200, 7, 2, 256, {}, 1050);
 }
 
+TEST_P(CudaDitOps, AttentionQwenImageShapes) {
+  // The shapes of one Qwen-Image step, joint attention over [128 text | image] keys, 24 heads of
+  // 128: text-to-image (4,096 image tokens, the last quarter of the text padding) and edit
+  // (8,192 image tokens) with the CFG batch of 2 (row 1 with half of the text padding).
+  // Every kernel variant, sampled rows against float64.
+  const int64_t text = 128;
+  {
+    const int64_t s = text + 4096;
+    std::vector<float> keep(static_cast<size_t>(s), 1.f);
+    for (int64_t j = 96; j < text; ++j) keep[j] = 0.f;
+    check_attention_sampled("attention [1, 4224, 24 x 128], 32 text keys masked", 1, s, s, 24, 128,
+                            keep, 1500);
+  }
+  {
+    const int64_t s = text + 8192;
+    std::vector<float> keep(static_cast<size_t>(2 * s), 1.f);
+    for (int64_t j = 96; j < text; ++j) keep[j] = 0.f;
+    for (int64_t j = 64; j < text; ++j) keep[s + j] = 0.f;
+    check_attention_sampled("attention [2, 8320, 24 x 128], text keys masked", 2, s, s, 24, 128,
+                            keep, 1510);
+  }
+}
+
+TEST_P(CudaDitOps, AttentionOddSizesEveryKernel) {
+  // Lengths that are no multiple of any tile (16, 32, 64, 128), whole key tiles masked at the
+  // start (row 1) and at the end (row 0: the last 100 keys, so the final 64-key tile is empty),
+  // d = 64 and 128, every kernel variant, full CPU reference.
+  const int64_t s = 1237;
+  std::vector<float> keep(static_cast<size_t>(2 * s), 1.f);
+  for (int64_t j = s - 100; j < s; ++j) keep[j] = 0.f;
+  for (int64_t j = 0; j < 70; ++j) keep[s + j] = 0.f;
+  for (const char* kernel : attention_kernels()) {
+    ScopedAttentionKernel forced(kernel);
+    const std::string tag = std::string(" [") + kernel + "]";
+    check_attention("attention b2 t1000 s1237 2 x 128, mask" + tag, 2, 1000, s, 2, 128, keep, 1600);
+    check_attention("attention b2 t77 s1237 3 x 64, mask" + tag, 2, 77, s, 3, 64, keep, 1610);
+    check_attention("attention b1 t129 s65 2 x 128, no mask" + tag, 1, 129, 65, 2, 128, {}, 1620);
+  }
+}
+
 TEST_P(CudaDitOps, AttentionFullyMaskedRowIsZero) {
   // The CPU backend rejects a batch row without keys; the CUDA one cannot see the mask's values
   // without a host synchronisation and writes zeros for such a row instead of NaN.
-  for (int64_t d : {64, 48}) {
-    const int64_t s = 40;
-    std::vector<float> keep(2 * s, 1.f);
-    for (int64_t j = 0; j < s; ++j) keep[s + j] = 0.f;
-    Tensor q = on_gpu(input({2, 10, 2 * d}, 1100)), kv = on_gpu(input({2, s, 2 * d}, 1101));
-    Result<Tensor> y = gpu_->attention(q, kv, kv, 2, on_gpu(Tensor::from_floats({2, s}, keep)));
-    ASSERT_TRUE(y.ok()) << y.status().message();
-    Result<Tensor> host = gpu_->download(y.value());
-    ASSERT_TRUE(host.ok()) << host.status().message();
-    const float* p = host.value().data_as<float>();
-    const int64_t row = 10 * 2 * d;
-    double first = 0;
-    for (int64_t i = 0; i < row; ++i) first += std::fabs(p[i]);
-    EXPECT_GT(first, 0.0) << "d " << d << ": batch row 0 has keys";
-    for (int64_t i = row; i < 2 * row; ++i) ASSERT_EQ(p[i], 0.f) << "d " << d << " at " << i;
+  for (const char* kernel : attention_kernels()) {
+    ScopedAttentionKernel forced(kernel);
+    for (int64_t d : {128, 64, 48}) {
+      const int64_t s = 40;
+      std::vector<float> keep(2 * s, 1.f);
+      for (int64_t j = 0; j < s; ++j) keep[s + j] = 0.f;
+      Tensor q = on_gpu(input({2, 10, 2 * d}, 1100)), kv = on_gpu(input({2, s, 2 * d}, 1101));
+      Result<Tensor> y = gpu_->attention(q, kv, kv, 2, on_gpu(Tensor::from_floats({2, s}, keep)));
+      ASSERT_TRUE(y.ok()) << y.status().message();
+      Result<Tensor> host = gpu_->download(y.value());
+      ASSERT_TRUE(host.ok()) << host.status().message();
+      const float* p = host.value().data_as<float>();
+      const int64_t row = 10 * 2 * d;
+      double first = 0;
+      for (int64_t i = 0; i < row; ++i) first += std::fabs(p[i]);
+      EXPECT_GT(first, 0.0) << kernel << " d " << d << ": batch row 0 has keys";
+      for (int64_t i = row; i < 2 * row; ++i)
+        ASSERT_EQ(p[i], 0.f) << kernel << " d " << d << " at " << i;
+    }
   }
 }
 

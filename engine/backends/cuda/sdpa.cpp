@@ -1,0 +1,341 @@
+// cuDNN SDPA for the DiT attention op (see sdpa.h). The only file that includes cudnn-frontend.
+#include "engine/backends/cuda/sdpa.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/backends/cuda/check.h"
+#include "engine/core/log.h"
+
+#ifdef LATENT_HAVE_CUDNN_FRONTEND
+#include <cudnn_frontend.h>
+#include <nvrtc.h>
+
+// cudnn-frontend compiles in an experimental SM100 RMSNorm+SiLU engine that calls NVRTC; we never
+// build it, and linking libnvrtc would make the whole engine (and the plugin) fail to load where
+// the CUDA runtime has no NVRTC. Weak stand-ins that refuse satisfy the linker; a real libnvrtc
+// linked in by someone else takes precedence.
+extern "C" {
+__attribute__((weak)) nvrtcResult nvrtcCreateProgram(nvrtcProgram*, const char*, const char*, int,
+                                                     const char* const*, const char* const*) {
+  return NVRTC_ERROR_INTERNAL_ERROR;
+}
+__attribute__((weak)) nvrtcResult nvrtcDestroyProgram(nvrtcProgram*) {
+  return NVRTC_ERROR_INTERNAL_ERROR;
+}
+__attribute__((weak)) nvrtcResult nvrtcCompileProgram(nvrtcProgram, int, const char* const*) {
+  return NVRTC_ERROR_INTERNAL_ERROR;
+}
+__attribute__((weak)) nvrtcResult nvrtcGetCUBINSize(nvrtcProgram, size_t*) {
+  return NVRTC_ERROR_INTERNAL_ERROR;
+}
+__attribute__((weak)) nvrtcResult nvrtcGetCUBIN(nvrtcProgram, char*) {
+  return NVRTC_ERROR_INTERNAL_ERROR;
+}
+__attribute__((weak)) nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram, size_t*) {
+  return NVRTC_ERROR_INTERNAL_ERROR;
+}
+__attribute__((weak)) nvrtcResult nvrtcGetProgramLog(nvrtcProgram, char*) {
+  return NVRTC_ERROR_INTERNAL_ERROR;
+}
+}
+#endif
+
+namespace latent::cuda {
+namespace {
+
+std::atomic<int64_t> g_cudnn_calls{0};
+std::atomic<int64_t> g_fallback_calls{0};
+
+struct ShapeKey {
+  int64_t b = 0, tq = 0, tk = 0;
+  int heads = 0;
+  int64_t d = 0;
+  DType dtype = DType::kBF16;
+  bool masked = false;
+
+  bool operator<(const ShapeKey& o) const {
+    return std::tie(b, tq, tk, heads, d, dtype, masked) <
+           std::tie(o.b, o.tq, o.tk, o.heads, o.d, o.dtype, o.masked);
+  }
+};
+
+// "bf16 q [1, 4224, 24 x 128] k [1, 4224], key mask"
+std::string describe(const ShapeKey& s) {
+  return str_cat(dtype_name(s.dtype), " q [", s.b, ", ", s.tq, ", ", s.heads, " x ", s.d, "] k [",
+                 s.b, ", ", s.tk, "]", s.masked ? ", key mask" : ", no mask");
+}
+
+// Logs `message` at debug level the first time `path` is taken for `key`.
+void log_path_once(const ShapeKey& key, const char* path, const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::pair<ShapeKey, std::string>> seen;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!seen.emplace(key, path).second) return;
+  }
+  LATENT_DEBUG("attention ", describe(key), ": ", message);
+}
+
+bool fall_back(const ShapeKey& key, const std::string& why) {
+  ++g_fallback_calls;
+  log_path_once(key, "ours", str_cat("our kernel (", why, ")"));
+  return false;
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::strcmp(e, value) == 0;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Elements between the bias rows of two batch rows: whole 16-byte vectors.
+int64_t bias_stride(int64_t tk) { return (tk + 7) / 8 * 8; }
+
+#ifdef LATENT_HAVE_CUDNN_FRONTEND
+namespace fe = cudnn_frontend;
+
+enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidBias };
+
+struct Plan {
+  std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN cannot run this shape
+  int64_t workspace = 0;
+};
+
+// One device context's cuDNN handle and graphs.
+struct SdpaState {
+  std::weak_ptr<DeviceContext> owner;
+  cudnnHandle_t handle = nullptr;
+  std::map<ShapeKey, Plan> plans;
+  std::mutex mutex;  // held across build and execution (the handle is not thread-safe)
+
+  ~SdpaState() {
+    plans.clear();  // execution plans before the handle they were built with
+    if (handle) {
+      // The context's stream may be gone already (its owner expired).
+      LATENT_CUDA_WARN(cudnnSetStream(handle, nullptr));
+      LATENT_CUDA_WARN(cudnnDestroy(handle));
+    }
+  }
+};
+
+// Leaked on purpose: at process exit the CUDA runtime may already be torn down when static
+// destructors run, so the handles of contexts still alive then are never destroyed.
+std::mutex g_states_mutex;
+std::map<const DeviceContext*, std::shared_ptr<SdpaState>>& states() {
+  static auto* m = new std::map<const DeviceContext*, std::shared_ptr<SdpaState>>();
+  return *m;
+}
+
+Result<std::shared_ptr<SdpaState>> state_for(DeviceContext& ctx) {
+  std::lock_guard<std::mutex> lock(g_states_mutex);
+  auto& m = states();
+  // Forget contexts that were destroyed (a new one may reuse the address).
+  for (auto it = m.begin(); it != m.end();) {
+    if (it->second->owner.expired())
+      it = m.erase(it);
+    else
+      ++it;
+  }
+  auto it = m.find(&ctx);
+  if (it != m.end()) return it->second;
+  auto state = std::make_shared<SdpaState>();
+  state->owner = ctx.weak_from_this();
+  LATENT_CUDA_CHECK(cudnnCreate(&state->handle));
+  LATENT_CUDA_CHECK(cudnnSetStream(state->handle, ctx.stream()));
+  m[&ctx] = state;
+  LATENT_DEBUG(ctx.label(), ": cuDNN SDPA enabled (cuDNN ", cudnnGetVersion(),
+               ", cudnn-frontend ", CUDNN_FRONTEND_VERSION, ")");
+  return state;
+}
+
+// Builds the graph for `s` with the key-mask bias broadcast as `bias_dim` / `bias_stride`.
+// Empty string: built; else the step that failed and cuDNN's message.
+std::string build_graph(cudnnHandle_t handle, const ShapeKey& s,
+                        const std::vector<int64_t>& bias_dim,
+                        const std::vector<int64_t>& bias_stride, Plan* plan) {
+  const fe::DataType_t dt =
+      s.dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(dt)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  // Our [B, T, H*d] rows as (B, H, T, d) with BSHD strides.
+  const int64_t hd = s.heads * s.d;
+  auto tensor = [&](const char* name, int64_t uid, int64_t t) {
+    return g->tensor(fe::graph::Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_data_type(dt)
+                         .set_dim({s.b, s.heads, t, s.d})
+                         .set_stride({t * hd, s.d, hd, 1}));
+  };
+  auto q = tensor("Q", kUidQ, s.tq);
+  auto k = tensor("K", kUidK, s.tk);
+  auto v = tensor("V", kUidV, s.tk);
+  fe::graph::SDPA_attributes options;
+  options.set_name("dit_attention")
+      .set_generate_stats(false)
+      .set_attn_scale(1.f / std::sqrt(static_cast<float>(s.d)));
+  if (s.masked) {
+    auto bias = g->tensor(fe::graph::Tensor_attributes()
+                              .set_name("key_mask_bias")
+                              .set_uid(kUidBias)
+                              .set_data_type(dt)
+                              .set_dim(bias_dim)
+                              .set_stride(bias_stride));
+    options.set_bias(bias);
+  }
+  auto outputs = g->sdpa(q, k, v, options);
+  outputs[0]
+      ->set_output(true)
+      .set_uid(kUidO)
+      .set_data_type(dt)
+      .set_dim({s.b, s.heads, s.tq, s.d})
+      .set_stride({s.tq * hd, s.d, hd, 1});
+
+  fe::error_t e = g->validate();
+  if (e.is_bad()) return "validate: " + e.get_message();
+  e = g->build_operation_graph(handle);
+  if (e.is_bad()) return "build_operation_graph: " + e.get_message();
+  e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (e.is_bad()) return "create_execution_plans: " + e.get_message();
+  e = g->check_support(handle);
+  if (e.is_bad()) return "check_support: " + e.get_message();
+  e = g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+  if (e.is_bad()) return "build_plans: " + e.get_message();
+  int64_t workspace = 0;
+  e = g->get_workspace_size(workspace);
+  if (e.is_bad()) return "get_workspace_size: " + e.get_message();
+  plan->graph = std::move(g);
+  plan->workspace = workspace;
+  return std::string();
+}
+
+// The plan for `s`, built on first use (the failure remembered as an empty plan).
+Plan& plan_for(DeviceContext& ctx, SdpaState& state, const ShapeKey& s) {
+  auto it = state.plans.find(s);
+  if (it != state.plans.end()) return it->second;
+  Plan plan;
+  std::string why;
+  if (!s.masked) {
+    why = build_graph(state.handle, s, {}, {}, &plan);
+  } else {
+    // The bias broadcast over queries with a zero stride ([B, 1, Tq, Tk], as PyTorch passes an
+    // expanded mask), else as a size-1 query dim ([B, 1, 1, Tk]).
+    const int64_t ld = bias_stride(s.tk);
+    why = build_graph(state.handle, s, {s.b, 1, s.tq, s.tk}, {ld, ld, 0, 1}, &plan);
+    if (!why.empty()) {
+      const std::string second =
+          build_graph(state.handle, s, {s.b, 1, 1, s.tk}, {ld, ld, ld, 1}, &plan);
+      why = second.empty() ? std::string()
+                           : str_cat("bias [B, 1, Tq, Tk] stride 0: ", why,
+                                     "; bias [B, 1, 1, Tk]: ", second);
+    }
+  }
+  if (!why.empty()) {
+    plan = Plan();
+    LATENT_WARN(ctx.label(), ": cuDNN SDPA has no plan for attention ", describe(s), " (", why,
+                "); using our attention kernel for this shape (diagnose with CUDNN_LOGLEVEL_DBG=3 "
+                "CUDNN_LOGDEST_DBG=stderr CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr)");
+  } else {
+    log_path_once(s, "built",
+                  str_cat("cuDNN SDPA graph built, workspace ", plan.workspace, " bytes"));
+  }
+  return state.plans.emplace(s, std::move(plan)).first->second;
+}
+#endif  // LATENT_HAVE_CUDNN_FRONTEND
+
+}  // namespace
+
+bool sdpa_compiled() {
+#ifdef LATENT_HAVE_CUDNN_FRONTEND
+  return true;
+#else
+  return false;
+#endif
+}
+
+SdpaCounters sdpa_counters() {
+  SdpaCounters c;
+  c.cudnn = g_cudnn_calls.load();
+  c.fallback = g_fallback_calls.load();
+  return c;
+}
+
+Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, const void* v,
+                            const void* key_mask, void* out, int64_t b, int64_t tq, int64_t tk,
+                            int heads, int64_t d, DType dtype) {
+  ShapeKey s;
+  s.b = b, s.tq = tq, s.tk = tk, s.heads = heads, s.d = d, s.dtype = dtype;
+  s.masked = key_mask != nullptr;
+  if (!sdpa_compiled()) return fall_back(s, "built without cudnn-frontend");
+  if (env_is("LATENT_CUDNN_SDPA", "0")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
+  const char* forced = std::getenv("LATENT_ATTENTION_KERNEL");
+  if (forced && *forced) return fall_back(s, str_cat("LATENT_ATTENTION_KERNEL=", forced));
+  if (dtype == DType::kF32) return fall_back(s, "fp32");
+  if (d < 8 || d > 256 || d % 8 != 0) return fall_back(s, "head dim not a multiple of 8 <= 256");
+  if (ctx.properties().major < 8) return fall_back(s, "below sm_80");
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    return fall_back(s, "a tensor is not 16-byte aligned");
+
+#ifdef LATENT_HAVE_CUDNN_FRONTEND
+  Result<std::shared_ptr<SdpaState>> got = state_for(ctx);
+  if (!got.ok()) return fall_back(s, got.status().message());
+  const std::shared_ptr<SdpaState> state = got.value();
+  std::lock_guard<std::mutex> lock(state->mutex);
+  if (state->plans.find(s) == state->plans.end()) {
+    // Building plans may allocate and synchronise: never inside a capture.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    LATENT_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
+    if (capture != cudaStreamCaptureStatusNone)
+      return fall_back(s, "no cuDNN graph built before the capture began");
+  }
+  Plan& plan = plan_for(ctx, *state, s);
+  if (!plan.graph) return fall_back(s, "cuDNN has no engine for this shape");
+
+  std::unordered_map<int64_t, void*> pack = {{kUidQ, const_cast<void*>(q)},
+                                             {kUidK, const_cast<void*>(k)},
+                                             {kUidV, const_cast<void*>(v)},
+                                             {kUidO, out}};
+  TempBuffer bias, workspace;
+  if (s.masked) {
+    const int64_t ld = bias_stride(tk);
+    LATENT_TRY(bias.allocate(ctx, static_cast<size_t>(b * ld) * dtype_size(dtype)));
+    LATENT_TRY(launch_sdpa_mask_bias(key_mask, bias.get(), b, tk, ld, dtype, ctx.stream()));
+    pack[kUidBias] = bias.get();
+  }
+  if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
+  fe::error_t e = plan.graph->execute(state->handle, pack, workspace.get());
+  if (e.is_bad()) {
+    // Nothing was queued: our kernel takes this shape from now on.
+    LATENT_WARN(ctx.label(), ": cuDNN SDPA for attention ", describe(s), " failed to execute (",
+                e.get_message(), "); using our attention kernel for this shape (diagnose with "
+                "CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=stderr CUDNN_FRONTEND_LOG_INFO=1 "
+                "CUDNN_FRONTEND_LOG_FILE=stderr)");
+    plan = Plan();
+    return fall_back(s, "cuDNN execution failed");
+  }
+  ++g_cudnn_calls;
+  log_path_once(s, "cudnn", "cuDNN SDPA");
+  return true;
+#else
+  (void)ctx, (void)out;
+  return fall_back(s, "built without cudnn-frontend");
+#endif
+}
+
+}  // namespace latent::cuda

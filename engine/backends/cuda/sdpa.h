@@ -1,0 +1,58 @@
+// cuDNN's fused flash attention (scaled dot-product attention, SDPA) through the cuDNN graph API
+// (cudnn-frontend), for the DiT attention op (backend.h `attention`). It is what PyTorch runs on
+// Hopper for F.scaled_dot_product_attention in bf16/fp16 (about 2x our mma.sync kernel at DiT
+// sizes, NOTES.md); our kernel (dit_attention.cu) stays the fallback.
+//
+// The frontend headers are only seen by sdpa.cpp: without them (LATENT_HAVE_CUDNN_FRONTEND
+// undefined at build time) sdpa_attention() always answers "not done" and the caller runs its
+// own kernel.
+//
+// Layout: q [B, Tq, H*d], k and v [B, Tk, H*d], out [B, Tq, H*d], contiguous (BSHD strides).
+// The key mask [B, Tk] (nonzero: attend) becomes an additive bias (0 / -65504, the value PyTorch
+// uses for boolean masks with cuDNN) in a [B, Tk] scratch buffer (rows padded to 8 elements, 16
+// bytes) that the graph broadcasts over heads and queries with zero strides; no host read of the
+// mask, no synchronisation.
+//
+// One graph per (B, Tq, Tk, H, d, dtype, mask or not) and device context, built on first use
+// (never while the stream is capturing) and cached with the context's own cuDNN handle bound to
+// its stream. Workspace and bias come from the context's stream-ordered pool.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "engine/backends/cuda/memory.h"
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+
+namespace latent::cuda {
+
+// True when this build has cudnn-frontend (the cuDNN path can run at all).
+bool sdpa_compiled();
+
+// Process-wide counts of attention calls by path, for tests and benchmarks.
+struct SdpaCounters {
+  int64_t cudnn = 0;     // ran cuDNN's SDPA
+  int64_t fallback = 0;  // left to our kernel (any reason)
+};
+SdpaCounters sdpa_counters();
+
+// Queues cuDNN's SDPA on ctx.stream() and returns true, or returns false when the caller must
+// run its own kernel: not built with the frontend, fp32, d > 256 or not a multiple of 8, below
+// sm_80, LATENT_CUDNN_SDPA=0, a kernel forced with LATENT_ATTENTION_KERNEL (forcing one of ours
+// means: run ours), a pointer not 16-byte aligned, no graph yet while the stream is capturing,
+// or cuDNN has no engine for the shape or failed to execute it (remembered, logged once as a
+// warning, never retried). An error only when scratch memory cannot be had. Counts the call
+// (sdpa_counters) and logs at debug level, once per shape and path, which path ran. The device
+// must be current.
+Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, const void* v,
+                            const void* key_mask, void* out, int64_t b, int64_t tq, int64_t tk,
+                            int heads, int64_t d, DType dtype);
+
+// bias[r, c] = mask[r, c] != 0 ? 0 : -65504 for a [rows, cols] mask, into rows of
+// `bias_stride` >= cols elements (the padding columns -65504), in `dtype` (sdpa_bias.cu).
+Status launch_sdpa_mask_bias(const void* mask, void* bias, int64_t rows, int64_t cols,
+                             int64_t bias_stride, DType dtype, cudaStream_t stream);
+
+}  // namespace latent::cuda
