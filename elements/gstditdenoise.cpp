@@ -36,9 +36,12 @@
  *
  * On a CUDA device the pads also take application/x-latent(memory:CUDAMemory), so latents
  * arrive from vaeencode and go on to vaedecode in GPU memory (the context is shared through
- * GstContext, elements/gstlatentcuda.h). The denoising loop itself takes host latents
- * (engine/models/dit/denoise.h), so each latent is converted on the device, then downloaded once
- * and the result uploaded once.
+ * GstContext, elements/gstlatentcuda.h; the output buffers come from the CUDA latent pool agreed
+ * in the allocation query). The whole denoising loop runs on the device
+ * (qwen_image_denoise_on_backend, engine/models/dit/denoise.h): a latent in CUDA memory is read in
+ * place and the result written into the output buffer on the device, so no latent byte goes
+ * through the host. The prompt embeddings are uploaded once per embedding file (and CFG on/off),
+ * the fixed noise once per seed and size; `noise-mode=fresh` uploads one noise a frame.
  */
 #include "elements/gstditdenoise.h"
 
@@ -117,9 +120,14 @@ struct State {
   latent::FlowMatchSchedulerConfig scheduler;
   bool have_info = false;
   GstLatentInfo info;
-  // noise-mode=fixed: the noise of `noise_seed` at the negotiated size, drawn once.
+  // noise-mode=fixed: the noise of `noise_seed` at the negotiated size, drawn once, on the
+  // backend ([1, C, h, w]).
   latent::Tensor fixed_noise;
   guint64 noise_seed = 0;
+  // The prompt embeddings on the backend, uploaded from `prompts_of` / `negative_of` (null: no
+  // CFG); uploaded again when either changes.
+  latent::DenoisePrompts prompts;
+  std::shared_ptr<const Embeds> prompts_of, negative_of;
   guint64 frames = 0;  // frames denoised since start (fresh noise: seed + frames)
 };
 
@@ -579,9 +587,8 @@ static gboolean gst_dit_denoise_decide_allocation(GstBaseTransform* trans, GstQu
   return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
 }
 
-// A latent buffer -> normalised fp32 host [1, C, 1, h, w]. CUDA memory of our context is read
-// on the device (converted there, then downloaded: the denoising loop takes host latents,
-// engine/models/dit/denoise.h); anything else through a system-memory mapping.
+// A latent buffer -> normalised backend latent [1, C, h, w]. CUDA memory of our context is read
+// in place on the device; anything else through a system-memory mapping and one upload.
 static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::Backend& backend,
                                                   const GstLatentInfo& info, GstBuffer* inbuf) {
   const int64_t h = info.height, w = info.width, c = info.channels;
@@ -600,22 +607,23 @@ static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::B
   }
   latent::Result<latent::Tensor> x = latent::Status::error("unset");
   if (on_device) {
-    auto t = latent::device_latent_to_tensor(backend, map.data, info.dtype, info.channels,
-                                             info.height, info.width);
-    x = t.ok() ? backend.download(*t) : t;
+    // Queued on the backend's stream, which the loop and write_latent() follow: the input
+    // buffer is read before this frame's transform returns.
+    x = latent::device_latent_to_tensor(backend, map.data, info.dtype, info.channels, info.height,
+                                        info.width);
   } else {
-    // x: [1, 16, 1, h, w] fp32, normalised
-    x = latent::Tensor::empty({1, c, 1, h, w}, latent::DType::kF32);
-    latent::convert_elements(map.data, info.dtype, x->data(), latent::DType::kF32,
-                             static_cast<size_t>(x->numel()));
+    // host: [1, 16, h, w] fp32, normalised
+    latent::Tensor host = latent::Tensor::empty({1, c, h, w}, latent::DType::kF32);
+    latent::convert_elements(map.data, info.dtype, host.data(), latent::DType::kF32,
+                             static_cast<size_t>(host.numel()));
+    x = backend.upload(host);
   }
   gst_buffer_unmap(inbuf, &map);
-  if (!x.ok()) return x.status();
-  return x->reshape({1, c, 1, h, w});
+  return x;
 }
 
-// Normalised fp32 host [1, C, 1, h, w] -> `outbuf` (uploaded and converted on the device when it
-// is CUDA memory of our context).
+// Normalised backend latent [1, C, h, w] -> `outbuf`: written on the device when it is CUDA
+// memory of our context, else downloaded once.
 static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend,
                                    const GstLatentInfo& info, const latent::Tensor& result,
                                    GstBuffer* outbuf) {
@@ -630,14 +638,14 @@ static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend
   }
   latent::Status st = latent::ok_status();
   if (on_device) {
-    // [1, C, 1, h, w] -> [1, C, h, w]
-    auto flat = result.reshape({1, info.channels, info.height, info.width});
-    auto up = flat.ok() ? backend.upload(*flat) : flat;
-    st =
-        up.ok() ? latent::tensor_to_device_latent(backend, *up, map.data, info.dtype) : up.status();
+    st = latent::tensor_to_device_latent(backend, result, map.data, info.dtype);
   } else {
-    latent::convert_elements(result.data(), latent::DType::kF32, map.data, info.dtype,
-                             static_cast<size_t>(result.numel()));
+    auto host = backend.download(result);  // [1, C, h, w] fp32
+    if (host.ok())
+      latent::convert_elements(host->data(), latent::DType::kF32, map.data, info.dtype,
+                               static_cast<size_t>(host->numel()));
+    else
+      st = host.status();
   }
   gst_buffer_unmap(outbuf, &map);
   return st;
@@ -741,21 +749,37 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-  // x: [1, 16, 1, h, w] fp32, normalised
+  // x: [1, 16, h, w] normalised, on the backend
   latent::Tensor x = std::move(*read);
 
   latent::Tensor result;
   if (settings.strength <= 0.0 && settings.mode == MODE_IMG2IMG) {
     result = x;  // strength 0: nothing to denoise
   } else {
-    latent::DenoiseRequest req;
-    req.height = h;
-    req.width = w;
+    // The prompts on the backend: uploaded again only when a file or CFG on/off changed.
+    const std::shared_ptr<const Embeds> want_negative =
+        negative && settings.guidance_scale > 1.0 ? negative : nullptr;
+    if (!st.prompts.defined() || st.prompts_of != prompt || st.negative_of != want_negative) {
+      st.prompts = latent::DenoisePrompts();
+      auto p = latent::upload_denoise_prompts(
+          *st.model, prompt->embeds,
+          want_negative ? want_negative->embeds : latent::PromptEmbeds());
+      if (!p.ok()) {
+        GST_ELEMENT_ERROR(
+            self, STREAM, FAILED,
+            ("ditdenoise: cannot use the prompt embeddings: %s", p.status().message().c_str()),
+            (nullptr));
+        return GST_FLOW_ERROR;
+      }
+      st.prompts = std::move(*p);
+      st.prompts_of = prompt;
+      st.negative_of = want_negative;
+    }
+    latent::DeviceDenoiseRequest req;
     req.steps = settings.steps;
     req.strength = settings.strength;
     req.true_cfg_scale = static_cast<float>(settings.guidance_scale);
-    req.prompt = prompt->embeds;
-    if (negative) req.negative = negative->embeds;
+    req.prompts = &st.prompts;
     if (settings.mode == MODE_EDIT) {
       req.reference_latents = {x};
       if (settings.strength > 0.0 && settings.strength < 1.0)
@@ -765,25 +789,29 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
     } else {
       req.init_latents = x;
     }
-    if (settings.noise_mode == NOISE_FIXED) {
-      if (!st.fixed_noise.defined() || st.noise_seed != settings.seed) {
-        // randn_tensor((1, 1, C, h, w)): the same memory as [1, C, 1, h, w].
-        auto n = latent::torch_randn({1, 1, c, h, w}, settings.seed);
-        if (!n.ok()) {
-          GST_ELEMENT_ERROR(self, STREAM, FAILED, ("ditdenoise: %s", n.status().message().c_str()),
-                            (nullptr));
-          return GST_FLOW_ERROR;
-        }
-        auto shaped = n->reshape({1, c, 1, h, w});  // [1, 16, 1, h, w]
-        st.fixed_noise = shaped.ok() ? *shaped : *n;
+    // Noise drawn on the host like torch's CPU generator: randn_tensor((1, 1, C, h, w)), the same
+    // memory as [1, C, h, w]; fixed noise is uploaded once.
+    const bool fixed = settings.noise_mode == NOISE_FIXED;
+    if (!fixed || !st.fixed_noise.defined() || st.noise_seed != settings.seed) {
+      const guint64 seed = fixed ? settings.seed : settings.seed + st.frames;
+      auto n = latent::torch_randn({1, 1, c, h, w}, seed);
+      auto shaped = n.ok() ? n->reshape({1, c, h, w}) : n;
+      auto up = shaped.ok() ? st.backend->upload(*shaped) : shaped;
+      if (!up.ok()) {
+        GST_ELEMENT_ERROR(self, STREAM, FAILED, ("ditdenoise: %s", up.status().message().c_str()),
+                          (nullptr));
+        return GST_FLOW_ERROR;
+      }
+      req.noise = std::move(*up);
+      if (fixed) {
+        st.fixed_noise = req.noise;
         st.noise_seed = settings.seed;
       }
-      req.noise = st.fixed_noise;
     } else {
-      req.seed = settings.seed + st.frames;
+      req.noise = st.fixed_noise;
     }
-    auto r = latent::qwen_image_denoise(*st.model, st.scheduler, req,
-                                        [impl](int, int) { return !impl->cancel.load(); });
+    auto r = latent::qwen_image_denoise_on_backend(
+        *st.model, st.scheduler, req, [impl](int, int) { return !impl->cancel.load(); });
     if (!r.ok()) {
       if (impl->cancel) return GST_FLOW_FLUSHING;
       GST_ELEMENT_ERROR(self, STREAM, FAILED,

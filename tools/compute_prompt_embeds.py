@@ -9,7 +9,10 @@ tokens after the template), run through the text encoder, the hidden states of t
 are taken, the 34 template tokens dropped (drop_idx) and the mask kept. diffusers' own code path runs: the pipeline class is built with
 only its text encoder and tokenizer (and for --pipeline edit-plus, the processor) loaded, and its
 encode_prompt is called. Needs torch, transformers and diffusers, and the model's
-text_encoder/ and tokenizer/ folders (a full pipeline checkout such as Qwen/Qwen-Image).
+text_encoder/ and tokenizer/ folders (a full pipeline checkout such as Qwen/Qwen-Image);
+--pipeline edit-plus also needs Pillow and torchvision (transformers' Qwen2VLProcessor builds a
+video processor that requires it) and the processor/ folder.
+tests/model/test_compute_prompt_embeds.py checks both pipelines on a tiny random model, offline.
 
     # text-to-image / img2img models (Qwen-Image):
     python3 tools/compute_prompt_embeds.py --model /models/Qwen-Image \\
@@ -118,7 +121,11 @@ def from_model(args):
 
             if not args.image:
                 raise SystemExit("--pipeline edit-plus needs --image (the reference frame)")
-            processor = Qwen2VLProcessor.from_pretrained(args.model, subfolder="processor")
+            try:
+                processor = Qwen2VLProcessor.from_pretrained(args.model, subfolder="processor")
+            except ImportError as e:  # transformers' video processor needs torchvision
+                raise SystemExit(f"--pipeline edit-plus cannot load the Qwen2-VL processor: "
+                                 f"{str(e).strip().splitlines()[0]}")
             pipe = diffusers.QwenImageEditPlusPipeline(scheduler=None, vae=None, text_encoder=text_encoder,
                                                        tokenizer=tokenizer, processor=processor,
                                                        transformer=None)

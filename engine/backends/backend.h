@@ -66,6 +66,8 @@ enum class DitOp : uint8_t {
   kCfgCombine,
   kConcat,
   kSlice,
+  kPackLatents,
+  kUnpackLatents,
 };
 
 inline const char* dit_op_name(DitOp op) {
@@ -98,6 +100,10 @@ inline const char* dit_op_name(DitOp op) {
       return "concat";
     case DitOp::kSlice:
       return "slice";
+    case DitOp::kPackLatents:
+      return "pack_latents";
+    case DitOp::kUnpackLatents:
+      return "unpack_latents";
   }
   return "unknown";
 }
@@ -315,6 +321,21 @@ class Backend {
   virtual Result<Tensor> slice(const Tensor& x, int dim, int64_t start, int64_t count) {
     (void)x, (void)dim, (void)start, (void)count;
     return dit_unsupported(DitOp::kSlice);
+  }
+  // QwenImagePipeline._pack_latents: latents [B, C, h, w] (a backend image tensor in this
+  // backend's own layout, e.g. from upload() or device_latent_to_tensor(); or row-major
+  // [B, C, 1, h, w]), h and w even -> tokens [B, (h/2)(w/2), 4C], token (y, x) holding the 2x2
+  // patch channels-major (c, dy, dx). A permutation: values are moved unchanged.
+  virtual Result<Tensor> pack_latents(const Tensor& latents) {
+    (void)latents;
+    return dit_unsupported(DitOp::kPackLatents);
+  }
+  // _unpack_latents, the inverse: tokens [B, (h/2)(w/2), 4C] -> [B, C, h, w] in this backend's
+  // image layout (as upload() holds a host [B, C, h, w]; what VAEs and
+  // tensor_to_device_latent() take).
+  virtual Result<Tensor> unpack_latents(const Tensor& tokens, int64_t height, int64_t width) {
+    (void)tokens, (void)height, (void)width;
+    return dit_unsupported(DitOp::kUnpackLatents);
   }
 
  protected:

@@ -2,18 +2,30 @@
 // scripts/make_dit_fixtures.py (dit_qwen_image_tiny: text-to-image cases incl. a masked batch and
 // two images in one sequence; dit_qwen_image_edit_tiny: zero_cond_t edit cases):
 // fp32 within 1e-3 (TF32 matrix products: 3e-3), bf16 within 2e-2 relative L2.
+// The whole denoising loop on the device (io_denoise.safetensors: t2i with true CFG, seeded t2i,
+// img2img, the edit loop with zero_cond_t and two references) against the same diffusers
+// latents, the latent packing ops against the host packing, and the loop's host<->device copies:
+// none after the first step, none at all in a second loop with the same uploaded inputs.
 // Exits 77 (skipped) without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
+#include "engine/models/dit/denoise.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
+#include "engine/weights/config.h"
 #include "engine/weights/safetensors.h"
 #include "tests/util/test_util.h"
+
+#ifdef LATENT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace latent {
 namespace {
@@ -35,8 +47,8 @@ Tensor get(const SafetensorsFile& f, const std::string& name, bool optional = fa
   return *t;
 }
 
-void check(const std::string& fixture, const std::vector<std::string>& cases, const std::string& dtype,
-           double tolerance) {
+void check(const std::string& fixture, const std::vector<std::string>& cases,
+           const std::string& dtype, double tolerance) {
   const std::string root = test::fixtures_dir() + "/" + fixture;
   auto backend = get_backend(BackendOptions{"cuda", dtype});
   ASSERT_TRUE(backend.ok()) << backend.status().message();
@@ -85,6 +97,254 @@ TEST(CudaMmdit, ZeroCondTEditFp32) {
 TEST(CudaMmdit, ZeroCondTEditBf16) {
   check("dit_qwen_image_edit_tiny", {"edit", "edit_batch", "edit_single"}, "bf16", 2e-2);
 }
+
+// ---- latent packing on the device ----------------------------------------------------------
+
+TEST(CudaDitOps, PackAndUnpackMatchTheHostPacking) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    auto b = get_backend(BackendOptions{"cuda", dtype});
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    Backend& be = **b;
+    ASSERT_TRUE(be.supports_dit(DitOp::kPackLatents, be.compute_dtype()));
+    const Tensor lat = test::random_tensor({1, 16, 1, 6, 8}, 5);
+    auto up = upload_latent(be, lat);  // [1, 16, 6, 8] NHWC, as device_latent_to_tensor makes it
+    ASSERT_TRUE(up.ok()) << up.status().message();
+    EXPECT_EQ(up->layout(), Layout::kNHWC);
+    auto stored = be.download(*up);
+    ASSERT_TRUE(stored.ok());
+    auto want = pack_latents(*stored);
+    ASSERT_TRUE(want.ok());
+    auto p = be.pack_latents(*up);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    ASSERT_EQ(p->shape(), (Shape{1, 12, 64}));
+    EXPECT_EQ(be.download(*p)->to_floats(), want->to_floats());
+    auto up5 = be.upload(lat);  // row-major [1, 16, 1, 6, 8]
+    ASSERT_TRUE(up5.ok());
+    auto p5 = be.pack_latents(*up5);
+    ASSERT_TRUE(p5.ok()) << p5.status().message();
+    EXPECT_EQ(be.download(*p5)->to_floats(), want->to_floats());
+    auto u = be.unpack_latents(*p, 6, 8);
+    ASSERT_TRUE(u.ok()) << u.status().message();
+    EXPECT_EQ(u->shape(), (Shape{1, 16, 6, 8}));
+    EXPECT_EQ(u->layout(), Layout::kNHWC);
+    EXPECT_EQ(be.download(*u)->to_floats(), stored->to_floats());
+    EXPECT_FALSE(be.unpack_latents(*p, 8, 8).ok());
+  }
+}
+
+// ---- the whole loop on the device ------------------------------------------------------------
+
+struct LoopFixture {
+  std::shared_ptr<Backend> backend;
+  std::shared_ptr<SafetensorsFile> io;
+  nlohmann::json cases;
+  std::unique_ptr<QwenImageMmdit> model;
+  FlowMatchSchedulerConfig scheduler;
+};
+
+LoopFixture open_loop(const std::string& fixture, const std::string& dtype) {
+  LoopFixture f;
+  const std::string root = test::fixtures_dir() + "/" + fixture;
+  auto backend = get_backend(BackendOptions{"cuda", dtype});
+  EXPECT_TRUE(backend.ok()) << backend.status().message();
+  if (!backend.ok()) return f;
+  f.backend = *backend;
+  auto io = SafetensorsFile::open(root + "/io_denoise.safetensors");
+  EXPECT_TRUE(io.ok()) << io.status().message();
+  if (!io.ok()) return f;
+  f.io = *io;
+  f.cases = nlohmann::json::parse(f.io->metadata().at("cases"));
+  auto model = QwenImageMmdit::load(root, f.backend);
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  if (model.ok()) f.model = std::move(model).value();
+  auto cfg = Config::load(root + "/scheduler/scheduler_config.json");
+  EXPECT_TRUE(cfg.ok());
+  auto sched = cfg.ok() ? parse_flow_match_scheduler_config(*cfg)
+                        : Result<FlowMatchSchedulerConfig>(cfg.status());
+  EXPECT_TRUE(sched.ok());
+  if (sched.ok()) f.scheduler = *sched;
+  return f;
+}
+
+PromptEmbeds loop_embeds(const LoopFixture& f, const std::string& c, const std::string& prefix) {
+  PromptEmbeds p;
+  p.embeds = get(*f.io, c + "." + prefix + "prompt_embeds", true);
+  Tensor m = get(*f.io, c + "." + prefix + "prompt_embeds_mask", true);
+  if (m.defined()) p.mask = m.to_floats();
+  return p;
+}
+
+DenoiseRequest loop_request(const LoopFixture& f, const std::string& c) {
+  const nlohmann::json& meta = f.cases[c];
+  DenoiseRequest r;
+  r.steps = meta["steps"].get<int>();
+  r.true_cfg_scale = meta["true_cfg_scale"].get<float>();
+  r.strength = meta["strength"].get<double>();
+  r.noise = get(*f.io, c + ".noise");
+  r.init_latents = get(*f.io, c + ".image_latents", true);
+  for (int i = 0;; ++i) {
+    Tensor ref = get(*f.io, str_cat(c, ".reference_latents_", i), true);
+    if (!ref.defined()) break;
+    r.reference_latents.push_back(ref);
+  }
+  r.prompt = loop_embeds(f, c, "");
+  r.negative = loop_embeds(f, c, "negative_");
+  return r;
+}
+
+void check_loop(const std::string& fixture, const std::string& c, const std::string& dtype,
+                double tolerance) {
+  LoopFixture f = open_loop(fixture, dtype);
+  ASSERT_TRUE(f.model);
+  DenoiseRequest r = loop_request(f, c);
+  if (c == "t2i_seed") {  // noise from the seed, as the pipeline's generator draws it
+    r.noise = Tensor();
+    r.height = 8;
+    r.width = 12;
+    r.seed = f.cases[c]["seed"].get<uint64_t>();
+  }
+  const Tensor want = get(*f.io, c + ".latents");
+  for (bool batch : {true, false}) {
+    if (!batch && !r.negative.defined()) continue;
+    r.batch_cfg = batch;
+    auto out = qwen_image_denoise(*f.model, f.scheduler, r);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    ASSERT_EQ(out->latents.shape(), want.shape());
+    const double err = relative_l2(out->latents, want);
+    std::printf("%-26s %-9s %s %-8s loop rel L2 %.3e (tolerance %.0e)\n", fixture.c_str(),
+                c.c_str(), dtype.c_str(), batch ? "batched" : "separate", err, tolerance);
+    EXPECT_LT(err, tolerance) << c << (batch ? " batched" : " separate");
+  }
+}
+
+TEST(CudaDenoiseLoop, TextToImageFp32) {
+  check_loop("dit_qwen_image_tiny", "t2i_cfg", "fp32", 3e-3);
+  check_loop("dit_qwen_image_tiny", "t2i_seed", "fp32", 3e-3);
+}
+TEST(CudaDenoiseLoop, TextToImageBf16) {
+  check_loop("dit_qwen_image_tiny", "t2i_cfg", "bf16", 2e-2);
+  check_loop("dit_qwen_image_tiny", "t2i_seed", "bf16", 2e-2);
+}
+TEST(CudaDenoiseLoop, Img2ImgFp32) { check_loop("dit_qwen_image_tiny", "img2img", "fp32", 3e-3); }
+TEST(CudaDenoiseLoop, Img2ImgBf16) { check_loop("dit_qwen_image_tiny", "img2img", "bf16", 2e-2); }
+TEST(CudaDenoiseLoop, ZeroCondTEditFp32) {
+  check_loop("dit_qwen_image_edit_tiny", "edit_cfg", "fp32", 3e-3);
+}
+TEST(CudaDenoiseLoop, ZeroCondTEditBf16) {
+  check_loop("dit_qwen_image_edit_tiny", "edit_cfg", "bf16", 2e-2);
+}
+
+// Host<->device copies of the loop on the device, inputs uploaded ahead: none after the first
+// step (the first uploads the rotary table and the text key mask; the timestep projections go up
+// before it), none at all in a second loop with the same inputs, and never a download.
+void check_transfers(const std::string& fixture, const std::string& c, bool batch_cfg) {
+  SCOPED_TRACE(fixture + " " + c + (batch_cfg ? " batched" : " separate"));
+  LoopFixture f = open_loop(fixture, "bf16");
+  ASSERT_TRUE(f.model);
+  Backend& be = *f.backend;
+  DenoiseRequest r = loop_request(f, c);
+  auto prompts = upload_denoise_prompts(*f.model, r.prompt, r.negative, batch_cfg);
+  ASSERT_TRUE(prompts.ok()) << prompts.status().message();
+  DeviceDenoiseRequest d;
+  d.steps = r.steps;
+  d.strength = r.strength;
+  d.true_cfg_scale = r.true_cfg_scale;
+  d.prompts = &*prompts;
+  auto noise = upload_latent(be, r.noise);
+  ASSERT_TRUE(noise.ok());
+  d.noise = *noise;
+  if (r.init_latents.defined()) d.init_latents = *upload_latent(be, r.init_latents);
+  for (const Tensor& ref : r.reference_latents)
+    d.reference_latents.push_back(*upload_latent(be, ref));
+  ASSERT_TRUE(be.synchronize().ok());
+  Tensor first_result;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run);
+    reset_transfer_counts();
+    std::vector<TransferCounts> at_step;
+    auto out = qwen_image_denoise_on_backend(*f.model, f.scheduler, d, [&](int, int) {
+      at_step.push_back(transfer_counts());
+      return true;
+    });
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    const TransferCounts end = transfer_counts();
+    ASSERT_EQ(at_step.size(), static_cast<size_t>(r.steps));
+    std::printf(
+        "%s %s run %d: %lld uploads (%lld bytes) before the end of step 1, %lld after; "
+        "%lld downloads\n",
+        fixture.c_str(), c.c_str(), run, (long long)at_step[0].host_to_device,
+        (long long)at_step[0].host_to_device_bytes,
+        (long long)(end.host_to_device - at_step[0].host_to_device), (long long)end.device_to_host);
+    for (size_t k = 1; k < at_step.size(); ++k) {
+      EXPECT_EQ(at_step[k].host_to_device, at_step[0].host_to_device) << "step " << k + 1;
+      EXPECT_EQ(at_step[k].device_to_host, 0) << "step " << k + 1;
+    }
+    EXPECT_EQ(end.host_to_device, at_step[0].host_to_device);
+    EXPECT_EQ(end.device_to_host, 0);
+    // The timestep projections, then a rotary table and a key mask per text length (two with
+    // separate CFG passes): only the first time.
+    EXPECT_LE(end.host_to_device, run == 0 ? 5 : 0);
+    auto host = be.download(out->latents);
+    ASSERT_TRUE(host.ok());
+    if (run == 0) {
+      first_result = *host;
+    } else {
+      EXPECT_EQ(host->to_floats(), first_result.to_floats()) << "same inputs, same latents";
+    }
+  }
+}
+
+TEST(CudaDenoiseLoop, NoHostDeviceCopiesAfterTheInputsAreUploaded) {
+  check_transfers("dit_qwen_image_tiny", "t2i_cfg", true);
+  check_transfers("dit_qwen_image_tiny", "img2img", false);
+  check_transfers("dit_qwen_image_edit_tiny", "edit_cfg", true);
+}
+
+#ifdef LATENT_HAVE_CUDA
+// A latent in device memory (as vaeencode leaves it in a CUDA buffer) through the loop and back
+// into device memory: the same latents as the host form, with no copy to or from the host.
+TEST(CudaDenoiseLoop, DeviceLatentInDeviceLatentOut) {
+  LoopFixture f = open_loop("dit_qwen_image_tiny", "bf16");
+  ASSERT_TRUE(f.model);
+  Backend& be = *f.backend;
+  DenoiseRequest r = loop_request(f, "img2img");
+  auto host = qwen_image_denoise(*f.model, f.scheduler, r);
+  ASSERT_TRUE(host.ok()) << host.status().message();
+  // The image latent as a bf16 [16, 8, 12] device buffer.
+  const Tensor image = r.init_latents.to_dtype(DType::kBF16);
+  void* in = nullptr;
+  void* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&in, image.nbytes()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, image.nbytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(in, image.data(), image.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  auto prompts = upload_denoise_prompts(*f.model, r.prompt, r.negative);
+  ASSERT_TRUE(prompts.ok());
+  DeviceDenoiseRequest d;
+  d.steps = r.steps;
+  d.strength = r.strength;
+  d.true_cfg_scale = r.true_cfg_scale;
+  d.prompts = &*prompts;
+  d.noise = *upload_latent(be, r.noise);
+  ASSERT_TRUE(be.synchronize().ok());
+  reset_transfer_counts();
+  auto x = device_latent_to_tensor(be, in, DType::kBF16, 16, 8, 12);
+  ASSERT_TRUE(x.ok()) << x.status().message();
+  d.init_latents = *x;
+  auto result = qwen_image_denoise_on_backend(*f.model, f.scheduler, d);
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  ASSERT_TRUE(tensor_to_device_latent(be, result->latents, out, DType::kBF16).ok());
+  EXPECT_EQ(transfer_counts().device_to_host, 0);
+  EXPECT_EQ(transfer_counts().host_to_device, 0) << "the loop's tables went up in the host form";
+  Tensor got = Tensor::empty({1, 16, 1, 8, 12}, DType::kBF16);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, got.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  const double err = relative_l2(got, host->latents);
+  std::printf("device latent in/out vs host form: rel L2 %.3e\n", err);
+  EXPECT_LT(err, 1e-3);  // the same bf16 image and noise, the same ops: the same latents
+  cudaFree(in);
+  cudaFree(out);
+}
+#endif
 
 }  // namespace
 }  // namespace latent

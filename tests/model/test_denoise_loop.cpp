@@ -1,7 +1,9 @@
 // The Qwen-Image denoising loop against diffusers (io_denoise.safetensors of the fixture roots,
 // made by scripts/make_dit_fixtures.py): QwenImagePipeline (true CFG, explicit noise; seeded
 // generator), QwenImageImg2ImgPipeline (strength) and the QwenImageEditPlusPipeline loop with
-// two reference latents on a zero_cond_t transformer. Also torch.randn and latent packing.
+// two reference latents on a zero_cond_t transformer. Also torch.randn, latent packing (host and
+// backend ops) and the loop on the backend (qwen_image_denoise_on_backend) with inputs uploaded
+// once and reused.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -299,6 +301,110 @@ TEST(LatentPacking, PatchOrderAndRoundTrip) {
   EXPECT_EQ(u->to_floats(), v);
   EXPECT_FALSE(pack_latents(Tensor::from_floats({1, 1, 1, 3, 4}, std::vector<float>(12))).ok());
   EXPECT_FALSE(unpack_latents(*p, 4, 4).ok());
+}
+
+TEST(LatentPacking, BackendOpsMatchTheHostPacking) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    auto b = get_backend(BackendOptions{"cpu", dtype});
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    Backend& be = **b;
+    ASSERT_TRUE(be.supports_dit(DitOp::kPackLatents, be.compute_dtype()));
+    ASSERT_TRUE(be.supports_dit(DitOp::kUnpackLatents, be.compute_dtype()));
+    const Tensor lat = test::random_tensor({1, 16, 1, 6, 8}, 5);
+    auto up = upload_latent(be, lat);  // [1, 16, 6, 8] in the backend's dtype
+    ASSERT_TRUE(up.ok()) << up.status().message();
+    EXPECT_EQ(up->shape(), (Shape{1, 16, 6, 8}));
+    auto stored = be.download(*up);  // the values as the backend holds them
+    ASSERT_TRUE(stored.ok());
+    auto want = pack_latents(*stored);
+    ASSERT_TRUE(want.ok());
+    auto p = be.pack_latents(*up);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    ASSERT_EQ(p->shape(), (Shape{1, 12, 64}));
+    auto got = be.download(*p);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->to_floats(), want->to_floats());
+    // A row-major [1, C, 1, h, w] packs the same.
+    auto up5 = be.upload(lat);
+    ASSERT_TRUE(up5.ok());
+    auto p5 = be.pack_latents(*up5);
+    ASSERT_TRUE(p5.ok()) << p5.status().message();
+    EXPECT_EQ(be.download(*p5)->to_floats(), want->to_floats());
+    auto u = be.unpack_latents(*p, 6, 8);
+    ASSERT_TRUE(u.ok()) << u.status().message();
+    EXPECT_EQ(u->shape(), (Shape{1, 16, 6, 8}));
+    EXPECT_EQ(be.download(*u)->to_floats(), stored->to_floats());
+    // Errors name the problem.
+    auto odd = be.upload(test::random_tensor({1, 16, 5, 8}, 1));
+    ASSERT_TRUE(odd.ok());
+    auto bad = be.pack_latents(*odd);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("even"), std::string::npos) << bad.status().message();
+    bad = be.unpack_latents(*p, 8, 8);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("tokens do not make"), std::string::npos);
+  }
+}
+
+// The loop on the backend with its inputs uploaded once: the same latents as the host form, loop
+// after loop with the same uploaded prompts, noise and image.
+TEST(DenoiseLoop, OnTheBackendReusesItsUploadedInputs) {
+  Fixture f = open("dit_qwen_image_tiny");
+  ASSERT_TRUE(f.model);
+  Backend& be = f.model->backend();
+  DenoiseRequest r = request(f, "img2img");
+  auto host = qwen_image_denoise(*f.model, f.scheduler, r);
+  ASSERT_TRUE(host.ok()) << host.status().message();
+  auto prompts = upload_denoise_prompts(*f.model, r.prompt, r.negative);
+  ASSERT_TRUE(prompts.ok()) << prompts.status().message();
+  EXPECT_TRUE(prompts->batched);
+  EXPECT_EQ(prompts->cond.shape(), (Shape{2, 7, 24}));
+  DeviceDenoiseRequest d;
+  d.steps = r.steps;
+  d.strength = r.strength;
+  d.true_cfg_scale = r.true_cfg_scale;
+  d.prompts = &*prompts;
+  auto noise = upload_latent(be, r.noise), init = upload_latent(be, r.init_latents);
+  ASSERT_TRUE(noise.ok() && init.ok());
+  d.noise = *noise;
+  d.init_latents = *init;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run);
+    auto out = qwen_image_denoise_on_backend(*f.model, f.scheduler, d);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    EXPECT_EQ(out->latents.shape(), (Shape{1, 16, 8, 12}));
+    EXPECT_EQ(out->latents.device(), be.device());
+    EXPECT_EQ(out->schedule.begin_index, host->schedule.begin_index);
+    auto got = be.download(out->latents);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->to_floats(), host->latents.to_floats());
+    EXPECT_LT(relative_l2(*got, get(f, "img2img.latents")), kTolerance);
+  }
+  // A batched pair with guidance off runs the prompt alone (its padding masked): as without a
+  // negative prompt.
+  d.true_cfg_scale = 1.f;
+  auto pair = qwen_image_denoise_on_backend(*f.model, f.scheduler, d);
+  ASSERT_TRUE(pair.ok()) << pair.status().message();
+  auto alone_prompts = upload_denoise_prompts(*f.model, r.prompt, PromptEmbeds());
+  ASSERT_TRUE(alone_prompts.ok());
+  EXPECT_FALSE(alone_prompts->has_negative);
+  d.prompts = &*alone_prompts;
+  auto alone = qwen_image_denoise_on_backend(*f.model, f.scheduler, d);
+  ASSERT_TRUE(alone.ok()) << alone.status().message();
+  EXPECT_LT(relative_l2(*be.download(pair->latents), *be.download(alone->latents)), 1e-5);
+  // Missing inputs are errors, not crashes.
+  DeviceDenoiseRequest bad = d;
+  bad.prompts = nullptr;
+  EXPECT_FALSE(qwen_image_denoise_on_backend(*f.model, f.scheduler, bad).ok());
+  bad = d;
+  bad.noise = Tensor();
+  EXPECT_FALSE(qwen_image_denoise_on_backend(*f.model, f.scheduler, bad).ok());
+  bad = d;
+  bad.init_latents = Tensor();  // strength 0.6 without an image
+  auto no_image = qwen_image_denoise_on_backend(*f.model, f.scheduler, bad);
+  ASSERT_FALSE(no_image.ok());
+  EXPECT_NE(no_image.status().message().find("init latents"), std::string::npos);
 }
 
 }  // namespace

@@ -73,6 +73,8 @@ class CpuBackend final : public Backend {
   Result<Tensor> cfg_combine(const Tensor& cond, const Tensor& uncond, float scale) override;
   Result<Tensor> concat(const std::vector<Tensor>& parts, int dim) override;
   Result<Tensor> slice(const Tensor& x, int dim, int64_t start, int64_t count) override;
+  Result<Tensor> pack_latents(const Tensor& latents) override;
+  Result<Tensor> unpack_latents(const Tensor& tokens, int64_t height, int64_t width) override;
   // === end of DiT ops =========================================================================
 
  private:

@@ -4,6 +4,7 @@
 #include "engine/backends/cpu/dit_ops.h"
 
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -105,7 +106,7 @@ const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_as<float
 
 bool CpuBackend::supports_dit(DitOp op, DType dtype) const {
   if (op == DitOp::kUploadFp32) return true;
-  return static_cast<int>(op) <= static_cast<int>(DitOp::kSlice) && dtype == dtype_;
+  return static_cast<int>(op) <= static_cast<int>(DitOp::kUnpackLatents) && dtype == dtype_;
 }
 
 Result<Tensor> CpuBackend::upload_fp32(const Tensor& host) {
@@ -327,6 +328,65 @@ Result<Tensor> CpuBackend::slice(const Tensor& x, int dim, int64_t start, int64_
       return Status::errorf("slice: [", start, ", ", start + count, ") is outside the ", x.dim(dim),
                             " entries of dim ", dim, " of ", shape_str(x.shape()));
     return cpu::slice(x, dim, start, count);
+  });
+}
+
+// Latent packing: the 2x2 patch permutation of QwenImagePipeline, moving elements unchanged.
+namespace {
+
+// Element (b, c, y, x) of a [B, C, h, w] image <-> element (b, (y/2)(w/2) + x/2, 4c + 2(y%2) +
+// x%2) of the [B, (h/2)(w/2), 4C] tokens; `pack` picks the direction.
+void permute_patches(const Tensor& in, Tensor& out, int64_t b, int64_t c, int64_t h, int64_t w,
+                     bool pack) {
+  const size_t es = dtype_size(in.dtype());
+  const char* src = static_cast<const char*>(in.data());
+  char* dst = static_cast<char*>(out.data());
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x) {
+          const int64_t image = ((bi * c + ci) * h + y) * w + x;
+          const int64_t token = (bi * (h / 2) * (w / 2) + (y / 2) * (w / 2) + x / 2) * 4 * c +
+                                4 * ci + 2 * (y % 2) + x % 2;
+          const int64_t from = pack ? image : token, to = pack ? token : image;
+          std::memcpy(dst + to * es, src + from * es, es);
+        }
+}
+
+}  // namespace
+
+Result<Tensor> CpuBackend::pack_latents(const Tensor& latents) {
+  return guarded("pack_latents", [&]() -> Result<Tensor> {
+    const char* op = "pack_latents";
+    LATENT_TRY(check(op, "latents", latents, dtype_, -1, "[B, C, h, w] or [B, C, 1, h, w]"));
+    const Shape& s = latents.shape();
+    if (!(s.size() == 4 || (s.size() == 5 && s[2] == 1)))
+      return Status::errorf(op, ": latents must be [B, C, h, w] or [B, C, 1, h, w], got ",
+                            shape_str(s));
+    const int64_t b = s[0], c = s[1], h = s[s.size() - 2], w = s[s.size() - 1];
+    if (h % 2 || w % 2)
+      return Status::errorf(op, ": latent height and width must be even, got ", h, " x ", w);
+    Tensor out = Tensor::empty({b, (h / 2) * (w / 2), 4 * c}, dtype_);
+    permute_patches(latents, out, b, c, h, w, true);
+    return out;
+  });
+}
+
+Result<Tensor> CpuBackend::unpack_latents(const Tensor& tokens, int64_t height, int64_t width) {
+  return guarded("unpack_latents", [&]() -> Result<Tensor> {
+    const char* op = "unpack_latents";
+    LATENT_TRY(check(op, "tokens", tokens, dtype_, 3, "[B, tokens, 4C]"));
+    if (tokens.dim(2) % 4 != 0)
+      return Status::errorf(op, ": tokens ", shape_str(tokens.shape()),
+                            " do not hold 2x2 patches (features not a multiple of 4)");
+    if (height % 2 || width % 2 || height < 2 || width < 2 ||
+        tokens.dim(1) != (height / 2) * (width / 2))
+      return Status::errorf(op, ": ", tokens.dim(1), " tokens do not make a ", height, " x ", width,
+                            " latent (even sides, (h/2)(w/2) tokens)");
+    const int64_t b = tokens.dim(0), c = tokens.dim(2) / 4;
+    Tensor out = Tensor::empty({b, c, height, width}, dtype_);
+    permute_patches(tokens, out, b, c, height, width, false);
+    return out;
   });
 }
 

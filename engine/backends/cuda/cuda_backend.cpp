@@ -155,7 +155,7 @@ class CudaBackend final : public Backend {
   // === cuda-dit: DiT ops (dit_ops.h; checks and kernels live there) ===
   bool supports_dit(DitOp op, DType dtype) const override {
     if (op == DitOp::kUploadFp32) return true;
-    return static_cast<int>(op) <= static_cast<int>(DitOp::kSlice) && dtype == dtype_;
+    return static_cast<int>(op) <= static_cast<int>(DitOp::kUnpackLatents) && dtype == dtype_;
   }
   Result<Tensor> upload_fp32(const Tensor& host) override;
   Result<Tensor> linear(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -178,6 +178,18 @@ class CudaBackend final : public Backend {
   Result<Tensor> cfg_combine(const Tensor& cond, const Tensor& uncond, float scale) override;
   Result<Tensor> concat(const std::vector<Tensor>& parts, int dim) override;
   Result<Tensor> slice(const Tensor& x, int dim, int64_t start, int64_t count) override;
+  Result<Tensor> pack_latents(const Tensor& latents) override {
+    return run("pack_latents", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_pack_latents(env, latents);
+    });
+  }
+  Result<Tensor> unpack_latents(const Tensor& tokens, int64_t height, int64_t width) override {
+    return run("unpack_latents", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_unpack_latents(env, tokens, height, width);
+    });
+  }
   // === end cuda-dit ===
 
  private:

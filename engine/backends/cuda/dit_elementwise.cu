@@ -182,4 +182,47 @@ Status launch_dit_cfg_combine(const void* cond, const void* uncond, void* y, int
   });
 }
 
+// Latent packing (QwenImagePipeline._pack_latents / _unpack_latents): one thread an element of
+// the [B, C, h, w] image, which is NCHW or NHWC; element (b, c, y, x) <-> token
+// (b, (y/2)(w/2) + x/2), feature 4c + 2(y%2) + x%2.
+namespace {
+template <typename T>
+__global__ void __launch_bounds__(256)
+    dit_patch_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t n, int64_t c, int64_t h,
+                     int64_t w, bool nhwc, bool pack) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    // i walks the image in its memory order
+    int64_t b, ci, y, x, r = i;
+    if (nhwc) {
+      ci = r % c, r /= c;
+      x = r % w, r /= w;
+      y = r % h, b = r / h;
+    } else {
+      x = r % w, r /= w;
+      y = r % h, r /= h;
+      ci = r % c, b = r / c;
+    }
+    const int64_t token =
+        (b * (h / 2) * (w / 2) + (y / 2) * (w / 2) + x / 2) * 4 * c + 4 * ci + 2 * (y % 2) + x % 2;
+    if (pack)
+      out[token] = in[i];
+    else
+      out[i] = in[token];
+  }
+}
+}  // namespace
+
+Status launch_dit_patch(const void* in, void* out, int64_t b, int64_t c, int64_t h, int64_t w,
+                        bool nhwc, bool pack, DType dtype, const Launch& l) {
+  const int64_t n = b * c * h * w;
+  if (n <= 0) return ok_status();
+  return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
+    dit_patch_kernel<T><<<grid_for(n, 256, l), 256, 0, l.stream>>>(
+        static_cast<const T*>(in), static_cast<T*>(out), n, c, h, w, nhwc, pack);
+    LATENT_CUDA_CHECK_LAUNCH("dit_patch_kernel");
+    return ok_status();
+  });
+}
+
 }  // namespace latent::cuda

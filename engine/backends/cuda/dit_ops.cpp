@@ -10,6 +10,8 @@
 
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/convert.cuh"
+#include "engine/backends/cuda/sdpa.h"
+#include "engine/backends/frames.h"
 
 namespace latent::cuda {
 namespace {
@@ -123,6 +125,7 @@ Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host) {
   LATENT_ASSIGN_OR_RETURN(Tensor out, empty(env, host.shape(), DType::kF32));
   if (host.numel() == 0) return out;
   cudaStream_t stream = env.ctx->stream();
+  count_host_to_device(host.nbytes());  // transfer_counts() (frames.h) sees every upload
   if (host.dtype() == DType::kF32) {
     LATENT_CUDA_CHECK(
         cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream));
@@ -264,9 +267,16 @@ Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, cons
                             ", ", k.dim(1), "] for k ", shape_str(k.shape()));
   }
   LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, q.shape(), env.dtype));
-  LATENT_TRY(launch_dit_attention(q.data(), k.data(), v.data(), data_or_null(key_mask), y.data(),
-                                  q.dim(0), q.dim(1), k.dim(1), heads, q.dim(2) / heads, env.dtype,
-                                  env.launch));
+  // cuDNN's fused flash attention where it can run (sdpa.h: bf16/fp16, sm_80+, d <= 256, not
+  // LATENT_CUDNN_SDPA=0, built with cudnn-frontend), else our kernel.
+  LATENT_ASSIGN_OR_RETURN(
+      const bool done,
+      sdpa_attention(*env.ctx, q.data(), k.data(), v.data(), data_or_null(key_mask), y.data(),
+                     q.dim(0), q.dim(1), k.dim(1), heads, q.dim(2) / heads, env.dtype));
+  if (!done)
+    LATENT_TRY(launch_dit_attention(q.data(), k.data(), v.data(), data_or_null(key_mask),
+                                    y.data(), q.dim(0), q.dim(1), k.dim(1), heads,
+                                    q.dim(2) / heads, env.dtype, env.launch));
   return y;
 }
 
@@ -365,6 +375,47 @@ Result<Tensor> dit_slice(DitEnv& env, const Tensor& x, int dim, int64_t start, i
   LATENT_CUDA_CHECK(cudaMemcpy2DAsync(y.data(), bytes, static_cast<const char*>(x.data()) + offset,
                                       in_row, bytes, static_cast<size_t>(outer),
                                       cudaMemcpyDeviceToDevice, env.ctx->stream()));
+  return y;
+}
+
+Result<Tensor> dit_pack_latents(DitEnv& env, const Tensor& latents) {
+  const Tensor& x = latents;
+  if (!x.defined()) return Status::error("latents are undefined");
+  const Shape& s = x.shape();
+  if (!(s.size() == 4 || (s.size() == 5 && s[2] == 1 && x.layout() == Layout::kContiguous)))
+    return Status::errorf("latents must be [B, C, h, w] or [B, C, 1, h, w], got ", x.describe());
+  if (x.device() != env.device)
+    return Status::errorf("latents ", x.describe(), " are not on ", env.name,
+                          x.device().is_cpu() ? " (upload() them first)" : "");
+  if (x.dtype() != env.dtype)
+    return Status::errorf("latents ", x.describe(), " are not in ", dtype_name(env.dtype));
+  if (x.byte_offset() + x.nbytes() > x.storage()->bytes())
+    return Status::errorf("latents ", x.describe(), " are larger than their storage");
+  const int64_t b = s[0], c = s[1], h = s[s.size() - 2], w = s[s.size() - 1];
+  if (b < 1 || c < 1 || h < 2 || w < 2 || h % 2 || w % 2)
+    return Status::errorf("latent height and width must be even, got ", shape_str(s));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {b, (h / 2) * (w / 2), 4 * c}, env.dtype));
+  LATENT_TRY(launch_dit_patch(x.data(), y.data(), b, c, h, w, x.layout() == Layout::kNHWC, true,
+                              env.dtype, env.launch));
+  return y;
+}
+
+Result<Tensor> dit_unpack_latents(DitEnv& env, const Tensor& tokens, int64_t height,
+                                  int64_t width) {
+  LATENT_TRY(check(env, "tokens", tokens, env.dtype, 3, "[B, tokens, 4C]"));
+  if (tokens.dim(2) % 4 != 0)
+    return Status::errorf("tokens ", shape_str(tokens.shape()),
+                          " do not hold 2x2 patches (features not a multiple of 4)");
+  if (height % 2 || width % 2 || height < 2 || width < 2 ||
+      tokens.dim(1) != (height / 2) * (width / 2))
+    return Status::errorf(tokens.dim(1), " tokens do not make a ", height, " x ", width,
+                          " latent (even sides, (h/2)(w/2) tokens)");
+  const int64_t b = tokens.dim(0), c = tokens.dim(2) / 4;
+  // y: [B, C, h, w] in the backend's image layout (NHWC), as upload() makes it
+  LATENT_ASSIGN_OR_RETURN(Tensor y,
+                          env.ctx->empty({b, c, height, width}, env.dtype, Layout::kNHWC));
+  LATENT_TRY(launch_dit_patch(tokens.data(), y.data(), b, c, height, width, true, false, env.dtype,
+                              env.launch));
   return y;
 }
 

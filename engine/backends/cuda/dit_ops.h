@@ -7,7 +7,7 @@
 //   dit_norm.cu          layer / RMS norm, modulation and their fusion, one warp a row
 //   dit_rope.cu          rotary embedding
 //   dit_attention.cu     flash attention with a key padding mask
-//   dit_elementwise.cu   gated_add, scaled_add, cfg_combine, activations
+//   dit_elementwise.cu   gated_add, scaled_add, cfg_combine, activations, latent packing
 // Token tensors are contiguous row-major [..., D] (4-D ones too: a reshaped [B, T, H, d] is
 // not NHWC); outputs are contiguous. Arithmetic in fp32, storage in the backend's dtype.
 #pragma once
@@ -54,5 +54,13 @@ Result<Tensor> dit_scaled_add(DitEnv& env, const Tensor& a, const Tensor& b, flo
 Result<Tensor> dit_cfg_combine(DitEnv& env, const Tensor& cond, const Tensor& uncond, float scale);
 Result<Tensor> dit_concat(DitEnv& env, const std::vector<Tensor>& parts, int dim);
 Result<Tensor> dit_slice(DitEnv& env, const Tensor& x, int dim, int64_t start, int64_t count);
+// Backend::pack_latents / unpack_latents (backend.h); images in NHWC or row-major.
+Result<Tensor> dit_pack_latents(DitEnv& env, const Tensor& latents);
+Result<Tensor> dit_unpack_latents(DitEnv& env, const Tensor& tokens, int64_t height, int64_t width);
+
+// The patch permutation's kernel (dit_elementwise.cu): image [b, c, h, w] (NCHW, or NHWC when
+// `nhwc`) -> tokens [b, (h/2)(w/2), 4c] when `pack`, else the inverse.
+Status launch_dit_patch(const void* in, void* out, int64_t b, int64_t c, int64_t h, int64_t w,
+                        bool nhwc, bool pack, DType dtype, const Launch& l);
 
 }  // namespace latent::cuda

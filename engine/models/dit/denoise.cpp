@@ -142,6 +142,215 @@ Status check_prompt(const PromptEmbeds& p, const char* what, int64_t dim) {
 
 }  // namespace
 
+Result<DenoisePrompts> upload_denoise_prompts(QwenImageMmdit& model, const PromptEmbeds& prompt,
+                                              const PromptEmbeds& negative, bool batch_cfg) {
+  Backend& be = model.backend();
+  const int64_t dim = model.config().joint_attention_dim;
+  LATENT_TRY(check_prompt(prompt, "prompt embeds", dim));
+  DenoisePrompts out;
+  out.has_negative = negative.defined();
+  if (out.has_negative) LATENT_TRY(check_prompt(negative, "negative prompt embeds", dim));
+  out.batched = out.has_negative && batch_cfg;
+  if (out.batched) {
+    // [2, len, D]: prompt, then negative, each padded with masked zero tokens to `len`
+    const int64_t len = std::max(prompt.embeds.dim(1), negative.embeds.dim(1));
+    std::vector<float> both = pad_tokens(prompt.embeds, len);
+    const std::vector<float> neg = pad_tokens(negative.embeds, len);
+    both.insert(both.end(), neg.begin(), neg.end());
+    LATENT_ASSIGN_OR_RETURN(out.cond, be.upload(Tensor::from_floats({2, len, dim}, both)));
+    out.cond_mask = mask_or_ones(prompt, len);
+    const std::vector<float> nm = mask_or_ones(negative, len);
+    out.cond_mask.insert(out.cond_mask.end(), nm.begin(), nm.end());
+  } else {
+    LATENT_ASSIGN_OR_RETURN(out.cond, be.upload(prompt.embeds));
+    out.cond_mask = prompt.mask;
+    if (out.has_negative) {
+      LATENT_ASSIGN_OR_RETURN(out.uncond, be.upload(negative.embeds));
+      out.uncond_mask = negative.mask;
+    }
+  }
+  return out;
+}
+
+Result<Tensor> upload_latent(Backend& backend, const Tensor& host) {
+  LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(host, "latents"));
+  if (!host.device().is_cpu())
+    return Status::errorf("latents ", host.describe(), " are not on the host");
+  // [1, C, 1, h, w] and [1, 1, C, h, w] hold one frame as [1, C, h, w] does
+  LATENT_ASSIGN_OR_RETURN(Tensor flat, host.reshape({d[0], d[1], d[2], d[3]}));
+  return backend.upload(flat);
+}
+
+Result<DeviceDenoiseResult> qwen_image_denoise_on_backend(QwenImageMmdit& model,
+                                                          const FlowMatchSchedulerConfig& scheduler,
+                                                          const DeviceDenoiseRequest& req,
+                                                          const DenoiseProgress& progress) {
+  Backend& be = model.backend();
+  const QwenImageMmditConfig& cfg = model.config();
+  if (cfg.patch_size != 2 || cfg.in_channels % 4 != 0)
+    return Status::errorf(
+        "denoise: the pipelines pack 2x2 patches; this transformer has "
+        "patch_size ",
+        cfg.patch_size, " and ", cfg.in_channels, " input channels");
+  const int64_t channels = cfg.in_channels / 4;
+  if (cfg.out_channels != channels)
+    return Status::errorf("denoise: transformer out_channels ", cfg.out_channels,
+                          " differs from its ", channels, " latent input channels");
+  if (!req.prompts || !req.prompts->defined())
+    return Status::error("denoise: no prompt embeddings (upload_denoise_prompts())");
+  if (!req.noise.defined()) return Status::error("denoise: no initial noise");
+
+  // Target size from the noise; init latents must match it.
+  int64_t h = 0, w = 0;
+  for (const Tensor* t : {&req.noise, &req.init_latents}) {
+    if (!t->defined()) continue;
+    LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d,
+                            latent_dims(*t, "denoise: noise / init latents"));
+    if (d[0] != 1 || d[1] != channels)
+      return Status::errorf("denoise: noise / init latents ", shape_str(t->shape()),
+                            " must hold one latent of ", channels, " channels");
+    if (t->device() != be.device())
+      return Status::errorf("denoise: noise / init latents ", t->describe(), " are not on ",
+                            be.name());
+    if (t == &req.noise) {
+      h = d[2];
+      w = d[3];
+    } else if (d[2] != h || d[3] != w) {
+      return Status::errorf("denoise: init latents ", shape_str(t->shape()), " do not match the ",
+                            h, " x ", w, " noise");
+    }
+  }
+  if (h < 2 || w < 2 || h % 2 || w % 2)
+    return Status::errorf("denoise: the target latent must have even sides of at least 2, got ", h,
+                          " x ", w);
+  if (req.strength < 1.0 && !req.init_latents.defined())
+    return Status::errorf("denoise: strength ", req.strength, " needs init latents (img2img)");
+  const DenoisePrompts& pr = *req.prompts;
+  const bool cfg_on = pr.has_negative && req.true_cfg_scale > 1.f;
+
+  const int64_t tokens = (h / 2) * (w / 2);
+  DeviceDenoiseResult result;
+  LATENT_ASSIGN_OR_RETURN(result.schedule,
+                          qwen_image_schedule(scheduler, req.steps, tokens, req.strength));
+  const FlowMatchSchedule& s = result.schedule;
+
+  // latents: [1, T, 4C]; img2img: scale_noise at the first step run, sigma * noise + (1 - sigma)
+  // * image (elementwise, so on the packed tokens)
+  LATENT_ASSIGN_OR_RETURN(Tensor latents, be.pack_latents(req.noise));
+  if (req.init_latents.defined()) {
+    const float sigma = s.sigmas[static_cast<size_t>(s.begin_index)];
+    LATENT_ASSIGN_OR_RETURN(Tensor image, be.pack_latents(req.init_latents));
+    LATENT_ASSIGN_OR_RETURN(latents, be.scaled_add(latents, image, sigma, 1.f - sigma));
+  }
+
+  // References: packed and concatenated after the target tokens, fixed through the loop.
+  std::vector<ImageShape> shapes = {{1, h / 2, w / 2}};
+  Tensor refs;
+  if (!req.reference_latents.empty()) {
+    std::vector<Tensor> packed;
+    for (size_t i = 0; i < req.reference_latents.size(); ++i) {
+      const Tensor& r = req.reference_latents[i];
+      LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(r, "denoise: reference latents"));
+      if (d[0] != 1 || d[1] != channels)
+        return Status::errorf("denoise: reference latents ", i, " ", shape_str(r.shape()),
+                              " must hold one latent of ", channels, " channels");
+      auto p = be.pack_latents(r);
+      if (!p.ok()) return p.status().with_context(str_cat("denoise: reference latents ", i));
+      packed.push_back(std::move(*p));
+      shapes.push_back({1, d[2] / 2, d[3] / 2});
+    }
+    if (packed.size() == 1) {
+      refs = packed[0];
+    } else {
+      LATENT_ASSIGN_OR_RETURN(refs, be.concat(packed, 1));
+    }
+  }
+
+  // Text: the cached prompts; a batched pair without CFG runs its first row alone.
+  const bool batched = cfg_on && pr.batched;
+  MmditInputs cond, uncond;
+  cond.img_shapes = uncond.img_shapes = shapes;
+  cond.encoder_hidden_states = pr.cond;
+  cond.encoder_hidden_states_mask = pr.cond_mask;
+  if (pr.batched && !batched) {
+    const int64_t len = pr.cond.dim(1);
+    LATENT_ASSIGN_OR_RETURN(cond.encoder_hidden_states, be.slice(pr.cond, 0, 0, 1));
+    if (!pr.cond_mask.empty())
+      cond.encoder_hidden_states_mask.assign(pr.cond_mask.begin(), pr.cond_mask.begin() + len);
+  }
+  if (cfg_on && !batched) {
+    uncond.encoder_hidden_states = pr.uncond;
+    uncond.encoder_hidden_states_mask = pr.uncond_mask;
+  }
+
+  // The timestep projections of every step run, uploaded at once: rows per step = the batch,
+  // then (zero_cond_t with references) as many t = 0 rows.
+  const int total = s.steps_to_run();
+  const int64_t batch = batched ? 2 : 1;
+  const bool zero_rows = cfg.zero_cond_t && shapes.size() > 1;
+  const int64_t rows = zero_rows ? 2 * batch : batch;
+  std::vector<float> all_ts;
+  for (int i = s.begin_index; i < static_cast<int>(s.timesteps.size()); ++i) {
+    const float t = s.timesteps[static_cast<size_t>(i)] / 1000.f;  // the pipelines pass t / 1000
+    all_ts.insert(all_ts.end(), static_cast<size_t>(batch), t);
+    if (zero_rows) all_ts.insert(all_ts.end(), static_cast<size_t>(batch), 0.f);
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor all_proj, model.timestep_projections(all_ts));
+  LATENT_INFO("denoise: ", h, " x ", w, " latent (", tokens, " tokens), ",
+              req.reference_latents.size(), " reference(s), steps ", s.begin_index + 1, "..",
+              s.timesteps.size(), cfg_on ? str_cat(", true CFG ", req.true_cfg_scale) : "",
+              batched ? " (batched)" : "", " on ", be.name());
+
+  for (int i = s.begin_index; i < static_cast<int>(s.timesteps.size()); ++i) {
+    const int step = i - s.begin_index;
+    const float t = s.timesteps[static_cast<size_t>(i)] / 1000.f;
+    Tensor proj;  // [rows, 256]
+    LATENT_ASSIGN_OR_RETURN(proj, be.slice(all_proj, 0, step * rows, rows));
+    // x: [1, T (+ T_ref), 4C]
+    Tensor x = latents;
+    if (refs.defined()) {
+      LATENT_ASSIGN_OR_RETURN(x, be.concat({latents, refs}, 1));
+    }
+    Tensor pred;
+    const std::string when = str_cat("denoise step ", step + 1, " of ", total);
+    if (batched) {
+      LATENT_ASSIGN_OR_RETURN(cond.hidden_states, be.concat({x, x}, 0));  // [2, T', 4C]
+      cond.timestep = {t, t};
+      cond.timestep_proj = proj;
+      auto out = model.forward(cond);
+      if (!out.ok()) return out.status().with_context(when);
+      LATENT_ASSIGN_OR_RETURN(Tensor v, be.slice(*out, 0, 0, 1));
+      LATENT_ASSIGN_OR_RETURN(Tensor u, be.slice(*out, 0, 1, 1));
+      LATENT_ASSIGN_OR_RETURN(v, be.slice(v, 1, 0, tokens));  // [1, T, 4C]
+      LATENT_ASSIGN_OR_RETURN(u, be.slice(u, 1, 0, tokens));
+      LATENT_ASSIGN_OR_RETURN(pred, be.cfg_combine(v, u, req.true_cfg_scale));
+    } else {
+      cond.hidden_states = x;
+      cond.timestep = {t};
+      cond.timestep_proj = proj;
+      auto out = model.forward(cond);
+      if (!out.ok()) return out.status().with_context(when);
+      LATENT_ASSIGN_OR_RETURN(pred, be.slice(*out, 1, 0, tokens));
+      if (cfg_on) {
+        uncond.hidden_states = x;
+        uncond.timestep = {t};
+        uncond.timestep_proj = proj;
+        auto neg = model.forward(uncond);
+        if (!neg.ok()) return neg.status().with_context(when + " (negative prompt)");
+        LATENT_ASSIGN_OR_RETURN(Tensor u, be.slice(*neg, 1, 0, tokens));
+        LATENT_ASSIGN_OR_RETURN(pred, be.cfg_combine(pred, u, req.true_cfg_scale));
+      }
+    }
+    // FlowMatchEulerDiscreteScheduler.step: x + (sigma_next - sigma) * v
+    const float dt = s.sigmas[static_cast<size_t>(i) + 1] - s.sigmas[static_cast<size_t>(i)];
+    LATENT_ASSIGN_OR_RETURN(latents, be.scaled_add(latents, pred, 1.f, dt));
+    if (progress && !progress(step + 1, total))
+      return Status::errorf("denoise: stopped after step ", step + 1, " of ", total);
+  }
+  LATENT_ASSIGN_OR_RETURN(result.latents, be.unpack_latents(latents, h, w));  // [1, C, h, w]
+  return result;
+}
+
 Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
                                          const FlowMatchSchedulerConfig& scheduler,
                                          const DenoiseRequest& req,
@@ -154,9 +363,6 @@ Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
         "patch_size ",
         cfg.patch_size, " and ", cfg.in_channels, " input channels");
   const int64_t channels = cfg.in_channels / 4;
-  if (cfg.out_channels != channels)
-    return Status::errorf("denoise: transformer out_channels ", cfg.out_channels,
-                          " differs from its ", channels, " latent input channels");
 
   // Target size: given, else from the noise or init latents.
   int64_t h = req.height, w = req.width;
@@ -185,13 +391,8 @@ Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
   if (req.negative.defined())
     LATENT_TRY(check_prompt(req.negative, "negative prompt embeds", cfg.joint_attention_dim));
 
-  const int64_t tokens = (h / 2) * (w / 2);
   DenoiseResult result;
-  LATENT_ASSIGN_OR_RETURN(result.schedule,
-                          qwen_image_schedule(scheduler, req.steps, tokens, req.strength));
-  const FlowMatchSchedule& s = result.schedule;
-
-  // Initial noise [1, C, 1, h, w] and latents.
+  // Initial noise [1, C, 1, h, w] on the host (returned), then everything on the backend.
   if (req.noise.defined()) {
     result.noise = Tensor::from_floats({1, channels, 1, h, w}, req.noise.to_floats());
   } else {
@@ -199,113 +400,36 @@ Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
     LATENT_ASSIGN_OR_RETURN(Tensor n, torch_randn({1, 1, channels, h, w}, req.seed));
     LATENT_ASSIGN_OR_RETURN(result.noise, n.reshape({1, channels, 1, h, w}));
   }
-  Tensor start = result.noise;
+  LATENT_ASSIGN_OR_RETURN(
+      DenoisePrompts prompts,
+      upload_denoise_prompts(model, req.prompt, cfg_on ? req.negative : PromptEmbeds(),
+                             req.batch_cfg));
+  DeviceDenoiseRequest dreq;
+  dreq.steps = req.steps;
+  dreq.strength = req.strength;
+  dreq.true_cfg_scale = req.true_cfg_scale;
+  dreq.prompts = &prompts;
+  LATENT_ASSIGN_OR_RETURN(dreq.noise, upload_latent(be, result.noise));
   if (req.init_latents.defined()) {
-    // scale_noise at the first step run: sigma * noise + (1 - sigma) * image, fp32.
-    const float sigma = s.sigmas[static_cast<size_t>(s.begin_index)];
-    const std::vector<float> image = req.init_latents.to_floats();
-    std::vector<float> x = result.noise.to_floats();
-    for (size_t i = 0; i < x.size(); ++i) x[i] = sigma * x[i] + (1.f - sigma) * image[i];
-    start = Tensor::from_floats({1, channels, 1, h, w}, x);
+    auto init = upload_latent(be, req.init_latents);
+    if (!init.ok()) return init.status().with_context("denoise: init latents");
+    dreq.init_latents = std::move(*init);
   }
-  LATENT_ASSIGN_OR_RETURN(Tensor packed, pack_latents(start));
-  LATENT_ASSIGN_OR_RETURN(Tensor latents, be.upload(packed));  // [1, T, 4C]
-
-  // References: packed and concatenated after the target tokens, fixed through the loop.
-  std::vector<ImageShape> shapes = {{1, h / 2, w / 2}};
-  Tensor refs;
-  if (!req.reference_latents.empty()) {
-    std::vector<float> all;
-    int64_t ref_tokens = 0;
-    for (size_t i = 0; i < req.reference_latents.size(); ++i) {
-      const Tensor& r = req.reference_latents[i];
-      LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(r, "denoise: reference latents"));
-      if (d[0] != 1 || d[1] != channels)
-        return Status::errorf("denoise: reference latents ", i, " ", shape_str(r.shape()),
-                              " must hold one latent of ", channels, " channels");
-      auto p = pack_latents(r);
-      if (!p.ok()) return p.status().with_context(str_cat("denoise: reference latents ", i));
-      const std::vector<float> v = p->to_floats();
-      all.insert(all.end(), v.begin(), v.end());
-      ref_tokens += p->dim(1);
-      shapes.push_back({1, d[2] / 2, d[3] / 2});
-    }
-    LATENT_ASSIGN_OR_RETURN(refs,
-                            be.upload(Tensor::from_floats({1, ref_tokens, 4 * channels}, all)));
+  for (size_t i = 0; i < req.reference_latents.size(); ++i) {
+    const Tensor& r = req.reference_latents[i];
+    LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(r, "denoise: reference latents"));
+    if (d[0] != 1 || d[1] != channels)
+      return Status::errorf("denoise: reference latents ", i, " ", shape_str(r.shape()),
+                            " must hold one latent of ", channels, " channels");
+    auto up = upload_latent(be, r);
+    if (!up.ok()) return up.status().with_context(str_cat("denoise: reference latents ", i));
+    dreq.reference_latents.push_back(std::move(*up));
   }
-
-  // Prompts on the backend: one batch of two for batched CFG, else each alone.
-  const bool batched = cfg_on && req.batch_cfg;
-  MmditInputs cond, uncond;
-  cond.img_shapes = uncond.img_shapes = shapes;
-  if (batched) {
-    const int64_t len = std::max(req.prompt.embeds.dim(1), req.negative.embeds.dim(1));
-    std::vector<float> both = pad_tokens(req.prompt.embeds, len);
-    const std::vector<float> neg = pad_tokens(req.negative.embeds, len);
-    both.insert(both.end(), neg.begin(), neg.end());
-    LATENT_ASSIGN_OR_RETURN(
-        cond.encoder_hidden_states,
-        be.upload(Tensor::from_floats({2, len, cfg.joint_attention_dim}, both)));
-    cond.encoder_hidden_states_mask = mask_or_ones(req.prompt, len);
-    const std::vector<float> nm = mask_or_ones(req.negative, len);
-    cond.encoder_hidden_states_mask.insert(cond.encoder_hidden_states_mask.end(), nm.begin(),
-                                           nm.end());
-  } else {
-    LATENT_ASSIGN_OR_RETURN(cond.encoder_hidden_states, be.upload(req.prompt.embeds));
-    cond.encoder_hidden_states_mask = req.prompt.mask;
-    if (cfg_on) {
-      LATENT_ASSIGN_OR_RETURN(uncond.encoder_hidden_states, be.upload(req.negative.embeds));
-      uncond.encoder_hidden_states_mask = req.negative.mask;
-    }
-  }
-  LATENT_INFO("denoise: ", h, " x ", w, " latent (", tokens, " tokens), ",
-              req.reference_latents.size(), " reference(s), steps ", s.begin_index + 1, "..",
-              s.timesteps.size(), cfg_on ? str_cat(", true CFG ", req.true_cfg_scale) : "",
-              batched ? " (batched)" : "");
-
-  const int total = s.steps_to_run();
-  for (int i = s.begin_index; i < static_cast<int>(s.timesteps.size()); ++i) {
-    const float t = s.timesteps[static_cast<size_t>(i)] / 1000.f;  // the pipelines pass t / 1000
-    // x: [1, T (+ T_ref), 4C]
-    Tensor x = latents;
-    if (refs.defined()) {
-      LATENT_ASSIGN_OR_RETURN(x, be.concat({latents, refs}, 1));
-    }
-    Tensor pred;
-    const std::string when = str_cat("denoise step ", i - s.begin_index + 1, " of ", total);
-    if (batched) {
-      LATENT_ASSIGN_OR_RETURN(cond.hidden_states, be.concat({x, x}, 0));  // [2, T', 4C]
-      cond.timestep = {t, t};
-      auto out = model.forward(cond);
-      if (!out.ok()) return out.status().with_context(when);
-      LATENT_ASSIGN_OR_RETURN(Tensor v, be.slice(*out, 0, 0, 1));
-      LATENT_ASSIGN_OR_RETURN(Tensor u, be.slice(*out, 0, 1, 1));
-      LATENT_ASSIGN_OR_RETURN(v, be.slice(v, 1, 0, tokens));  // [1, T, 4C]
-      LATENT_ASSIGN_OR_RETURN(u, be.slice(u, 1, 0, tokens));
-      LATENT_ASSIGN_OR_RETURN(pred, be.cfg_combine(v, u, req.true_cfg_scale));
-    } else {
-      cond.hidden_states = x;
-      cond.timestep = {t};
-      auto out = model.forward(cond);
-      if (!out.ok()) return out.status().with_context(when);
-      LATENT_ASSIGN_OR_RETURN(pred, be.slice(*out, 1, 0, tokens));
-      if (cfg_on) {
-        uncond.hidden_states = x;
-        uncond.timestep = {t};
-        auto neg = model.forward(uncond);
-        if (!neg.ok()) return neg.status().with_context(when + " (negative prompt)");
-        LATENT_ASSIGN_OR_RETURN(Tensor u, be.slice(*neg, 1, 0, tokens));
-        LATENT_ASSIGN_OR_RETURN(pred, be.cfg_combine(pred, u, req.true_cfg_scale));
-      }
-    }
-    // FlowMatchEulerDiscreteScheduler.step: x + (sigma_next - sigma) * v
-    const float dt = s.sigmas[static_cast<size_t>(i) + 1] - s.sigmas[static_cast<size_t>(i)];
-    LATENT_ASSIGN_OR_RETURN(latents, be.scaled_add(latents, pred, 1.f, dt));
-    if (progress && !progress(i - s.begin_index + 1, total))
-      return Status::errorf("denoise: stopped after step ", i - s.begin_index + 1, " of ", total);
-  }
-  LATENT_ASSIGN_OR_RETURN(Tensor host, be.download(latents));
-  LATENT_ASSIGN_OR_RETURN(result.latents, unpack_latents(host, h, w));
+  LATENT_ASSIGN_OR_RETURN(DeviceDenoiseResult out,
+                          qwen_image_denoise_on_backend(model, scheduler, dreq, progress));
+  result.schedule = std::move(out.schedule);
+  LATENT_ASSIGN_OR_RETURN(Tensor host, be.download(out.latents));  // [1, C, h, w] fp32
+  LATENT_ASSIGN_OR_RETURN(result.latents, host.reshape({1, channels, 1, h, w}));
   return result;
 }
 

@@ -71,10 +71,63 @@ struct DenoiseResult {
 // Called after each step (1-based `step` of `total`); return false to stop early (an error).
 using DenoiseProgress = std::function<bool(int step, int total)>;
 
+// The host form: uploads the inputs, runs qwen_image_denoise_on_backend() and downloads the
+// result (latent-tool, tests, the CPU).
 Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
                                          const FlowMatchSchedulerConfig& scheduler,
                                          const DenoiseRequest& request,
                                          const DenoiseProgress& progress = {});
+
+// ---- The loop on the model's backend --------------------------------------------------------
+// Everything stays on the backend: packing, noising, both transformer passes, CFG combine and the
+// Euler step are backend ops. Nothing is downloaded, and nothing is uploaded after the first
+// step: the caller uploads the inputs; the model uploads the timestep projections of the whole
+// schedule (before the first step), the rotary tables and text key masks (in the first step's
+// passes), each only when it differs from the previous loop's (frame after frame with the same
+// settings: none).
+
+// The text side of a loop on the backend, built once per prompt (pair) and reusable for every
+// loop with the same model (ditdenoise keeps it while its embedding files stay).
+struct DenoisePrompts {
+  // [1, T, D]; with batched CFG [2, T, D]: prompt, then negative, the shorter padded with
+  // masked zero tokens.
+  Tensor cond;
+  std::vector<float> cond_mask;  // cond.dim(0) x T values (nonzero: valid); empty = all valid
+  Tensor uncond;                 // unbatched CFG: the negative prompt [1, T', D]
+  std::vector<float> uncond_mask;
+  bool has_negative = false;
+  bool batched = false;
+
+  bool defined() const { return cond.defined(); }
+};
+// `negative` undefined: no CFG. batch_cfg: run the CFG pair as one batch of two.
+Result<DenoisePrompts> upload_denoise_prompts(QwenImageMmdit& model, const PromptEmbeds& prompt,
+                                              const PromptEmbeds& negative, bool batch_cfg = true);
+
+// A host latent [1, C, 1, h, w] (or [1, C, h, w]) -> backend [1, C, h, w] in the backend's
+// image layout (what device_latent_to_tensor() makes of a latent in device memory).
+Result<Tensor> upload_latent(Backend& backend, const Tensor& host);
+
+struct DeviceDenoiseRequest {
+  int steps = 50;
+  double strength = 1.0;        // < 1: img2img from init_latents
+  float true_cfg_scale = 4.0f;  // CFG runs when > 1 and the prompts have a negative
+  // Backend latents [1, C, h, w] (any layout the backend makes; or row-major [1, C, 1, h, w]).
+  Tensor noise;                             // required: the initial noise; sets the target size
+  Tensor init_latents;                      // img2img, or undefined
+  std::vector<Tensor> reference_latents;    // edit references in order, or none
+  const DenoisePrompts* prompts = nullptr;  // required
+};
+
+struct DeviceDenoiseResult {
+  Tensor latents;  // normalised [1, C, h, w] on the backend, in its image layout
+  FlowMatchSchedule schedule;
+};
+
+Result<DeviceDenoiseResult> qwen_image_denoise_on_backend(QwenImageMmdit& model,
+                                                          const FlowMatchSchedulerConfig& scheduler,
+                                                          const DeviceDenoiseRequest& request,
+                                                          const DenoiseProgress& progress = {});
 
 // What QwenImagePipeline does after the loop: denormalise with the VAE's latent statistics and
 // decode. latents: normalised [1, 16, 1, h, w] (or [1, 16, h, w]) host -> [1, 3, 8h, 8w] host

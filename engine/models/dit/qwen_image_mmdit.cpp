@@ -304,13 +304,14 @@ std::string QwenImageMmdit::description() const {
 // Forward
 
 Result<Tensor> QwenImageMmdit::rope_table(const std::vector<ImageShape>& images, int64_t text_len) {
-  if (rope_.defined() && images == rope_images_ && text_len == rope_text_len_) return rope_;
+  for (const CachedRope& r : ropes_)
+    if (r.images == images && r.text_len == text_len) return r.table;
   LATENT_ASSIGN_OR_RETURN(Tensor host,
                           qwen_image_rope_table(config_.axes_dims_rope, images, text_len));
-  LATENT_ASSIGN_OR_RETURN(rope_, backend_->upload_fp32(host));
-  rope_images_ = images;
-  rope_text_len_ = text_len;
-  return rope_;
+  LATENT_ASSIGN_OR_RETURN(Tensor table, backend_->upload_fp32(host));
+  if (ropes_.size() >= kCachedInputs) ropes_.erase(ropes_.begin());  // the oldest
+  ropes_.push_back({images, text_len, table});
+  return table;
 }
 
 namespace {
@@ -442,7 +443,16 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
   }
 
   // Timestep embedding: [G*B, 256] -> [G*B, D]; every modulation reads silu(temb).
-  LATENT_ASSIGN_OR_RETURN(Tensor proj, be.upload(qwen_image_timestep_proj(ts)));
+  Tensor proj;
+  if (in.timestep_proj.defined()) {
+    const Shape want = {static_cast<int64_t>(ts.size()), kTimeProjDim};
+    if (in.timestep_proj.shape() != want)
+      return Status::errorf(op, ": timestep_proj ", shape_str(in.timestep_proj.shape()),
+                            " should be ", shape_str(want), " for ", ts.size(), " timesteps");
+    proj = in.timestep_proj;
+  } else {
+    LATENT_ASSIGN_OR_RETURN(proj, be.upload(qwen_image_timestep_proj(ts)));
+  }
   LATENT_ASSIGN_OR_RETURN(Tensor temb, w_->time_1(be, proj, DitActivation::kSiLU));
   LATENT_ASSIGN_OR_RETURN(temb, w_->time_2(be, temb));
   LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_img, be.dit_activation(temb, DitActivation::kSiLU));
@@ -464,7 +474,14 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
         for (int64_t j = 0; j < t_txt; ++j) p[b * (t_txt + t_img) + j] = m[b * t_txt + j] != 0.f;
         std::fill(p + b * (t_txt + t_img) + t_txt, p + (b + 1) * (t_txt + t_img), 1.f);
       }
-      LATENT_ASSIGN_OR_RETURN(ctx.key_mask, be.upload(host));
+      std::vector<float> values(p, p + host.numel());
+      for (const CachedMask& c : key_masks_)
+        if (c.shape == host.shape() && c.values == values) ctx.key_mask = c.mask;
+      if (!ctx.key_mask.defined()) {
+        LATENT_ASSIGN_OR_RETURN(ctx.key_mask, be.upload(host));
+        if (key_masks_.size() >= kCachedInputs) key_masks_.erase(key_masks_.begin());
+        key_masks_.push_back({host.shape(), std::move(values), ctx.key_mask});
+      }
     }
   }
 
@@ -483,6 +500,16 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
   LATENT_ASSIGN_OR_RETURN(Tensor shift, be.slice(emb, 1, ctx.dim, ctx.dim));
   LATENT_ASSIGN_OR_RETURN(img, be.layer_norm_modulate(img, shift, scale, {0}, kNormEps));
   return w_->proj_out(be, img);  // [B, T_img, p*p*out]
+}
+
+Result<Tensor> QwenImageMmdit::timestep_projections(const std::vector<float>& timesteps) {
+  if (timesteps.empty()) return Status::error("timestep_projections: no timesteps");
+  if (!proj_.defined() || proj_timesteps_ != timesteps) {
+    proj_ = Tensor();
+    LATENT_ASSIGN_OR_RETURN(proj_, backend_->upload(qwen_image_timestep_proj(timesteps)));
+    proj_timesteps_ = timesteps;
+  }
+  return proj_;
 }
 
 }  // namespace latent

@@ -79,6 +79,10 @@ struct MmditInputs {
   std::vector<float> encoder_hidden_states_mask;
   std::vector<float> timestep;  // B values: diffusers' `timestep` (the pipelines pass t/1000)
   std::vector<ImageShape> img_shapes;  // the images of hidden_states in order (target first)
+  // Optional, on the backend: qwen_image_timestep_proj() of `timestep` (with zero_cond_t and
+  // reference images, B zeros appended: [2B, 256]), computed ahead so a loop uploads all its
+  // steps' projections at once; undefined: forward() computes and uploads it.
+  Tensor timestep_proj;
 };
 
 // Holds the weights on its backend; forward() caches the rotary table of the last shapes, so one
@@ -104,6 +108,11 @@ class QwenImageMmdit {
   // output `sample`, flow velocity for every image token).
   Result<Tensor> forward(const MmditInputs& in);
 
+  // qwen_image_timestep_proj(timesteps) uploaded to the backend ([n, 256]), for
+  // MmditInputs::timestep_proj. The last one is kept: asked again for the same values (a
+  // denoising loop over the same schedule, frame after frame), it uploads nothing.
+  Result<Tensor> timestep_projections(const std::vector<float>& timesteps);
+
  private:
   struct Weights;
   QwenImageMmdit() = default;
@@ -115,10 +124,25 @@ class QwenImageMmdit {
   std::unique_ptr<Weights> w_;
   int64_t parameters_ = 0;
   std::map<std::string, int64_t> storage_dtypes_;
-  // The rotary table of the last forward's shapes (a denoising loop repeats them every step).
-  std::vector<ImageShape> rope_images_;
-  int64_t rope_text_len_ = -1;
-  Tensor rope_;
+  // The rotary tables and joint key masks ([B, T_txt + T_img]) of the last two forwards' inputs
+  // on the backend: a denoising loop repeats them every step (with separate CFG passes it
+  // alternates two), so they are uploaded once.
+  static constexpr size_t kCachedInputs = 2;
+  struct CachedRope {
+    std::vector<ImageShape> images;
+    int64_t text_len = 0;
+    Tensor table;
+  };
+  struct CachedMask {
+    Shape shape;
+    std::vector<float> values;
+    Tensor mask;
+  };
+  std::vector<CachedRope> ropes_;
+  std::vector<CachedMask> key_masks_;
+  // The last timestep_projections().
+  std::vector<float> proj_timesteps_;
+  Tensor proj_;
 };
 
 }  // namespace latent
