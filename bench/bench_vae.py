@@ -10,9 +10,19 @@ and size (512x512, 1024x1024, 1280x720, 1920x1088) it times encode and decode:
     the median and the engine's peak device memory; its output is checked against PyTorch's
     (relative L2) so a fast wrong answer shows;
   - the floor: FLOPs counted by torch.utils.flop_counter over the measured matrix-unit peak.
-Writes JSON to --out and prints a table.
+Writes JSON to --out after every row (a timeout still leaves the rows done) and prints a table.
 
   python3 bench/bench_vae.py --tool build/tools/latent-tool --out bench/results/vae.json
+  # one model, two sizes, decode only, compile capped at 120 s, whole run capped at 300 s:
+  python3 bench/bench_vae.py --tool ... --models flux --sizes 512x512,1024x1024 --parts decoder \
+      --compile-budget-s 120 --budget-s 300
+  # CPU dry run of the script's logic (tiny configs, no latent-tool):
+  python3 bench/bench_vae.py --smoke --device cpu --tool none --out /tmp/vae-smoke.json
+
+torch.compile runs per (model, part, size) with static shapes (`torch._dynamo.reset()` between
+them, so no size is compiled with dynamic shapes); its wall time is printed and stored as
+`compile_s`. Earlier runs had only eager columns for FLUX and TAESD because gpu-checks.sh passed
+`--compile none` for them (time), not because compile failed; Qwen took 14-22 s per compile.
 """
 import argparse
 import json
@@ -22,16 +32,35 @@ import sys
 import tempfile
 import time
 
+if "--warm-cache" not in sys.argv:  # cold compile times: fresh Inductor/Triton caches for this run
+    _c = tempfile.mkdtemp(prefix="bench-vae-compile-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_c, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(_c, "triton")
+
 import torch
 from safetensors.torch import load_file, save_file
 
 SIZES = ["512x512", "1024x1024", "1280x720", "1920x1088"]
 
 
-def make_model(name):
+def make_model(name, smoke=False):
     import diffusers
 
     torch.manual_seed(0)
+    if smoke:  # tiny configs of the same classes, for a CPU dry run of this script's logic
+        if name == "qwen":
+            return diffusers.AutoencoderKLQwenImage(
+                base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
+                temperal_downsample=[False, True, True], dropout=0.0)
+        if name == "flux":
+            return diffusers.AutoencoderKL(
+                in_channels=3, out_channels=3, latent_channels=4,
+                down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+                block_out_channels=[8, 8, 16, 16], layers_per_block=1, norm_num_groups=4)
+        if name == "taesd":
+            return diffusers.AutoencoderTiny(latent_channels=4, encoder_block_out_channels=(8, 8, 8, 8),
+                                             decoder_block_out_channels=(8, 8, 8, 8))
+        raise SystemExit(f"unknown model {name}")
     if name == "qwen":
         # The Qwen-Image VAE config (diffusers Qwen/Qwen-Image vae/config.json).
         m = diffusers.AutoencoderKLQwenImage(
@@ -65,24 +94,52 @@ def decode_fn(name, m):
     return lambda z: m.decode(z).sample
 
 
-def time_cuda(fn, x, warmup, repeat):
-    torch.cuda.synchronize()
+def time_fn(fn, x, warmup, repeat):
+    """Median ms of `repeat` calls after `warmup`, peak extra device memory (bytes; None on the
+    CPU) and the last output. CUDA events on the GPU, the host clock (after the call) on the CPU."""
+    cuda = torch.cuda.is_available() and (x is None or x.is_cuda)
+    if cuda:
+        torch.cuda.synchronize()
     for _ in range(warmup):
         fn(x)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+    peak = None
     times = []
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        y = fn(x)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    peak = torch.cuda.max_memory_allocated() - base
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            y = fn(x)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            y = fn(x)
+            times.append((time.perf_counter() - t0) * 1e3)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() - base
     times.sort()
     return times[len(times) // 2], peak, y
+
+
+time_cuda = time_fn  # the old name
+
+
+def ensure_model_dir(name, model_dir, dtype=torch.bfloat16, smoke=False):
+    """The model `name` with this script's random weights, saved by diffusers into model_dir
+    (what latent-tool and the gst elements load); returns the model (on the CPU, fp32).
+    bench_pipelines.py calls this to make the Qwen-Image VAE folder when it is missing."""
+    m = make_model(name, smoke).eval()
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        t0 = time.time()
+        import copy
+        copy.deepcopy(m).to(dtype).save_pretrained(model_dir, safe_serialization=True)
+        print(f"# wrote {name} to {model_dir} in {time.time() - t0:.1f} s", flush=True)
+    return m
 
 
 def count_flops(fn, x, model):
@@ -112,11 +169,11 @@ def count_flops(fn, x, model):
     return total - padded[0], total
 
 
-def matmul_peak_tflops():
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms, _, _ = time_cuda(lambda _: a @ b, None, 3, 10)
-    return 2 * 8192**3 / (ms * 1e-3) / 1e12
+def matmul_peak_tflops(device="cuda", n=8192):
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms, _, _ = time_fn(lambda _: a @ b, a, 3, 10)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
 def run_ours(tool, model_dir, part, inputs, outputs, warmup, repeat, dtype):
@@ -135,39 +192,88 @@ def rel_l2(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
+def mb(b):
+    return f"{b / 2**20:6.0f}" if b is not None else "     -"
+
+
+def print_table(rows):
+    hdr = (f"{'model':6} {'part':7} {'size':9} {'eager':>8} {'compile':>8} {'ours':>8} {'vs comp':>7} "
+           f"{'floor':>7} {'relL2':>8} {'comp s':>6} {'peak MB eager/comp/ours':>23}")
+    print("\n" + hdr)
+    nan = float("nan")
+    for r in rows:
+        ours, comp = r.get("ours_ms"), r.get("compile_ms")
+        ratio = f"{comp / ours:6.2f}x" if ours and comp else "   -   "
+        peak = f"{mb(r.get('eager_peak_bytes'))}/{mb(r.get('compile_peak_bytes'))}/{mb(r.get('ours_peak_bytes'))}"
+        print(f"{r['model']:6} {r['part']:7} {r['size']:9} {r.get('eager_ms', nan):8.2f} "
+              f"{comp if comp else nan:8.2f} {ours if ours else nan:8.2f} {ratio:>7} "
+              f"{r.get('floor_ms', nan):7.2f} {r.get('ours_vs_torch_rel_l2', nan):8.1e} "
+              f"{r.get('compile_s', nan):6.1f} {peak:>23}")
+        for k in ("ours_error", "compile_error", "compile_skipped"):
+            if k in r:
+                print(f"   {k}: {str(r[k])[:300]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tool", required=True, help="path to latent-tool (CUDA build)")
+    ap.add_argument("--tool", required=True, help="path to latent-tool (CUDA build); 'none' skips ours")
     ap.add_argument("--out", default="bench/results/vae.json")
     ap.add_argument("--models", default="qwen,flux,taesd")
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--parts", default="encoder,decoder")
     ap.add_argument("--compile", default="static", choices=["static", "none"])
+    ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: its default)")
+    ap.add_argument("--compile-budget-s", type=float, default=0,
+                    help="stop compiling (eager and ours go on) once compiles took this long in all; 0: no cap")
+    ap.add_argument("--budget-s", type=float, default=0,
+                    help="start no new row after this many seconds; 0: no cap")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="keep the default Inductor/Triton caches (else fresh ones: cold compile times)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+    ap.add_argument("--smoke", action="store_true", help="tiny model configs and 64x64 (dry run)")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
+    t_start = time.time()
+    if args.smoke and args.sizes == ",".join(SIZES):
+        args.sizes = "64x64,64x48"
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
     work = args.workdir or tempfile.mkdtemp(prefix="latent-bench-")
-    peak_tflops = matmul_peak_tflops()
+    peak_tflops = matmul_peak_tflops(args.device, 8192 if cuda else 256)
     env = {
-        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
         "diffusers": __import__("diffusers").__version__, "dtype": args.dtype,
         "matmul_peak_tflops": round(peak_tflops, 1), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "compile": args.compile, "compile_mode": args.compile_mode, "smoke": args.smoke,
+        "compile_cache": "default (warm)" if args.warm_cache else "fresh (cold compile)",
     }
     print(f"# {env}", flush=True)
     rows = []
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+
+    def dump():  # after every row: a timeout keeps what was measured
+        with open(args.out + ".tmp", "w") as fp:
+            json.dump({"env": env, "rows": rows}, fp, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+    compile_total = 0.0
+    stop = False
     for name in args.models.split(","):
-        m = make_model(name).eval()
+        if stop:
+            break
         model_dir = os.path.join(work, name)
-        m.to(tdtype).save_pretrained(model_dir, safe_serialization=True)
-        m = m.to(dev)
+        t0 = time.time()
+        m = ensure_model_dir(name, model_dir, tdtype, args.smoke)
+        m = m.to(dev, tdtype)
+        print(f"# {name}: model ready in {time.time() - t0:.1f} s", flush=True)
         enc, dec = encode_fn(name, m), decode_fn(name, m)
         f = 8
         for size in args.sizes.split(","):
@@ -177,54 +283,73 @@ def main():
             c = m.config.latent_channels if name != "qwen" else m.config.z_dim
             z = torch.randn(1, c, h // f, w // f, generator=g)
             for part in args.parts.split(","):
+                if args.budget_s and time.time() - t_start > args.budget_s:
+                    print(f"# budget of {args.budget_s:.0f} s spent: stopping before {name} {part} {size}", flush=True)
+                    env["stopped_at"] = f"{name} {part} {size} (budget)"
+                    stop = True
+                    break
                 inp = x if part == "encoder" else z
                 fn = enc if part == "encoder" else dec
                 xin = inp.to(dev, tdtype)
                 row = {"model": name, "part": part, "size": size}
+                t_row = time.time()
                 with torch.no_grad():
                     row["flops"], row["torch_executed_flops"] = count_flops(fn, xin, m)
                     row["floor_ms"] = row["flops"] / (peak_tflops * 1e12) * 1e3
-                    row["eager_ms"], row["eager_peak_bytes"], ref = time_cuda(fn, xin, args.warmup, args.repeat)
-                    if args.compile == "static":
-                        cfn = torch.compile(fn, dynamic=False)
-                        t0 = time.time()
-                        cfn(xin)
-                        row["compile_s"] = round(time.time() - t0, 1)
-                        row["compile_ms"], row["compile_peak_bytes"], _ = time_cuda(cfn, xin, args.warmup, args.repeat)
+                    row["eager_ms"], row["eager_peak_bytes"], ref = time_fn(fn, xin, args.warmup, args.repeat)
+                    if args.compile == "static" and args.compile_budget_s and compile_total > args.compile_budget_s:
+                        row["compile_skipped"] = f"compile budget {args.compile_budget_s:.0f} s spent"
+                    elif args.compile == "static":
                         torch._dynamo.reset()
-                inputs = os.path.join(work, f"{name}-{part}-{size}-in.safetensors")
-                outputs = os.path.join(work, f"{name}-{part}-{size}-out.safetensors")
-                save_file({"sample" if part == "encoder" else "latent": inp.contiguous()}, inputs)
-                ours = run_ours(args.tool, model_dir, part, inputs, outputs, args.warmup, args.repeat, args.dtype)
-                if "error" in ours:
-                    row["ours_error"] = ours["error"]
-                else:
-                    row["ours_ms"] = ours["median_ms"]
-                    row["ours_peak_bytes"] = ours["peak_bytes"]
-                    out = next(iter(load_file(outputs).values()))
-                    row["ours_vs_torch_rel_l2"] = rel_l2(out, ref.float().cpu())
+                        try:
+                            cfn = torch.compile(fn, dynamic=False, mode=args.compile_mode)
+                            t0 = time.time()
+                            cfn(xin)
+                            if cuda:
+                                torch.cuda.synchronize()
+                            row["compile_s"] = round(time.time() - t0, 1)
+                            compile_total += row["compile_s"]
+                            row["compile_ms"], row["compile_peak_bytes"], cy = time_fn(cfn, xin, args.warmup, args.repeat)
+                            row["compile_vs_eager_rel_l2"] = rel_l2(cy, ref)
+                            del cfn, cy
+                        except Exception as e:  # keep the row: eager and ours still count
+                            row["compile_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                        torch._dynamo.reset()
+                if args.tool != "none":
+                    inputs = os.path.join(work, f"{name}-{part}-{size}-in.safetensors")
+                    outputs = os.path.join(work, f"{name}-{part}-{size}-out.safetensors")
+                    save_file({"sample" if part == "encoder" else "latent": inp.contiguous()}, inputs)
+                    ours = run_ours(args.tool, model_dir, part, inputs, outputs, args.warmup, args.repeat, args.dtype)
+                    if "error" in ours:
+                        row["ours_error"] = ours["error"]
+                    else:
+                        row["ours_ms"] = ours["median_ms"]
+                        row["ours_peak_bytes"] = ours["peak_bytes"]
+                        row["ours_graph"] = ours.get("graph")
+                        out = next(iter(load_file(outputs).values()))
+                        row["ours_vs_torch_rel_l2"] = rel_l2(out, ref.float().cpu())
+                row["row_s"] = round(time.time() - t_row, 1)
                 rows.append(row)
+                dump()
+                print(f"# {name} {part} {size}: eager {row['eager_ms']:.2f} ms, compile "
+                      f"{row.get('compile_ms', float('nan')):.2f} ms ({row.get('compile_s', '-')} s to compile), "
+                      f"ours {row.get('ours_ms', float('nan')):.2f} ms; row {row['row_s']} s, "
+                      f"total {time.time() - t_start:.0f} s", flush=True)
                 print(json.dumps(row), flush=True)
-                torch.cuda.empty_cache()
-        del m
-        torch.cuda.empty_cache()
+                del ref
+                if cuda:
+                    torch.cuda.empty_cache()
+            if stop:
+                break
+        del m, enc, dec
+        if cuda:
+            torch.cuda.empty_cache()
 
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fp:
-        json.dump({"env": env, "rows": rows}, fp, indent=1)
-    hdr = f"{'model':6} {'part':7} {'size':9} {'eager':>8} {'compile':>8} {'ours':>8} {'vs comp':>7} {'floor':>7} {'relL2':>8} {'peak MB t/o':>13}"
-    print("\n" + hdr)
-    for r in rows:
-        ours = r.get("ours_ms")
-        comp = r.get("compile_ms")
-        ratio = f"{comp / ours:6.2f}x" if ours and comp else "   -   "
-        peak = f"{r['eager_peak_bytes'] / 2**20:6.0f}/{(r.get('ours_peak_bytes') or -1) / 2**20:6.0f}"
-        print(f"{r['model']:6} {r['part']:7} {r['size']:9} {r['eager_ms']:8.2f} "
-              f"{comp if comp else float('nan'):8.2f} {ours if ours else float('nan'):8.2f} {ratio:>7} "
-              f"{r['floor_ms']:7.2f} {r.get('ours_vs_torch_rel_l2', float('nan')):8.1e} {peak:>13}")
-        if "ours_error" in r:
-            print(f"   ours failed: {r['ours_error']}")
-    print(f"\nwrote {args.out}")
+    env["total_s"] = round(time.time() - t_start, 1)
+    env["compile_total_s"] = round(compile_total, 1)
+    dump()
+    print_table(rows)
+    print(f"\nwrote {args.out} ({env['total_s']} s, {env['compile_total_s']} s compiling)")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,39 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (see scripts/device/build-carry.sh), from the repository root,
-# with .carry (dev.tar.xz, ref/taesd.py), .gstrt and .whl carried. Writes logs under $OUT.
-#   STEPS="tests gst fixtures bench" (default: all)
+# with .carry (dev.tar.xz, ref/taesd.py), .gstrt and .whl carried. Everything written lands in
+# $OUT/results.tgz (one archive: the tool returns <= 8 files), also after a timeout; a compact
+# summary is printed last.
+#   STEPS="tests gst fixtures bench pipelines" (the default); each step has its own timeout.
+# Steps and rough durations on an H100 (pick several per 10-minute call; the sums are what fit):
+#   tests         GPU unit/model tests                         ~2-3 min
+#   gst           gst-launch smoke, default + tiny Qwen          <1 min
+#   fixtures      scripts/make_fixtures.py on CUDA               ~1-2 min
+#   bench         bench_vae.py for BENCH_MODELS (default qwen)   ~4 min
+#   vae-qwen      bench_vae.py, Qwen-Image VAE, eager+compile+ours, 4 sizes    ~4 min (cap VAE_BUDGET)
+#   vae-flux      same for the FLUX.1 VAE                                      ~4 min (cap VAE_BUDGET)
+#   vae-taesd     same for the TAESD-size AutoencoderTiny                      ~2 min
+#   pipelines     bench_pipelines.py: default + Qwen VAE, 1024^2 and 1080p, system/CUDA memory,
+#                 prefetch-depth default/0, cuda-graphs true/false if the property exists  ~5 min
+#   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
+#   attention     /tmp/dev/bin/bench_attention (ATTN_ARGS), skipped if absent  ~1-3 min
+#   dit           bench_dit.py: full-size DiT step, eager + regional compile + ours, DIT_CASES  ~5-7 min
+#                 (DIT_ACCURACY=1: also the fp32 reference in the same run, one weight write and one ours load)
+#   dit-accuracy  bench_dit.py --accuracy: torch bf16 and ours vs PyTorch fp32, no compile      ~4-5 min
+# e.g. STEPS="vae-flux vae-taesd"; STEPS="pipelines stream attention"; STEPS="dit"; STEPS="dit-accuracy".
+# Knobs: BENCH_SIZES BENCH_PARTS BENCH_COMPILE VAE_BUDGET VAE_TIMEOUT PIPE_BUDGET PIPE_TIMEOUT PIPE_REPEAT
+#        DIT_CASES DIT_LAYERS DIT_COMPILE DIT_TIMEOUT DIT_ACC_TIMEOUT DIT_REF_MODE ATTN_ARGS ATTN_TIMEOUT
 set -uo pipefail
 FINAL=${OUT:-/tmp/out}
-OUT=/tmp/res; mkdir -p $OUT   # everything comes back as one archive (the tool returns <= 8 files)
-trap 'tar czf $FINAL/results.tgz -C /tmp/res .' EXIT
-trap 'exit 143' TERM INT
+OUT=/tmp/res; mkdir -p $OUT
+SUMMARY=$OUT/summary.txt; : > $SUMMARY
+finish() {
+  echo; echo "==== summary ($(date -u +%H:%M:%S), $SECONDS s) ===="; cat $SUMMARY
+  tar czf $FINAL/results.tgz -C /tmp/res .
+}
+trap finish EXIT
+trap 'echo "killed (TERM/INT) during step ${CUR:-?}" >> $SUMMARY; exit 143' TERM INT
 STEPS=${STEPS:-tests gst fixtures bench pipelines}
+export PYTHONUNBUFFERED=1
 tar xJf .carry/dev.tar.xz -C /tmp && . /tmp/dev/env.sh
 NV=$(python3 -c "import nvidia,glob,os;print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d+'/**/lib*.so*',recursive=True)})))" 2>/dev/null)
 export LD_LIBRARY_PATH=$LD_LIBRARY_PATH${NV:+:$NV}
@@ -15,55 +41,125 @@ export LATENT_FIXTURES=$PWD/tests/fixtures LATENT_DEFAULT_MODEL=$PWD/models/defa
 # The GStreamer runtime (../shared/device/gst-runtime.sh) for gst-launch and the gst tests.
 G=$PWD/.gstrt; export PATH=$G/bin:$PATH LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH GST_PLUGIN_SYSTEM_PATH_1_0=$G/lib/gstreamer-1.0 GST_PLUGIN_SCANNER_1_0=$G/libexec/gst-plugin-scanner GST_REGISTRY_1_0=/tmp/gstrt-registry.bin GST_CUDA_NVRTC_LIBNAME=$G/lib/libgstrt-nvrtc-shim.so
 nvidia-smi -L
+nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader
+df -h /tmp /dev/shm 2>/dev/null | tail -2
 ldd /tmp/dev/bin/latent-tool | grep "not found"
+echo "gpu: $(nvidia-smi -L | head -1 | cut -c1-60); steps: $STEPS" >> $SUMMARY
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
+PYOK=
+pyenv() {  # diffusers (carried wheel) for the Python benches, installed once
+  [ -n "$PYOK" ] && return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+  export PYTHONPATH=/tmp/site; PYOK=1
+}
+T=0
+begin() { CUR=$1; T=$SECONDS; echo; echo "==== $1 ($(date -u +%H:%M:%S)) ===="; }
+# end STEP RC [summary lines...]: one line per step in the summary, plus what the step adds
+end() {
+  local s=$1 rc=$2; shift 2
+  local why=""; [ "$rc" = 124 ] && why=" (timeout)"
+  echo "$s: exit $rc$why, $((SECONDS - T)) s" >> $SUMMARY
+  for l in "$@"; do [ -n "$l" ] && echo "$l" | sed 's/^/  /' >> $SUMMARY; done
+  CUR=
+}
+# the table a bench script prints last (from its header line on), for the summary
+table() { [ -f "$1" ] && awk -v h="$2" 'index($0,h)==1{p=1} p' "$1" | grep -v '^$' | cut -c1-150 | head -${3:-30}; }
 
 if has tests; then
+  begin tests
   for t in test_cuda_ops test_cuda_models test_cuda_graphs test_cuda_dit_ops test_cuda_dit_model test_gst_cuda test_autoencoder_kl test_tiny test_qwen_image_vae; do
     [ -x /tmp/dev/bin/$t ] || continue
     timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
-    echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' $OUT/$t.log | tr '\n' ' ')"
+    echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' $OUT/$t.log | tr '\n' ' ')" | tee -a $OUT/tests.log
   done
   grep -E "bf16 rel L2" $OUT/test_cuda_models.log | head -20
-  grep -hE "^\[  FAILED  \] [A-Za-z]" $OUT/test_*.log 2>/dev/null | cut -c1-160 | sort -u | head -30
+  grep -hE "^\[  FAILED  \] [A-Za-z]" $OUT/test_*.log 2>/dev/null | cut -c1-160 | sort -u | head -30 | tee -a $OUT/tests.log
+  end tests 0 "$(grep -c ': exit 0 ' $OUT/tests.log) of $(grep -c ': exit ' $OUT/tests.log) test binaries exit 0" \
+    "$(grep -hE '^\[  FAILED  \] [A-Za-z]' $OUT/test_*.log 2>/dev/null | cut -c1-120 | sort -u | head -8)"
 fi
 
 if has gst; then
+  begin gst
   (
     gst-inspect-1.0 latent 2>&1 | head -12
     for m in models/default tests/fixtures/qwen_image_vae_tiny; do
       for size in 1024x1024 1920x1080; do
         w=${size%x*}; h=${size#*x}
-        /usr/bin/time -f "%e s wall" gst-launch-1.0 -q videotestsrc num-buffers=60 ! video/x-raw,format=RGB,width=$w,height=$h ! \
+        /usr/bin/time -f "%e s wall" timeout 120 gst-launch-1.0 -q videotestsrc num-buffers=60 ! video/x-raw,format=RGB,width=$w,height=$h ! \
           vaeencode model=$m device=cuda ! vaedecode model=$m device=cuda ! fakesink sync=false 2>&1 | tail -3
         echo "^ gst cuda $m $size 60 frames"
       done
     done ) > $OUT/gst.log 2>&1
-  cat $OUT/gst.log | tail -30
+  tail -30 $OUT/gst.log
+  end gst 0 "$(grep -B1 '^\^ gst' $OUT/gst.log | grep -v '^--' | paste - - | sed 's/\^ gst cuda //' | head -4)"
 fi
 
 if has fixtures && [ -f .carry/ref/taesd.py ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-  python3 scripts/make_fixtures.py --out /tmp/fx --device cuda --taesd-py .carry/ref/taesd.py > $OUT/fixtures.log 2>&1
-  echo "fixtures: exit $?"; tail -3 $OUT/fixtures.log
+  begin fixtures
+  pyenv
+  timeout 300 python3 scripts/make_fixtures.py --out /tmp/fx --device cuda --taesd-py .carry/ref/taesd.py > $OUT/fixtures.log 2>&1
+  rc=$?; echo "fixtures: exit $rc"; tail -3 $OUT/fixtures.log
   tar czf $OUT/fixtures.tgz -C /tmp/fx .
+  end fixtures $rc
 fi
 
-if has bench; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-  python3 bench/bench_vae.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-vae.json --workdir /tmp/latent-bench \
-    --models ${BENCH_MODELS:-qwen} --sizes ${BENCH_SIZES:-512x512,1024x1024,1280x720,1920x1088} \
-    --compile ${BENCH_COMPILE:-static} --repeat 10 2>&1 | tee $OUT/bench-vae.log | tail -14
-fi
+vae() {  # vae STEP MODELS
+  begin $1; pyenv
+  timeout ${VAE_TIMEOUT:-330} python3 bench/bench_vae.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-$1.json \
+    --workdir /tmp/latent-bench --models $2 --sizes ${BENCH_SIZES:-512x512,1024x1024,1280x720,1920x1088} \
+    --parts ${BENCH_PARTS:-encoder,decoder} --compile ${BENCH_COMPILE:-static} --budget-s ${VAE_BUDGET:-280} \
+    --repeat 10 > $OUT/$1.log 2>&1
+  local rc=$?
+  grep -E '^# .* s to compile|^# budget|^# wrote' $OUT/$1.log | cut -c1-160
+  end $1 $rc "$(table $OUT/$1.log 'model  part')"
+}
+has bench && vae bench ${BENCH_MODELS:-qwen}
+has vae-qwen && vae vae-qwen qwen
+has vae-flux && vae vae-flux flux
+has vae-taesd && vae vae-taesd taesd
 
 if has pipelines; then
-  (
-    models=$PWD/models/default; [ -d /tmp/latent-bench/qwen ] && models=$models,/tmp/latent-bench/qwen
-    python3 bench/bench_pipelines.py --models $models --out $OUT/bench-pipelines.json 2>&1 | tee $OUT/bench-pipelines.log | tail -12 )
+  begin pipelines; pyenv
+  timeout ${PIPE_TIMEOUT:-450} python3 bench/bench_pipelines.py --models $PWD/models/default,qwen \
+    --qwen-dir /tmp/latent-bench/qwen --budget-s ${PIPE_BUDGET:-400} --repeat ${PIPE_REPEAT:-1} --out $OUT/bench-pipelines.json > $OUT/pipelines.log 2>&1
+  rc=$?; tail -25 $OUT/pipelines.log
+  end pipelines $rc "$(table $OUT/pipelines.log 'model ')"
+fi
+
+if has stream; then
+  begin stream; pyenv
+  timeout ${STREAM_TIMEOUT:-240} python3 bench/bench_pipelines.py --stream-only --tool /tmp/dev/bin/latent-tool \
+    --models $PWD/models/default,qwen --qwen-dir /tmp/latent-bench/qwen --out $OUT/bench-stream.json > $OUT/stream.log 2>&1
+  rc=$?; tail -12 $OUT/stream.log
+  end stream $rc "$(table $OUT/stream.log 'stream model')" "$(grep 'stream: skipped' $OUT/stream.log)"
+fi
+
+if has attention; then
+  begin attention
+  if [ -x /tmp/dev/bin/bench_attention ]; then
+    timeout ${ATTN_TIMEOUT:-240} /tmp/dev/bin/bench_attention ${ATTN_ARGS:-} > $OUT/attention.log 2>&1
+    rc=$?; tail -20 $OUT/attention.log
+    end attention $rc "$(grep -v '^{' $OUT/attention.log | tail -12 | cut -c1-150)"
+  else
+    echo "no /tmp/dev/bin/bench_attention in dev.tar.xz: skipped"
+    end attention skipped "no /tmp/dev/bin/bench_attention (add it to LATENT_DEVICE_TESTS targets in build-carry.sh)"
+  fi
 fi
 
 if has dit; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-  timeout ${DIT_TIMEOUT:-330} python3 bench/bench_dit.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-dit.json \
-    --layers ${DIT_LAYERS:-60} --compile ${DIT_COMPILE:-static} 2>&1 | tee $OUT/bench-dit.log | tail -8
+  begin dit; pyenv
+  timeout ${DIT_TIMEOUT:-540} python3 bench/bench_dit.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-dit.json \
+    --layers ${DIT_LAYERS:-60} --cases ${DIT_CASES:-t2i,edit} --compile ${DIT_COMPILE:-regional} \
+    ${DIT_ACCURACY:+--accuracy --ref-mode ${DIT_REF_MODE:-auto}} > $OUT/dit.log 2>&1
+  rc=$?; tail -12 $OUT/dit.log
+  end dit $rc "$(grep -E '\] (built|wrote)|weights already|compile took|fp32 reference' $OUT/dit.log | cut -c1-120)" "$(table $OUT/dit.log 'case ' 4)"
+fi
+
+if has dit-accuracy; then
+  begin dit-accuracy; pyenv
+  timeout ${DIT_ACC_TIMEOUT:-540} python3 bench/bench_dit.py --tool /tmp/dev/bin/latent-tool --out $OUT/bench-dit-accuracy.json \
+    --layers ${DIT_LAYERS:-60} --cases ${DIT_CASES:-t2i,edit} --compile none --skip-torch --accuracy \
+    --ref-mode ${DIT_REF_MODE:-auto} > $OUT/dit-accuracy.log 2>&1
+  rc=$?; tail -12 $OUT/dit-accuracy.log
+  end dit-accuracy $rc "$(grep -E '\] (built|wrote)|weights already|fp32 reference' $OUT/dit-accuracy.log | cut -c1-140)" "$(table $OUT/dit-accuracy.log 'case ' 4)"
 fi
