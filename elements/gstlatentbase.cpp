@@ -3,9 +3,10 @@
  * @title: GstLatentBase
  * @short_description: Base class of the latent stages (vaeencode, vaedecode, ...)
  *
- * Holds the properties every stage has (`model`, `device`, `dtype`), loads the model in
- * start() through the engine (sharing one instance between elements that ask for the same
- * model) and releases it in stop().
+ * Holds the properties every stage has (`model`, `device`, `dtype`, `prefetch-depth`,
+ * `cuda-graphs`), loads the model in start() through the engine (sharing one instance between
+ * elements that ask for the same model) and releases it in stop(); keeps the stage's plan
+ * (built at caps negotiation, dropped at the next one and in stop()).
  */
 #include "elements/gstlatentbase.h"
 
@@ -26,7 +27,8 @@ namespace {
 
 constexpr const char* kDefaultDevice = "auto";
 
-enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE, PROP_PREFETCH_DEPTH };
+enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE, PROP_PREFETCH_DEPTH, PROP_CUDA_GRAPHS };
+constexpr bool kDefaultCudaGraphs = true;
 constexpr guint kDefaultPrefetchDepth = 2;
 constexpr guint kMaxPrefetchDepth = 16;
 
@@ -35,6 +37,7 @@ struct Settings {
   std::string device = kDefaultDevice;  // auto, cpu, cuda, cuda:N
   std::string dtype;                    // empty/auto: the device's default
   guint prefetch_depth = kDefaultPrefetchDepth;
+  bool cuda_graphs = kDefaultCudaGraphs;
 };
 
 // Per-frame processing times for LATENCY answers.
@@ -49,6 +52,9 @@ struct LatencyStats {
 
 struct State {
   std::shared_ptr<GstLatentModel> model;
+  // This stage's plan (on model's backend); destroyed under model->run_lock only.
+  std::shared_ptr<latent::PlannedPart> plan;
+  bool plan_graphs = false;  // the cuda-graphs setting it was built with
 };
 
 // ---- engine log -> GStreamer debug log ----------------------------------------------------
@@ -243,6 +249,9 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
     case PROP_PREFETCH_DEPTH:
       impl->settings.prefetch_depth = g_value_get_uint(value);
       break;
+    case PROP_CUDA_GRAPHS:
+      impl->settings.cuda_graphs = g_value_get_boolean(value);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
       break;
@@ -265,6 +274,9 @@ static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue*
       break;
     case PROP_PREFETCH_DEPTH:
       g_value_set_uint(value, impl->settings.prefetch_depth);
+      break;
+    case PROP_CUDA_GRAPHS:
+      g_value_set_boolean(value, impl->settings.cuda_graphs);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
@@ -319,6 +331,7 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
 
 static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
   auto* impl = impl_of(GST_LATENT_BASE(trans));
+  gst_latent_base_drop_plan(GST_LATENT_BASE(trans));  // before the weights its graph reads
   std::shared_ptr<GstLatentModel> dropped;
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
@@ -423,6 +436,13 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
                         "On a GPU: frames uploaded (and downloaded) on a copy stream while earlier "
                         "frames compute; each adds one frame of latency (0: none)",
                         0, kMaxPrefetchDepth, kDefaultPrefetchDepth, flags));
+  g_object_class_install_property(
+      gobject_class, PROP_CUDA_GRAPHS,
+      g_param_spec_boolean("cuda-graphs", "CUDA graphs",
+                           "On a GPU: capture the model part as a CUDA graph when caps are "
+                           "negotiated and replay it for every frame (off: the plain forward, "
+                           "still warmed up at negotiation)",
+                           kDefaultCudaGraphs, flags));
 
   GST_ELEMENT_CLASS(klass)->set_context = GST_DEBUG_FUNCPTR(gst_latent_base_set_context);
   trans_class->passthrough_on_same_caps = FALSE;
@@ -529,4 +549,100 @@ bool gst_latent_base_propose_latent_pool(GstLatentBase* self, GstQuery* query) {
 
 bool gst_latent_base_decide_latent_pool(GstLatentBase* self, GstQuery* query) {
   return gst_latent_cuda_decide_latent_pool(&impl_of(self)->cuda, query);
+}
+
+// ---- plans ------------------------------------------------------------------------------------
+
+std::shared_ptr<std::mutex> gst_latent_backend_run_lock(const latent::Backend& backend) {
+  ModelCache& cache = model_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto& run_lock = cache.backend_locks[&backend];
+  if (!run_lock) run_lock = std::make_shared<std::mutex>();
+  return run_lock;
+}
+
+bool gst_latent_base_cuda_graphs(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  return impl->settings.cuda_graphs;
+}
+
+latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& model,
+                                          latent::VaePart part, const latent::Tensor& example) {
+  auto* impl = impl_of(self);
+  latent::PlanOptions options;
+  options.graph = gst_latent_base_cuda_graphs(self);
+  std::shared_ptr<latent::PlannedPart> old;
+  {
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    // Renegotiation to the same input shape (another pixel format, framerate): keep the plan.
+    if (impl->state.plan && impl->state.plan->part() == part &&
+        impl->state.plan->accepts(example) && impl->state.plan_graphs == options.graph)
+      return latent::ok_status();
+    old = std::move(impl->state.plan);
+  }
+  old.reset();  // the caller holds model.run_lock: its graph and buffers go now
+  latent::Backend& backend = *model.backend;
+  if (backend.device().is_cpu()) return latent::ok_status();  // the plain forward, unplanned
+  const gint64 started_us = g_get_monotonic_time();
+  auto built = latent::PlannedPart::build(*model.vae, part, example, options);
+  if (!built.ok()) return built.status();
+  const double ms = (g_get_monotonic_time() - started_us) / 1000.0;
+  std::shared_ptr<latent::PlannedPart> plan = std::move(built).value();
+  if (!plan->graph_failure().empty())
+    GST_WARNING_OBJECT(self, "%s: no CUDA graph for the %s (plain forward per frame): %s",
+                       gst_latent_base_stage_name(self), latent::vae_part_name(part),
+                       plan->graph_failure().c_str());
+  GST_INFO_OBJECT(self, "planned the %s for %s on %s in %.1f ms (%s)", latent::vae_part_name(part),
+                  latent::shape_str(example.shape()).c_str(), backend.name().c_str(), ms,
+                  plan->uses_graph() ? "CUDA graph"
+                  : options.graph    ? "plain forward: capture failed"
+                                     : "plain forward: cuda-graphs=false");
+  // Algorithm choices found by the warm-up survive the process.
+  if (latent::Status saved = backend.save_plans(); !saved.ok())
+    GST_DEBUG_OBJECT(self, "plan cache not saved: %s", saved.message().c_str());
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  impl->state.plan = std::move(plan);
+  impl->state.plan_graphs = options.graph;
+  return latent::ok_status();
+}
+
+void gst_latent_base_drop_plan(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::shared_ptr<latent::PlannedPart> plan;
+  std::shared_ptr<GstLatentModel> model;
+  {
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    plan = std::move(impl->state.plan);
+    model = impl->state.model;
+  }
+  if (!plan) return;
+  if (model && model->run_lock) {
+    std::lock_guard<std::mutex> run(*model->run_lock);
+    plan.reset();
+  }
+  plan.reset();
+}
+
+latent::Result<latent::Tensor> gst_latent_base_run_part(GstLatentBase* self, GstLatentModel& model,
+                                                        latent::VaePart part,
+                                                        const latent::Tensor& x) {
+  std::shared_ptr<latent::PlannedPart> plan;
+  {
+    auto* impl = impl_of(self);
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    plan = impl->state.plan;
+  }
+  if (plan && plan->part() == part && plan->accepts(x)) return plan->run(x);
+  if (plan)
+    GST_LOG_OBJECT(self, "%s plan for %s does not take %s: plain forward",
+                   latent::vae_part_name(part), latent::shape_str(plan->input_shape()).c_str(),
+                   x.describe().c_str());
+  return part == latent::VaePart::kEncode ? model.vae->encode(x) : model.vae->decode(x);
+}
+
+bool gst_latent_base_plan_uses_graph(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  return impl->state.plan && impl->state.plan->uses_graph();
 }

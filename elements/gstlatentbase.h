@@ -1,6 +1,7 @@
-// GstLatentBase: what the latent stages share. Properties `model`, `device` and `dtype` fill a
-// Settings struct; start() resolves the backend and loads (or shares) the model, stop() drops
-// it. Subclasses say which parts of the model they need and use gst_latent_base_get_model().
+// GstLatentBase: what the latent stages share. Properties `model`, `device`, `dtype`,
+// `prefetch-depth` and `cuda-graphs` fill a Settings struct; start() resolves the backend and loads
+// (or shares) the model, stop() drops it. Subclasses say which parts of the model they need and use
+// gst_latent_base_get_model().
 #pragma once
 
 #include <gst/base/gstbasetransform.h>
@@ -12,6 +13,7 @@
 
 #include "elements/gstlatentcuda.h"
 #include "engine/backends/backend.h"
+#include "engine/models/vae/planned_vae.h"
 #include "engine/models/vae/vae.h"
 
 G_BEGIN_DECLS
@@ -85,6 +87,40 @@ guint gst_latent_base_prefetch_depth(GstLatentBase* self);
 GstClockTime gst_latent_base_latency(GstLatentBase* self);
 // Resets the latency measurement (a new stream: stop(), a flush).
 void gst_latent_base_reset_latency(GstLatentBase* self);
+
+// ---- plans (engine/models/vae/planned_vae.h) -------------------------------------------------
+// At negotiation a stage plans its part of the model for the negotiated input shape: a warm-up
+// forward (cuDNN chooses and caches its algorithms) then, with `cuda-graphs` on, a CUDA graph
+// capture; each frame then replays it. One plan a stage, kept until the next negotiation or
+// stop(). On the CPU nothing is planned and frames run the plain forward.
+//
+// Locking: the backend and its one stream are shared by every stage on the same device and
+// dtype. Every engine call on it, the destruction of every device tensor (frees are queued on
+// that stream) and the plan's capture hold the model's run_lock, so a capture records no
+// other stage's work and nothing else is queued on the stream while it lasts.
+
+// The run lock of `backend` (the one every GstLatentModel on it holds as run_lock), for stages
+// that use a shared backend without a GstLatentModel (ditdenoise): hold it around engine calls
+// and device tensor destruction, or a vaeencode/vaedecode capture may record that work.
+std::shared_ptr<std::mutex> gst_latent_backend_run_lock(const latent::Backend& backend);
+
+// The `cuda-graphs` property.
+bool gst_latent_base_cuda_graphs(GstLatentBase* self);
+// Plans `part` for inputs like `example` (on the model's backend), replacing the stage's
+// plan. The caller holds model.run_lock. A failed capture falls back to the plain forward with
+// a warning; a failed warm-up is returned (the caller posts the element error).
+latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& model,
+                                          latent::VaePart part, const latent::Tensor& example);
+// Drops the stage's plan (takes the model's run_lock itself; not while holding it).
+void gst_latent_base_drop_plan(GstLatentBase* self);
+// Runs `part` on `x`: the plan's replay when the stage has a plan taking `x`, else the plain
+// forward. The caller holds model.run_lock; with a graph the result is the plan's output
+// buffer, valid until the stage's next run (consume it, or queue what reads it, first).
+latent::Result<latent::Tensor> gst_latent_base_run_part(GstLatentBase* self, GstLatentModel& model,
+                                                        latent::VaePart part,
+                                                        const latent::Tensor& x);
+// Whether the stage's plan replays a graph (for tests and logs).
+bool gst_latent_base_plan_uses_graph(GstLatentBase* self);
 
 // ---- GPU-resident buffers (elements/gstlatentcuda.h) ------------------------------------------
 // The stage's CUDA context state: active after start() on a CUDA device. Lives as long as the

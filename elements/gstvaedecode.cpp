@@ -19,10 +19,19 @@
  * ditdenoise on the same GPU) is read without a host copy, and video/x-raw(memory:CUDAMemory)
  * output (packed RGB formats) is written into a GstCudaBufferPool on the context it shares with
  * cudaconvert / cudadownload through GstContext; see vaeencode's second launch line.
+ *
+ * On a GPU the decoder is planned when caps are negotiated (warm-up, then a CUDA graph that each
+ * latent replays; `cuda-graphs=false` keeps the plain forward). Frames in system memory are
+ * downloaded through pinned memory on a copy stream while the next latents decode, and pushed
+ * `prefetch-depth` frames later (or once their copy is done) with their own timestamps; EOS, a
+ * new segment and new caps push them first, a flush drops them (`prefetch-depth=0`: each frame
+ * is written before the next is decoded). LATENCY answers include the held frames.
  */
 #include "elements/gstvaedecode.h"
 
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <mutex>
 
 #include "elements/gstlatentcaps.h"
@@ -56,8 +65,26 @@ struct Negotiated {
   bool cuda_out = false;  // frames leave in CUDA memory
 };
 
+// A decoded frame whose download is under way (output staging on a GPU).
+struct Pending {
+  GstBuffer* buffer = nullptr;  // the output buffer (timestamps set), owned until pushed
+  uint64_t ticket = 0;
+  gint64 submit_us = 0;  // time its transform() took
+};
+
+// Output staging; touched by the streaming thread only (and stop(), after streaming ended).
+struct Staging {
+  bool checked = false;  // downloader created, or found unneeded, for this run
+  std::unique_ptr<latent::FrameDownloader> downloader;
+  std::deque<Pending> pending;
+  bool draining = false;
+  bool staged_current = false;  // transform() queued the frame instead of writing it
+  Pending current;
+};
+
 struct Impl {
   std::mutex lock;
+  Staging staging;
   bool negotiated = false;
   Negotiated stream;
   std::string last_refusal;  // the last caps refusal posted, so a repeated query posts once
@@ -259,6 +286,26 @@ static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps
                   latent::pixel_format_name(n.pixel_format),
                   latent::size_policy_name(info.size_policy), n.geometry.model_width(),
                   n.geometry.model_height());
+  if (!model->backend->device().is_cpu()) {
+    // The decoder's plan for this latent size (warm-up, CUDA graph), before the first latent.
+    std::lock_guard<std::mutex> run(*model->run_lock);
+    auto example =
+        latent::zero_latent_tensor(*model->backend, info.channels, info.height, info.width);
+    if (example.ok()) example = model->latent_space().denormalize(*model->backend, *example);
+    latent::Status planned = example.ok()
+                                 ? gst_latent_base_build_plan(GST_LATENT_BASE(self), *model,
+                                                              latent::VaePart::kDecode, *example)
+                                 : example.status();
+    example = latent::Status::error("released");  // device memory: freed under the run lock
+    if (!planned.ok()) {
+      GST_ELEMENT_ERROR(
+          self, STREAM, FAILED,
+          ("vaedecode: cannot prepare %s for %dx%d latents: %s", model->describe().c_str(),
+           info.width, info.height, planned.message().c_str()),
+          ("on %s", model->backend->name().c_str()));
+      return FALSE;
+    }
+  }
   {
     const gint fps_n = n.in_info.fps_n, fps_d = n.in_info.fps_d;
     gst_latent_base_set_frame_duration(
@@ -331,12 +378,35 @@ static latent::Result<latent::Tensor> read_latent(GstVaeDecode* self, const GstL
 }
 
 // Normalised latent [1, C, h, w] on the backend -> image [1, 3, H, W] (the caller holds
-// model.run_lock).
-static latent::Result<latent::Tensor> decode_latent(GstLatentModel& model,
+// model.run_lock). With a graph the image is the plan's output buffer: the caller converts it
+// (tensor_to_frame, or the downloader's queued kernel) before the next frame's replay.
+static latent::Result<latent::Tensor> decode_latent(GstVaeDecode* self, GstLatentModel& model,
                                                     const latent::Tensor& normalised) {
   latent::Backend& b = *model.backend;
   LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.latent_space().denormalize(b, normalised));
-  return model.vae->decode(raw);
+  return gst_latent_base_run_part(GST_LATENT_BASE(self), model, latent::VaePart::kDecode, raw);
+}
+
+// The downloader for this run, created on the first frame when the model runs on a GPU and
+// frames leave in system memory (null: frames are written in turn).
+static latent::FrameDownloader* staging_downloader(GstVaeDecode* self, GstLatentModel& model) {
+  Staging& st = self->impl->staging;
+  if (st.checked) return st.downloader.get();
+  st.checked = true;
+  const guint depth = gst_latent_base_prefetch_depth(GST_LATENT_BASE(self));
+  if (depth == 0) return nullptr;
+  auto d = latent::create_frame_downloader(*model.backend, static_cast<int>(depth));
+  if (!d.ok()) {
+    GST_WARNING_OBJECT(self, "no output staging (frames download in turn): %s",
+                       d.status().message().c_str());
+    return nullptr;
+  }
+  st.downloader = std::move(*d);
+  if (st.downloader)
+    GST_INFO_OBJECT(self, "staging %u decoded frames through pinned memory on %s", depth,
+                    model.backend->name().c_str());
+  gst_latent_base_set_frames_held(GST_LATENT_BASE(self), st.downloader ? depth : 0);
+  return st.downloader.get();
 }
 
 static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer* inbuf,
@@ -353,30 +423,60 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
     n = self->impl->stream;
   }
   const gint64 started_us = g_get_monotonic_time();
+  Staging& st = self->impl->staging;
+  st.staged_current = false;
+  latent::FrameDownloader* downloader = n.cuda_out ? nullptr : staging_downloader(self, *model);
 
   std::unique_lock<std::mutex> run(*model->run_lock);
-  auto normalised = read_latent(self, n.in_info, n.cuda_in, inbuf, *model);
-  if (!normalised.ok()) {
+  latent::Result<latent::Tensor> normalised =
+      read_latent(self, n.in_info, n.cuda_in, inbuf, *model);
+  latent::Result<latent::Tensor> image = latent::Status::error("not decoded");
+  // Device tensors are freed on the shared stream: only under the run lock.
+  auto release = [&] {
+    normalised = latent::Status::error("released");
+    image = latent::Status::error("released");
     run.unlock();
-    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
-                      ("vaedecode: %s", normalised.status().message().c_str()), (nullptr));
+  };
+  if (!normalised.ok()) {
+    const std::string message = normalised.status().message();
+    release();
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("vaedecode: %s", message.c_str()), (nullptr));
     return GST_FLOW_ERROR;
   }
-  auto image = decode_latent(*model, *normalised);
+  image = decode_latent(self, *model, *normalised);
   if (!image.ok()) {
-    GST_ELEMENT_ERROR(
-        self, STREAM, DECODE,
-        ("vaedecode: decoding a %dx%d latent with %s failed: %s", n.in_info.width, n.in_info.height,
-         model->describe().c_str(), image.status().message().c_str()),
-        (nullptr));
+    const std::string message = image.status().message();
+    release();
+    GST_ELEMENT_ERROR(self, STREAM, DECODE,
+                      ("vaedecode: decoding a %dx%d latent with %s failed: %s", n.in_info.width,
+                       n.in_info.height, model->describe().c_str(), message.c_str()),
+                      (nullptr));
     return GST_FLOW_ERROR;
+  }
+
+  if (downloader) {
+    // Converted on the compute stream, downloaded on the copy stream while the next frames
+    // compute; generate_output() writes it into `outbuf` `prefetch-depth` frames later.
+    auto ticket = downloader->queue(*image, n.geometry, latent::frame_format(n.pixel_format));
+    release();
+    if (!ticket.ok()) {
+      GST_ELEMENT_ERROR(
+          self, STREAM, DECODE,
+          ("vaedecode: cannot download a decoded %dx%d frame: %s", n.geometry.frame_width(),
+           n.geometry.frame_height(), ticket.status().message().c_str()),
+          (nullptr));
+      return GST_FLOW_ERROR;
+    }
+    st.staged_current = true;
+    st.current = Pending{nullptr, *ticket, g_get_monotonic_time() - started_us};
+    return GST_FLOW_OK;
   }
 
   GstVideoFrame frame;
   GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
   const bool on_device = n.cuda_out && cuda->map_frame(&frame, &n.out_info, outbuf, GST_MAP_WRITE);
   if (!on_device && !gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
-    run.unlock();
+    release();
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
                       ("vaedecode: cannot map the %zu-byte output buffer as a %dx%d frame",
                        gst_buffer_get_size(outbuf), GST_VIDEO_INFO_WIDTH(&n.out_info),
@@ -393,7 +493,7 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
   desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
   latent::Status s = latent::tensor_to_frame(*model->backend, *image, n.geometry, desc);
-  run.unlock();
+  release();
   gst_video_frame_unmap(&frame);
   if (!s.ok()) {
     GST_ELEMENT_ERROR(self, STREAM, DECODE,
@@ -405,6 +505,130 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   gst_latent_base_frame_done(GST_LATENT_BASE(self),
                              (g_get_monotonic_time() - started_us) * GST_USECOND);
   return GST_FLOW_OK;
+}
+
+// ---- output staging: decoded frames are pushed `prefetch-depth` frames after their decode ----
+
+// Writes the oldest staged frame into its buffer (waiting for its copy) and hands it out.
+static GstFlowReturn finish_staged(GstVaeDecode* self, GstBuffer** outbuf) {
+  Staging& st = self->impl->staging;
+  Pending p = st.pending.front();
+  st.pending.pop_front();
+  Negotiated n;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    n = self->impl->stream;
+  }
+  const gint64 wait_started_us = g_get_monotonic_time();
+  GstVideoFrame frame;
+  if (!gst_video_frame_map(&frame, &n.out_info, p.buffer, GST_MAP_WRITE)) {
+    st.downloader->reset();  // the frames behind it are dropped by the error that follows
+    gst_buffer_unref(p.buffer);
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
+                      ("vaedecode: cannot map the output buffer as a %dx%d frame",
+                       GST_VIDEO_INFO_WIDTH(&n.out_info), GST_VIDEO_INFO_HEIGHT(&n.out_info)),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  latent::FrameDesc desc;
+  desc.format = latent::frame_format(n.pixel_format);
+  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
+  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
+  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
+  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
+  latent::Status s = st.downloader->fetch(p.ticket, desc);
+  gst_video_frame_unmap(&frame);
+  if (!s.ok()) {
+    gst_buffer_unref(p.buffer);
+    GST_ELEMENT_ERROR(self, STREAM, DECODE,
+                      ("vaedecode: downloading a decoded frame failed: %s", s.message().c_str()),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  // Its processing: the decode's submission plus the wait for its copy.
+  gst_latent_base_frame_done(
+      GST_LATENT_BASE(self),
+      (p.submit_us + g_get_monotonic_time() - wait_started_us) * GST_USECOND);
+  *outbuf = p.buffer;
+  return GST_FLOW_OK;
+}
+
+static GstFlowReturn gst_vae_decode_generate_output(GstBaseTransform* trans, GstBuffer** outbuf) {
+  GstVaeDecode* self = GST_VAE_DECODE(trans);
+  Staging& st = self->impl->staging;
+  GstBuffer* produced = nullptr;
+  *outbuf = nullptr;
+  if (trans->queued_buf) {
+    GstFlowReturn ret = GST_BASE_TRANSFORM_CLASS(parent_class)->generate_output(trans, &produced);
+    const bool staged = st.staged_current;
+    st.staged_current = false;
+    if (ret != GST_FLOW_OK) {
+      if (produced) gst_buffer_unref(produced);
+      return ret;
+    }
+    if (produced && !staged) {
+      *outbuf = produced;  // the synchronous path (also on the CPU)
+      return GST_FLOW_OK;
+    }
+    if (produced) {
+      // The buffer already carries the input's timestamps, duration, offsets and flags.
+      st.current.buffer = produced;
+      st.pending.push_back(st.current);
+    }
+  }
+  if (st.pending.empty() || !st.downloader) return GST_FLOW_OK;
+  bool due = st.draining || st.pending.size() > static_cast<size_t>(st.downloader->depth());
+  if (!due) {
+    // Pushed early when its copy is already complete (no added latency in a slow stream).
+    auto ready = st.downloader->ready(st.pending.front().ticket);
+    due = !ready.ok() || *ready;  // an error is reported by the fetch
+  }
+  if (!due) return GST_FLOW_OK;
+  return finish_staged(self, outbuf);
+}
+
+// Pushes out every staged frame, in order (before EOS, a new segment and new caps).
+static GstFlowReturn drain_staging(GstVaeDecode* self) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+  Staging& st = self->impl->staging;
+  GstFlowReturn ret = GST_FLOW_OK;
+  st.draining = true;
+  while (ret == GST_FLOW_OK && !st.pending.empty()) {
+    GstBuffer* out = nullptr;
+    ret = finish_staged(self, &out);
+    if (out) ret = gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(trans), out);
+  }
+  st.draining = false;
+  if (ret != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "drain stopped: %s", gst_flow_get_name(ret));
+  return ret;
+}
+
+static void drop_staging(GstVaeDecode* self) {
+  Staging& st = self->impl->staging;
+  for (Pending& p : st.pending) gst_buffer_unref(p.buffer);
+  st.pending.clear();
+  st.downloader.reset();  // waits for its copies, then frees its pinned slots
+  st.checked = false;
+  st.staged_current = false;
+  gst_latent_base_set_frames_held(GST_LATENT_BASE(self), 0);
+}
+
+static gboolean gst_vae_decode_sink_event(GstBaseTransform* trans, GstEvent* event) {
+  GstVaeDecode* self = GST_VAE_DECODE(trans);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_EOS:
+    case GST_EVENT_CAPS:
+    case GST_EVENT_SEGMENT:
+      drain_staging(self);
+      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS) drop_staging(self);  // new frame size
+      break;
+    case GST_EVENT_FLUSH_STOP:
+      drop_staging(self);
+      break;
+    default:
+      break;
+  }
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
 }
 
 static gboolean gst_vae_decode_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
@@ -459,6 +683,7 @@ static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQue
 
 static gboolean gst_vae_decode_stop(GstBaseTransform* trans) {
   GstVaeDecode* self = GST_VAE_DECODE(trans);
+  drop_staging(self);
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
@@ -491,6 +716,8 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_propose_allocation);
   trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_decide_allocation);
   trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_decode_stop);
+  trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_decode_generate_output);
+  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_vae_decode_sink_event);
 
   GST_LATENT_BASE_CLASS(klass)->parts = GST_LATENT_PART_DECODER;
 }

@@ -33,6 +33,10 @@
  * same GPU takes the latent without it leaving device memory. All of them share the device's
  * primary CUDA context through GstContext (elements/gstlatentcuda.h). With a neighbour on the
  * CPU, caps fall back to system memory.
+ *
+ * On a GPU the encoder is planned when caps are negotiated (warm-up, then a CUDA graph that each
+ * frame replays; `cuda-graphs=false` keeps the plain forward); system-memory frames are uploaded
+ * through pinned memory `prefetch-depth` frames ahead.
  */
 #include "elements/gstvaeencode.h"
 
@@ -361,6 +365,24 @@ static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps
                   info->channels, info->height, info->width,
                   latent::size_policy_name(info->size_policy), geometry->model_width(),
                   geometry->model_height());
+  if (!model->backend->device().is_cpu()) {
+    // The encoder's plan for this input size (warm-up, CUDA graph), before the first frame.
+    std::lock_guard<std::mutex> run(*model->run_lock);
+    auto example = latent::zero_image_tensor(*model->backend, n.geometry);
+    latent::Status planned = example.ok()
+                                 ? gst_latent_base_build_plan(GST_LATENT_BASE(self), *model,
+                                                              latent::VaePart::kEncode, *example)
+                                 : example.status();
+    example = latent::Status::error("released");  // device memory: freed under the run lock
+    if (!planned.ok()) {
+      GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                        ("vaeencode: cannot prepare %s for %dx%d frames: %s",
+                         model->describe().c_str(), w, h, planned.message().c_str()),
+                        ("model input %dx%d on %s", n.geometry.model_width(),
+                         n.geometry.model_height(), model->backend->name().c_str()));
+      return FALSE;
+    }
+  }
   {
     const gint fps_n = GST_VIDEO_INFO_FPS_N(&n.in_info), fps_d = GST_VIDEO_INFO_FPS_D(&n.in_info);
     gst_latent_base_set_frame_duration(
@@ -453,11 +475,14 @@ static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negot
 }
 
 // sample [1, 3, H, W] on the backend -> normalised latent [1, C, h, w] on the backend (the
-// caller holds model.run_lock).
-static latent::Result<latent::Tensor> encode_frame(GstLatentModel& model,
+// caller holds model.run_lock). The plan's output buffer is consumed by normalize() (a fresh
+// tensor) before the next frame's replay.
+static latent::Result<latent::Tensor> encode_frame(GstVaeEncode* self, GstLatentModel& model,
                                                    const latent::Tensor& sample) {
   latent::Backend& b = *model.backend;
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor raw, model.vae->encode(sample));
+  LATENT_ASSIGN_OR_RETURN(
+      latent::Tensor raw,
+      gst_latent_base_run_part(GST_LATENT_BASE(self), model, latent::VaePart::kEncode, sample));
   return model.latent_space().normalize(b, raw);
 }
 
@@ -524,27 +549,35 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
     return GST_FLOW_ERROR;
   }
   std::unique_lock<std::mutex> run(*model->run_lock);
-  auto latents = encode_frame(*model, *sample);
-  if (!latents.ok()) {
+  latent::Result<latent::Tensor> latents = encode_frame(self, *model, *sample);
+  // Device tensors are freed on the shared stream: only under the run lock.
+  auto release = [&] {
+    sample = latent::Status::error("released");
+    latents = latent::Status::error("released");
     run.unlock();
+  };
+  if (!latents.ok()) {
+    const std::string message = latents.status().message();
+    release();
     GST_ELEMENT_ERROR(
         self, STREAM, FAILED,
         ("vaeencode: encoding a %dx%d frame with %s failed: %s", n.geometry.frame_width(),
-         n.geometry.frame_height(), model->describe().c_str(), latents.status().message().c_str()),
+         n.geometry.frame_height(), model->describe().c_str(), message.c_str()),
         (nullptr));
     return GST_FLOW_ERROR;
   }
   const latent::Shape want{1, n.out_info.channels, n.out_info.height, n.out_info.width};
   if (latents->shape() != want) {
-    run.unlock();
+    const std::string got = latents->describe();
+    release();
     GST_ELEMENT_ERROR(self, STREAM, FAILED,
                       ("vaeencode: %s returned %s, expected %s", model->describe().c_str(),
-                       latents->describe().c_str(), latent::shape_str(want).c_str()),
+                       got.c_str(), latent::shape_str(want).c_str()),
                       (nullptr));
     return GST_FLOW_ERROR;
   }
   const std::string problem = write_latent(self, n, *model, *latents, outbuf);
-  run.unlock();
+  release();
   if (!problem.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
     return GST_FLOW_ERROR;

@@ -6,6 +6,7 @@
 //   latent-tool run     [--model M] --part encoder|decoder --inputs IN.safetensors
 //                       --outputs OUT.safetensors [--warmup N] [--repeat N]
 //   latent-tool compare IMAGE_A IMAGE_B     (PSNR and SSIM)
+//   latent-tool stream  [--model M] --size WxH ...  (tools/stream_command.h)
 // Common options: --device auto|cpu|cuda[:N]  --dtype fp32|bf16|fp16
 // MODEL is a diffusers folder, a pipeline root (its vae/), a single .safetensors file, or
 // empty for the built-in default model.
@@ -25,6 +26,7 @@
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
 #include "tools/dit_commands.h"
+#include "tools/stream_command.h"
 
 #if LATENT_TOOL_OPENCV
 #include <opencv2/core.hpp>
@@ -434,7 +436,7 @@ int main(int argc, char** argv) {
   const Args& a = *args;
   if (a.options.count("verbose")) latent::set_log_callback(log_to_stderr, nullptr);
   if (a.command == "help" || a.command == "--help" || a.command == "-h" || a.options.count("help")) {
-    std::printf("%s%s", kUsage, dit_usage());
+    std::printf("%s%s%s", kUsage, stream_usage(), dit_usage());
     return 0;
   }
   if (a.command == "inspect") return cmd_inspect(a);
@@ -442,6 +444,7 @@ int main(int argc, char** argv) {
   if (a.command == "decode") return cmd_decode(a);
   if (a.command == "run") return cmd_run(a);
   if (a.command == "denoise") return cmd_denoise(a.options, a.positional);
+  if (a.command == "stream") return cmd_stream(a.options);
   if (a.command == "compare") return cmd_compare(a);
   std::fprintf(stderr, "latent-tool: unknown command '%s'\n%s", a.command.c_str(), kUsage);
   return 2;

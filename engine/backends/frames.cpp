@@ -169,6 +169,37 @@ Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int d
   return std::unique_ptr<FrameStager>();
 }
 
+Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth) {
+  if (depth < 0 || depth > 64) return Status::errorf("prefetch depth ", depth, " is outside 0..64");
+#ifdef LATENT_HAVE_CUDA
+  if (backend.device().kind == DeviceKind::kCUDA)
+    return cuda::create_frame_downloader(backend, depth);
+#endif
+  (void)backend;
+  return std::unique_ptr<FrameDownloader>();
+}
+
+Result<Tensor> zero_image_tensor(Backend& backend, const FrameGeometry& g) {
+  if (g.model_width() <= 0 || g.model_height() <= 0)
+    return Status::errorf("empty frame geometry (model ", g.model_width(), "x", g.model_height(),
+                          ")");
+#ifdef LATENT_HAVE_CUDA
+  if (backend.device().kind == DeviceKind::kCUDA)
+    return cuda::zero_tensor(backend, {1, 3, g.model_height(), g.model_width()});
+#endif
+  return backend.upload(Tensor::zeros({1, 3, g.model_height(), g.model_width()}, DType::kF32));
+}
+
+Result<Tensor> zero_latent_tensor(Backend& backend, int channels, int height, int width) {
+  if (channels <= 0 || height <= 0 || width <= 0)
+    return Status::errorf("latent of ", channels, "x", height, "x", width, " is empty");
+#ifdef LATENT_HAVE_CUDA
+  if (backend.device().kind == DeviceKind::kCUDA)
+    return cuda::zero_tensor(backend, {1, channels, height, width});
+#endif
+  return backend.upload(Tensor::zeros({1, channels, height, width}, DType::kF32));
+}
+
 Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
                                        int channels, int height, int width) {
   if (!data) return Status::error("device latent buffer is null");

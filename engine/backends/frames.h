@@ -102,6 +102,41 @@ class FrameStager {
 // nothing (the CPU).
 Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth);
 
+// Downloads decoded frames while later ones compute (the way back of FrameStager): queue()
+// converts an image tensor into the packed frame's bytes on the compute stream (like
+// tensor_to_frame()), records an event there and queues the copy of those bytes into a pinned
+// host slot on a separate copy stream, without waiting; fetch() waits for that copy and writes
+// the frame. depth + 1 slots are reused round-robin and only grow, so frames of a steady size
+// allocate nothing. At most `depth` + 1 frames may be queued and not yet fetched; fetch() takes
+// them in queue order. queue() uses the backend's stream (hold whatever serialises the
+// backend's callers); ready() and fetch() only wait on the copy stream.
+class FrameDownloader {
+ public:
+  virtual ~FrameDownloader() = default;
+  // image [1, 3, g.model_height(), g.model_width()] (as the decoder returns it) -> a packed
+  // `format` frame of g.frame_width() x g.frame_height(), on its way to the host. The image may
+  // be dropped or overwritten (a plan's next run) once this returns. Returns the frame's ticket.
+  virtual Result<uint64_t> queue(const Tensor& image, const FrameGeometry& g,
+                                 FrameFormat format) = 0;
+  // Whether the copy of frame `ticket` has completed (fetch() would not wait).
+  virtual Result<bool> ready(uint64_t ticket) = 0;
+  // Waits for frame `ticket` and writes it into `host_frame` (packed, its format and size as
+  // queued; only each row's pixels are written). Frees its slot.
+  virtual Status fetch(uint64_t ticket, const FrameDesc& host_frame) = 0;
+  // Forgets every queued frame (a flush): waits for their copies, frees nothing.
+  virtual void reset() = 0;
+  virtual int depth() const = 0;
+};
+// A downloader for `backend` (which must outlive it), or null (not an error) where it buys
+// nothing (the CPU).
+Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth);
+
+// Zero-filled tensors shaped, typed and laid out as frame_to_tensor() (an image [1, 3, H, W])
+// and device_latent_to_tensor() (a latent [1, C, h, w]) make them on `backend`, made on the
+// device without a host transfer: examples to plan a model part with at negotiation.
+Result<Tensor> zero_image_tensor(Backend& backend, const FrameGeometry& g);
+Result<Tensor> zero_latent_tensor(Backend& backend, int channels, int height, int width);
+
 // Host copies of YUV frames: NV12/I420 -> packed RGB bytes (w * 3 a row), as described above.
 Status yuv_to_rgb_host(const FrameDesc& frame, uint8_t* rgb, size_t rgb_stride);
 

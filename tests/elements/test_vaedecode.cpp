@@ -252,6 +252,102 @@ TEST(VaeDecode, FlushAndEos) {
   gst_harness_teardown(hs);
 }
 
+// ---- plans, CUDA graphs and output staging (no-ops on the CPU) ----------------------------
+
+TEST(VaeDecode, CudaGraphsPropertyDefaultsOnAndChangesNothingOnTheCpu) {
+  GstElement* e = gst_element_factory_make("vaedecode", nullptr);
+  ASSERT_NE(e, nullptr);
+  gboolean graphs = FALSE;
+  g_object_get(e, "cuda-graphs", &graphs, nullptr);
+  EXPECT_TRUE(graphs);
+  g_object_set(e, "cuda-graphs", FALSE, nullptr);
+  g_object_get(e, "cuda-graphs", &graphs, nullptr);
+  EXPECT_FALSE(graphs);
+  gst_object_unref(e);
+
+  LatentDesc d;
+  const auto values = random_latent(4, 9, 13, 7);
+  std::vector<uint8_t> outs[2];
+  for (int on = 0; on < 2; ++on) {
+    GstHarness* hs = harness_for(
+        "vaedecode",
+        {{"model", taesd_model()}, {"device", "cpu"}, {"cuda-graphs", on ? "true" : "false"}});
+    gst_harness_set_sink_caps_str(hs, "video/x-raw, format=RGB");
+    gst_harness_set_src_caps(hs, latent_caps(d));
+    ASSERT_EQ(gst_harness_push(hs, latent_buffer(values, latent::DType::kF32)), GST_FLOW_OK);
+    GstBuffer* out = gst_harness_pull(hs);
+    ASSERT_NE(out, nullptr);
+    outs[on] = buffer_bytes(out);
+    gst_buffer_unref(out);
+    gst_harness_teardown(hs);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_LE(max_diff(outs[1], engine_rgb(taesd_model(), values, 4, 9, 13, 100, 70)), 1);
+}
+
+// prefetch-depth stages decoded frames only on a GPU: on the CPU every frame comes out at once,
+// with the same bytes and timestamps, and LATENCY adds no held frames.
+TEST(VaeDecode, PrefetchDepthIsANoOpOnTheCpu) {
+  LatentDesc d{"fp32", 4, 4, 4, "sd", 32, 32, "pad"};
+  std::vector<std::vector<uint8_t>> outs[2];
+  for (int k = 0; k < 2; ++k) {
+    GstHarness* hs = harness_for(
+        "vaedecode",
+        {{"model", taesd_model()}, {"device", "cpu"}, {"prefetch-depth", k ? "4" : "0"}});
+    gst_harness_set_src_caps(hs, latent_caps(d));
+    for (int i = 0; i < 3; ++i) {
+      GstBuffer* in = latent_buffer(random_latent(4, 4, 4, 30 + i), latent::DType::kF32);
+      GST_BUFFER_PTS(in) = i * 40 * GST_MSECOND;
+      GST_BUFFER_DURATION(in) = 40 * GST_MSECOND;
+      ASSERT_EQ(gst_harness_push(hs, in), GST_FLOW_OK);
+      // Out at once: nothing is held back on the CPU.
+      EXPECT_EQ(gst_harness_buffers_received(hs), guint(i + 1));
+    }
+    for (int i = 0; i < 3; ++i) {
+      GstBuffer* out = gst_harness_pull(hs);
+      ASSERT_NE(out, nullptr);
+      EXPECT_EQ(GST_BUFFER_PTS(out), i * 40 * GST_MSECOND);
+      outs[k].push_back(buffer_bytes(out));
+      gst_buffer_unref(out);
+    }
+    GstClockTime min = 0, max = 0;
+    gboolean live = FALSE;
+    GstQuery* q = gst_query_new_latency();
+    if (gst_pad_peer_query(hs->srcpad, q)) {
+      gst_query_parse_latency(q, &live, &min, &max);
+      EXPECT_LT(min, 40 * GST_MSECOND * 4) << "no prefetch frames on the CPU";
+    }
+    gst_query_unref(q);
+    ASSERT_TRUE(gst_harness_push_event(hs, gst_event_new_eos()));
+    EXPECT_EQ(gst_harness_buffers_received(hs), 3u);
+    gst_harness_teardown(hs);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+}
+
+// New latent caps mid-stream: the plan is rebuilt for the new size and frames stay correct.
+TEST(VaeDecode, RenegotiationRebuildsThePlanAndStaysCorrect) {
+  GstHarness* hs = harness_for("vaedecode", {{"model", taesd_model()}, {"device", "cpu"}});
+  const LatentDesc sizes[] = {LatentDesc{"fp32", 4, 4, 4, "sd", 32, 32, "pad"},
+                              LatentDesc{"fp32", 4, 13, 9, "sd", 100, 70, "pad"},
+                              LatentDesc{"fp32", 4, 4, 4, "sd", 32, 32, "pad"}};
+  int seed = 50;
+  for (const LatentDesc& d : sizes) {
+    SCOPED_TRACE(d.frame_width);
+    gst_harness_set_src_caps(hs, latent_caps(d));
+    const auto values = random_latent(4, d.height, d.width, seed++);
+    ASSERT_EQ(gst_harness_push(hs, latent_buffer(values, latent::DType::kF32)), GST_FLOW_OK);
+    GstBuffer* out = gst_harness_pull(hs);
+    ASSERT_NE(out, nullptr);
+    EXPECT_EQ(gst_buffer_get_size(out), size_t(d.frame_width) * d.frame_height * 3);
+    EXPECT_LE(max_diff(buffer_bytes(out), engine_rgb(taesd_model(), values, 4, d.height, d.width,
+                                                     d.frame_width, d.frame_height)),
+              1);
+    gst_buffer_unref(out);
+  }
+  gst_harness_teardown(hs);
+}
+
 // ---- refusals and bad input ---------------------------------------------------------------
 
 // Pushes `caps` (+ segment) and a buffer of `bytes`; expects not-negotiated. Returns the error

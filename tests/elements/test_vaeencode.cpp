@@ -275,6 +275,50 @@ TEST(VaeEncode, RenegotiatesWhenTheInputSizeChanges) {
   gst_harness_teardown(hs);
 }
 
+// Sizes A, B, A again: the plan follows each negotiation and every latent is the engine's.
+TEST(VaeEncode, RenegotiationRebuildsThePlanAndStaysCorrect) {
+  GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}, {"device", "cpu"}});
+  const int sizes[][2] = {{100, 70}, {64, 48}, {100, 70}};
+  uint32_t seed = 11;
+  for (const auto& sz : sizes) {
+    SCOPED_TRACE(sz[0]);
+    gst_harness_set_src_caps(hs, video_caps(sz[0], sz[1]));
+    ASSERT_EQ(gst_harness_push(hs, make_frame(sz[0], sz[1], "RGB", seed)), GST_FLOW_OK);
+    GstBuffer* out = gst_harness_pull(hs);
+    ASSERT_NE(out, nullptr);
+    const auto want = engine_latent(taesd_model(), sz[0], sz[1], seed);
+    const auto got = buffer_floats(out, latent::DType::kF32);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LT(rel_l2(got, want), 1e-5);
+    gst_buffer_unref(out);
+    ++seed;
+  }
+  gst_harness_teardown(hs);
+}
+
+TEST(VaeEncode, CudaGraphsPropertyDefaultsOnAndChangesNothingOnTheCpu) {
+  GstElement* e = gst_element_factory_make("vaeencode", nullptr);
+  ASSERT_NE(e, nullptr);
+  gboolean graphs = FALSE;
+  g_object_get(e, "cuda-graphs", &graphs, nullptr);
+  EXPECT_TRUE(graphs);
+  gst_object_unref(e);
+  std::vector<float> outs[2];
+  for (int on = 0; on < 2; ++on) {
+    GstHarness* hs = harness_for(
+        "vaeencode",
+        {{"model", taesd_model()}, {"device", "cpu"}, {"cuda-graphs", on ? "true" : "false"}});
+    gst_harness_set_src_caps(hs, video_caps(100, 70));
+    ASSERT_EQ(gst_harness_push(hs, make_frame(100, 70, "RGB", 3)), GST_FLOW_OK);
+    GstBuffer* out = gst_harness_pull(hs);
+    ASSERT_NE(out, nullptr);
+    outs[on] = buffer_floats(out, latent::DType::kF32);
+    gst_buffer_unref(out);
+    gst_harness_teardown(hs);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+}
+
 TEST(VaeEncode, SizePolicyChangeMidStreamRenegotiates) {
   GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}});
   gst_harness_set_src_caps(hs, video_caps(100, 70));

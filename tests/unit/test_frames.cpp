@@ -225,5 +225,34 @@ TEST(Frames, BadDescriptionsAreRefused) {
   EXPECT_NE(st.message().find("shape"), std::string::npos) << st.message();
 }
 
+// The CPU needs no staging either way, and the planning examples have frame_to_tensor()'s and a
+// latent's shapes; bad depths and sizes are errors, not crashes.
+TEST(Frames, StagersAreNullOnTheCpuAndExamplesHaveTheRightShape) {
+  auto b = cpu();
+  auto up = create_frame_stager(*b, 2);
+  ASSERT_TRUE(up.ok()) << up.status().message();
+  EXPECT_EQ(*up, nullptr);
+  auto down = create_frame_downloader(*b, 2);
+  ASSERT_TRUE(down.ok()) << down.status().message();
+  EXPECT_EQ(*down, nullptr);
+  EXPECT_FALSE(create_frame_downloader(*b, -1).ok());
+  EXPECT_FALSE(create_frame_downloader(*b, 65).ok());
+
+  const FrameGeometry g = plan(100, 70, 8, SizePolicy::kPad);
+  auto image = zero_image_tensor(*b, g);
+  ASSERT_TRUE(image.ok()) << image.status().message();
+  EXPECT_EQ(image->shape(), (Shape{1, 3, g.model_height(), g.model_width()}));
+  std::vector<uint8_t> bytes(100 * 70 * 3);
+  auto real = frame_to_tensor(*b, packed(PixelFormat::kRGB, 100, 70, bytes, 300), g);
+  ASSERT_TRUE(real.ok());
+  EXPECT_EQ(image->dtype(), real->dtype());
+  EXPECT_EQ(image->layout(), real->layout());
+  for (float v : b->download(*image)->to_floats()) ASSERT_EQ(v, 0.f);
+  auto latent = zero_latent_tensor(*b, 4, 9, 13);
+  ASSERT_TRUE(latent.ok()) << latent.status().message();
+  EXPECT_EQ(latent->shape(), (Shape{1, 4, 9, 13}));
+  EXPECT_FALSE(zero_latent_tensor(*b, 0, 9, 13).ok());
+}
+
 }  // namespace
 }  // namespace latent

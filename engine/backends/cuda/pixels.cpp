@@ -242,7 +242,184 @@ class CudaFrameStager final : public FrameStager {
   uint64_t next_ticket_ = 0;
 };
 
+// One decoded frame on its way back: its packed bytes on the device, their pinned host copy.
+struct DownloadSlot {
+  void* device = nullptr;
+  void* host = nullptr;              // pinned
+  size_t capacity = 0;               // bytes of both
+  cudaEvent_t converted = nullptr;   // compute stream: the bytes are on the device
+  cudaEvent_t downloaded = nullptr;  // copy stream: the bytes are on the host
+  bool busy = false;                 // queued, not yet fetched
+  uint64_t ticket = 0;
+  FrameFormat format = FrameFormat::kRGB;
+  int width = 0, height = 0;
+  size_t row = 0;  // bytes of one row (tightly packed in both copies)
+};
+
+class CudaFrameDownloader final : public FrameDownloader {
+ public:
+  CudaFrameDownloader(Backend& backend, std::shared_ptr<DeviceContext> ctx, int depth)
+      : backend_(backend), ctx_(std::move(ctx)), depth_(depth), slots_(depth + 1) {}
+
+  ~CudaFrameDownloader() override {
+    DeviceGuard guard;
+    if (!guard.set(ctx_->device()).ok()) return;
+    for (DownloadSlot& s : slots_) {
+      if (s.downloaded) LATENT_CUDA_WARN(cudaEventSynchronize(s.downloaded));
+      if (s.host) LATENT_CUDA_WARN(cudaFreeHost(s.host));
+      if (s.device) LATENT_CUDA_WARN(cudaFree(s.device));
+      if (s.converted) LATENT_CUDA_WARN(cudaEventDestroy(s.converted));
+      if (s.downloaded) LATENT_CUDA_WARN(cudaEventDestroy(s.downloaded));
+    }
+    if (copy_stream_) LATENT_CUDA_WARN(cudaStreamDestroy(copy_stream_));
+  }
+
+  Status init() {
+    DeviceGuard guard;
+    LATENT_TRY(guard.set(ctx_->device()));
+    LATENT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    for (DownloadSlot& s : slots_) {
+      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.converted, cudaEventDisableTiming));
+      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.downloaded, cudaEventDisableTiming));
+    }
+    return ok_status();
+  }
+
+  int depth() const override { return depth_; }
+
+  Result<uint64_t> queue(const Tensor& image, const FrameGeometry& g, FrameFormat format) override {
+    if (!frame_format_is_packed(format))
+      return Status::errorf("cannot write ", frame_format_name(format),
+                            " frames (packed RGB formats only)");
+    const Shape want{1, 3, g.model_height(), g.model_width()};
+    if (!image.defined() || image.shape() != want)
+      return Status::errorf("expected an image of shape ", shape_str(want), ", got ",
+                            image.defined() ? image.describe() : std::string("no tensor"));
+    if (image.device() != backend_.device())
+      return Status::errorf("image ", image.describe(), " is not on ", backend_.name());
+    if (image.layout() != Layout::kNHWC && g.model_width() * g.model_height() != 1)
+      return Status::errorf("image ", image.describe(), " is not in the NHWC layout of ",
+                            backend_.name());
+    const uint64_t ticket = next_ticket_++;
+    DownloadSlot& s = slots_[ticket % slots_.size()];
+    if (s.busy)
+      return Status::errorf("frame ", ticket, " queued while ", slots_.size(),
+                            " earlier frames wait to be fetched (prefetch depth ", depth_, ")");
+    DeviceGuard guard;
+    LATENT_TRY(guard.set(ctx_->device()));
+    const PixelFormat pf = frame_pixel_format(format);
+    const size_t row = static_cast<size_t>(g.frame_width()) * pixel_layout(pf).bytes_per_pixel;
+    const size_t total = row * static_cast<size_t>(g.frame_height());
+    // The slot's last copy is done (fetch() waited for it); its buffers are free to reuse.
+    if (total > s.capacity) {
+      // Grows once per larger frame size; steady streams never come here again.
+      if (s.host) LATENT_CUDA_CHECK(cudaFreeHost(s.host));
+      if (s.device) LATENT_CUDA_CHECK(cudaFree(s.device));
+      s.host = s.device = nullptr;
+      s.capacity = 0;
+      LATENT_CUDA_CHECK(cudaHostAlloc(&s.host, total, cudaHostAllocDefault));
+      LATENT_CUDA_CHECK(cudaMalloc(&s.device, total));
+      s.capacity = total;
+    }
+    LATENT_TRY(launch_nhwc_to_frame(image.data(), image.dtype(), g, pf,
+                                    static_cast<uint8_t*>(s.device), row,
+                                    backend_launch(backend_)));
+    LATENT_CUDA_CHECK(cudaEventRecord(s.converted, ctx_->stream()));
+    LATENT_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.converted, 0));
+    LATENT_CUDA_CHECK(
+        cudaMemcpyAsync(s.host, s.device, total, cudaMemcpyDeviceToHost, copy_stream_));
+    LATENT_CUDA_CHECK(cudaEventRecord(s.downloaded, copy_stream_));
+    count_device_to_host(total);
+    s.busy = true;
+    s.ticket = ticket;
+    s.format = format;
+    s.width = g.frame_width();
+    s.height = g.frame_height();
+    s.row = row;
+    return ticket;
+  }
+
+  Result<bool> ready(uint64_t ticket) override {
+    LATENT_ASSIGN_OR_RETURN(DownloadSlot * s, slot(ticket));
+    DeviceGuard guard;
+    LATENT_TRY(guard.set(ctx_->device()));
+    const cudaError_t rc = cudaEventQuery(s->downloaded);
+    if (rc == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    LATENT_CUDA_CHECK(rc);
+    return true;
+  }
+
+  Status fetch(uint64_t ticket, const FrameDesc& frame) override {
+    LATENT_ASSIGN_OR_RETURN(DownloadSlot * s, slot(ticket));
+    DeviceGuard guard;
+    LATENT_TRY(guard.set(ctx_->device()));
+    // The slot is free again only once its copy is done, whatever happens below.
+    LATENT_CUDA_CHECK(cudaEventSynchronize(s->downloaded));
+    s->busy = false;
+    if (!frame.device.is_cpu())
+      return Status::errorf("only host frames are fetched (got one on ", frame.device.to_string(),
+                            ")");
+    if (frame.format != s->format || frame.width != s->width || frame.height != s->height)
+      return Status::errorf(frame_format_name(frame.format), " frame of ", frame.width, "x",
+                            frame.height, " does not match the queued ",
+                            frame_format_name(s->format), " frame of ", s->width, "x", s->height);
+    if (!frame.planes[0] || frame.strides[0] < s->row)
+      return Status::errorf("frame has no data or its stride ", frame.strides[0], " is below ",
+                            s->row);
+    // Only each row's pixels are written: bytes past them stay untouched, as on the CPU.
+    const auto* src = static_cast<const uint8_t*>(s->host);
+    auto* dst = static_cast<uint8_t*>(frame.planes[0]);
+    for (int r = 0; r < s->height; ++r)
+      std::memcpy(dst + r * frame.strides[0], src + r * s->row, s->row);
+    return ok_status();
+  }
+
+  void reset() override {
+    DeviceGuard guard;
+    if (!guard.set(ctx_->device()).ok()) return;
+    for (DownloadSlot& s : slots_) {
+      if (s.busy) LATENT_CUDA_WARN(cudaEventSynchronize(s.downloaded));
+      s.busy = false;
+    }
+    // Tickets keep counting: slot = ticket % slots, so the next queue() takes any slot.
+  }
+
+ private:
+  Result<DownloadSlot*> slot(uint64_t ticket) {
+    DownloadSlot& s = slots_[ticket % slots_.size()];
+    if (!s.busy || s.ticket != ticket) return Status::errorf("frame ", ticket, " is not queued");
+    return &s;
+  }
+
+  Backend& backend_;
+  std::shared_ptr<DeviceContext> ctx_;
+  int depth_;
+  std::vector<DownloadSlot> slots_;
+  cudaStream_t copy_stream_ = nullptr;
+  uint64_t next_ticket_ = 0;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth) {
+  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
+  auto d = std::make_unique<CudaFrameDownloader>(backend, std::move(ctx), depth);
+  LATENT_TRY(d->init());
+  return std::unique_ptr<FrameDownloader>(std::move(d));
+}
+
+Result<Tensor> zero_tensor(Backend& backend, const Shape& shape) {
+  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(ctx->device()));
+  LATENT_ASSIGN_OR_RETURN(Tensor out, ctx->empty(shape, backend.compute_dtype(), Layout::kNHWC));
+  if (out.nbytes() > 0)
+    LATENT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.nbytes(), ctx->stream()));
+  return out;
+}
 
 Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth) {
   LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));

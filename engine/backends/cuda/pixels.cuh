@@ -43,6 +43,9 @@ Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometr
                        const FrameDesc& frame);
 
 Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth);
+Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth);
+// A zero-filled tensor of `shape` in the compute dtype and NHWC layout (no host transfer).
+Result<Tensor> zero_tensor(Backend& backend, const Shape& shape);
 
 // The CUDA implementations of frames.h's device latents (latents.cpp).
 Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,

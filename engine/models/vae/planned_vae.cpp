@@ -58,6 +58,7 @@ Result<std::unique_ptr<PlannedPart>> PlannedPart::build(VaeModel& model, VaePart
     p->input_ = Tensor();
     p->output_ = Tensor();
     if (options.require_graph) return st.with_context(what);
+    p->graph_failure_ = st.message();
     LATENT_WARN(what, ": running without a graph: ", st.message());
     return p;
   }
@@ -87,6 +88,13 @@ Status PlannedPart::capture() {
   if (!g.ok()) return g.status();
   graph_ = std::move(g).value();
   return ok_status();
+}
+
+bool PlannedPart::accepts(const Tensor& x) const {
+  if (!x.defined() || x.shape() != input_shape_) return false;
+  if (!graph_) return true;
+  return x.dtype() == input_.dtype() && x.layout() == input_.layout() &&
+         x.device() == input_.device();
 }
 
 Result<Tensor> PlannedPart::run(const Tensor& x) {

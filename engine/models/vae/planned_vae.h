@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "engine/backends/backend.h"
@@ -47,6 +48,10 @@ class PlannedPart {
   Result<Tensor> run(const Tensor& x);
 
   bool uses_graph() const { return graph_ != nullptr; }
+  // Why a graph was wanted but the plan runs the plain forward (empty otherwise).
+  const std::string& graph_failure() const { return graph_failure_; }
+  // Whether run(x) takes `x` (shape, and with a graph its dtype, layout and device).
+  bool accepts(const Tensor& x) const;
   VaePart part() const { return part_; }
   const Shape& input_shape() const { return input_shape_; }
   const Shape& output_shape() const { return output_shape_; }
@@ -63,6 +68,7 @@ class PlannedPart {
   Tensor input_;   // the graph's input buffer (run() copies into it)
   Tensor output_;  // the graph's output buffer (run() returns it)
   std::shared_ptr<CapturedGraph> graph_;
+  std::string graph_failure_;
 };
 
 // The plans of one model: one per (part, input shape), built on first use and kept until
