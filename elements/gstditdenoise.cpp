@@ -534,7 +534,14 @@ static gboolean gst_dit_denoise_stop(GstBaseTransform* trans) {
     dropped = std::move(impl->state);
     impl->state = State();
   }
-  return TRUE;  // `dropped` frees the weights here, outside the lock
+  // Free the weights and cached device tensors outside state_lock but under the backend's run
+  // lock: a VAE stage on the same backend may be capturing a graph.
+  if (dropped.backend) {
+    const std::shared_ptr<std::mutex> run_lock = gst_latent_backend_run_lock(*dropped.backend);
+    std::lock_guard<std::mutex> run_guard(*run_lock);
+    State gone = std::move(dropped);
+  }
+  return TRUE;
 }
 
 static GstCaps* gst_dit_denoise_transform_caps(GstBaseTransform* trans, GstPadDirection,
@@ -742,6 +749,12 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
   }
   const GstLatentInfo& info = st.info;
   const int64_t h = info.height, w = info.width, c = info.channels;
+  // The backend (and its stream) may be shared with vaeencode/vaedecode on the same device and
+  // dtype: every call on it, and every free of a tensor of this frame (declared below, so gone
+  // before the guard), holds the backend's run lock, so a stage capturing its CUDA graph never
+  // records our work (elements/gstlatentbase.h).
+  const std::shared_ptr<std::mutex> run_lock = gst_latent_backend_run_lock(*st.backend);
+  std::lock_guard<std::mutex> run_guard(*run_lock);
 
   auto read = read_latent(self, *st.backend, info, inbuf);
   if (!read.ok()) {
