@@ -37,7 +37,8 @@ fi
 # flash attention (engine/backends/cuda/sdpa.cpp). Not in Debian nor in the CUDA toolkit: only
 # with a CUDA toolkit that has cuDNN, the pinned release's include/ is taken from its PyPI wheel
 # (checksum checked; GitHub's source tarball if pip cannot fetch it) into
-# /usr/local/include/cudnn-frontend (root or sudo) or ~/.cache/gst-latent/cudnn-frontend/include,
+# /usr/local/include/cudnn-frontend/include (root or sudo) or ~/.cache/gst-latent/cudnn-frontend/include
+# (the folder must be named include: the headers include "../include/..."),
 # both of which CMake searches. LATENT_CUDNN_FRONTEND_DIR=<folder> picks another (then configure
 # with -DLATENT_CUDNN_FRONTEND_INCLUDE_DIR=<folder>). Nothing is written into the repository.
 FE_VERSION=1.32.0
@@ -57,7 +58,7 @@ install_cudnn_frontend() {
   if [ -n "${LATENT_CUDNN_FRONTEND_DIR:-}" ]; then
     dir=$LATENT_CUDNN_FRONTEND_DIR
   elif [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null; then
-    dir=/usr/local/include/cudnn-frontend
+    dir=/usr/local/include/cudnn-frontend/include
   else
     dir=$HOME/.cache/gst-latent/cudnn-frontend/include
   fi
