@@ -290,9 +290,13 @@ class Backend {
   // q: [B, T, heads * d]; k, v: [B, S, heads * d]; key_mask: [B, S] (nonzero: attend, zero:
   // padding key never attended) or undefined -> [B, T, heads * d]. A batch row must keep at
   // least one key. Never holds all T x S scores at once.
+  // key_lengths: empty, or B values with key_mask that promise its shape: key_mask[b, s] != 0
+  // exactly when s < key_lengths[b] (the valid keys a prefix, the padding a tail). A backend may
+  // use either (CUDA: cuDNN's padding mask, faster than a bias); the CPU checks the promise.
   virtual Result<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
-                                   const Tensor& key_mask) {
-    (void)q, (void)k, (void)v, (void)heads, (void)key_mask;
+                                   const Tensor& key_mask,
+                                   const std::vector<int64_t>& key_lengths = {}) {
+    (void)q, (void)k, (void)v, (void)heads, (void)key_mask, (void)key_lengths;
     return dit_unsupported(DitOp::kAttention);
   }
   // Elementwise activation (any shape).

@@ -25,6 +25,8 @@
 
 #ifdef LATENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "engine/backends/cuda/sdpa.h"
 #endif
 
 namespace latent {
@@ -72,8 +74,19 @@ void check(const std::string& fixture, const std::vector<std::string>& cases,
     for (size_t i = 0; i + 2 < s.size(); i += 3)
       in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
                                static_cast<int64_t>(s[i + 2])});
+#ifdef LATENT_HAVE_CUDA
+    const cuda::SdpaCounters before = cuda::sdpa_counters();
+#endif
     auto y = (*model)->forward(in);
     ASSERT_TRUE(y.ok()) << y.status().message();
+#ifdef LATENT_HAVE_CUDA
+    // Which attention ran (right-padded text batches: cuDNN's padding mask where it builds).
+    const cuda::SdpaCounters after = cuda::sdpa_counters();
+    std::printf("%-26s %-13s %s attention: %lld cuDNN (%lld with key lengths), %lld ours\n",
+                fixture.c_str(), c.c_str(), dtype.c_str(), (long long)(after.cudnn - before.cudnn),
+                (long long)(after.cudnn_padding - before.cudnn_padding),
+                (long long)(after.fallback - before.fallback));
+#endif
     auto host = b.download(*y);
     ASSERT_TRUE(host.ok()) << host.status().message();
     Tensor want = get(**io, c + ".sample");
@@ -283,7 +296,8 @@ void check_transfers(const std::string& fixture, const std::string& c, bool batc
     EXPECT_EQ(end.host_to_device, at_step[0].host_to_device);
     EXPECT_EQ(end.device_to_host, 0);
     // The timestep projections, then a rotary table and a key mask per text length (two with
-    // separate CFG passes): only the first time.
+    // separate CFG passes; a right-padded prompt alone is cut and needs no mask) and cuDNN's key
+    // lengths for a batch of two: only the first time.
     EXPECT_LE(end.host_to_device, run == 0 ? 5 : 0);
     auto host = be.download(out->latents);
     ASSERT_TRUE(host.ok());

@@ -57,9 +57,10 @@ Case read_case(const SafetensorsFile& f, const std::string& name) {
   return c;
 }
 
-Result<Tensor> run_case(QwenImageMmdit& model, const Case& c) {
+Result<Tensor> run_case(QwenImageMmdit& model, const Case& c, bool trim = true) {
   Backend& b = model.backend();
   MmditInputs in;
+  in.trim_text_padding = trim;
   LATENT_ASSIGN_OR_RETURN(in.hidden_states, b.upload(c.hidden_states));
   LATENT_ASSIGN_OR_RETURN(in.encoder_hidden_states, b.upload(c.encoder_hidden_states));
   if (c.mask.defined()) in.encoder_hidden_states_mask = c.mask.to_floats();
@@ -73,7 +74,8 @@ Result<Tensor> run_case(QwenImageMmdit& model, const Case& c) {
 }
 
 void check_root(const std::string& name, const std::vector<std::string>& cases,
-                const std::string& dtype = "fp32", double tolerance = kTolerance) {
+                const std::string& dtype = "fp32", double tolerance = kTolerance,
+                bool trim = true) {
   auto model = QwenImageMmdit::load(root(name), cpu_backend(dtype));
   ASSERT_TRUE(model.ok()) << model.status().message();
   auto io = SafetensorsFile::open(root(name) + "/io_transformer.safetensors");
@@ -82,12 +84,13 @@ void check_root(const std::string& name, const std::vector<std::string>& cases,
     SCOPED_TRACE(name + " " + cname);
     Case c = read_case(**io, cname);
     ASSERT_TRUE(c.sample.defined());
-    auto y = run_case(**model, c);
+    auto y = run_case(**model, c, trim);
     ASSERT_TRUE(y.ok()) << y.status().message();
     ASSERT_EQ(y->shape(), c.sample.shape());
     const double err = relative_l2(*y, c.sample);
     EXPECT_LT(err, tolerance) << "relative L2 " << err;
-    std::printf("%s %s (%s): relative L2 %.2e\n", name.c_str(), cname.c_str(), dtype.c_str(), err);
+    std::printf("%s %s (%s%s): relative L2 %.2e\n", name.c_str(), cname.c_str(), dtype.c_str(),
+                trim ? "" : ", text not trimmed", err);
   }
 }
 
@@ -97,6 +100,13 @@ TEST(QwenImageMmdit, TextToImageCasesMatchDiffusers) {
 
 TEST(QwenImageMmdit, ZeroCondTEditCasesMatchDiffusers) {
   check_root("dit_qwen_image_edit_tiny", {"edit", "edit_batch", "edit_single"});
+}
+
+// The same cases running every text token with the full mask (MmditInputs::trim_text_padding).
+TEST(QwenImageMmdit, CasesMatchDiffusersWithoutTrimming) {
+  check_root("dit_qwen_image_tiny", {"single", "masked_batch", "multi_image"}, "fp32", kTolerance,
+             false);
+  check_root("dit_qwen_image_edit_tiny", {"edit", "edit_batch"}, "fp32", kTolerance, false);
 }
 
 TEST(QwenImageMmdit, Bf16BackendStaysClose) {
@@ -226,6 +236,97 @@ TEST(QwenImageMmdit, ConfigErrorsNameFileAndKey) {
   auto m = QwenImageMmdit::load(edited_copy("joint_attention_dim", 32), cpu_backend());
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("txt_in.weight"), std::string::npos) << m.status().message();
+}
+
+TEST(QwenImageTextPadding, CutsRightPaddingOnly) {
+  TextPadding p = qwen_image_text_padding({}, 2, 5);
+  EXPECT_TRUE(p.prefix);
+  EXPECT_EQ(p.kept, 5);
+  EXPECT_EQ(p.lengths, (std::vector<int64_t>{5, 5}));
+  p = qwen_image_text_padding({1, 1, 1, 0, 0, 1, 1, 1, 1, 0}, 2, 5);
+  EXPECT_TRUE(p.prefix);
+  EXPECT_EQ(p.kept, 4);
+  EXPECT_EQ(p.lengths, (std::vector<int64_t>{3, 4}));
+  p = qwen_image_text_padding({1, 1, 1, 1, 1, 1, 1, 0, 0, 0}, 2, 5);
+  EXPECT_EQ(p.kept, 5);
+  EXPECT_EQ(p.lengths, (std::vector<int64_t>{5, 2}));
+  p = qwen_image_text_padding({1, 0, 1, 0, 0, 1, 1, 1, 1, 1}, 2, 5);  // a hole in row 0
+  EXPECT_FALSE(p.prefix);
+  EXPECT_EQ(p.kept, 5);
+  EXPECT_TRUE(p.lengths.empty());
+  p = qwen_image_text_padding({0, 0, 0}, 1, 3);  // all padding: one (masked) token stays
+  EXPECT_TRUE(p.prefix);
+  EXPECT_EQ(p.kept, 1);
+  EXPECT_EQ(p.lengths, (std::vector<int64_t>{0}));
+  EXPECT_FALSE(qwen_image_text_padding({1, 1}, 1, 3).prefix);  // wrong size: nothing cut
+}
+
+// Cutting the text padding and the [image, text] key order change no image token: a batch of
+// two prompts with right padding, with equal valid lengths (no mask left) and with holes (the
+// full mask), against the same forward with every text token (trim_text_padding = false), and
+// row 0 against itself run alone with its prompt cut to its valid tokens and no mask.
+TEST(QwenImageMmdit, TrimmedTextPaddingChangesNoImageToken) {
+  auto model = QwenImageMmdit::load(root("dit_qwen_image_tiny"), cpu_backend());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  QwenImageMmdit& m = **model;
+  Backend& b = m.backend();
+  const int64_t t_txt = 7, t_img = 24, dim = m.config().joint_attention_dim;
+  const Tensor hs = test::random_tensor({2, t_img, m.config().in_channels}, 11);
+  const Tensor ehs = test::random_tensor({2, t_txt, dim}, 12);
+  auto forward = [&](const Tensor& text, const std::vector<float>& mask, bool trim,
+                     int64_t batch = 2) -> Tensor {
+    MmditInputs in;
+    in.hidden_states = *b.upload(batch == 2 ? hs : *b.slice(hs, 0, 0, 1));
+    in.encoder_hidden_states = *b.upload(text);
+    in.encoder_hidden_states_mask = mask;
+    in.timestep.assign(static_cast<size_t>(batch), 0.6f);
+    in.img_shapes = {{1, 4, 6}};
+    in.trim_text_padding = trim;
+    Result<Tensor> y = m.forward(in);
+    EXPECT_TRUE(y.ok()) << y.status().message();
+    return y.ok() ? *b.download(*y) : Tensor();
+  };
+  auto mask_of = [&](int64_t len0, int64_t len1) {
+    std::vector<float> v(static_cast<size_t>(2 * t_txt), 0.f);
+    for (int64_t j = 0; j < len0; ++j) v[static_cast<size_t>(j)] = 1.f;
+    for (int64_t j = 0; j < len1; ++j) v[static_cast<size_t>(t_txt + j)] = 1.f;
+    return v;
+  };
+  const std::vector<float> holes = {1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0};
+  for (const auto& [what, mask] :
+       std::vector<std::pair<std::string, std::vector<float>>>{{"lengths 3 and 5", mask_of(3, 5)},
+                                                               {"lengths 4 and 4", mask_of(4, 4)},
+                                                               {"lengths 0 and 2", mask_of(0, 2)},
+                                                               {"holes", holes}}) {
+    SCOPED_TRACE(what);
+    const Tensor trimmed = forward(ehs, mask, true);
+    const Tensor full = forward(ehs, mask, false);
+    ASSERT_TRUE(trimmed.defined() && full.defined());
+    const double err = relative_l2(trimmed, full);
+    std::printf("text padding %s: trimmed vs every token, relative L2 %.2e\n", what.c_str(), err);
+    EXPECT_LT(err, 1e-5);
+    // Whatever the padding tokens hold, nothing changes.
+    std::vector<float> noisy = ehs.to_floats();
+    const std::vector<float> noise =
+        test::random_tensor({2, t_txt, dim}, 13, -5.f, 5.f).to_floats();
+    for (size_t i = 0; i < noisy.size(); ++i)
+      if (mask[i / static_cast<size_t>(dim)] == 0.f) noisy[i] = noise[i];
+    const Tensor other = forward(Tensor::from_floats({2, t_txt, dim}, noisy), mask, true);
+    ASSERT_TRUE(other.defined());
+    EXPECT_LT(relative_l2(other, trimmed), 1e-6);
+  }
+  // Row 0 (3 valid tokens) alone, its prompt cut by hand and no mask.
+  const Tensor batched = forward(ehs, mask_of(3, 5), true);
+  std::vector<float> row0 = ehs.to_floats();
+  row0.resize(static_cast<size_t>(3 * dim));
+  const Tensor alone = forward(Tensor::from_floats({1, 3, dim}, row0), {}, true, 1);
+  ASSERT_TRUE(batched.defined() && alone.defined());
+  const std::vector<float> bv = batched.to_floats();
+  const Tensor first = Tensor::from_floats(
+      alone.shape(), std::vector<float>(bv.begin(), bv.begin() + alone.numel()));
+  const double err = relative_l2(first, alone);
+  std::printf("text padding: batch row 0 vs alone with its valid tokens, relative L2 %.2e\n", err);
+  EXPECT_LT(err, 1e-5);
 }
 
 // QwenEmbedRope positions, checked on values computed by hand.

@@ -250,6 +250,31 @@ TEST(CpuDitOps, AttentionWithKeyPaddingMask) {
   check_attention(DType::kF32, 2, 261, 40, 2, 32, false);
 }
 
+// key_lengths (backend.h) promise that the mask is a prefix of valid keys: the CPU computes with
+// the mask alone and checks the promise.
+TEST(CpuDitOps, AttentionKeyLengthsDescribeTheMask) {
+  auto be = cpu(DType::kF32);
+  Arg x = make_arg(*be, {2, 6, 8}, 28);
+  const std::vector<float> keep = {1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1};  // lengths 4 and 6
+  Tensor mask = must(be->upload(Tensor::from_floats({2, 6}, keep)), "upload");
+  Tensor plain = must(be->attention(x.dev, x.dev, x.dev, 2, mask), "attention");
+  Tensor with = must(be->attention(x.dev, x.dev, x.dev, 2, mask, {4, 6}), "with key_lengths");
+  EXPECT_EQ(with.to_floats(), plain.to_floats());
+  auto expect_error = [](const Result<Tensor>& r, const std::string& words) {
+    ASSERT_FALSE(r.ok()) << words;
+    EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
+  };
+  expect_error(be->attention(x.dev, x.dev, x.dev, 2, Tensor(), {4, 6}), "without a key_mask");
+  expect_error(be->attention(x.dev, x.dev, x.dev, 2, mask, {4}), "1 key_lengths for a batch of 2");
+  expect_error(be->attention(x.dev, x.dev, x.dev, 2, mask, {4, 7}), "is outside [1, 6]");
+  expect_error(be->attention(x.dev, x.dev, x.dev, 2, mask, {3, 6}),
+               "key_lengths[0] = 3 disagrees with key_mask at key 3");
+  // A hole is no prefix, whatever the length.
+  const std::vector<float> hole = {1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1};
+  Tensor holed = must(be->upload(Tensor::from_floats({2, 6}, hole)), "upload");
+  expect_error(be->attention(x.dev, x.dev, x.dev, 2, holed, {4, 6}), "disagrees with key_mask");
+}
+
 TEST(CpuDitOps, ActivationsScaledAddAndCfg) {
   for (DType dt : kDtypes) {
     auto be = cpu(dt);

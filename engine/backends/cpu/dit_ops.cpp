@@ -235,7 +235,8 @@ Result<Tensor> CpuBackend::rope(const Tensor& x, const Tensor& freqs, int heads)
 }
 
 Result<Tensor> CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
-                                     const Tensor& key_mask) {
+                                     const Tensor& key_mask,
+                                     const std::vector<int64_t>& key_lengths) {
   return guarded("attention", [&]() -> Result<Tensor> {
     const char* op = "attention";
     LATENT_TRY(check(op, "q", q, dtype_, 3, "[B, T, heads * d]"));
@@ -261,6 +262,26 @@ Result<Tensor> CpuBackend::attention(const Tensor& q, const Tensor& k, const Ten
         if (!any)
           return Status::errorf(op, ": key_mask masks every key of batch row ", b,
                                 " (softmax over no keys)");
+      }
+    }
+    // The mask does the work here; the lengths are only checked against their promise, so
+    // that a caller's wrong lengths fail on the CPU rather than silently on another backend.
+    if (!key_lengths.empty()) {
+      if (!key_mask.defined())
+        return Status::errorf(op, ": key_lengths given without a key_mask");
+      if (static_cast<int64_t>(key_lengths.size()) != k.dim(0))
+        return Status::errorf(op, ": ", key_lengths.size(), " key_lengths for a batch of ",
+                              k.dim(0));
+      const float* m = m32.data_as<float>();
+      for (int64_t b = 0; b < k.dim(0); ++b) {
+        const int64_t len = key_lengths[static_cast<size_t>(b)];
+        if (len < 1 || len > k.dim(1))
+          return Status::errorf(op, ": key_lengths[", b, "] = ", len, " is outside [1, ",
+                                k.dim(1), "]");
+        for (int64_t j = 0; j < k.dim(1); ++j)
+          if ((m[b * k.dim(1) + j] != 0.f) != (j < len))
+            return Status::errorf(op, ": key_lengths[", b, "] = ", len,
+                                  " disagrees with key_mask at key ", j);
       }
     }
     LATENT_ASSIGN_OR_RETURN(

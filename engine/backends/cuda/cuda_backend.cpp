@@ -172,7 +172,8 @@ class CudaBackend final : public Backend {
                            const std::vector<int64_t>& group_starts) override;
   Result<Tensor> rope(const Tensor& x, const Tensor& freqs, int heads) override;
   Result<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
-                           const Tensor& key_mask) override;
+                           const Tensor& key_mask,
+                           const std::vector<int64_t>& key_lengths = {}) override;
   Result<Tensor> dit_activation(const Tensor& x, DitActivation act) override;
   Result<Tensor> scaled_add(const Tensor& a, const Tensor& b, float alpha, float beta) override;
   Result<Tensor> cfg_combine(const Tensor& cond, const Tensor& uncond, float scale) override;
@@ -738,10 +739,11 @@ Result<Tensor> CudaBackend::rope(const Tensor& x, const Tensor& freqs, int heads
 }
 
 Result<Tensor> CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      int heads, const Tensor& key_mask) {
+                                      int heads, const Tensor& key_mask,
+                                      const std::vector<int64_t>& key_lengths) {
   return run("attention", [&] {
     cuda::DitEnv env = dit_env();
-    return cuda::dit_attention(env, q, k, v, heads, key_mask);
+    return cuda::dit_attention(env, q, k, v, heads, key_mask, key_lengths);
   });
 }
 

@@ -250,7 +250,8 @@ Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int h
 }
 
 Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
-                             int heads, const Tensor& key_mask) {
+                             int heads, const Tensor& key_mask,
+                             const std::vector<int64_t>& key_lengths) {
   LATENT_TRY(check(env, "q", q, env.dtype, 3, "[B, T, heads * d]"));
   LATENT_TRY(check(env, "k", k, env.dtype, 3, "[B, S, heads * d]"));
   LATENT_TRY(check(env, "v", v, env.dtype, 3, "[B, S, heads * d]"));
@@ -266,13 +267,24 @@ Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, cons
       return Status::errorf("key_mask ", shape_str(key_mask.shape()), " should be [", k.dim(0),
                             ", ", k.dim(1), "] for k ", shape_str(k.shape()));
   }
+  if (!key_lengths.empty()) {
+    if (!key_mask.defined()) return Status::error("key_lengths given without a key_mask");
+    if (static_cast<int64_t>(key_lengths.size()) != k.dim(0))
+      return Status::errorf(key_lengths.size(), " key_lengths for a batch of ", k.dim(0));
+    for (size_t b = 0; b < key_lengths.size(); ++b)
+      if (key_lengths[b] < 1 || key_lengths[b] > k.dim(1))
+        return Status::errorf("key_lengths[", b, "] = ", key_lengths[b], " is outside [1, ",
+                              k.dim(1), "]");
+  }
   LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, q.shape(), env.dtype));
   // cuDNN's fused flash attention where it can run (sdpa.h: bf16/fp16, sm_80+, d <= 256, not
-  // LATENT_CUDNN_SDPA=0, built with cudnn-frontend), else our kernel.
+  // LATENT_CUDNN_SDPA=0, built with cudnn-frontend; with key lengths its padding mask), else our
+  // kernel, which reads the mask alone.
   LATENT_ASSIGN_OR_RETURN(
       const bool done,
-      sdpa_attention(*env.ctx, q.data(), k.data(), v.data(), data_or_null(key_mask), y.data(),
-                     q.dim(0), q.dim(1), k.dim(1), heads, q.dim(2) / heads, env.dtype));
+      sdpa_attention(*env.ctx, q.data(), k.data(), v.data(), data_or_null(key_mask),
+                     key_lengths.empty() ? nullptr : key_lengths.data(), y.data(), q.dim(0),
+                     q.dim(1), k.dim(1), heads, q.dim(2) / heads, env.dtype));
   if (!done)
     LATENT_TRY(launch_dit_attention(q.data(), k.data(), v.data(), data_or_null(key_mask),
                                     y.data(), q.dim(0), q.dim(1), k.dim(1), heads,

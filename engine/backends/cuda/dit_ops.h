@@ -46,8 +46,11 @@ Result<Tensor> dit_modulate(DitEnv& env, const Tensor& x, const Tensor& shift, c
 Result<Tensor> dit_gated_add(DitEnv& env, const Tensor& residual, const Tensor& x,
                              const Tensor& gate, const std::vector<int64_t>& group_starts);
 Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int heads);
+// key_lengths (backend.h: the promise that key_mask is a prefix of valid keys) go to cuDNN's
+// padding mask; they cannot be checked against the device mask here, only their count and range.
 Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
-                             int heads, const Tensor& key_mask);
+                             int heads, const Tensor& key_mask,
+                             const std::vector<int64_t>& key_lengths);
 Result<Tensor> dit_activation(DitEnv& env, const Tensor& x, DitActivation act);
 Result<Tensor> dit_scaled_add(DitEnv& env, const Tensor& a, const Tensor& b, float alpha,
                               float beta);

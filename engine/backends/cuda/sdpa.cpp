@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/backends/cuda/check.h"
+#include "engine/backends/frames.h"
 #include "engine/core/log.h"
 
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
@@ -57,25 +58,48 @@ namespace latent::cuda {
 namespace {
 
 std::atomic<int64_t> g_cudnn_calls{0};
+std::atomic<int64_t> g_cudnn_padding_calls{0};
 std::atomic<int64_t> g_fallback_calls{0};
+
+// The graph variants: no mask, the key mask as an additive bias, cuDNN's padding mask (key
+// lengths).
+enum class MaskVariant { kNone, kBias, kPadding };
+
+const char* variant_name(MaskVariant m) {
+  switch (m) {
+    case MaskVariant::kNone:
+      return "no mask";
+    case MaskVariant::kBias:
+      return "key mask as bias";
+    case MaskVariant::kPadding:
+      return "key lengths as padding mask";
+  }
+  return "?";
+}
 
 struct ShapeKey {
   int64_t b = 0, tq = 0, tk = 0;
   int heads = 0;
   int64_t d = 0;
   DType dtype = DType::kBF16;
-  bool masked = false;
+  MaskVariant mask = MaskVariant::kNone;
 
   bool operator<(const ShapeKey& o) const {
-    return std::tie(b, tq, tk, heads, d, dtype, masked) <
-           std::tie(o.b, o.tq, o.tk, o.heads, o.d, o.dtype, o.masked);
+    return std::tie(b, tq, tk, heads, d, dtype, mask) <
+           std::tie(o.b, o.tq, o.tk, o.heads, o.d, o.dtype, o.mask);
   }
 };
 
-// "bf16 q [1, 4224, 24 x 128] k [1, 4224], key mask"
+// "bf16 q [1, 4224, 24 x 128] k [1, 4224], key mask as bias"
 std::string describe(const ShapeKey& s) {
   return str_cat(dtype_name(s.dtype), " q [", s.b, ", ", s.tq, ", ", s.heads, " x ", s.d, "] k [",
-                 s.b, ", ", s.tk, "]", s.masked ? ", key mask" : ", no mask");
+                 s.b, ", ", s.tk, "], ", variant_name(s.mask));
+}
+
+// What runs when the graph of `s` cannot: the bias graph after the padding one, else ours.
+const char* instead(const ShapeKey& s) {
+  return s.mask == MaskVariant::kPadding ? "using the key-mask bias graph instead"
+                                         : "using our attention kernel for this shape";
 }
 
 // Logs `message` at debug level the first time `path` is taken for `key`.
@@ -108,7 +132,13 @@ int64_t bias_stride(int64_t tk) { return (tk + 7) / 8 * 8; }
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
 namespace fe = cudnn_frontend;
 
-enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidBias };
+enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidBias, kUidSeqQ, kUidSeqKv };
+
+// Bytes from seq_len_q to seq_len_kv in one device block of key lengths (b int32 each).
+int64_t lengths_offset(int64_t b) { return (b * 4 + 255) / 256 * 256; }
+
+// Distinct key-length sets kept on the device per context; past that the bias graph runs.
+constexpr size_t kMaxLengthSets = 64;
 
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN cannot run this shape
@@ -120,9 +150,14 @@ struct SdpaState {
   std::weak_ptr<DeviceContext> owner;
   cudnnHandle_t handle = nullptr;
   std::map<ShapeKey, Plan> plans;
+  // The padding graph's device lengths per (Tq, key lengths): one cudaMalloc block each holding
+  // seq_len_q (Tq for every row) and, lengths_offset(b) bytes on, seq_len_kv. Kept for the
+  // context's life, so graphs captured with them stay valid.
+  std::map<std::pair<int64_t, std::vector<int32_t>>, void*> lengths;
   std::mutex mutex;  // held across build and execution (the handle is not thread-safe)
 
   ~SdpaState() {
+    for (auto& entry : lengths) LATENT_CUDA_WARN(cudaFree(entry.second));
     plans.clear();  // execution plans before the handle they were built with
     if (handle) {
       // The context's stream may be gone already (its owner expired).
@@ -190,7 +225,19 @@ std::string build_graph(cudnnHandle_t handle, const ShapeKey& s,
   options.set_name("dit_attention")
       .set_generate_stats(false)
       .set_attn_scale(1.f / std::sqrt(static_cast<float>(s.d)));
-  if (s.masked) {
+  if (s.mask == MaskVariant::kPadding) {
+    auto seq_len = [&](const char* name, int64_t uid) {
+      return g->tensor(fe::graph::Tensor_attributes()
+                           .set_name(name)
+                           .set_uid(uid)
+                           .set_data_type(fe::DataType_t::INT32)
+                           .set_dim({s.b, 1, 1, 1})
+                           .set_stride({1, 1, 1, 1}));
+    };
+    options.set_padding_mask(true)
+        .set_seq_len_q(seq_len("seq_len_q", kUidSeqQ))
+        .set_seq_len_kv(seq_len("seq_len_kv", kUidSeqKv));
+  } else if (s.mask == MaskVariant::kBias) {
     auto bias = g->tensor(fe::graph::Tensor_attributes()
                               .set_name("key_mask_bias")
                               .set_uid(kUidBias)
@@ -231,7 +278,7 @@ Plan& plan_for(DeviceContext& ctx, SdpaState& state, const ShapeKey& s) {
   if (it != state.plans.end()) return it->second;
   Plan plan;
   std::string why;
-  if (!s.masked) {
+  if (s.mask != MaskVariant::kBias) {
     why = build_graph(state.handle, s, {}, {}, &plan);
   } else {
     // The bias broadcast over queries with a zero stride ([B, 1, Tq, Tk], as PyTorch passes an
@@ -249,13 +296,70 @@ Plan& plan_for(DeviceContext& ctx, SdpaState& state, const ShapeKey& s) {
   if (!why.empty()) {
     plan = Plan();
     LATENT_WARN(ctx.label(), ": cuDNN SDPA has no plan for attention ", describe(s), " (", why,
-                "); using our attention kernel for this shape (diagnose with CUDNN_LOGLEVEL_DBG=3 "
-                "CUDNN_LOGDEST_DBG=stderr CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr)");
+                "); ", instead(s),
+                " (diagnose with CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=stderr "
+                "CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr)");
   } else {
     log_path_once(s, "built",
                   str_cat("cuDNN SDPA graph built, workspace ", plan.workspace, " bytes"));
   }
   return state.plans.emplace(s, std::move(plan)).first->second;
+}
+
+// The plan for `s`; null when it is not built yet and cannot be now (the stream is capturing).
+Plan* find_plan(DeviceContext& ctx, SdpaState& state, const ShapeKey& s, bool capturing) {
+  auto it = state.plans.find(s);
+  if (it != state.plans.end()) return &it->second;
+  if (capturing) return nullptr;
+  return &plan_for(ctx, state, s);
+}
+
+// The device block of key lengths for the padding graph of `s` (see SdpaState::lengths),
+// uploaded on first use; null when it is not there and cannot be made now (the stream is
+// capturing, or kMaxLengthSets sets are kept already).
+Result<void*> device_lengths(SdpaState& state, cudaStream_t stream, const ShapeKey& s,
+                             const int64_t* key_lengths, bool capturing) {
+  std::pair<int64_t, std::vector<int32_t>> key(s.tq, std::vector<int32_t>());
+  for (int64_t i = 0; i < s.b; ++i) key.second.push_back(static_cast<int32_t>(key_lengths[i]));
+  auto it = state.lengths.find(key);
+  if (it != state.lengths.end()) return it->second;
+  if (capturing || state.lengths.size() >= kMaxLengthSets) return static_cast<void*>(nullptr);
+  const int64_t offset = lengths_offset(s.b);
+  std::vector<int32_t> host(static_cast<size_t>(2 * offset / 4), 0);
+  for (int64_t i = 0; i < s.b; ++i) {
+    host[static_cast<size_t>(i)] = static_cast<int32_t>(s.tq);
+    host[static_cast<size_t>(offset / 4 + i)] = key.second[static_cast<size_t>(i)];
+  }
+  const size_t bytes = host.size() * sizeof(int32_t);
+  void* block = nullptr;
+  LATENT_CUDA_CHECK(cudaMalloc(&block, bytes));
+  // From pageable memory: the call returns once `host` is staged, so it may go out of scope.
+  const cudaError_t rc = cudaMemcpyAsync(block, host.data(), bytes, cudaMemcpyHostToDevice, stream);
+  if (rc != cudaSuccess) {
+    LATENT_CUDA_WARN(cudaFree(block));
+    LATENT_CUDA_CHECK(rc);
+  }
+  count_host_to_device(bytes);
+  state.lengths.emplace(std::move(key), block);
+  return block;
+}
+
+// Queues `plan`; false when cuDNN fails to execute it (nothing queued: warned, and the plan
+// dropped so that what comes instead takes this shape from now on).
+Result<bool> execute(DeviceContext& ctx, SdpaState& state, const ShapeKey& s, Plan& plan,
+                     std::unordered_map<int64_t, void*>& pack) {
+  TempBuffer workspace;
+  if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
+  fe::error_t e = plan.graph->execute(state.handle, pack, workspace.get());
+  if (e.is_bad()) {
+    LATENT_WARN(ctx.label(), ": cuDNN SDPA for attention ", describe(s), " failed to execute (",
+                e.get_message(), "); ", instead(s),
+                " (diagnose with CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=stderr "
+                "CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr)");
+    plan = Plan();
+    return false;
+  }
+  return true;
 }
 #endif  // LATENT_HAVE_CUDNN_FRONTEND
 
@@ -272,16 +376,17 @@ bool sdpa_compiled() {
 SdpaCounters sdpa_counters() {
   SdpaCounters c;
   c.cudnn = g_cudnn_calls.load();
+  c.cudnn_padding = g_cudnn_padding_calls.load();
   c.fallback = g_fallback_calls.load();
   return c;
 }
 
 Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, const void* v,
-                            const void* key_mask, void* out, int64_t b, int64_t tq, int64_t tk,
-                            int heads, int64_t d, DType dtype) {
+                            const void* key_mask, const int64_t* key_lengths, void* out,
+                            int64_t b, int64_t tq, int64_t tk, int heads, int64_t d, DType dtype) {
   ShapeKey s;
   s.b = b, s.tq = tq, s.tk = tk, s.heads = heads, s.d = d, s.dtype = dtype;
-  s.masked = key_mask != nullptr;
+  s.mask = key_mask != nullptr ? MaskVariant::kBias : MaskVariant::kNone;
   if (!sdpa_compiled()) return fall_back(s, "built without cudnn-frontend");
   if (env_is("LATENT_CUDNN_SDPA", "0")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
   const char* forced = std::getenv("LATENT_ATTENTION_KERNEL");
@@ -297,43 +402,54 @@ Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, co
   if (!got.ok()) return fall_back(s, got.status().message());
   const std::shared_ptr<SdpaState> state = got.value();
   std::lock_guard<std::mutex> lock(state->mutex);
-  if (state->plans.find(s) == state->plans.end()) {
-    // Building plans may allocate and synchronise: never inside a capture.
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    LATENT_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
-    if (capture != cudaStreamCaptureStatusNone)
-      return fall_back(s, "no cuDNN graph built before the capture began");
-  }
-  Plan& plan = plan_for(ctx, *state, s);
-  if (!plan.graph) return fall_back(s, "cuDNN has no engine for this shape");
-
+  // Building plans and uploading lengths may allocate and synchronise: never inside a capture.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LATENT_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
   std::unordered_map<int64_t, void*> pack = {{kUidQ, const_cast<void*>(q)},
                                              {kUidK, const_cast<void*>(k)},
                                              {kUidV, const_cast<void*>(v)},
                                              {kUidO, out}};
-  TempBuffer bias, workspace;
-  if (s.masked) {
+
+  if (key_mask && key_lengths && !env_is("LATENT_CUDNN_PADDING_MASK", "0")) {
+    ShapeKey p = s;
+    p.mask = MaskVariant::kPadding;
+    Plan* plan = find_plan(ctx, *state, p, capturing);
+    if (plan && plan->graph) {
+      LATENT_ASSIGN_OR_RETURN(void* lengths,
+                              device_lengths(*state, ctx.stream(), p, key_lengths, capturing));
+      if (lengths) {
+        std::unordered_map<int64_t, void*> padded = pack;
+        padded[kUidSeqQ] = lengths;
+        padded[kUidSeqKv] = static_cast<char*>(lengths) + lengths_offset(b);
+        LATENT_ASSIGN_OR_RETURN(const bool ran, execute(ctx, *state, p, *plan, padded));
+        if (ran) {
+          ++g_cudnn_calls;
+          ++g_cudnn_padding_calls;
+          log_path_once(p, "cudnn", "cuDNN SDPA");
+          return true;
+        }
+      }
+    }
+  }
+
+  Plan* plan = find_plan(ctx, *state, s, capturing);
+  if (!plan) return fall_back(s, "no cuDNN graph built before the capture began");
+  if (!plan->graph) return fall_back(s, "cuDNN has no engine for this shape");
+  TempBuffer bias;
+  if (s.mask == MaskVariant::kBias) {
     const int64_t ld = bias_stride(tk);
     LATENT_TRY(bias.allocate(ctx, static_cast<size_t>(b * ld) * dtype_size(dtype)));
     LATENT_TRY(launch_sdpa_mask_bias(key_mask, bias.get(), b, tk, ld, dtype, ctx.stream()));
     pack[kUidBias] = bias.get();
   }
-  if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
-  fe::error_t e = plan.graph->execute(state->handle, pack, workspace.get());
-  if (e.is_bad()) {
-    // Nothing was queued: our kernel takes this shape from now on.
-    LATENT_WARN(ctx.label(), ": cuDNN SDPA for attention ", describe(s), " failed to execute (",
-                e.get_message(), "); using our attention kernel for this shape (diagnose with "
-                "CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=stderr CUDNN_FRONTEND_LOG_INFO=1 "
-                "CUDNN_FRONTEND_LOG_FILE=stderr)");
-    plan = Plan();
-    return fall_back(s, "cuDNN execution failed");
-  }
+  LATENT_ASSIGN_OR_RETURN(const bool ran, execute(ctx, *state, s, *plan, pack));
+  if (!ran) return fall_back(s, "cuDNN execution failed");
   ++g_cudnn_calls;
   log_path_once(s, "cudnn", "cuDNN SDPA");
   return true;
 #else
-  (void)ctx, (void)out;
+  (void)ctx, (void)out, (void)key_lengths;
   return fall_back(s, "built without cudnn-frontend");
 #endif
 }

@@ -13,9 +13,17 @@
 // bytes) that the graph broadcasts over heads and queries with zero strides; no host read of the
 // mask, no synchronisation.
 //
-// One graph per (B, Tq, Tk, H, d, dtype, mask or not) and device context, built on first use
-// (never while the stream is capturing) and cached with the context's own cuDNN handle bound to
-// its stream. Workspace and bias come from the context's stream-ordered pool.
+// With key lengths (backend.h: the mask is a prefix of valid keys per batch row) the graph uses
+// cuDNN's padding mask instead (seq_len_q = Tq for every row, seq_len_kv = the lengths, int32
+// [B, 1, 1, 1] on the device): no bias is read and the kernel stops at the last valid key. The
+// lengths are uploaded once per distinct vector (counted by count_host_to_device) and kept with
+// the context. Where that graph cannot be built or run, the bias graph runs instead (one
+// warning), and where that cannot, our kernel; LATENT_CUDNN_PADDING_MASK=0 skips it.
+//
+// One graph per (B, Tq, Tk, H, d, dtype, mask variant: none, bias or padding) and device
+// context, built on first use (never while the stream is capturing) and cached with the
+// context's own cuDNN handle bound to its stream. Workspace and bias come from the context's
+// stream-ordered pool.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,8 +41,9 @@ bool sdpa_compiled();
 
 // Process-wide counts of attention calls by path, for tests and benchmarks.
 struct SdpaCounters {
-  int64_t cudnn = 0;     // ran cuDNN's SDPA
-  int64_t fallback = 0;  // left to our kernel (any reason)
+  int64_t cudnn = 0;          // ran cuDNN's SDPA
+  int64_t cudnn_padding = 0;  // of those, with the padding mask (key lengths) rather than a bias
+  int64_t fallback = 0;       // left to our kernel (any reason)
 };
 SdpaCounters sdpa_counters();
 
@@ -45,10 +54,11 @@ SdpaCounters sdpa_counters();
 // or cuDNN has no engine for the shape or failed to execute it (remembered, logged once as a
 // warning, never retried). An error only when scratch memory cannot be had. Counts the call
 // (sdpa_counters) and logs at debug level, once per shape and path, which path ran. The device
-// must be current.
+// must be current. `key_lengths`: null, or b values in [1, tk] that describe `key_mask` exactly
+// (backend.h), for the padding-mask graph.
 Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, const void* v,
-                            const void* key_mask, void* out, int64_t b, int64_t tq, int64_t tk,
-                            int heads, int64_t d, DType dtype);
+                            const void* key_mask, const int64_t* key_lengths, void* out,
+                            int64_t b, int64_t tq, int64_t tk, int heads, int64_t d, DType dtype);
 
 // bias[r, c] = mask[r, c] != 0 ? 0 : -65504 for a [rows, cols] mask, into rows of
 // `bias_stride` >= cols elements (the padding columns -65504), in `dtype` (sdpa_bias.cu).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "engine/core/log.h"
@@ -188,6 +189,34 @@ Tensor qwen_image_timestep_proj(const std::vector<float>& timesteps) {
   return t;
 }
 
+TextPadding qwen_image_text_padding(const std::vector<float>& mask, int64_t batch, int64_t t_txt) {
+  TextPadding pad;
+  pad.kept = t_txt;
+  if (mask.empty()) {
+    pad.prefix = true;
+    pad.lengths.assign(static_cast<size_t>(batch), t_txt);
+    return pad;
+  }
+  if (static_cast<int64_t>(mask.size()) != batch * t_txt) return pad;  // forward() rejects it
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* row = mask.data() + b * t_txt;
+    int64_t len = 0;
+    while (len < t_txt && row[len] != 0.f) ++len;
+    for (int64_t j = len; j < t_txt; ++j)
+      if (row[j] != 0.f) {
+        pad.lengths.clear();
+        return pad;  // a hole: keep everything
+      }
+    pad.lengths.push_back(len);
+    longest = std::max(longest, len);
+  }
+  pad.prefix = true;
+  // At least one text token: the streams keep their shapes (its key stays masked if padding).
+  pad.kept = std::max<int64_t>(longest, std::min<int64_t>(t_txt, 1));
+  return pad;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Weights
 
@@ -308,7 +337,16 @@ Result<Tensor> QwenImageMmdit::rope_table(const std::vector<ImageShape>& images,
     if (r.images == images && r.text_len == text_len) return r.table;
   LATENT_ASSIGN_OR_RETURN(Tensor host,
                           qwen_image_rope_table(config_.axes_dims_rope, images, text_len));
-  LATENT_ASSIGN_OR_RETURN(Tensor table, backend_->upload_fp32(host));
+  // [text, image] rows -> [image, text]
+  Tensor reordered = Tensor::empty(host.shape(), DType::kF32);
+  const size_t row = static_cast<size_t>(host.dim(1) * host.dim(2)) * sizeof(float);
+  const size_t text_bytes = static_cast<size_t>(text_len) * row;
+  const size_t image_bytes = static_cast<size_t>(host.dim(0) - text_len) * row;
+  const char* from = static_cast<const char*>(host.data());
+  char* to = static_cast<char*>(reordered.data());
+  std::memcpy(to, from + text_bytes, image_bytes);
+  std::memcpy(to + image_bytes, from, text_bytes);
+  LATENT_ASSIGN_OR_RETURN(Tensor table, backend_->upload_fp32(reordered));
   if (ropes_.size() >= kCachedInputs) ropes_.erase(ropes_.begin());  // the oldest
   ropes_.push_back({images, text_len, table});
   return table;
@@ -320,9 +358,10 @@ namespace {
 struct BlockContext {
   Tensor silu_temb_img;  // [G*B, D]: silu(temb), G groups of conditioning for image tokens
   Tensor silu_temb_txt;  // [B, D]: silu(temb) at t for text tokens
-  std::vector<int64_t> img_groups;  // token group starts of the image stream
-  Tensor rope;                      // [T_txt + T_img, head_dim/2, 2] fp32
-  Tensor key_mask;                  // [B, T_txt + T_img] or undefined
+  std::vector<int64_t> img_groups;   // token group starts of the image stream
+  Tensor rope;                       // [T_img + T_txt, head_dim/2, 2] fp32
+  Tensor key_mask;                   // [B, T_img + T_txt] or undefined
+  std::vector<int64_t> key_lengths;  // with key_mask when the text padding is a tail, else empty
   int heads = 0;
   int64_t dim = 0;
 };
@@ -354,7 +393,7 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
     LATENT_ASSIGN_OR_RETURN(tm[k], chunk(be, txt_mod, k, d));
   }
 
-  // Attention. x: [B, T, D] per stream; joint sequence [text, image].
+  // Attention. x: [B, T, D] per stream; joint sequence [image, text] (see the header).
   LATENT_ASSIGN_OR_RETURN(Tensor img_n,
                           be.layer_norm_modulate(*img, im[0], im[1], c.img_groups, kNormEps));
   LATENT_ASSIGN_OR_RETURN(Tensor txt_n,
@@ -369,14 +408,15 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
   LATENT_ASSIGN_OR_RETURN(k_i, qk_norm(be, k_i, w.norm_k, hd));
   LATENT_ASSIGN_OR_RETURN(q_t, qk_norm(be, q_t, w.norm_added_q, hd));
   LATENT_ASSIGN_OR_RETURN(k_t, qk_norm(be, k_t, w.norm_added_k, hd));
-  LATENT_ASSIGN_OR_RETURN(Tensor q, be.concat({q_t, q_i}, 1));  // [B, T_txt + T_img, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor k, be.concat({k_t, k_i}, 1));
-  LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_t, v_i}, 1));
+  LATENT_ASSIGN_OR_RETURN(Tensor q, be.concat({q_i, q_t}, 1));  // [B, T_img + T_txt, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor k, be.concat({k_i, k_t}, 1));
+  LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_i, v_t}, 1));
   LATENT_ASSIGN_OR_RETURN(q, be.rope(q, c.rope, c.heads));
   LATENT_ASSIGN_OR_RETURN(k, be.rope(k, c.rope, c.heads));
-  LATENT_ASSIGN_OR_RETURN(Tensor o, be.attention(q, k, v, c.heads, c.key_mask));  // [B, T, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor o_t, be.slice(o, 1, 0, t_txt));                  // [B, T_txt, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, t_txt, t_img));              // [B, T_img, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor o,
+                          be.attention(q, k, v, c.heads, c.key_mask, c.key_lengths));  // [B, T, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, 0, t_img));      // [B, T_img, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor o_t, be.slice(o, 1, t_img, t_txt));  // [B, T_txt, D]
   LATENT_ASSIGN_OR_RETURN(o_i, w.to_out(be, o_i));
   LATENT_ASSIGN_OR_RETURN(o_t, w.to_add_out(be, o_t));
   LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
@@ -462,18 +502,31 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
     ctx.silu_temb_txt = ctx.silu_temb_img;
   }
 
-  LATENT_ASSIGN_OR_RETURN(ctx.rope, rope_table(in.img_shapes, t_txt));
+  // The text as the blocks run it: right padding cut (see the header), or all of it.
+  TextPadding pad;
+  if (in.trim_text_padding) {
+    pad = qwen_image_text_padding(in.encoder_hidden_states_mask, batch, t_txt);
+  } else {
+    pad.kept = t_txt;
+  }
+  const int64_t t_run = pad.kept;
+  LATENT_ASSIGN_OR_RETURN(ctx.rope, rope_table(in.img_shapes, t_run));
   if (has_mask) {
     const auto& m = in.encoder_hidden_states_mask;
-    const bool all_valid = std::all_of(m.begin(), m.end(), [](float v) { return v != 0.f; });
+    bool all_valid = true;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t j = 0; j < t_run; ++j) all_valid = all_valid && m[b * t_txt + j] != 0.f;
     if (!all_valid) {
-      // Joint key mask [B, T_txt + T_img]: the text mask, then every image token.
-      Tensor host = Tensor::empty({batch, t_txt + t_img}, DType::kF32);
+      // Joint key mask [B, T_img + T_run]: every image token, then the kept text's mask.
+      const int64_t s_len = t_img + t_run;
+      Tensor host = Tensor::empty({batch, s_len}, DType::kF32);
       float* p = host.data_as<float>();
       for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t j = 0; j < t_txt; ++j) p[b * (t_txt + t_img) + j] = m[b * t_txt + j] != 0.f;
-        std::fill(p + b * (t_txt + t_img) + t_txt, p + (b + 1) * (t_txt + t_img), 1.f);
+        std::fill(p + b * s_len, p + b * s_len + t_img, 1.f);
+        for (int64_t j = 0; j < t_run; ++j) p[b * s_len + t_img + j] = m[b * t_txt + j] != 0.f;
       }
+      if (pad.prefix)
+        for (int64_t len : pad.lengths) ctx.key_lengths.push_back(t_img + len);
       std::vector<float> values(p, p + host.numel());
       for (const CachedMask& c : key_masks_)
         if (c.shape == host.shape() && c.values == values) ctx.key_mask = c.mask;
@@ -487,7 +540,11 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
 
   // Input projections. img: [B, T_img, D]; txt: [B, T_txt, D]
   LATENT_ASSIGN_OR_RETURN(Tensor img, w_->img_in(be, hs));
-  LATENT_ASSIGN_OR_RETURN(Tensor txt, be.rms_norm(ehs, w_->txt_norm, kNormEps));
+  Tensor ehs_run = ehs;  // [B, T_run, joint_attention_dim]
+  if (t_run < t_txt) {
+    LATENT_ASSIGN_OR_RETURN(ehs_run, be.slice(ehs, 1, 0, t_run));
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor txt, be.rms_norm(ehs_run, w_->txt_norm, kNormEps));
   LATENT_ASSIGN_OR_RETURN(txt, w_->txt_in(be, txt));
 
   for (size_t i = 0; i < w_->blocks.size(); ++i)

@@ -9,6 +9,11 @@
 //     scale, gate for attention and MLP), LayerNorm(no affine, eps 1e-6), Q/K/V per stream, RMS
 //     QK norm per head, 3-D RoPE (QwenEmbedRope, scale_rope), joint attention over
 //     [text, image] with the text padding mask, gated residuals, GELU(tanh) MLPs (4x)
+// Two liberties that change no image token (masked keys never contribute; a text token's own
+// output never reaches the image stream or the output): right padding of the text is cut to the
+// batch's longest prompt before the blocks, and the joint sequence runs as [image, text] (the
+// attention is equivariant in query order and invariant in key order), so that what padding
+// remains is a tail of every key row (Backend::attention's key_lengths).
 //   out = proj_out(AdaLayerNormContinuous(img, temb))        // scale first, then shift
 // zero_cond_t: the timestep batch is [t, 0]; the first image's tokens (the target) are modulated
 // with t, every later image's (the references) with t = 0; text and norm_out use t.
@@ -72,6 +77,17 @@ Result<Tensor> qwen_image_rope_table(const std::vector<int64_t>& axes_dims,
 // downscale_freq_shift=0, scale=1000): [n, 256] = [cos, sin] of t * 1000 * 10000^(-k/128).
 Tensor qwen_image_timestep_proj(const std::vector<float>& timesteps);
 
+// How forward() runs a text mask (B x T_txt host values, nonzero = valid; empty = all valid).
+struct TextPadding {
+  int64_t kept = 0;  // text tokens the blocks run: all of them, or the longest valid prefix
+  // Every row is a valid prefix then padding (the pipelines' right padding, or no padding):
+  // `lengths` holds each row's valid tokens and the text is cut to `kept` = max(lengths, 1).
+  // Otherwise (a hole somewhere) nothing is cut and `lengths` is empty.
+  bool prefix = false;
+  std::vector<int64_t> lengths;
+};
+TextPadding qwen_image_text_padding(const std::vector<float>& mask, int64_t batch, int64_t t_txt);
+
 struct MmditInputs {
   Tensor hidden_states;          // [B, T_img, in_channels] on the backend: every image's tokens
   Tensor encoder_hidden_states;  // [B, T_txt, joint_attention_dim] on the backend
@@ -83,6 +99,8 @@ struct MmditInputs {
   // reference images, B zeros appended: [2B, 256]), computed ahead so a loop uploads all its
   // steps' projections at once; undefined: forward() computes and uploads it.
   Tensor timestep_proj;
+  // false: run every text token with the full mask, as diffusers does (tests compare the two).
+  bool trim_text_padding = true;
 };
 
 // Holds the weights on its backend; forward() caches the rotary table of the last shapes, so one
@@ -116,6 +134,7 @@ class QwenImageMmdit {
  private:
   struct Weights;
   QwenImageMmdit() = default;
+  // qwen_image_rope_table's rows in the attention's [image, text] order, on the backend.
   Result<Tensor> rope_table(const std::vector<ImageShape>& images, int64_t text_len);
 
   QwenImageMmditConfig config_;
@@ -124,7 +143,8 @@ class QwenImageMmdit {
   std::unique_ptr<Weights> w_;
   int64_t parameters_ = 0;
   std::map<std::string, int64_t> storage_dtypes_;
-  // The rotary tables and joint key masks ([B, T_txt + T_img]) of the last two forwards' inputs
+  // The rotary tables and joint key masks ([B, T_img + T_txt], the attention's [image, text]
+  // order, T_txt as cut) of the last two forwards' inputs
   // on the backend: a denoising loop repeats them every step (with separate CFG passes it
   // alternates two), so they are uploaded once.
   static constexpr size_t kCachedInputs = 2;
