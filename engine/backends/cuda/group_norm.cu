@@ -1,6 +1,6 @@
 // Three launches: (1) per-chunk Welford statistics of every group, many blocks per image so
-// the whole device reads; (2) one block per image merges the chunks (Chan's formula, in double)
-// and folds mean, rstd, gamma and beta into a per-channel scale and shift; (3) one pass
+// the whole device reads; (2) one block per image and group merges the chunks (Chan's formula,
+// in double) and folds mean, rstd, gamma and beta into a per-channel scale and shift; (3) one pass
 // y = act(x * scale[c] + shift[c]) with 16-byte loads and stores. The input is read twice and
 // the output written once, the least a normalisation over whole groups can do.
 #include "engine/backends/cuda/common.cuh"
@@ -145,44 +145,73 @@ __global__ void group_norm_stats_kernel(const T* __restrict__ x, int64_t hw, int
   }
 }
 
-// grid n, one block per image: chunk statistics -> per-channel scale and shift.
+// Chan's merge of two (count, mean, M2) partial statistics into the first.
+__device__ __forceinline__ void chan_merge(double& na, double& mean, double& m2, double nb,
+                                           double mb, double m2b) {
+  if (nb == 0.0) return;
+  const double nab = na + nb;
+  const double d = mb - mean;
+  mean += d * (nb / nab);
+  m2 += m2b + d * d * (na * nb / nab);
+  na = nab;
+}
+
+constexpr int kFinalizeThreads = 256;
+
+// grid (n, groups), one block per image and group: the block's threads merge strided subsets of
+// the chunk statistics (Chan's formula, in double), then a warp-shuffle and shared-memory tree
+// merges those; the result is folded with gamma and beta into the group's channels' scale and
+// shift. (One thread per group walking every chunk in turn was 0.3 ms a call at 512x512 on an
+// H100, more than the statistics and the apply pass together: bench/NOTES.md.)
 template <typename T>
-__global__ void group_norm_finalize_kernel(const float2* __restrict__ partial, int64_t hw,
-                                           int channels, int groups, int64_t chunk, int64_t chunks,
-                                           const T* __restrict__ gamma, const T* __restrict__ beta,
-                                           float eps, float* __restrict__ scale_shift) {
-  extern __shared__ float smem[];  // [groups] mean, [groups] rstd
+__global__ void __launch_bounds__(kFinalizeThreads)
+    group_norm_finalize_kernel(const float2* __restrict__ partial, int64_t hw, int channels,
+                               int groups, int64_t chunk, int64_t chunks,
+                               const T* __restrict__ gamma, const T* __restrict__ beta, float eps,
+                               float* __restrict__ scale_shift) {
   const int64_t img = blockIdx.x;
+  const int g = blockIdx.y;
   const int cpg = channels / groups;
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    const float2* p = partial + img * chunks * groups + g;
-    double total = 0.0, sum = 0.0;
-    for (int64_t i = 0; i < chunks; ++i) {
-      const double cnt = static_cast<double>(min(hw, (i + 1) * chunk) - i * chunk) * cpg;
-      total += cnt;
-      sum += cnt * p[i * groups].x;
-    }
-    const double mean = sum / total;
-    double m2 = 0.0;
-    for (int64_t i = 0; i < chunks; ++i) {
-      const double cnt = static_cast<double>(min(hw, (i + 1) * chunk) - i * chunk) * cpg;
-      const double d = p[i * groups].x - mean;
-      m2 += p[i * groups].y + cnt * d * d;
-    }
-    const double var = m2 > 0.0 ? m2 / total : 0.0;
-    smem[g] = static_cast<float>(mean);
-    smem[groups + g] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+  const float2* p = partial + img * chunks * groups + g;
+  double n = 0.0, mean = 0.0, m2 = 0.0;
+  for (int64_t i = threadIdx.x; i < chunks; i += kFinalizeThreads) {
+    const int64_t pixels = min(hw, (i + 1) * chunk) - i * chunk;
+    if (pixels <= 0) continue;
+    const float2 v = p[i * groups];
+    chan_merge(n, mean, m2, static_cast<double>(pixels) * cpg, v.x, v.y);
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const double nb = __shfl_down_sync(0xffffffffu, n, off);
+    const double mb = __shfl_down_sync(0xffffffffu, mean, off);
+    const double qb = __shfl_down_sync(0xffffffffu, m2, off);
+    chan_merge(n, mean, m2, nb, mb, qb);
+  }
+  constexpr int kWarps = kFinalizeThreads / 32;
+  __shared__ double s_n[kWarps], s_mean[kWarps], s_m2[kWarps];
+  __shared__ float s_stats[2];  // mean, rstd
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_n[warp] = n;
+    s_mean[warp] = mean;
+    s_m2[warp] = m2;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double tn = 0.0, tm = 0.0, tq = 0.0;
+    for (int w = 0; w < kWarps; ++w) chan_merge(tn, tm, tq, s_n[w], s_mean[w], s_m2[w]);
+    const double var = tn > 0.0 && tq > 0.0 ? tq / tn : 0.0;
+    s_stats[0] = static_cast<float>(tm);
+    s_stats[1] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
   }
   __syncthreads();
   float* scale = scale_shift + img * 2 * channels;
   float* shift = scale + channels;
-  for (int c = threadIdx.x; c < channels; c += blockDim.x) {
-    const int g = c / cpg;
+  for (int c = g * cpg + threadIdx.x; c < (g + 1) * cpg; c += kFinalizeThreads) {
     const float gm = gamma ? to_f32(gamma[c]) : 1.f;
     const float bt = beta ? to_f32(beta[c]) : 0.f;
-    const float s = smem[groups + g] * gm;
+    const float s = s_stats[1] * gm;
     scale[c] = s;
-    shift[c] = bt - smem[g] * s;
+    shift[c] = bt - s_stats[0] * s;
   }
 }
 
@@ -229,7 +258,8 @@ Status run(const Geometry& g, const void* x, void* y, int64_t n, int64_t hw, int
   LATENT_CUDA_CHECK_LAUNCH("group_norm_stats");
 
   group_norm_finalize_kernel<T>
-      <<<static_cast<unsigned>(n), 256, groups * 2 * sizeof(float), l.stream>>>(
+      <<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(groups)), kFinalizeThreads, 0,
+         l.stream>>>(
           partial, hw, c, groups, g.chunk, g.chunks, static_cast<const T*>(gamma),
           static_cast<const T*>(beta), eps, scale_shift);
   LATENT_CUDA_CHECK_LAUNCH("group_norm_finalize");
