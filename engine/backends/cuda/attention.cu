@@ -15,15 +15,8 @@ Status launch_spatial_attention(const void* q, const void* k, const void* v, voi
   if (n > 65535 || heads > 65535 || tokens > (1 << 30) || channels > (1 << 20))
     return Status::errorf("spatial_attention: shape n ", n, ", tokens ", tokens, ", channels ",
                           channels, " is too large");
-  AttentionArgs a;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.out = out;
-  a.n = n;
-  a.tq = a.tk = static_cast<int>(tokens);
-  a.heads = heads;
-  a.d = static_cast<int>(channels / heads);
+  const AttentionArgs a =
+      attention_args(q, k, v, nullptr, out, n, tokens, tokens, heads, channels / heads);
   return launch_flash_attention(a, dtype, tensor_cores, attention_kernel_from_env(),
                                 "spatial_attention", l);
 }

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "engine/backends/cuda/attention_common.cuh"
 #include "engine/backends/cuda/attention_flash.cuh"
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/mma.cuh"
@@ -41,18 +42,6 @@
 
 namespace latent::cuda {
 namespace {
-
-// Everything a kernel needs, by value (dtype-erased pointers; element strides).
-struct Params {
-  const void* q;
-  const void* k;
-  const void* v;
-  const void* mask;
-  void* out;
-  int tq, tk;
-  int ld;  // elements between consecutive tokens: heads * d
-  float scale_log2;
-};
 
 // ---- tensor-core kernel ------------------------------------------------------------------
 
@@ -89,12 +78,6 @@ using Mma32 = MmaConfig<D, 1, 4, 2, 64, 2, 2>;
 template <int D>
 using MmaSplit = MmaConfig<D, D / 128 * 128 == D ? D / 128 : D / 64, 4, 1, 32, 1, 1>;
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // kRows rows of D elements from global (row stride ld) into shared (row stride D + 8); rows at
 // or past `limit` are zero-filled: their scores are masked and V must not hold NaN.
 template <int kRows, int kThreads, int D, typename T>
@@ -116,7 +99,8 @@ __device__ __forceinline__ void load_rows(T* dst, const T* src, int row0, int li
 
 // grid (ceil(tq / kBr), heads, n): consecutive blocks share one head's K and V (L2 reuse).
 template <typename T, class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+    attention_mma_kernel(const AttentionParams p) {
   constexpr int D = C::D, DW = C::DW, MT = C::kMTiles, Bc = C::kBc, ld = C::kLd;
   constexpr int kWords = Bc / 32;  // keep-flag words per tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -143,13 +127,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_mma_kern
   // thread's mask value for the tile after the one being flagged.
   T mnext = from_f32<T>(0.f);
   auto flag_tile = [&](int tile, int buf) {
-    if (warp < kWords) {
-      const int key = tile * Bc + tid;
-      const bool keep_key = key < tk && (!mrow || to_f32(mnext) != 0.f);
-      const uint32_t bits = __ballot_sync(0xffffffffu, keep_key);
-      if (lane == 0) keep[buf * kWords + warp] = bits;
-      if (mrow && key + Bc < tk) mnext = mrow[key + Bc];
-    }
+    flag_keys<Bc>(keep, mrow, mnext, tk, tile, buf, tid, warp, lane);
   };
 
   load_rows<C::kBr, C::kThreads, D>(qs, qg, q0, tq, gld);
@@ -242,13 +220,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_mma_kern
 
     // Masking; lane holds rows g (c0, c1) and g + 8 (c2, c3), keys nt*8 + 2*tig + {0, 1}.
     uint32_t kw[kWords];
-    uint32_t all = 0xffffffffu;
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) {
-      kw[w] = keep[(t & 1) * kWords + w];
-      all &= kw[w];
-    }
-    if (all != 0xffffffffu) {  // the same branch in every thread
+    if (load_keep_words(kw, keep + (t & 1) * kWords) != 0xffffffffu) {  // same in every thread
 #pragma unroll
       for (int nt = 0; nt < Bc / 8; ++nt) {
         const uint32_t bits = kw[nt / 4] >> ((nt % 4) * 8 + tig * 2);
@@ -270,13 +242,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_mma_kern
         mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
         mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
       }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      // No key seen yet (all masked so far): base 0 gives p = 0 and alpha = 0.
-      const float base0 = mx0 == -INFINITY ? 0.f : mx0 * scale;
-      const float base1 = mx1 == -INFINITY ? 0.f : mx1 * scale;
+      mx0 = quad_max(mx0);
+      mx1 = quad_max(mx1);
+      const float base0 = softmax_base(mx0, scale), base1 = softmax_base(mx1, scale);
       const float alpha0 = fast_exp2(fmaf(m[mt][0], scale, -base0));
       const float alpha1 = fast_exp2(fmaf(m[mt][1], scale, -base1));
       m[mt][0] = mx0;
@@ -335,11 +303,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_mma_kern
   T* og = static_cast<T*>(p.out) + static_cast<int64_t>(blockIdx.z) * tq * gld + head;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-    float l0 = l[mt][0], l1 = l[mt][1];
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float l0 = quad_sum(l[mt][0]), l1 = quad_sum(l[mt][1]);
     const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
     const int r0 = q0 + row_base + mt * 16 + g, r1 = r0 + 8;
 #pragma unroll
@@ -373,7 +337,7 @@ size_t simple_smem_bytes(int d) {
 // grid (ceil(tq / 16), heads, n); block 128 threads. kMaxD: 256 or 512 (o in registers).
 template <typename T, int kMaxD>
 __global__ void __launch_bounds__(32 * kSimpleWarps)
-    attention_simple_kernel(const Params p, int d) {
+    attention_simple_kernel(const AttentionParams p, int d) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int dp = (d + 3) / 4 * 4;        // rows padded to whole float4s (zeros past d)
@@ -491,7 +455,7 @@ __global__ void __launch_bounds__(32 * kSimpleWarps)
 // ---- launchers ---------------------------------------------------------------------------
 
 template <typename T, class C>
-Status run_mma(const Params& p, const AttentionArgs& a, const char* op, const Launch& l) {
+Status run_mma(const AttentionParams& p, const AttentionArgs& a, const char* op, const Launch& l) {
   auto kernel = attention_mma_kernel<T, C>;
   if (C::kSmem > l.smem_optin)
     return Status::errorf(op, ": head size ", a.d, " needs ", C::kSmem,
@@ -506,8 +470,8 @@ Status run_mma(const Params& p, const AttentionArgs& a, const char* op, const La
 }
 
 template <typename T>
-Status run_mma_for(const Params& p, const AttentionArgs& a, AttentionKernel kernel, const char* op,
-                   const Launch& l) {
+Status run_mma_for(const AttentionParams& p, const AttentionArgs& a, AttentionKernel kernel,
+                   const char* op, const Launch& l) {
   const bool m16 = kernel == AttentionKernel::kMma16;
   switch (a.d) {
     case 64:
@@ -527,7 +491,8 @@ Status run_mma_for(const Params& p, const AttentionArgs& a, AttentionKernel kern
 }
 
 template <typename T>
-Status run_simple(const Params& p, const AttentionArgs& a, const char* op, const Launch& l) {
+Status run_simple(const AttentionParams& p, const AttentionArgs& a, const char* op,
+                  const Launch& l) {
   const size_t smem = simple_smem_bytes(a.d);
   if (smem > l.smem_optin)
     return Status::errorf(op, ": head size ", a.d, " needs ", smem,
@@ -583,16 +548,7 @@ Status launch_flash_attention(const AttentionArgs& a, DType dtype, bool tensor_c
   if (a.n > 65535 || a.heads < 1 || a.heads > 65535 || a.d < 1 || channels > (1 << 20))
     return Status::errorf(op, ": batch ", a.n, ", ", a.tq, " queries, ", a.tk, " keys, ", a.heads,
                           " heads of ", a.d, " is too large");
-  Params p;
-  p.q = a.q;
-  p.k = a.k;
-  p.v = a.v;
-  p.mask = a.mask;
-  p.out = a.out;
-  p.tq = a.tq;
-  p.tk = a.tk;
-  p.ld = static_cast<int>(channels);
-  p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(a.d)));
+  const AttentionParams p = attention_params(a);  // ld = channels
 
   const bool mma_ok = tensor_cores && kernel != AttentionKernel::kSimple && dtype != DType::kF32 &&
                       mma_head_size(a.d) && channels % 8 == 0 && aligned16(a.q) && aligned16(a.k) &&

@@ -24,6 +24,24 @@ struct AttentionArgs {
   int heads = 1, d = 0;
 };
 
+// The args of one call; token counts and d narrowed to int (the caller checks they fit).
+inline AttentionArgs attention_args(const void* q, const void* k, const void* v, const void* mask,
+                                    void* out, int64_t n, int64_t tq, int64_t tk, int heads,
+                                    int64_t d) {
+  AttentionArgs a;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.mask = mask;
+  a.out = out;
+  a.n = n;
+  a.tq = static_cast<int>(tq);
+  a.tk = static_cast<int>(tk);
+  a.heads = heads;
+  a.d = static_cast<int>(d);
+  return a;
+}
+
 // The kernel variants; LATENT_ATTENTION_KERNEL names one to force it (A/B timing, tests):
 //   mma    the default tensor-core configuration (currently mma32)
 //   mma16  mma.sync, 8 warps x 16 queries, 64-key tiles double-buffered (d <= 128)

@@ -20,6 +20,7 @@
 // SBO 1024 (8 keys), k16 steps advance by 16 rows (2048 bytes).
 #include <cmath>
 
+#include "engine/backends/cuda/attention_common.cuh"
 #include "engine/backends/cuda/attention_wgmma.cuh"
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/mma.cuh"
@@ -36,121 +37,74 @@ constexpr uint32_t kTileBytes = kBc * kD * 2;  // 32 KB; Q is the same size (kBr
 constexpr size_t kSmem = 1024 /* alignment slack */ + 5 * static_cast<size_t>(kTileBytes) +
                          2 * kWords * sizeof(uint32_t);
 
-struct WgParams {
-  const void* q;
-  const void* k;
-  const void* v;
-  const void* mask;
-  void* out;
-  int tq, tk, ld;
-  float scale_log2;
-};
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-__device__ __forceinline__ void wgmma_ss_bf16(float (&c)[64], uint64_t desc_a, uint64_t desc_b,
-                                              int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, %64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]),
-        "+f"(c[7]), "+f"(c[8]), "+f"(c[9]), "+f"(c[10]), "+f"(c[11]), "+f"(c[12]), "+f"(c[13]),
-        "+f"(c[14]), "+f"(c[15]), "+f"(c[16]), "+f"(c[17]), "+f"(c[18]), "+f"(c[19]), "+f"(c[20]),
-        "+f"(c[21]), "+f"(c[22]), "+f"(c[23]), "+f"(c[24]), "+f"(c[25]), "+f"(c[26]), "+f"(c[27]),
-        "+f"(c[28]), "+f"(c[29]), "+f"(c[30]), "+f"(c[31]), "+f"(c[32]), "+f"(c[33]), "+f"(c[34]),
-        "+f"(c[35]), "+f"(c[36]), "+f"(c[37]), "+f"(c[38]), "+f"(c[39]), "+f"(c[40]), "+f"(c[41]),
-        "+f"(c[42]), "+f"(c[43]), "+f"(c[44]), "+f"(c[45]), "+f"(c[46]), "+f"(c[47]), "+f"(c[48]),
-        "+f"(c[49]), "+f"(c[50]), "+f"(c[51]), "+f"(c[52]), "+f"(c[53]), "+f"(c[54]), "+f"(c[55]),
-        "+f"(c[56]), "+f"(c[57]), "+f"(c[58]), "+f"(c[59]), "+f"(c[60]), "+f"(c[61]), "+f"(c[62]),
-        "+f"(c[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_rs_bf16(float (&c)[64], const uint32_t (&a)[4],
-                                              uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]),
-        "+f"(c[7]), "+f"(c[8]), "+f"(c[9]), "+f"(c[10]), "+f"(c[11]), "+f"(c[12]), "+f"(c[13]),
-        "+f"(c[14]), "+f"(c[15]), "+f"(c[16]), "+f"(c[17]), "+f"(c[18]), "+f"(c[19]), "+f"(c[20]),
-        "+f"(c[21]), "+f"(c[22]), "+f"(c[23]), "+f"(c[24]), "+f"(c[25]), "+f"(c[26]), "+f"(c[27]),
-        "+f"(c[28]), "+f"(c[29]), "+f"(c[30]), "+f"(c[31]), "+f"(c[32]), "+f"(c[33]), "+f"(c[34]),
-        "+f"(c[35]), "+f"(c[36]), "+f"(c[37]), "+f"(c[38]), "+f"(c[39]), "+f"(c[40]), "+f"(c[41]),
-        "+f"(c[42]), "+f"(c[43]), "+f"(c[44]), "+f"(c[45]), "+f"(c[46]), "+f"(c[47]), "+f"(c[48]),
-        "+f"(c[49]), "+f"(c[50]), "+f"(c[51]), "+f"(c[52]), "+f"(c[53]), "+f"(c[54]), "+f"(c[55]),
-        "+f"(c[56]), "+f"(c[57]), "+f"(c[58]), "+f"(c[59]), "+f"(c[60]), "+f"(c[61]), "+f"(c[62]),
-        "+f"(c[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_ss_f16(float (&c)[64], uint64_t desc_a, uint64_t desc_b,
-                                             int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, %64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]),
-        "+f"(c[7]), "+f"(c[8]), "+f"(c[9]), "+f"(c[10]), "+f"(c[11]), "+f"(c[12]), "+f"(c[13]),
-        "+f"(c[14]), "+f"(c[15]), "+f"(c[16]), "+f"(c[17]), "+f"(c[18]), "+f"(c[19]), "+f"(c[20]),
-        "+f"(c[21]), "+f"(c[22]), "+f"(c[23]), "+f"(c[24]), "+f"(c[25]), "+f"(c[26]), "+f"(c[27]),
-        "+f"(c[28]), "+f"(c[29]), "+f"(c[30]), "+f"(c[31]), "+f"(c[32]), "+f"(c[33]), "+f"(c[34]),
-        "+f"(c[35]), "+f"(c[36]), "+f"(c[37]), "+f"(c[38]), "+f"(c[39]), "+f"(c[40]), "+f"(c[41]),
-        "+f"(c[42]), "+f"(c[43]), "+f"(c[44]), "+f"(c[45]), "+f"(c[46]), "+f"(c[47]), "+f"(c[48]),
-        "+f"(c[49]), "+f"(c[50]), "+f"(c[51]), "+f"(c[52]), "+f"(c[53]), "+f"(c[54]), "+f"(c[55]),
-        "+f"(c[56]), "+f"(c[57]), "+f"(c[58]), "+f"(c[59]), "+f"(c[60]), "+f"(c[61]), "+f"(c[62]),
-        "+f"(c[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_rs_f16(float (&c)[64], const uint32_t (&a)[4],
-                                             uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]),
-        "+f"(c[7]), "+f"(c[8]), "+f"(c[9]), "+f"(c[10]), "+f"(c[11]), "+f"(c[12]), "+f"(c[13]),
-        "+f"(c[14]), "+f"(c[15]), "+f"(c[16]), "+f"(c[17]), "+f"(c[18]), "+f"(c[19]), "+f"(c[20]),
-        "+f"(c[21]), "+f"(c[22]), "+f"(c[23]), "+f"(c[24]), "+f"(c[25]), "+f"(c[26]), "+f"(c[27]),
-        "+f"(c[28]), "+f"(c[29]), "+f"(c[30]), "+f"(c[31]), "+f"(c[32]), "+f"(c[33]), "+f"(c[34]),
-        "+f"(c[35]), "+f"(c[36]), "+f"(c[37]), "+f"(c[38]), "+f"(c[39]), "+f"(c[40]), "+f"(c[41]),
-        "+f"(c[42]), "+f"(c[43]), "+f"(c[44]), "+f"(c[45]), "+f"(c[46]), "+f"(c[47]), "+f"(c[48]),
-        "+f"(c[49]), "+f"(c[50]), "+f"(c[51]), "+f"(c[52]), "+f"(c[53]), "+f"(c[54]), "+f"(c[55]),
-        "+f"(c[56]), "+f"(c[57]), "+f"(c[58]), "+f"(c[59]), "+f"(c[60]), "+f"(c[61]), "+f"(c[62]),
-        "+f"(c[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
+// The accumulator operands of an m64n128 wgmma: 64 fp32 registers a thread, %0 .. %63.
+#define LATENT_WGMMA_ACC_REGS                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define LATENT_WGMMA_ACC_OUTPUTS(c)                                                               \
+  "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]), "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7]), \
+      "+f"(c[8]), "+f"(c[9]), "+f"(c[10]), "+f"(c[11]), "+f"(c[12]), "+f"(c[13]), "+f"(c[14]),    \
+      "+f"(c[15]), "+f"(c[16]), "+f"(c[17]), "+f"(c[18]), "+f"(c[19]), "+f"(c[20]), "+f"(c[21]),  \
+      "+f"(c[22]), "+f"(c[23]), "+f"(c[24]), "+f"(c[25]), "+f"(c[26]), "+f"(c[27]), "+f"(c[28]),  \
+      "+f"(c[29]), "+f"(c[30]), "+f"(c[31]), "+f"(c[32]), "+f"(c[33]), "+f"(c[34]), "+f"(c[35]),  \
+      "+f"(c[36]), "+f"(c[37]), "+f"(c[38]), "+f"(c[39]), "+f"(c[40]), "+f"(c[41]), "+f"(c[42]),  \
+      "+f"(c[43]), "+f"(c[44]), "+f"(c[45]), "+f"(c[46]), "+f"(c[47]), "+f"(c[48]), "+f"(c[49]),  \
+      "+f"(c[50]), "+f"(c[51]), "+f"(c[52]), "+f"(c[53]), "+f"(c[54]), "+f"(c[55]), "+f"(c[56]),  \
+      "+f"(c[57]), "+f"(c[58]), "+f"(c[59]), "+f"(c[60]), "+f"(c[61]), "+f"(c[62]), "+f"(c[63])
+// c (+)= A B, m64n128k16, fp32 accumulators; `ty` is the input type's PTX name. SS: A and B from
+// shared-memory descriptors (both K-major); RS: A from registers, B transposed (MN-major).
+// scale_d = 0 overwrites c.
+#define LATENT_WGMMA_SS(ty)                                                              \
+  asm volatile(                                                                          \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                       \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ty "." ty " " LATENT_WGMMA_ACC_REGS \
+      ", %64, %65, p, 1, 1, 0, 0;\n"                                                     \
+      "}\n"                                                                              \
+      : LATENT_WGMMA_ACC_OUTPUTS(c)                                                      \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define LATENT_WGMMA_RS(ty)                                                              \
+  asm volatile(                                                                          \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                       \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ty "." ty " " LATENT_WGMMA_ACC_REGS \
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"                                       \
+      "}\n"                                                                              \
+      : LATENT_WGMMA_ACC_OUTPUTS(c)                                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
-__device__ __forceinline__ void wgmma_ss(float (&c)[64], uint64_t a, uint64_t b, int sd, bf16*) {
-  wgmma_ss_bf16(c, a, b, sd);
+template <typename T>
+__device__ __forceinline__ void wgmma_ss(float (&c)[64], uint64_t desc_a, uint64_t desc_b,
+                                         int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_ss<bf16>(float (&c)[64], uint64_t desc_a, uint64_t desc_b,
+                                               int scale_d) {
+  LATENT_WGMMA_SS("bf16");
 }
-__device__ __forceinline__ void wgmma_ss(float (&c)[64], uint64_t a, uint64_t b, int sd, f16*) {
-  wgmma_ss_f16(c, a, b, sd);
+template <>
+__device__ __forceinline__ void wgmma_ss<f16>(float (&c)[64], uint64_t desc_a, uint64_t desc_b,
+                                              int scale_d) {
+  LATENT_WGMMA_SS("f16");
 }
-__device__ __forceinline__ void wgmma_rs(float (&c)[64], const uint32_t (&a)[4], uint64_t b, int sd,
-                                         bf16*) {
-  wgmma_rs_bf16(c, a, b, sd);
+template <typename T>
+__device__ __forceinline__ void wgmma_rs(float (&c)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                         int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_rs<bf16>(float (&c)[64], const uint32_t (&a)[4],
+                                               uint64_t desc_b, int scale_d) {
+  LATENT_WGMMA_RS("bf16");
 }
-__device__ __forceinline__ void wgmma_rs(float (&c)[64], const uint32_t (&a)[4], uint64_t b, int sd,
-                                         f16*) {
-  wgmma_rs_f16(c, a, b, sd);
+template <>
+__device__ __forceinline__ void wgmma_rs<f16>(float (&c)[64], const uint32_t (&a)[4],
+                                              uint64_t desc_b, int scale_d) {
+  LATENT_WGMMA_RS("f16");
 }
+#undef LATENT_WGMMA_SS
+#undef LATENT_WGMMA_RS
+#undef LATENT_WGMMA_ACC_OUTPUTS
+#undef LATENT_WGMMA_ACC_REGS
 
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -177,12 +131,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);  // 128B swizzle
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // kRows x 128 elements from global (row stride ld) into a swizzled tile; rows at or past `limit`
 // are zero-filled (masked scores; V must not hold NaN).
 template <int kRows, typename T>
@@ -201,7 +149,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int row0, 
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgParams p) {
+__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const AttentionParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t qs = base;                 // [2 blocks][128][128 B]
@@ -225,13 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgPa
 
   T mnext = from_f32<T>(0.f);
   auto flag_tile = [&](int tile, int buf) {
-    if (warp < kWords) {
-      const int key = tile * kBc + tid;
-      const bool keep_key = key < tk && (!mrow || to_f32(mnext) != 0.f);
-      const uint32_t bits = __ballot_sync(0xffffffffu, keep_key);
-      if (lane == 0) keep[buf * kWords + warp] = bits;
-      if (mrow && key + kBc < tk) mnext = mrow[key + kBc];
-    }
+    flag_keys<kBc>(keep, mrow, mnext, tk, tile, buf, tid, warp, lane);
   };
 
   load_tile<kBr>(qs, qg, q0, tq, gld);
@@ -268,8 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgPa
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t col = (kk >> 2) * (128 * 128) + (kk & 3) * 32;
-      wgmma_ss(s, smem_desc(qs + col + wg * 64 * 128, 16, 1024), smem_desc(kb + col, 16, 1024), 1,
-               static_cast<T*>(nullptr));
+      wgmma_ss<T>(s, smem_desc(qs + col + wg * 64 * 128, 16, 1024), smem_desc(kb + col, 16, 1024),
+                  1);
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -278,13 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgPa
     // Masking: s[4 i + c] holds row 16 wl + g (c = 0, 1) or + 8 (c = 2, 3), key 8 i + 2 tig + c
     // % 2.
     uint32_t kw[kWords];
-    uint32_t all = 0xffffffffu;
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) {
-      kw[w] = keep[buf * kWords + w];
-      all &= kw[w];
-    }
-    if (all != 0xffffffffu) {
+    if (load_keep_words(kw, keep + buf * kWords) != 0xffffffffu) {
 #pragma unroll
       for (int nt = 0; nt < kBc / 8; ++nt) {
         const uint32_t bits = kw[nt / 4] >> ((nt % 4) * 8 + tig * 2);
@@ -299,12 +235,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgPa
       mx0 = fmaxf(mx0, fmaxf(s[4 * nt + 0], s[4 * nt + 1]));
       mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
     }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float base0 = mx0 == -INFINITY ? 0.f : mx0 * scale;
-    const float base1 = mx1 == -INFINITY ? 0.f : mx1 * scale;
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
+    const float base0 = softmax_base(mx0, scale), base1 = softmax_base(mx1, scale);
     const float alpha0 = fast_exp2(fmaf(m0, scale, -base0));
     const float alpha1 = fast_exp2(fmaf(m1, scale, -base1));
     m0 = mx0;
@@ -343,8 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgPa
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
-      wgmma_rs(o, pa[kk], smem_desc(vb + kk * 16 * 128, kBc * 128, 1024), 1,
-               static_cast<T*>(nullptr));
+      wgmma_rs<T>(o, pa[kk], smem_desc(vb + kk * 16 * 128, kBc * 128, 1024), 1);
     wgmma_commit();
     wgmma_wait_all();
     fence_regs(o);
@@ -355,10 +287,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgPa
                    : "+r"(pa[kk][0]), "+r"(pa[kk][1]), "+r"(pa[kk][2]), "+r"(pa[kk][3])::"memory");
   }
 
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   const int r0 = q0 + wg * 64 + wl * 16 + g, r1 = r0 + 8;
   T* og = static_cast<T*>(p.out) + static_cast<int64_t>(blockIdx.z) * tq * gld + head;
@@ -377,14 +307,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgPa
 #else  // not sm_90a: never launched (the dispatch checks the device), kept so the host links.
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const WgParams) {
+__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const AttentionParams) {
   __trap();
 }
 
 #endif
 
 template <typename T>
-Status run(const WgParams& p, const AttentionArgs& a, const Launch& l) {
+Status run(const AttentionParams& p, const AttentionArgs& a, const Launch& l) {
   auto kernel = attention_wgmma_kernel<T>;
   LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmem)));
@@ -407,16 +337,7 @@ bool attention_wgmma_fits(const AttentionArgs& a, DType dtype, const Launch& l) 
 }
 
 Status launch_attention_wgmma(const AttentionArgs& a, DType dtype, const Launch& l) {
-  WgParams p;
-  p.q = a.q;
-  p.k = a.k;
-  p.v = a.v;
-  p.mask = a.mask;
-  p.out = a.out;
-  p.tq = a.tq;
-  p.tk = a.tk;
-  p.ld = a.heads * a.d;
-  p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(a.d)));
+  const AttentionParams p = attention_params(a);
   if (dtype == DType::kBF16) return run<bf16>(p, a, l);
   return run<f16>(p, a, l);
 }

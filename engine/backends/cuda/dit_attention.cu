@@ -15,17 +15,7 @@ Status launch_dit_attention(const void* q, const void* k, const void* v, const v
       heads * d > (1 << 20))
     return Status::errorf("attention: batch ", n, ", ", tq, " queries, ", tk, " keys, ", heads,
                           " heads of ", d, " is too large");
-  AttentionArgs a;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.mask = mask;
-  a.out = out;
-  a.n = n;
-  a.tq = static_cast<int>(tq);
-  a.tk = static_cast<int>(tk);
-  a.heads = heads;
-  a.d = static_cast<int>(d);
+  const AttentionArgs a = attention_args(q, k, v, mask, out, n, tq, tk, heads, d);
   return launch_flash_attention(a, dtype, /*tensor_cores=*/true, attention_kernel_from_env(),
                                 "attention", l);
 }

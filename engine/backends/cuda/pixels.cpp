@@ -27,6 +27,28 @@ void plane_extent(const FrameDesc& f, int i, size_t* row, size_t* rows) {
   }
 }
 
+// The planes of `f` tightly packed one after another, each from a 256-byte boundary: bytes of
+// a row, rows and offset of each plane; returns the bytes of all.
+size_t packed_planes(const FrameDesc& f, size_t (&row)[3], size_t (&rows)[3], size_t (&offset)[3]) {
+  size_t total = 0;
+  for (int i = 0; i < frame_format_planes(f.format); ++i) {
+    plane_extent(f, i, &row[i], &rows[i]);
+    offset[i] = total;
+    total += (row[i] * rows[i] + 255) / 256 * 256;
+  }
+  return total;
+}
+
+// What the conversion kernels read of `f`, its planes left unset.
+FrameKernelSource kernel_source(const FrameDesc& f) {
+  FrameKernelSource src;
+  src.format = f.format;
+  src.width = f.width;
+  src.height = f.height;
+  src.yuv = yuv_coefficients(f.color);
+  return src;
+}
+
 Result<std::shared_ptr<DeviceContext>> context_of(Backend& backend) {
   auto ctx = backend_device_context(backend);
   if (!ctx) return Status::errorf("backend ", backend.name(), " is not a CUDA backend");
@@ -40,21 +62,13 @@ Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const F
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx->device()));
   const Launch l = backend_launch(backend);
-  FrameKernelSource src;
-  src.format = frame.format;
-  src.width = frame.width;
-  src.height = frame.height;
-  src.yuv = yuv_coefficients(frame.color);
+  FrameKernelSource src = kernel_source(frame);
   const int planes = frame_format_planes(frame.format);
   TempBuffer staging;
   if (frame.device.is_cpu()) {
     // The raw bytes go up, tightly packed; the kernels do all the conversion work.
-    size_t total = 0, row[3] = {}, rows[3] = {}, offset[3] = {};
-    for (int i = 0; i < planes; ++i) {
-      plane_extent(frame, i, &row[i], &rows[i]);
-      offset[i] = total;
-      total += (row[i] * rows[i] + 255) / 256 * 256;
-    }
+    size_t row[3] = {}, rows[3] = {}, offset[3] = {};
+    const size_t total = packed_planes(frame, row, rows, offset);
     LATENT_TRY(staging.allocate(*ctx, total));
     for (int i = 0; i < planes; ++i) {
       uint8_t* dst = staging.as<uint8_t>() + offset[i];
@@ -113,33 +127,53 @@ Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometr
 
 namespace {
 
-// One frame on its way: pinned host bytes, their device copy, and the events between them.
-struct StagingSlot {
+// One frame's bytes on their way between host and device: pinned host memory, a device buffer
+// of the same size, and the events that order the copy between them against the kernel that
+// fills or reads the device side.
+struct PinnedSlot {
   void* host = nullptr;  // pinned
   void* device = nullptr;
   size_t capacity = 0;             // bytes of both
-  cudaEvent_t uploaded = nullptr;  // copy stream: the device copy is complete
-  cudaEvent_t consumed = nullptr;  // compute stream: the kernel reading it has run
-  bool busy = false;               // staged, not yet converted
+  cudaEvent_t copied = nullptr;    // copy stream: the copy (either way) is complete
+  cudaEvent_t computed = nullptr;  // compute stream: the kernel on the device bytes has run
+  bool busy = false;               // taken by a frame not yet handed on
   uint64_t ticket = 0;
-  FrameKernelSource src;  // planes point into `device`
+
+  // Room for `bytes` in both buffers (contents lost); grows once per larger frame size, steady
+  // streams never reallocate. The slot's last copy and kernel must be done.
+  Status reserve(size_t bytes) {
+    if (bytes <= capacity) return ok_status();
+    if (host) LATENT_CUDA_CHECK(cudaFreeHost(host));
+    if (device) LATENT_CUDA_CHECK(cudaFree(device));
+    host = device = nullptr;
+    capacity = 0;
+    LATENT_CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+    LATENT_CUDA_CHECK(cudaMalloc(&device, bytes));
+    capacity = bytes;
+    return ok_status();
+  }
 };
 
-class CudaFrameStager final : public FrameStager {
+// depth + 1 slots that frames take in ticket order (ticket % slots), and the copy stream they
+// share with the context's compute stream. Slot: a PinnedSlot with what its frames add.
+template <class Slot>
+class PinnedRing {
  public:
-  CudaFrameStager(Backend& backend, std::shared_ptr<DeviceContext> ctx, int depth)
-      : backend_(backend), ctx_(std::move(ctx)), depth_(depth), slots_(depth + 1) {}
+  PinnedRing(std::shared_ptr<DeviceContext> ctx, int depth)
+      : ctx_(std::move(ctx)), slots_(depth + 1) {}
+  PinnedRing(const PinnedRing&) = delete;
+  PinnedRing& operator=(const PinnedRing&) = delete;
 
-  ~CudaFrameStager() override {
+  ~PinnedRing() {
     DeviceGuard guard;
     if (!guard.set(ctx_->device()).ok()) return;
-    for (StagingSlot& s : slots_) {
-      if (s.consumed) LATENT_CUDA_WARN(cudaEventSynchronize(s.consumed));
-      if (s.uploaded) LATENT_CUDA_WARN(cudaEventSynchronize(s.uploaded));
+    for (Slot& s : slots_) {
+      if (s.computed) LATENT_CUDA_WARN(cudaEventSynchronize(s.computed));
+      if (s.copied) LATENT_CUDA_WARN(cudaEventSynchronize(s.copied));
       if (s.host) LATENT_CUDA_WARN(cudaFreeHost(s.host));
       if (s.device) LATENT_CUDA_WARN(cudaFree(s.device));
-      if (s.uploaded) LATENT_CUDA_WARN(cudaEventDestroy(s.uploaded));
-      if (s.consumed) LATENT_CUDA_WARN(cudaEventDestroy(s.consumed));
+      if (s.copied) LATENT_CUDA_WARN(cudaEventDestroy(s.copied));
+      if (s.computed) LATENT_CUDA_WARN(cudaEventDestroy(s.computed));
     }
     if (copy_stream_) LATENT_CUDA_WARN(cudaStreamDestroy(copy_stream_));
   }
@@ -148,14 +182,68 @@ class CudaFrameStager final : public FrameStager {
     DeviceGuard guard;
     LATENT_TRY(guard.set(ctx_->device()));
     LATENT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-    for (StagingSlot& s : slots_) {
-      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming));
-      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming));
+    for (Slot& s : slots_) {
+      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.computed, cudaEventDisableTiming));
     }
     return ok_status();
   }
 
+  // Slot `s` takes frame `ticket`: its first `bytes` go across on the copy stream (host to
+  // device for an upload, back otherwise), then `copied` is recorded.
+  Status copy(Slot& s, size_t bytes, bool upload, uint64_t ticket) {
+    LATENT_CUDA_CHECK(cudaMemcpyAsync(upload ? s.device : s.host, upload ? s.host : s.device, bytes,
+                                      upload ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                      copy_stream_));
+    LATENT_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
+    if (upload)
+      count_host_to_device(bytes);
+    else
+      count_device_to_host(bytes);
+    s.busy = true;
+    s.ticket = ticket;
+    return ok_status();
+  }
+
+  DeviceContext& ctx() { return *ctx_; }
+  cudaStream_t copy_stream() const { return copy_stream_; }
+  size_t size() const { return slots_.size(); }
+  std::vector<Slot>& slots() { return slots_; }
+  Slot& operator[](uint64_t ticket) { return slots_[ticket % slots_.size()]; }
+  uint64_t next_ticket() { return next_ticket_++; }
+
+ private:
+  std::shared_ptr<DeviceContext> ctx_;
+  std::vector<Slot> slots_;
+  cudaStream_t copy_stream_ = nullptr;
+  uint64_t next_ticket_ = 0;
+};
+
+// What the stager and the downloader share: their backend, prefetch depth and slot ring.
+template <class Interface, class Slot>
+class PinnedFrameQueue : public Interface {
+ public:
+  PinnedFrameQueue(Backend& backend, std::shared_ptr<DeviceContext> ctx, int depth)
+      : backend_(backend), depth_(depth), ring_(std::move(ctx), depth) {}
+
+  Status init() { return ring_.init(); }
+
   int depth() const override { return depth_; }
+
+ protected:
+  Backend& backend_;
+  int depth_;
+  PinnedRing<Slot> ring_;
+};
+
+// A host frame on its way up: copied = uploaded, computed = converted (the device bytes read).
+struct StagingSlot : PinnedSlot {
+  FrameKernelSource src;  // planes point into `device`
+};
+
+class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> {
+ public:
+  using PinnedFrameQueue::PinnedFrameQueue;
 
   Result<uint64_t> stage(const FrameDesc& frame) override {
     if (!frame.device.is_cpu())
@@ -163,41 +251,25 @@ class CudaFrameStager final : public FrameStager {
                             ")");
     if (frame.format > FrameFormat::kI420 || frame.width <= 0 || frame.height <= 0)
       return Status::errorf("cannot stage a ", frame.width, "x", frame.height, " frame");
-    const uint64_t ticket = next_ticket_++;
-    StagingSlot& s = slots_[ticket % slots_.size()];
+    const uint64_t ticket = ring_.next_ticket();
+    StagingSlot& s = ring_[ticket];
     if (s.busy)
-      return Status::errorf("frame ", ticket, " staged while ", slots_.size(),
+      return Status::errorf("frame ", ticket, " staged while ", ring_.size(),
                             " earlier frames wait for conversion (prefetch depth ", depth_, ")");
     DeviceGuard guard;
-    LATENT_TRY(guard.set(ctx_->device()));
+    LATENT_TRY(guard.set(ring_.ctx().device()));
     // The slot's last frame: its upload and the kernel that read it are done.
-    LATENT_CUDA_CHECK(cudaEventSynchronize(s.consumed));
-    LATENT_CUDA_CHECK(cudaEventSynchronize(s.uploaded));
+    LATENT_CUDA_CHECK(cudaEventSynchronize(s.computed));
+    LATENT_CUDA_CHECK(cudaEventSynchronize(s.copied));
     const int planes = frame_format_planes(frame.format);
-    size_t total = 0, row[3] = {}, rows[3] = {}, offset[3] = {};
-    for (int i = 0; i < planes; ++i) {
-      plane_extent(frame, i, &row[i], &rows[i]);
+    size_t row[3] = {}, rows[3] = {}, offset[3] = {};
+    const size_t total = packed_planes(frame, row, rows, offset);
+    for (int i = 0; i < planes; ++i)
       if (!frame.planes[i] || frame.strides[i] < row[i])
         return Status::errorf(frame_format_name(frame.format), " plane ", i,
                               " is missing or its stride ", frame.strides[i], " is below ", row[i]);
-      offset[i] = total;
-      total += (row[i] * rows[i] + 255) / 256 * 256;
-    }
-    if (total > s.capacity) {
-      // Grows once per larger frame size; steady streams never come here again.
-      if (s.host) LATENT_CUDA_CHECK(cudaFreeHost(s.host));
-      if (s.device) LATENT_CUDA_CHECK(cudaFree(s.device));
-      s.host = s.device = nullptr;
-      s.capacity = 0;
-      LATENT_CUDA_CHECK(cudaHostAlloc(&s.host, total, cudaHostAllocDefault));
-      LATENT_CUDA_CHECK(cudaMalloc(&s.device, total));
-      s.capacity = total;
-    }
-    s.src = FrameKernelSource();
-    s.src.format = frame.format;
-    s.src.width = frame.width;
-    s.src.height = frame.height;
-    s.src.yuv = yuv_coefficients(frame.color);
+    LATENT_TRY(s.reserve(total));
+    s.src = kernel_source(frame);
     for (int i = 0; i < planes; ++i) {
       auto* dst = static_cast<uint8_t*>(s.host) + offset[i];
       const auto* src = static_cast<const uint8_t*>(frame.planes[i]);
@@ -206,86 +278,41 @@ class CudaFrameStager final : public FrameStager {
       s.src.planes[i] = static_cast<const uint8_t*>(s.device) + offset[i];
       s.src.strides[i] = row[i];
     }
-    LATENT_CUDA_CHECK(
-        cudaMemcpyAsync(s.device, s.host, total, cudaMemcpyHostToDevice, copy_stream_));
-    LATENT_CUDA_CHECK(cudaEventRecord(s.uploaded, copy_stream_));
-    count_host_to_device(total);
-    s.busy = true;
-    s.ticket = ticket;
+    LATENT_TRY(ring_.copy(s, total, /*upload=*/true, ticket));
     return ticket;
   }
 
   Result<Tensor> convert(uint64_t ticket, const FrameGeometry& g) override {
-    StagingSlot& s = slots_[ticket % slots_.size()];
+    StagingSlot& s = ring_[ticket];
     if (!s.busy || s.ticket != ticket) return Status::errorf("frame ", ticket, " is not staged");
     s.busy = false;
     if (s.src.width != g.frame_width() || s.src.height != g.frame_height())
       return Status::errorf("staged frame of ", s.src.width, "x", s.src.height,
                             " does not match the planned frame size ", g.frame_width(), "x",
                             g.frame_height());
+    DeviceContext& ctx = ring_.ctx();
     DeviceGuard guard;
-    LATENT_TRY(guard.set(ctx_->device()));
-    LATENT_CUDA_CHECK(cudaStreamWaitEvent(ctx_->stream(), s.uploaded, 0));
-    LATENT_ASSIGN_OR_RETURN(Tensor out, ctx_->empty({1, 3, g.model_height(), g.model_width()},
-                                                    backend_.compute_dtype(), Layout::kNHWC));
+    LATENT_TRY(guard.set(ctx.device()));
+    LATENT_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), s.copied, 0));
+    LATENT_ASSIGN_OR_RETURN(Tensor out, ctx.empty({1, 3, g.model_height(), g.model_width()},
+                                                  backend_.compute_dtype(), Layout::kNHWC));
     LATENT_TRY(launch_frame_to_nhwc(s.src, g, out.data(), out.dtype(), backend_launch(backend_)));
-    LATENT_CUDA_CHECK(cudaEventRecord(s.consumed, ctx_->stream()));
+    LATENT_CUDA_CHECK(cudaEventRecord(s.computed, ctx.stream()));
     return out;
   }
-
- private:
-  Backend& backend_;
-  std::shared_ptr<DeviceContext> ctx_;
-  int depth_;
-  std::vector<StagingSlot> slots_;
-  cudaStream_t copy_stream_ = nullptr;
-  uint64_t next_ticket_ = 0;
 };
 
-// One decoded frame on its way back: its packed bytes on the device, their pinned host copy.
-struct DownloadSlot {
-  void* device = nullptr;
-  void* host = nullptr;              // pinned
-  size_t capacity = 0;               // bytes of both
-  cudaEvent_t converted = nullptr;   // compute stream: the bytes are on the device
-  cudaEvent_t downloaded = nullptr;  // copy stream: the bytes are on the host
-  bool busy = false;                 // queued, not yet fetched
-  uint64_t ticket = 0;
+// A decoded frame on its way back, packed rows in both copies: computed = converted (the bytes
+// are on the device), copied = downloaded (the bytes are on the host).
+struct DownloadSlot : PinnedSlot {
   FrameFormat format = FrameFormat::kRGB;
   int width = 0, height = 0;
   size_t row = 0;  // bytes of one row (tightly packed in both copies)
 };
 
-class CudaFrameDownloader final : public FrameDownloader {
+class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, DownloadSlot> {
  public:
-  CudaFrameDownloader(Backend& backend, std::shared_ptr<DeviceContext> ctx, int depth)
-      : backend_(backend), ctx_(std::move(ctx)), depth_(depth), slots_(depth + 1) {}
-
-  ~CudaFrameDownloader() override {
-    DeviceGuard guard;
-    if (!guard.set(ctx_->device()).ok()) return;
-    for (DownloadSlot& s : slots_) {
-      if (s.downloaded) LATENT_CUDA_WARN(cudaEventSynchronize(s.downloaded));
-      if (s.host) LATENT_CUDA_WARN(cudaFreeHost(s.host));
-      if (s.device) LATENT_CUDA_WARN(cudaFree(s.device));
-      if (s.converted) LATENT_CUDA_WARN(cudaEventDestroy(s.converted));
-      if (s.downloaded) LATENT_CUDA_WARN(cudaEventDestroy(s.downloaded));
-    }
-    if (copy_stream_) LATENT_CUDA_WARN(cudaStreamDestroy(copy_stream_));
-  }
-
-  Status init() {
-    DeviceGuard guard;
-    LATENT_TRY(guard.set(ctx_->device()));
-    LATENT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-    for (DownloadSlot& s : slots_) {
-      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.converted, cudaEventDisableTiming));
-      LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&s.downloaded, cudaEventDisableTiming));
-    }
-    return ok_status();
-  }
-
-  int depth() const override { return depth_; }
+  using PinnedFrameQueue::PinnedFrameQueue;
 
   Result<uint64_t> queue(const Tensor& image, const FrameGeometry& g, FrameFormat format) override {
     if (!frame_format_is_packed(format))
@@ -300,38 +327,25 @@ class CudaFrameDownloader final : public FrameDownloader {
     if (image.layout() != Layout::kNHWC && g.model_width() * g.model_height() != 1)
       return Status::errorf("image ", image.describe(), " is not in the NHWC layout of ",
                             backend_.name());
-    const uint64_t ticket = next_ticket_++;
-    DownloadSlot& s = slots_[ticket % slots_.size()];
+    const uint64_t ticket = ring_.next_ticket();
+    DownloadSlot& s = ring_[ticket];
     if (s.busy)
-      return Status::errorf("frame ", ticket, " queued while ", slots_.size(),
+      return Status::errorf("frame ", ticket, " queued while ", ring_.size(),
                             " earlier frames wait to be fetched (prefetch depth ", depth_, ")");
+    DeviceContext& ctx = ring_.ctx();
     DeviceGuard guard;
-    LATENT_TRY(guard.set(ctx_->device()));
+    LATENT_TRY(guard.set(ctx.device()));
     const PixelFormat pf = frame_pixel_format(format);
     const size_t row = static_cast<size_t>(g.frame_width()) * pixel_layout(pf).bytes_per_pixel;
     const size_t total = row * static_cast<size_t>(g.frame_height());
     // The slot's last copy is done (fetch() waited for it); its buffers are free to reuse.
-    if (total > s.capacity) {
-      // Grows once per larger frame size; steady streams never come here again.
-      if (s.host) LATENT_CUDA_CHECK(cudaFreeHost(s.host));
-      if (s.device) LATENT_CUDA_CHECK(cudaFree(s.device));
-      s.host = s.device = nullptr;
-      s.capacity = 0;
-      LATENT_CUDA_CHECK(cudaHostAlloc(&s.host, total, cudaHostAllocDefault));
-      LATENT_CUDA_CHECK(cudaMalloc(&s.device, total));
-      s.capacity = total;
-    }
+    LATENT_TRY(s.reserve(total));
     LATENT_TRY(launch_nhwc_to_frame(image.data(), image.dtype(), g, pf,
                                     static_cast<uint8_t*>(s.device), row,
                                     backend_launch(backend_)));
-    LATENT_CUDA_CHECK(cudaEventRecord(s.converted, ctx_->stream()));
-    LATENT_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.converted, 0));
-    LATENT_CUDA_CHECK(
-        cudaMemcpyAsync(s.host, s.device, total, cudaMemcpyDeviceToHost, copy_stream_));
-    LATENT_CUDA_CHECK(cudaEventRecord(s.downloaded, copy_stream_));
-    count_device_to_host(total);
-    s.busy = true;
-    s.ticket = ticket;
+    LATENT_CUDA_CHECK(cudaEventRecord(s.computed, ctx.stream()));
+    LATENT_CUDA_CHECK(cudaStreamWaitEvent(ring_.copy_stream(), s.computed, 0));
+    LATENT_TRY(ring_.copy(s, total, /*upload=*/false, ticket));
     s.format = format;
     s.width = g.frame_width();
     s.height = g.frame_height();
@@ -342,8 +356,8 @@ class CudaFrameDownloader final : public FrameDownloader {
   Result<bool> ready(uint64_t ticket) override {
     LATENT_ASSIGN_OR_RETURN(DownloadSlot * s, slot(ticket));
     DeviceGuard guard;
-    LATENT_TRY(guard.set(ctx_->device()));
-    const cudaError_t rc = cudaEventQuery(s->downloaded);
+    LATENT_TRY(guard.set(ring_.ctx().device()));
+    const cudaError_t rc = cudaEventQuery(s->copied);
     if (rc == cudaErrorNotReady) {
       (void)cudaGetLastError();
       return false;
@@ -355,9 +369,9 @@ class CudaFrameDownloader final : public FrameDownloader {
   Status fetch(uint64_t ticket, const FrameDesc& frame) override {
     LATENT_ASSIGN_OR_RETURN(DownloadSlot * s, slot(ticket));
     DeviceGuard guard;
-    LATENT_TRY(guard.set(ctx_->device()));
+    LATENT_TRY(guard.set(ring_.ctx().device()));
     // The slot is free again only once its copy is done, whatever happens below.
-    LATENT_CUDA_CHECK(cudaEventSynchronize(s->downloaded));
+    LATENT_CUDA_CHECK(cudaEventSynchronize(s->copied));
     s->busy = false;
     if (!frame.device.is_cpu())
       return Status::errorf("only host frames are fetched (got one on ", frame.device.to_string(),
@@ -379,9 +393,9 @@ class CudaFrameDownloader final : public FrameDownloader {
 
   void reset() override {
     DeviceGuard guard;
-    if (!guard.set(ctx_->device()).ok()) return;
-    for (DownloadSlot& s : slots_) {
-      if (s.busy) LATENT_CUDA_WARN(cudaEventSynchronize(s.downloaded));
+    if (!guard.set(ring_.ctx().device()).ok()) return;
+    for (DownloadSlot& s : ring_.slots()) {
+      if (s.busy) LATENT_CUDA_WARN(cudaEventSynchronize(s.copied));
       s.busy = false;
     }
     // Tickets keep counting: slot = ticket % slots, so the next queue() takes any slot.
@@ -389,26 +403,24 @@ class CudaFrameDownloader final : public FrameDownloader {
 
  private:
   Result<DownloadSlot*> slot(uint64_t ticket) {
-    DownloadSlot& s = slots_[ticket % slots_.size()];
+    DownloadSlot& s = ring_[ticket];
     if (!s.busy || s.ticket != ticket) return Status::errorf("frame ", ticket, " is not queued");
     return &s;
   }
-
-  Backend& backend_;
-  std::shared_ptr<DeviceContext> ctx_;
-  int depth_;
-  std::vector<DownloadSlot> slots_;
-  cudaStream_t copy_stream_ = nullptr;
-  uint64_t next_ticket_ = 0;
 };
+
+template <class Queue, class Interface>
+Result<std::unique_ptr<Interface>> create_queue(Backend& backend, int depth) {
+  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
+  auto q = std::make_unique<Queue>(backend, std::move(ctx), depth);
+  LATENT_TRY(q->init());
+  return std::unique_ptr<Interface>(std::move(q));
+}
 
 }  // namespace
 
 Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth) {
-  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
-  auto d = std::make_unique<CudaFrameDownloader>(backend, std::move(ctx), depth);
-  LATENT_TRY(d->init());
-  return std::unique_ptr<FrameDownloader>(std::move(d));
+  return create_queue<CudaFrameDownloader, FrameDownloader>(backend, depth);
 }
 
 Result<Tensor> zero_tensor(Backend& backend, const Shape& shape) {
@@ -422,10 +434,7 @@ Result<Tensor> zero_tensor(Backend& backend, const Shape& shape) {
 }
 
 Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth) {
-  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
-  auto stager = std::make_unique<CudaFrameStager>(backend, std::move(ctx), depth);
-  LATENT_TRY(stager->init());
-  return std::unique_ptr<FrameStager>(std::move(stager));
+  return create_queue<CudaFrameStager, FrameStager>(backend, depth);
 }
 
 }  // namespace latent::cuda

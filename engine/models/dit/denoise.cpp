@@ -129,6 +129,36 @@ std::vector<float> mask_or_ones(const PromptEmbeds& p, int64_t len) {
   return m;
 }
 
+// The latent channels of the transformer's input: it must pack 2x2 patches of them.
+Result<int64_t> packed_latent_channels(const QwenImageMmditConfig& cfg) {
+  if (cfg.patch_size != 2 || cfg.in_channels % 4 != 0)
+    return Status::errorf(
+        "denoise: the pipelines pack 2x2 patches; this transformer has patch_size ", cfg.patch_size,
+        " and ", cfg.in_channels, " input channels");
+  return cfg.in_channels / 4;
+}
+
+// Dims {1, C, h, w} of a latent that must hold one image of `channels`; `what` (and `which`,
+// appended in the messages about its shape) names it.
+Result<std::vector<int64_t>> one_latent_dims(const Tensor& t, int64_t channels, const char* what,
+                                             const std::string& which = "") {
+  LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(t, what));
+  if (d[0] != 1 || d[1] != channels)
+    return Status::errorf(what, which, " ", shape_str(t.shape()), " must hold one latent of ",
+                          channels, " channels");
+  return d;
+}
+
+// The target latent h x w and, for img2img (strength < 1), its init latents.
+Status check_target(int64_t h, int64_t w, double strength, bool has_init) {
+  if (h < 2 || w < 2 || h % 2 || w % 2)
+    return Status::errorf("denoise: the target latent must have even sides of at least 2, got ", h,
+                          " x ", w);
+  if (strength < 1.0 && !has_init)
+    return Status::errorf("denoise: strength ", strength, " needs init latents (img2img)");
+  return ok_status();
+}
+
 Status check_prompt(const PromptEmbeds& p, const char* what, int64_t dim) {
   if (!p.embeds.defined()) return Status::errorf("denoise: no ", what);
   if (p.embeds.rank() != 3 || p.embeds.dim(0) != 1 || p.embeds.dim(1) < 1 || p.embeds.dim(2) != dim)
@@ -187,12 +217,7 @@ Result<DeviceDenoiseResult> qwen_image_denoise_on_backend(QwenImageMmdit& model,
                                                           const DenoiseProgress& progress) {
   Backend& be = model.backend();
   const QwenImageMmditConfig& cfg = model.config();
-  if (cfg.patch_size != 2 || cfg.in_channels % 4 != 0)
-    return Status::errorf(
-        "denoise: the pipelines pack 2x2 patches; this transformer has "
-        "patch_size ",
-        cfg.patch_size, " and ", cfg.in_channels, " input channels");
-  const int64_t channels = cfg.in_channels / 4;
+  LATENT_ASSIGN_OR_RETURN(const int64_t channels, packed_latent_channels(cfg));
   if (cfg.out_channels != channels)
     return Status::errorf("denoise: transformer out_channels ", cfg.out_channels,
                           " differs from its ", channels, " latent input channels");
@@ -205,10 +230,7 @@ Result<DeviceDenoiseResult> qwen_image_denoise_on_backend(QwenImageMmdit& model,
   for (const Tensor* t : {&req.noise, &req.init_latents}) {
     if (!t->defined()) continue;
     LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d,
-                            latent_dims(*t, "denoise: noise / init latents"));
-    if (d[0] != 1 || d[1] != channels)
-      return Status::errorf("denoise: noise / init latents ", shape_str(t->shape()),
-                            " must hold one latent of ", channels, " channels");
+                            one_latent_dims(*t, channels, "denoise: noise / init latents"));
     if (t->device() != be.device())
       return Status::errorf("denoise: noise / init latents ", t->describe(), " are not on ",
                             be.name());
@@ -220,11 +242,7 @@ Result<DeviceDenoiseResult> qwen_image_denoise_on_backend(QwenImageMmdit& model,
                             h, " x ", w, " noise");
     }
   }
-  if (h < 2 || w < 2 || h % 2 || w % 2)
-    return Status::errorf("denoise: the target latent must have even sides of at least 2, got ", h,
-                          " x ", w);
-  if (req.strength < 1.0 && !req.init_latents.defined())
-    return Status::errorf("denoise: strength ", req.strength, " needs init latents (img2img)");
+  LATENT_TRY(check_target(h, w, req.strength, req.init_latents.defined()));
   const DenoisePrompts& pr = *req.prompts;
   const bool cfg_on = pr.has_negative && req.true_cfg_scale > 1.f;
 
@@ -250,10 +268,9 @@ Result<DeviceDenoiseResult> qwen_image_denoise_on_backend(QwenImageMmdit& model,
     std::vector<Tensor> packed;
     for (size_t i = 0; i < req.reference_latents.size(); ++i) {
       const Tensor& r = req.reference_latents[i];
-      LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(r, "denoise: reference latents"));
-      if (d[0] != 1 || d[1] != channels)
-        return Status::errorf("denoise: reference latents ", i, " ", shape_str(r.shape()),
-                              " must hold one latent of ", channels, " channels");
+      LATENT_ASSIGN_OR_RETURN(
+          std::vector<int64_t> d,
+          one_latent_dims(r, channels, "denoise: reference latents", str_cat(" ", i)));
       auto p = be.pack_latents(r);
       if (!p.ok()) return p.status().with_context(str_cat("denoise: reference latents ", i));
       packed.push_back(std::move(*p));
@@ -357,22 +374,14 @@ Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
                                          const DenoiseProgress& progress) {
   Backend& be = model.backend();
   const QwenImageMmditConfig& cfg = model.config();
-  if (cfg.patch_size != 2 || cfg.in_channels % 4 != 0)
-    return Status::errorf(
-        "denoise: the pipelines pack 2x2 patches; this transformer has "
-        "patch_size ",
-        cfg.patch_size, " and ", cfg.in_channels, " input channels");
-  const int64_t channels = cfg.in_channels / 4;
+  LATENT_ASSIGN_OR_RETURN(const int64_t channels, packed_latent_channels(cfg));
 
   // Target size: given, else from the noise or init latents.
   int64_t h = req.height, w = req.width;
   for (const Tensor* t : {&req.noise, &req.init_latents}) {
     if (!t->defined()) continue;
     LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d,
-                            latent_dims(*t, "denoise: noise / init latents"));
-    if (d[0] != 1 || d[1] != channels)
-      return Status::errorf("denoise: noise / init latents ", shape_str(t->shape()),
-                            " must hold one latent of ", channels, " channels");
+                            one_latent_dims(*t, channels, "denoise: noise / init latents"));
     if (h == 0 && w == 0) {
       h = d[2];
       w = d[3];
@@ -381,11 +390,7 @@ Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
                             " do not match the ", h, " x ", w, " target latent");
     }
   }
-  if (h < 2 || w < 2 || h % 2 || w % 2)
-    return Status::errorf("denoise: the target latent must have even sides of at least 2, got ", h,
-                          " x ", w);
-  if (req.strength < 1.0 && !req.init_latents.defined())
-    return Status::errorf("denoise: strength ", req.strength, " needs init latents (img2img)");
+  LATENT_TRY(check_target(h, w, req.strength, req.init_latents.defined()));
   LATENT_TRY(check_prompt(req.prompt, "prompt embeds", cfg.joint_attention_dim));
   const bool cfg_on = req.negative.defined() && req.true_cfg_scale > 1.f;
   if (req.negative.defined())
@@ -417,10 +422,8 @@ Result<DenoiseResult> qwen_image_denoise(QwenImageMmdit& model,
   }
   for (size_t i = 0; i < req.reference_latents.size(); ++i) {
     const Tensor& r = req.reference_latents[i];
-    LATENT_ASSIGN_OR_RETURN(std::vector<int64_t> d, latent_dims(r, "denoise: reference latents"));
-    if (d[0] != 1 || d[1] != channels)
-      return Status::errorf("denoise: reference latents ", i, " ", shape_str(r.shape()),
-                            " must hold one latent of ", channels, " channels");
+    LATENT_TRY(
+        one_latent_dims(r, channels, "denoise: reference latents", str_cat(" ", i)).status());
     auto up = upload_latent(be, r);
     if (!up.ok()) return up.status().with_context(str_cat("denoise: reference latents ", i));
     dreq.reference_latents.push_back(std::move(*up));
