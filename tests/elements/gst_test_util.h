@@ -134,6 +134,13 @@ class BusWatch {
   int last_code_ = 0;
 };
 
+// A boolean property of an object.
+inline bool bool_property(gpointer object, const char* name) {
+  gboolean v = FALSE;
+  g_object_get(object, name, &v, nullptr);
+  return v;
+}
+
 inline std::string caps_str(const GstStructure* s, const char* field) {
   const gchar* v = gst_structure_get_string(s, field);
   return v ? v : "";

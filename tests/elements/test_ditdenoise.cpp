@@ -441,9 +441,7 @@ TEST(DitDenoise, DropsFramesThatQosSaysAreLate) {
   GstHarness* h = harness_of(r);
   ASSERT_NE(h, nullptr);
   BusWatch bw(h->element);
-  gboolean qos = FALSE;
-  g_object_get(h->element, "qos", &qos, nullptr);
-  EXPECT_TRUE(qos);
+  EXPECT_TRUE(bool_property(h->element, "qos"));
   const auto in = random_latent(9);
   ASSERT_FALSE(denoise_frame(h, in, 0).empty());
   // Downstream: the frame at 1 s was 1 s late, so nothing before 2 s is worth rendering.

@@ -257,12 +257,9 @@ TEST(VaeDecode, FlushAndEos) {
 TEST(VaeDecode, CudaGraphsPropertyDefaultsOnAndChangesNothingOnTheCpu) {
   GstElement* e = gst_element_factory_make("vaedecode", nullptr);
   ASSERT_NE(e, nullptr);
-  gboolean graphs = FALSE;
-  g_object_get(e, "cuda-graphs", &graphs, nullptr);
-  EXPECT_TRUE(graphs);
+  EXPECT_TRUE(bool_property(e, "cuda-graphs"));
   g_object_set(e, "cuda-graphs", FALSE, nullptr);
-  g_object_get(e, "cuda-graphs", &graphs, nullptr);
-  EXPECT_FALSE(graphs);
+  EXPECT_FALSE(bool_property(e, "cuda-graphs"));
   gst_object_unref(e);
 
   LatentDesc d;

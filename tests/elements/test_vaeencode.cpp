@@ -299,9 +299,7 @@ TEST(VaeEncode, RenegotiationRebuildsThePlanAndStaysCorrect) {
 TEST(VaeEncode, CudaGraphsPropertyDefaultsOnAndChangesNothingOnTheCpu) {
   GstElement* e = gst_element_factory_make("vaeencode", nullptr);
   ASSERT_NE(e, nullptr);
-  gboolean graphs = FALSE;
-  g_object_get(e, "cuda-graphs", &graphs, nullptr);
-  EXPECT_TRUE(graphs);
+  EXPECT_TRUE(bool_property(e, "cuda-graphs"));
   gst_object_unref(e);
   std::vector<float> outs[2];
   for (int on = 0; on < 2; ++on) {

@@ -21,6 +21,7 @@
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/config.h"
 #include "engine/weights/safetensors.h"
+#include "tests/util/dit_test_util.h"
 #include "tests/util/test_util.h"
 
 #ifdef LATENT_HAVE_CUDA
@@ -32,21 +33,13 @@
 namespace latent {
 namespace {
 
-const bool kSkipWithoutGpu = [] {
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "test_cuda_dit_model: no CUDA device, skipping\n");
-    std::exit(77);
-  }
-  return true;
-}();
+const bool kSkipWithoutGpu = (test::exit_without_gpu("test_cuda_dit_model"), true);
+
+using test::case_request;
+using LoopFixture = test::DenoiseFixture;
 
 Tensor get(const SafetensorsFile& f, const std::string& name, bool optional = false) {
-  auto t = f.tensor(name);
-  if (!t.ok()) {
-    if (!optional) ADD_FAILURE() << t.status().message();
-    return Tensor();
-  }
-  return *t;
+  return test::fixture_tensor(f, name, optional);
 }
 
 void check(const std::string& fixture, const std::vector<std::string>& cases,
@@ -114,103 +107,26 @@ TEST(CudaMmdit, ZeroCondTEditBf16) {
 // ---- latent packing on the device ----------------------------------------------------------
 
 TEST(CudaDitOps, PackAndUnpackMatchTheHostPacking) {
-  for (const char* dtype : {"fp32", "bf16"}) {
-    SCOPED_TRACE(dtype);
-    auto b = get_backend(BackendOptions{"cuda", dtype});
-    ASSERT_TRUE(b.ok()) << b.status().message();
-    Backend& be = **b;
-    ASSERT_TRUE(be.supports_dit(DitOp::kPackLatents, be.compute_dtype()));
-    const Tensor lat = test::random_tensor({1, 16, 1, 6, 8}, 5);
-    auto up = upload_latent(be, lat);  // [1, 16, 6, 8] NHWC, as device_latent_to_tensor makes it
-    ASSERT_TRUE(up.ok()) << up.status().message();
-    EXPECT_EQ(up->layout(), Layout::kNHWC);
-    auto stored = be.download(*up);
-    ASSERT_TRUE(stored.ok());
-    auto want = pack_latents(*stored);
-    ASSERT_TRUE(want.ok());
-    auto p = be.pack_latents(*up);
-    ASSERT_TRUE(p.ok()) << p.status().message();
-    ASSERT_EQ(p->shape(), (Shape{1, 12, 64}));
-    EXPECT_EQ(be.download(*p)->to_floats(), want->to_floats());
-    auto up5 = be.upload(lat);  // row-major [1, 16, 1, 6, 8]
-    ASSERT_TRUE(up5.ok());
-    auto p5 = be.pack_latents(*up5);
-    ASSERT_TRUE(p5.ok()) << p5.status().message();
-    EXPECT_EQ(be.download(*p5)->to_floats(), want->to_floats());
-    auto u = be.unpack_latents(*p, 6, 8);
-    ASSERT_TRUE(u.ok()) << u.status().message();
-    EXPECT_EQ(u->shape(), (Shape{1, 16, 6, 8}));
-    EXPECT_EQ(u->layout(), Layout::kNHWC);
-    EXPECT_EQ(be.download(*u)->to_floats(), stored->to_floats());
-    EXPECT_FALSE(be.unpack_latents(*p, 8, 8).ok());
-  }
+  // Latents [1, 16, 6, 8] in NHWC, as device_latent_to_tensor makes them.
+  test::check_backend_packing("cuda", /*nhwc=*/true, [](Backend& be, const Tensor& p) {
+    EXPECT_FALSE(be.unpack_latents(p, 8, 8).ok());
+  });
 }
 
 // ---- the whole loop on the device ------------------------------------------------------------
 
-struct LoopFixture {
-  std::shared_ptr<Backend> backend;
-  std::shared_ptr<SafetensorsFile> io;
-  nlohmann::json cases;
-  std::unique_ptr<QwenImageMmdit> model;
-  FlowMatchSchedulerConfig scheduler;
-};
-
 LoopFixture open_loop(const std::string& fixture, const std::string& dtype) {
-  LoopFixture f;
-  const std::string root = test::fixtures_dir() + "/" + fixture;
   auto backend = get_backend(BackendOptions{"cuda", dtype});
   EXPECT_TRUE(backend.ok()) << backend.status().message();
-  if (!backend.ok()) return f;
-  f.backend = *backend;
-  auto io = SafetensorsFile::open(root + "/io_denoise.safetensors");
-  EXPECT_TRUE(io.ok()) << io.status().message();
-  if (!io.ok()) return f;
-  f.io = *io;
-  f.cases = nlohmann::json::parse(f.io->metadata().at("cases"));
-  auto model = QwenImageMmdit::load(root, f.backend);
-  EXPECT_TRUE(model.ok()) << model.status().message();
-  if (model.ok()) f.model = std::move(model).value();
-  auto cfg = Config::load(root + "/scheduler/scheduler_config.json");
-  EXPECT_TRUE(cfg.ok());
-  auto sched = cfg.ok() ? parse_flow_match_scheduler_config(*cfg)
-                        : Result<FlowMatchSchedulerConfig>(cfg.status());
-  EXPECT_TRUE(sched.ok());
-  if (sched.ok()) f.scheduler = *sched;
-  return f;
-}
-
-PromptEmbeds loop_embeds(const LoopFixture& f, const std::string& c, const std::string& prefix) {
-  PromptEmbeds p;
-  p.embeds = get(*f.io, c + "." + prefix + "prompt_embeds", true);
-  Tensor m = get(*f.io, c + "." + prefix + "prompt_embeds_mask", true);
-  if (m.defined()) p.mask = m.to_floats();
-  return p;
-}
-
-DenoiseRequest loop_request(const LoopFixture& f, const std::string& c) {
-  const nlohmann::json& meta = f.cases[c];
-  DenoiseRequest r;
-  r.steps = meta["steps"].get<int>();
-  r.true_cfg_scale = meta["true_cfg_scale"].get<float>();
-  r.strength = meta["strength"].get<double>();
-  r.noise = get(*f.io, c + ".noise");
-  r.init_latents = get(*f.io, c + ".image_latents", true);
-  for (int i = 0;; ++i) {
-    Tensor ref = get(*f.io, str_cat(c, ".reference_latents_", i), true);
-    if (!ref.defined()) break;
-    r.reference_latents.push_back(ref);
-  }
-  r.prompt = loop_embeds(f, c, "");
-  r.negative = loop_embeds(f, c, "negative_");
-  return r;
+  if (!backend.ok()) return LoopFixture();
+  return test::open_denoise_fixture(fixture, *backend);
 }
 
 void check_loop(const std::string& fixture, const std::string& c, const std::string& dtype,
                 double tolerance) {
   LoopFixture f = open_loop(fixture, dtype);
   ASSERT_TRUE(f.model);
-  DenoiseRequest r = loop_request(f, c);
+  DenoiseRequest r = case_request(f, c);
   if (c == "t2i_seed") {  // noise from the seed, as the pipeline's generator draws it
     r.noise = Tensor();
     r.height = 8;
@@ -256,7 +172,7 @@ void check_transfers(const std::string& fixture, const std::string& c, bool batc
   LoopFixture f = open_loop(fixture, "bf16");
   ASSERT_TRUE(f.model);
   Backend& be = *f.backend;
-  DenoiseRequest r = loop_request(f, c);
+  DenoiseRequest r = case_request(f, c);
   auto prompts = upload_denoise_prompts(*f.model, r.prompt, r.negative, batch_cfg);
   ASSERT_TRUE(prompts.ok()) << prompts.status().message();
   DeviceDenoiseRequest d;
@@ -326,7 +242,7 @@ TEST(CudaDenoiseLoop, DeviceLatentInDeviceLatentOut) {
   LoopFixture f = open_loop("dit_qwen_image_tiny", "bf16");
   ASSERT_TRUE(f.model);
   Backend& be = *f.backend;
-  DenoiseRequest r = loop_request(f, "img2img");
+  DenoiseRequest r = case_request(f, "img2img");
   auto host = qwen_image_denoise(*f.model, f.scheduler, r);
   ASSERT_TRUE(host.ok()) << host.status().message();
   // The image latent as a bf16 [16, 8, 12] device buffer.

@@ -26,20 +26,11 @@
 #include "tests/util/test_util.h"
 #ifdef LATENT_HAVE_CUDA
 #include "engine/backends/cuda/cuda_backend.h"
+#include "tests/util/cuda_test_util.h"
 #endif
 
-namespace {
-
 // Runs before gtest's main: no GPU, no test.
-const bool kGpuPresent = [] {
-  if (latent::cuda_device_count() == 0) {
-    std::fprintf(stderr, "test_cuda_dit_ops: no CUDA device, skipping (exit 77)\n");
-    std::exit(77);
-  }
-  return true;
-}();
-
-}  // namespace
+const bool kGpuPresent = (latent::test::exit_without_gpu("test_cuda_dit_ops"), true);
 
 #ifdef LATENT_HAVE_CUDA
 
@@ -47,33 +38,6 @@ namespace latent {
 namespace {
 
 using test::random_tensor;
-
-std::shared_ptr<Backend> cuda_backend(DType dtype) {
-  static std::map<DType, std::shared_ptr<Backend>> cache;
-  auto it = cache.find(dtype);
-  if (it != cache.end()) return it->second;
-  setenv("LATENT_CUDA_POISON", "1", 1);
-  Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype);
-  if (!r.ok()) {
-    ADD_FAILURE() << "create_cuda_backend(0, " << dtype_name(dtype)
-                  << "): " << r.status().message();
-    return nullptr;
-  }
-  cache[dtype] = r.value();
-  return r.value();
-}
-
-std::shared_ptr<Backend> cpu_reference() {
-  BackendOptions o;
-  o.device = "cpu";
-  o.dtype = "fp32";
-  Result<std::shared_ptr<Backend>> r = get_backend(o);
-  if (!r.ok()) {
-    ADD_FAILURE() << "cpu backend: " << r.status().message();
-    return nullptr;
-  }
-  return r.value();
-}
 
 // Every attention kernel variant LATENT_ATTENTION_KERNEL can force (attention_flash.cuh; "wgmma"
 // is the Hopper kernel on compute capability 9.0 and the default elsewhere, "simple" the
@@ -86,15 +50,10 @@ struct ScopedAttentionKernel {
   ~ScopedAttentionKernel() { unsetenv("LATENT_ATTENTION_KERNEL"); }
 };
 
-class CudaDitOps : public ::testing::TestWithParam<DType> {
+class CudaDitOps : public test::CudaOpTest {
  protected:
-  void SetUp() override {
-    gpu_ = cuda_backend(GetParam());
-    cpu_ = cpu_reference();
-    ASSERT_TRUE(gpu_ && cpu_);
-  }
+  CudaDitOps() { close_style_ = {66, /*tolerance_passes=*/true, /*nhwc_4d=*/false}; }
 
-  DType dtype() const { return GetParam(); }
   // Elementwise and row ops.
   double tol() const {
     switch (dtype()) {
@@ -112,68 +71,12 @@ class CudaDitOps : public ::testing::TestWithParam<DType> {
   }
   double attention_tol() const { return dtype() == DType::kBF16 ? 1e-2 : tol(); }
 
-  // Uniform [lo, hi) fp32 host tensor, rounded to the dtype under test.
-  Tensor input(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) const {
-    Tensor t = random_tensor(shape, seed, lo, hi);
-    return dtype() == DType::kF32 ? t : t.to_dtype(dtype()).to_dtype(DType::kF32);
-  }
-
-  Tensor on_gpu(const Tensor& host) {
-    if (!host.defined()) return Tensor();
-    Result<Tensor> r = gpu_->upload(host);
-    EXPECT_TRUE(r.ok()) << "upload " << host.describe() << ": " << r.status().message();
-    return r.ok() ? r.value() : Tensor();
-  }
-  Tensor on_cpu(const Tensor& host) {
-    if (!host.defined()) return Tensor();
-    Result<Tensor> r = cpu_->upload(host);
-    EXPECT_TRUE(r.ok()) << "cpu upload " << host.describe() << ": " << r.status().message();
-    return r.ok() ? r.value() : Tensor();
-  }
   // A host tensor viewed in another shape (uploaded 3-D, then reshaped on the device: upload()
   // would put a 4-D tensor in NHWC).
   static Tensor reshaped(const Tensor& t, const Shape& shape) {
     Result<Tensor> r = t.reshape(shape);
     EXPECT_TRUE(r.ok()) << r.status().message();
     return r.ok() ? r.value() : Tensor();
-  }
-
-  // Downloads both results and compares: same shape, every element finite, relative L2 < tol.
-  ::testing::AssertionResult close(const std::string& what, const Result<Tensor>& got,
-                                   const Result<Tensor>& want, double tolerance) {
-    if (!got.ok())
-      return ::testing::AssertionFailure() << what << ": cuda: " << got.status().message();
-    if (!want.ok())
-      return ::testing::AssertionFailure() << what << ": cpu: " << want.status().message();
-    if (got.value().layout() != Layout::kContiguous)
-      return ::testing::AssertionFailure() << what << ": not row-major: " << got.value().describe();
-    Result<Tensor> g = gpu_->download(got.value());
-    if (!g.ok())
-      return ::testing::AssertionFailure() << what << ": download: " << g.status().message();
-    Result<Tensor> w = cpu_->download(want.value());
-    if (!w.ok())
-      return ::testing::AssertionFailure() << what << ": cpu download: " << w.status().message();
-    if (g.value().shape() != w.value().shape())
-      return ::testing::AssertionFailure() << what << ": shape " << shape_str(g.value().shape())
-                                           << " != reference " << shape_str(w.value().shape());
-    const float* p = g.value().data_as<float>();
-    int64_t bad = 0, first_bad = -1;
-    for (int64_t i = 0; i < g.value().numel(); ++i)
-      if (!std::isfinite(p[i])) {
-        if (first_bad < 0) first_bad = i;
-        ++bad;
-      }
-    if (bad)
-      return ::testing::AssertionFailure()
-             << what << ": " << bad << " of " << g.value().numel()
-             << " outputs are not finite (unwritten?), first at " << first_bad;
-    const double err = relative_l2(g.value(), w.value());
-    std::printf("  %-66s %-5s rel L2 %.3e (tol %.0e)\n", what.c_str(), dtype_name(dtype()), err,
-                tolerance);
-    if (!(err <= tolerance))
-      return ::testing::AssertionFailure()
-             << what << ": relative L2 error " << err << " > " << tolerance;
-    return ::testing::AssertionSuccess();
   }
 
   void check_linear(const std::string& what, const Shape& xs, int64_t n, bool bias,
@@ -216,86 +119,25 @@ class CudaDitOps : public ::testing::TestWithParam<DType> {
     Tensor v = input({b, s, ch}, seed + 2);
     Tensor m = keep.empty() ? Tensor() : Tensor::from_floats({b, s}, keep);
     Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v), gm = on_gpu(m);
-    const float* qp = q.data_as<float>();
-    const float* kp = k.data_as<float>();
-    const float* vp = v.data_as<float>();
-
-    std::vector<int64_t> queries;
-    for (int64_t i :
-         {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{63}, int64_t{64}, int64_t{127},
-          int64_t{128}, t / 2 + 3, t - 129, t - 128, t - 65, t - 64, t - 2, t - 1})
-      if (i >= 0 && i < t && std::find(queries.begin(), queries.end(), i) == queries.end())
-        queries.push_back(i);
-    std::vector<int> hs = {0, heads / 2, heads - 1};
-    hs.erase(std::unique(hs.begin(), hs.end()), hs.end());
-    struct Row {
-      int64_t bi, qi;
-      int h;
-      std::vector<double> out;
-    };
-    std::vector<Row> rows;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    std::vector<double> p(static_cast<size_t>(s));
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int h : hs)
-        for (int64_t qi : queries) {
-          Row r{bi, qi, h, std::vector<double>(static_cast<size_t>(d), 0.0)};
-          const float* qr = qp + (bi * t + qi) * ch + h * d;
-          double mx = -INFINITY;
-          for (int64_t j = 0; j < s; ++j) {
-            if (!keep.empty() && keep[static_cast<size_t>(bi * s + j)] == 0.f) {
-              p[j] = -INFINITY;
-              continue;
-            }
-            const float* kr = kp + (bi * s + j) * ch + h * d;
-            double acc = 0;
-            for (int64_t c = 0; c < d; ++c) acc += static_cast<double>(qr[c]) * kr[c];
-            p[j] = acc * scale;
-            mx = std::max(mx, p[j]);
-          }
-          if (mx != -INFINITY) {  // a row without keys stays zero
-            double sum = 0;
-            for (int64_t j = 0; j < s; ++j) {
-              p[j] = p[j] == -INFINITY ? 0.0 : std::exp(p[j] - mx);
-              sum += p[j];
-            }
-            for (int64_t j = 0; j < s; ++j) {
-              if (p[j] == 0.0) continue;
-              const float* vr = vp + (bi * s + j) * ch + h * d;
-              for (int64_t c = 0; c < d; ++c) r.out[c] += p[j] / sum * vr[c];
-            }
-          }
-          rows.push_back(std::move(r));
-        }
+    const std::vector<test::AttentionRow> rows =
+        test::attention_rows(q, k, v, heads, keep, test::sample_heads(heads),
+                             test::sample_queries({0, 1, 15, 16, 63, 64, 127, 128, t / 2 + 3,
+                                                   t - 129, t - 128, t - 65, t - 64, t - 2, t - 1},
+                                                  t));
 
     for (const char* kernel : attention_kernels()) {
       ScopedAttentionKernel forced(kernel);
       const std::string name = what + " [" + kernel + "]";
       Result<Tensor> y = gpu_->attention(gq, gk, gv, heads, gm);
       ASSERT_TRUE(y.ok()) << name << ": " << y.status().message();
-      Result<Tensor> host = gpu_->download(y.value());
-      ASSERT_TRUE(host.ok()) << name << ": " << host.status().message();
-      ASSERT_EQ(host.value().numel(), b * t * ch) << name;
-      const float* yp = host.value().data_as<float>();
-      int64_t bad = 0;
-      for (int64_t i = 0; i < host.value().numel(); ++i) bad += std::isfinite(yp[i]) ? 0 : 1;
-      EXPECT_EQ(bad, 0) << name << ": outputs not finite (unwritten?)";
-      double num = 0, den = 0;
-      for (const Row& r : rows) {
-        const float* yr = yp + (r.bi * t + r.qi) * ch + r.h * d;
-        for (int64_t c = 0; c < d; ++c) {
-          num += (yr[c] - r.out[c]) * (yr[c] - r.out[c]);
-          den += r.out[c] * r.out[c];
-        }
-      }
-      const double err = std::sqrt(num / std::max(den, 1e-30));
+      const Tensor host = test::download_finite(*gpu_, y.value(), b * t * ch, name);
+      ASSERT_TRUE(host.defined());
+      const double err = test::rows_rel_l2(rows, host);
       std::printf("  %-66s %-5s rel L2 %.3e (tol %.0e, %zu rows)\n", name.c_str(),
                   dtype_name(dtype()), err, attention_tol(), rows.size());
       EXPECT_LE(err, attention_tol()) << name;
     }
   }
-
-  std::shared_ptr<Backend> gpu_, cpu_;
 };
 
 const char* act_name(DitActivation act) {

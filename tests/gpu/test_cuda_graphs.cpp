@@ -31,10 +31,7 @@ const std::string& plan_dir() {
 }
 
 const bool kSkipWithoutGpu = [] {
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "test_cuda_graphs: no CUDA device, skipping\n");
-    std::exit(77);
-  }
+  test::exit_without_gpu("test_cuda_graphs");
   // Before any backend exists: both are read when a backend is created.
   setenv("LATENT_CUDA_POISON", "1", 1);
   setenv("LATENT_PLAN_CACHE", plan_dir().c_str(), 1);
@@ -164,6 +161,16 @@ TEST(CudaGraphsInTheFrameLoop, DownloadsOfReplayedOutputsAreEachTheirOwnFrame) {
   ASSERT_TRUE(made.ok() && *made);
   std::unique_ptr<FrameDownloader> downloader = std::move(*made);
   const size_t row = 72 * 4;
+  // A 72x40 RGBA frame in `bytes`.
+  auto rgba_frame = [&](std::vector<uint8_t>& bytes) {
+    FrameDesc d;
+    d.format = FrameFormat::kRGBA;
+    d.width = 72;
+    d.height = 40;
+    d.planes[0] = bytes.data();
+    d.strides[0] = row;
+    return d;
+  };
   std::vector<std::vector<uint8_t>> got, want;
   std::vector<uint64_t> tickets;
   for (int i = 0; i < 4; ++i) {
@@ -183,23 +190,11 @@ TEST(CudaGraphsInTheFrameLoop, DownloadsOfReplayedOutputsAreEachTheirOwnFrame) {
     auto plain = m.decode(*plain_lat);
     ASSERT_TRUE(plain.ok());
     want.emplace_back(row * 40);
-    FrameDesc d;
-    d.format = FrameFormat::kRGBA;
-    d.width = 72;
-    d.height = 40;
-    d.planes[0] = want.back().data();
-    d.strides[0] = row;
-    ASSERT_TRUE(tensor_to_frame(b, *plain, *g, d).ok());
+    ASSERT_TRUE(tensor_to_frame(b, *plain, *g, rgba_frame(want.back())).ok());
   }
   for (size_t i = 0; i < tickets.size(); ++i) {
     got.emplace_back(row * 40);
-    FrameDesc d;
-    d.format = FrameFormat::kRGBA;
-    d.width = 72;
-    d.height = 40;
-    d.planes[0] = got.back().data();
-    d.strides[0] = row;
-    ASSERT_TRUE(downloader->fetch(tickets[i], d).ok());
+    ASSERT_TRUE(downloader->fetch(tickets[i], rgba_frame(got.back())).ok());
     int worst = 0;  // identical expected; a rounding edge may flip one level
     for (size_t k = 0; k < got[i].size(); ++k)
       worst = std::max(worst, std::abs(int(got[i][k]) - int(want[i][k])));

@@ -19,13 +19,7 @@
 namespace latent {
 namespace {
 
-const bool kSkipWithoutGpu = [] {
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "test_cuda_models: no CUDA device, skipping\n");
-    std::exit(77);
-  }
-  return true;
-}();
+const bool kSkipWithoutGpu = (test::exit_without_gpu("test_cuda_models"), true);
 
 struct Case {
   std::string name;  // fixture folder
@@ -39,7 +33,8 @@ struct Param {
 };
 
 std::string param_name(const testing::TestParamInfo<Param>& p) {
-  std::string n = p.param.c.name + "_" + (p.param.c.path.empty() ? "folder" : "file") + "_" + p.param.dtype;
+  std::string n =
+      p.param.c.name + "_" + (p.param.c.path.empty() ? "folder" : "file") + "_" + p.param.dtype;
   for (char& ch : n)
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;

@@ -27,20 +27,11 @@
 #include <cuda_runtime_api.h>
 
 #include "engine/backends/cuda/cuda_backend.h"
+#include "tests/util/cuda_test_util.h"
 #endif
 
-namespace {
-
 // Runs before gtest's main: no GPU, no test.
-const bool kGpuPresent = [] {
-  if (latent::cuda_device_count() == 0) {
-    std::fprintf(stderr, "test_cuda_ops: no CUDA device, skipping (exit 77)\n");
-    std::exit(77);
-  }
-  return true;
-}();
-
-}  // namespace
+const bool kGpuPresent = (latent::test::exit_without_gpu("test_cuda_ops"), true);
 
 #ifdef LATENT_HAVE_CUDA
 
@@ -49,49 +40,11 @@ namespace {
 
 using test::random_tensor;
 
-// A fresh CUDA backend (not the registry's shared one) with poisoned allocations.
-std::shared_ptr<Backend> cuda_backend(DType dtype, bool simple_attention = false) {
-  static std::map<std::pair<DType, bool>, std::shared_ptr<Backend>> cache;
-  auto key = std::make_pair(dtype, simple_attention);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  setenv("LATENT_CUDA_POISON", "1", 1);
-  if (simple_attention)
-    setenv("LATENT_CUDA_ATTENTION", "simple", 1);
-  else
-    unsetenv("LATENT_CUDA_ATTENTION");
-  Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype);
-  unsetenv("LATENT_CUDA_ATTENTION");
-  if (!r.ok()) {
-    ADD_FAILURE() << "create_cuda_backend(0, " << dtype_name(dtype)
-                  << "): " << r.status().message();
-    return nullptr;
-  }
-  cache[key] = r.value();
-  return r.value();
-}
+using test::AttentionRow;
+using test::poisoned_cuda_backend;
 
-std::shared_ptr<Backend> cpu_reference() {
-  BackendOptions o;
-  o.device = "cpu";
-  o.dtype = "fp32";
-  Result<std::shared_ptr<Backend>> r = get_backend(o);
-  if (!r.ok()) {
-    ADD_FAILURE() << "cpu backend: " << r.status().message();
-    return nullptr;
-  }
-  return r.value();
-}
-
-class CudaOps : public ::testing::TestWithParam<DType> {
+class CudaOps : public test::CudaOpTest {
  protected:
-  void SetUp() override {
-    gpu_ = cuda_backend(GetParam());
-    cpu_ = cpu_reference();
-    ASSERT_TRUE(gpu_ && cpu_);
-  }
-
-  DType dtype() const { return GetParam(); }
   double tol() const {
     switch (dtype()) {
       case DType::kBF16:
@@ -104,64 +57,6 @@ class CudaOps : public ::testing::TestWithParam<DType> {
     return 1e-3;
   }
   double conv_tol() const { return dtype() == DType::kF32 ? 3e-3 : tol(); }
-
-  // Uniform [lo, hi) fp32 host tensor, rounded to the dtype under test.
-  Tensor input(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) const {
-    Tensor t = random_tensor(shape, seed, lo, hi);
-    return dtype() == DType::kF32 ? t : t.to_dtype(dtype()).to_dtype(DType::kF32);
-  }
-
-  Tensor on_gpu(const Tensor& host) {
-    if (!host.defined()) return Tensor();
-    Result<Tensor> r = gpu_->upload(host);
-    EXPECT_TRUE(r.ok()) << "upload " << host.describe() << ": " << r.status().message();
-    return r.ok() ? r.value() : Tensor();
-  }
-  Tensor on_cpu(const Tensor& host) {
-    if (!host.defined()) return Tensor();
-    Result<Tensor> r = cpu_->upload(host);
-    EXPECT_TRUE(r.ok()) << "cpu upload " << host.describe() << ": " << r.status().message();
-    return r.ok() ? r.value() : Tensor();
-  }
-
-  // Downloads both results and compares: same shape, every element finite, relative L2 < tol.
-  ::testing::AssertionResult close(const std::string& what, const Result<Tensor>& got,
-                                   const Result<Tensor>& want, double tolerance) {
-    if (!got.ok())
-      return ::testing::AssertionFailure() << what << ": cuda: " << got.status().message();
-    if (!want.ok())
-      return ::testing::AssertionFailure() << what << ": cpu: " << want.status().message();
-    if (got.value().layout() != (got.value().rank() == 4 ? Layout::kNHWC : Layout::kContiguous))
-      return ::testing::AssertionFailure()
-             << what << ": unexpected layout of " << got.value().describe();
-    Result<Tensor> g = gpu_->download(got.value());
-    if (!g.ok())
-      return ::testing::AssertionFailure() << what << ": download: " << g.status().message();
-    Result<Tensor> w = cpu_->download(want.value());
-    if (!w.ok())
-      return ::testing::AssertionFailure() << what << ": cpu download: " << w.status().message();
-    if (g.value().shape() != w.value().shape())
-      return ::testing::AssertionFailure() << what << ": shape " << shape_str(g.value().shape())
-                                           << " != reference " << shape_str(w.value().shape());
-    const float* p = g.value().data_as<float>();
-    int64_t bad = 0, first_bad = -1;
-    for (int64_t i = 0; i < g.value().numel(); ++i)
-      if (!std::isfinite(p[i])) {
-        if (first_bad < 0) first_bad = i;
-        ++bad;
-      }
-    if (bad)
-      return ::testing::AssertionFailure()
-             << what << ": " << bad << " of " << g.value().numel()
-             << " outputs are not finite (unwritten?), first at " << first_bad;
-    const double err = relative_l2(g.value(), w.value());
-    std::printf("  %-58s %-5s rel L2 %.3e (tol %.0e)\n", what.c_str(), dtype_name(dtype()), err,
-                tolerance);
-    if (!(err < tolerance))
-      return ::testing::AssertionFailure()
-             << what << ": relative L2 error " << err << " >= " << tolerance;
-    return ::testing::AssertionSuccess();
-  }
 
   // conv2d on both backends with the same inputs. Weights scaled by 1/sqrt(fan_in).
   void check_conv(const std::string& what, const Shape& xs, int64_t cout, int kernel,
@@ -209,24 +104,17 @@ class CudaOps : public ::testing::TestWithParam<DType> {
     const float* qp = q.data_as<float>();
     const float* kp = k.data_as<float>();
     const float* vp = v.data_as<float>();
-    std::vector<int64_t> queries;
-    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{127}, t / 2 + 5,
-                      t - 65, t - 64, t - 1})
-      if (i >= 0 && i < t && std::find(queries.begin(), queries.end(), i) == queries.end())
-        queries.push_back(i);
-    struct Row {
-      int64_t b, qi, h;
-      std::vector<double> out;
-    };
-    std::vector<Row> rows;
+    const std::vector<int64_t> queries =
+        test::sample_queries({0, 1, 63, 64, 127, t / 2 + 5, t - 65, t - 64, t - 1}, t);
+    std::vector<AttentionRow> rows;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     std::vector<double> p(static_cast<size_t>(t));
-    std::vector<int64_t> hs = {0};
+    std::vector<int> hs = {0};
     if (heads > 1) hs.push_back(heads - 1);
     for (int64_t b = 0; b < n; ++b)
-      for (int64_t h : hs)
+      for (int h : hs)
         for (int64_t qi : queries) {
-          Row r{b, qi, h, std::vector<double>(static_cast<size_t>(d), 0.0)};
+          AttentionRow r{b, qi, h, std::vector<double>(static_cast<size_t>(d), 0.0)};
           std::fill(p.begin(), p.end(), 0.0);
           for (int64_t e = 0; e < d; ++e) {
             const double qe = qp[(b * c + h * d + e) * t + qi];
@@ -251,28 +139,17 @@ class CudaOps : public ::testing::TestWithParam<DType> {
       Result<Tensor> y = gpu_->spatial_attention(gq, gk, gv, heads);
       unsetenv("LATENT_ATTENTION_KERNEL");
       ASSERT_TRUE(y.ok()) << name << ": " << y.status().message();
-      Result<Tensor> host = gpu_->download(y.value());
-      ASSERT_TRUE(host.ok()) << name << ": " << host.status().message();
-      ASSERT_EQ(host.value().numel(), n * c * t) << name;
-      const float* yp = host.value().data_as<float>();
-      int64_t bad = 0;
-      for (int64_t i = 0; i < host.value().numel(); ++i) bad += std::isfinite(yp[i]) ? 0 : 1;
-      EXPECT_EQ(bad, 0) << name << ": outputs not finite (unwritten?)";
-      double num = 0, den = 0;
-      for (const Row& r : rows)
-        for (int64_t e = 0; e < d; ++e) {
-          const double g = yp[(r.b * c + r.h * d + e) * t + r.qi];
-          num += (g - r.out[e]) * (g - r.out[e]);
-          den += r.out[e] * r.out[e];
-        }
-      const double err = std::sqrt(num / std::max(den, 1e-30));
+      const Tensor host = test::download_finite(*gpu_, y.value(), n * c * t, name);
+      ASSERT_TRUE(host.defined());
+      const float* yp = host.data_as<float>();
+      const double err = test::rows_rel_l2(rows, [&](const AttentionRow& r, int64_t e) {
+        return static_cast<double>(yp[(r.bi * c + r.h * d + e) * t + r.qi]);
+      });
       std::printf("  %-58s %-5s rel L2 %.3e (tol %.0e, %zu rows)\n", name.c_str(),
                   dtype_name(dtype()), err, tol(), rows.size());
       EXPECT_LT(err, tol()) << name;
     }
   }
-
-  std::shared_ptr<Backend> gpu_, cpu_;
 };
 
 // Every attention kernel variant LATENT_ATTENTION_KERNEL can force (attention_flash.cuh; "wgmma"
@@ -481,7 +358,7 @@ TEST_P(CudaOps, SpatialAttention) {
 
 TEST_P(CudaOps, SpatialAttentionCudaCoreKernel) {
   if (dtype() == DType::kF32) GTEST_SKIP() << "fp32 always runs the CUDA-core kernel";
-  std::shared_ptr<Backend> simple = cuda_backend(dtype(), /*simple_attention=*/true);
+  std::shared_ptr<Backend> simple = poisoned_cuda_backend(dtype(), /*simple_attention=*/true);
   ASSERT_TRUE(simple);
   check_attention("attention (CUDA cores) [1,512,32,32] d 512", *simple, {1, 512, 32, 32}, 1, 1300);
   check_attention("attention (CUDA cores) [1,384,16,16] d 384", *simple, {1, 384, 16, 16}, 1, 1310);
@@ -582,7 +459,8 @@ TEST(CudaBackend, ErrorsNameTheDevice) {
 }
 
 TEST(CudaBackend, WrongDtypeIsRejected) {
-  std::shared_ptr<Backend> bf16 = cuda_backend(DType::kBF16), fp32 = cuda_backend(DType::kF32);
+  std::shared_ptr<Backend> bf16 = poisoned_cuda_backend(DType::kBF16),
+                           fp32 = poisoned_cuda_backend(DType::kF32);
   ASSERT_TRUE(bf16 && fp32);
   Result<Tensor> t = fp32->upload(random_tensor({1, 8, 4, 4}, 1600));
   ASSERT_TRUE(t.ok()) << t.status().message();

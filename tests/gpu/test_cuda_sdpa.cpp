@@ -39,16 +39,14 @@
 
 #include "engine/backends/cuda/cuda_backend.h"
 #include "engine/backends/cuda/sdpa.h"
+#include "tests/util/cuda_test_util.h"
 #endif
 
 namespace {
 
 // Runs before gtest's main: no GPU or no cuDNN SDPA in this build, no test.
 const bool kRunnable = [] {
-  if (latent::cuda_device_count() == 0) {
-    std::fprintf(stderr, "test_cuda_sdpa: no CUDA device, skipping (exit 77)\n");
-    std::exit(77);
-  }
+  latent::test::exit_without_gpu("test_cuda_sdpa");
 #ifdef LATENT_HAVE_CUDA
   if (!latent::cuda::sdpa_compiled()) {
     std::fprintf(stderr,
@@ -68,21 +66,6 @@ namespace latent {
 namespace {
 
 using test::random_tensor;
-
-std::shared_ptr<Backend> cuda_backend(DType dtype) {
-  static std::map<DType, std::shared_ptr<Backend>> cache;
-  auto it = cache.find(dtype);
-  if (it != cache.end()) return it->second;
-  setenv("LATENT_CUDA_POISON", "1", 1);
-  Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype);
-  if (!r.ok()) {
-    ADD_FAILURE() << "create_cuda_backend(0, " << dtype_name(dtype)
-                  << "): " << r.status().message();
-    return nullptr;
-  }
-  cache[dtype] = r.value();
-  return r.value();
-}
 
 int device_major() {
   cudaDeviceProp p{};
@@ -142,29 +125,18 @@ std::vector<float> prefix_mask(int64_t s, const std::vector<int64_t>& lengths) {
   return keep;
 }
 
-class CudaSdpa : public ::testing::TestWithParam<DType> {
+// The bf16 and fp16 cases (input() rounds to them); no CPU reference (float64 rows instead).
+class CudaSdpa : public test::CudaOpTest {
  protected:
   void SetUp() override {
     unsetenv("LATENT_CUDNN_SDPA");
     unsetenv("LATENT_ATTENTION_KERNEL");
     if (device_major() < 8) GTEST_SKIP() << "cuDNN SDPA needs sm_80 or newer";
-    gpu_ = cuda_backend(GetParam());
+    gpu_ = test::poisoned_cuda_backend(GetParam());
     ASSERT_TRUE(gpu_);
   }
 
-  DType dtype() const { return GetParam(); }
   double tol() const { return dtype() == DType::kBF16 ? 1e-2 : 5e-3; }
-
-  // Uniform [lo, hi) fp32 host tensor, rounded to the dtype under test.
-  Tensor input(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) const {
-    return random_tensor(shape, seed, lo, hi).to_dtype(dtype()).to_dtype(DType::kF32);
-  }
-  Tensor on_gpu(const Tensor& host) {
-    if (!host.defined()) return Tensor();
-    Result<Tensor> r = gpu_->upload(host);
-    EXPECT_TRUE(r.ok()) << "upload " << host.describe() << ": " << r.status().message();
-    return r.ok() ? r.value() : Tensor();
-  }
 
   // Runs the op on one path (key lengths passed only for kPadding); `ran` gets the path
   // sdpa_counters() saw.
@@ -192,7 +164,11 @@ class CudaSdpa : public ::testing::TestWithParam<DType> {
     Tensor v = input({p.b, p.s, ch}, seed + 2);
     Tensor m = p.keep.empty() ? Tensor() : Tensor::from_floats({p.b, p.s}, p.keep);
     Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v), gm = on_gpu(m);
-    const std::vector<Row> rows = reference_rows(p, q, k, v);
+    // float64 attention for sampled rows.
+    const std::vector<test::AttentionRow> rows = test::attention_rows(
+        q, k, v, p.heads, p.keep, test::sample_heads(p.heads),
+        test::sample_queries(
+            {0, 1, 63, 64, 127, 128, p.t / 2 + 3, p.t - 129, p.t - 64, p.t - 2, p.t - 1}, p.t));
 
     std::map<Path, std::vector<float>> outputs;
     std::vector<Path> paths = {Path::kCudnn, Path::kOurs};
@@ -218,26 +194,14 @@ class CudaSdpa : public ::testing::TestWithParam<DType> {
       } else if (ran == Path::kOurs) {
         std::printf("  %s: cuDNN has no engine for this shape, our kernel ran\n", name.c_str());
       }
-      Result<Tensor> host = gpu_->download(y.value());
-      ASSERT_TRUE(host.ok()) << name << ": " << host.status().message();
-      ASSERT_EQ(host.value().numel(), p.b * p.t * ch) << name;
-      const float* yp = host.value().data_as<float>();
-      int64_t bad = 0;
-      for (int64_t i = 0; i < host.value().numel(); ++i) bad += std::isfinite(yp[i]) ? 0 : 1;
-      EXPECT_EQ(bad, 0) << name << ": outputs not finite (unwritten?)";
-      double num = 0, den = 0;
-      for (const Row& r : rows) {
-        const float* yr = yp + (r.bi * p.t + r.qi) * ch + r.h * p.d;
-        for (int64_t c = 0; c < p.d; ++c) {
-          num += (yr[c] - r.out[c]) * (yr[c] - r.out[c]);
-          den += r.out[c] * r.out[c];
-        }
-      }
-      const double err = std::sqrt(num / std::max(den, 1e-30));
-      std::printf("  %-66s %-5s ran %-7s vs f64 rel L2 %.3e (tol %.0e, %zu rows)\n",
-                  name.c_str(), dtype_name(dtype()), path_name(ran), err, tol(), rows.size());
+      const Tensor host = test::download_finite(*gpu_, y.value(), p.b * p.t * ch, name);
+      ASSERT_TRUE(host.defined());
+      const float* yp = host.data_as<float>();
+      const double err = test::rows_rel_l2(rows, host);
+      std::printf("  %-66s %-5s ran %-7s vs f64 rel L2 %.3e (tol %.0e, %zu rows)\n", name.c_str(),
+                  dtype_name(dtype()), path_name(ran), err, tol(), rows.size());
       EXPECT_LE(err, tol()) << name;
-      outputs[path].assign(yp, yp + host.value().numel());
+      outputs[path].assign(yp, yp + host.numel());
     }
     auto compare = [&](Path a, Path b) {
       const std::vector<float>& x = outputs[a];
@@ -260,62 +224,6 @@ class CudaSdpa : public ::testing::TestWithParam<DType> {
       compare(Path::kPadding, Path::kOurs);
     }
   }
-
-  struct Row {
-    int64_t bi, qi;
-    int h;
-    std::vector<double> out;
-  };
-  // float64 attention for sampled rows.
-  static std::vector<Row> reference_rows(const Problem& p, const Tensor& q, const Tensor& k,
-                                         const Tensor& v) {
-    const int64_t ch = p.heads * p.d, t = p.t, s = p.s, d = p.d;
-    const float* qp = q.data_as<float>();
-    const float* kp = k.data_as<float>();
-    const float* vp = v.data_as<float>();
-    std::vector<int64_t> queries;
-    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{127},
-                      int64_t{128}, t / 2 + 3, t - 129, t - 64, t - 2, t - 1})
-      if (i >= 0 && i < t && std::find(queries.begin(), queries.end(), i) == queries.end())
-        queries.push_back(i);
-    std::vector<int> hs = {0, p.heads / 2, p.heads - 1};
-    hs.erase(std::unique(hs.begin(), hs.end()), hs.end());
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    std::vector<double> w(static_cast<size_t>(s));
-    std::vector<Row> rows;
-    for (int64_t bi = 0; bi < p.b; ++bi)
-      for (int h : hs)
-        for (int64_t qi : queries) {
-          Row r{bi, qi, h, std::vector<double>(static_cast<size_t>(d), 0.0)};
-          const float* qr = qp + (bi * t + qi) * ch + h * d;
-          double mx = -INFINITY;
-          for (int64_t j = 0; j < s; ++j) {
-            if (!p.keep.empty() && p.keep[static_cast<size_t>(bi * s + j)] == 0.f) {
-              w[j] = -INFINITY;
-              continue;
-            }
-            const float* kr = kp + (bi * s + j) * ch + h * d;
-            double acc = 0;
-            for (int64_t c = 0; c < d; ++c) acc += static_cast<double>(qr[c]) * kr[c];
-            w[j] = acc * scale;
-            mx = std::max(mx, w[j]);
-          }
-          double sum = 0;
-          for (int64_t j = 0; j < s; ++j) {
-            w[j] = w[j] == -INFINITY ? 0.0 : std::exp(w[j] - mx);
-            sum += w[j];
-          }
-          for (int64_t j = 0; j < s; ++j) {
-            if (w[j] == 0.0) continue;
-            const float* vr = vp + (bi * s + j) * ch + h * d;
-            for (int64_t c = 0; c < d; ++c) r.out[c] += w[j] / sum * vr[c];
-          }
-          rows.push_back(std::move(r));
-        }
-    return rows;
-  }
-
-  std::shared_ptr<Backend> gpu_;
 };
 
 // [128 text | image] keys with text keys [from, to) masked in batch row `row`.
@@ -434,7 +342,7 @@ TEST_P(CudaSdpa, FallbackSwitches) {
 
 TEST(CudaSdpaFp32, UsesOurKernel) {
   if (device_major() < 8) GTEST_SKIP() << "sm_80 or newer";
-  std::shared_ptr<Backend> gpu = cuda_backend(DType::kF32);
+  std::shared_ptr<Backend> gpu = test::poisoned_cuda_backend(DType::kF32);
   ASSERT_TRUE(gpu);
   Result<Tensor> q = gpu->upload(random_tensor({1, 64, 128}, 2300));
   ASSERT_TRUE(q.ok());
@@ -561,10 +469,9 @@ TEST_P(CudaSdpa, TimingKeyLengths) {
       Path path;
       bool masked;
     };
-    for (const Variant& x : {Variant{"no mask", Path::kCudnn, false},
-                             Variant{"bias", Path::kCudnn, true},
-                             Variant{"padding", Path::kPadding, true},
-                             Variant{"ours, mask", Path::kOurs, true}}) {
+    for (const Variant& x :
+         {Variant{"no mask", Path::kCudnn, false}, Variant{"bias", Path::kCudnn, true},
+          Variant{"padding", Path::kPadding, true}, Variant{"ours, mask", Path::kOurs, true}}) {
       const Tensor mask = x.masked ? m : Tensor();
       Path ran = Path::kOurs;
       for (int i = 0; i < 3; ++i)
@@ -579,8 +486,7 @@ TEST_P(CudaSdpa, TimingKeyLengths) {
         ASSERT_TRUE(gpu_->attention(q, k, v, heads, mask, given).ok());
       ASSERT_TRUE(gpu_->synchronize().ok());
       const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-              .count() /
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
           iters;
       const double flop = 4.0 * 2 * heads * static_cast<double>(s) * s * d;
       std::printf("  timing %-5s B=2 T=%-5lld %-10s ran %-7s %.3f ms %.0f TFLOP/s\n",

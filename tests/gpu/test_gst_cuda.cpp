@@ -4,45 +4,33 @@
 // I420 input; LATENCY answers); latents and frames in CUDA memory between the elements and
 // GStreamer's CUDA elements (cudaupload, cudadownload), with the engine's host<->device copies
 // counted. Exits 77 (skipped) without a GPU.
-#include <dlfcn.h>
 #include <gst/gst.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
-#include "engine/weights/safetensors.h"
+#include "tests/util/gst_cuda_test_util.h"
 #include "tests/util/test_util.h"
 
 #ifdef LATENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
-namespace {
-
-// Skip the whole binary without a GPU, before gtest starts.
-const bool kHaveGpu = [] {
-  if (latent::cuda_device_count() == 0) {
-    std::fprintf(stderr, "test_gst_cuda: no CUDA device, skipping\n");
-    std::exit(77);
-  }
-#ifdef LATENT_PLUGIN_DIR
-  setenv("GST_PLUGIN_PATH_1_0", LATENT_PLUGIN_DIR, 0);  // ctest runs; the device sets its own
-#endif
-  return true;
-}();
-
-}  // namespace
-
 namespace latent {
 namespace {
+
+using test::dit_root;
+using test::mean_abs_diff;
+using test::PipelineRun;
+using test::run_pipeline;
+using test::same_frame_sizes;
 
 std::shared_ptr<Backend> backend(const char* device) {
   BackendOptions o;
@@ -80,6 +68,21 @@ struct HostFrame {
     }
   }
 };
+
+// `n` host frames, seeds `seed`, `seed` + 1, ...
+std::vector<HostFrame> host_frames(int n, FrameFormat f, int w, int h, uint64_t seed) {
+  std::vector<HostFrame> frames;
+  for (int i = 0; i < n; ++i) frames.emplace_back(f, w, h, seed + i);
+  return frames;
+}
+
+// What a create_frame_stager() or create_frame_downloader() call made; null (and a test failure)
+// if it failed.
+template <typename T>
+std::unique_ptr<T> made(Result<std::unique_ptr<T>> r) {
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? std::move(*r) : nullptr;
+}
 
 FrameGeometry plan(int w, int h, SizePolicy p) {
   auto g = plan_frame_geometry(w, h, 8, p);
@@ -180,13 +183,10 @@ TEST(CudaFrames, TensorToFrameMatchesTheCpu) {
 TEST(CudaFrames, StagedFramesMatchDirectConversion) {
   auto cuda = backend("cuda");
   ASSERT_TRUE(cuda);
-  auto made = create_frame_stager(*cuda, 2);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  std::unique_ptr<FrameStager> stager = std::move(*made);
+  std::unique_ptr<FrameStager> stager = made(create_frame_stager(*cuda, 2));
   ASSERT_TRUE(stager);
   const FrameGeometry g = plan(80, 56, SizePolicy::kPad);
-  std::vector<HostFrame> frames;
-  for (int i = 0; i < 8; ++i) frames.emplace_back(FrameFormat::kNV12, 80, 56, 100 + i);
+  const std::vector<HostFrame> frames = host_frames(8, FrameFormat::kNV12, 80, 56, 100);
   std::deque<uint64_t> tickets;
   int converted = 0;
   for (int i = 0; i < 8; ++i) {
@@ -214,69 +214,6 @@ TEST(CudaFrames, StagedFramesMatchDirectConversion) {
 
 // ---- the elements ---------------------------------------------------------------------------
 
-struct RunResult {
-  std::vector<std::vector<uint8_t>> frames;
-  std::vector<GstClockTime> pts;
-  GstClockTime latency_min = GST_CLOCK_TIME_NONE;
-  bool ok = false;
-  std::string error;
-};
-
-void on_handoff(GstElement*, GstBuffer* buf, GstPad*, gpointer data) {
-  auto* r = static_cast<RunResult*>(data);
-  GstMapInfo m;
-  if (gst_buffer_map(buf, &m, GST_MAP_READ)) {
-    r->frames.emplace_back(m.data, m.data + m.size);
-    gst_buffer_unmap(buf, &m);
-  }
-  r->pts.push_back(GST_BUFFER_PTS(buf));
-}
-
-RunResult run_pipeline(const std::string& description) {
-  RunResult r;
-  GError* err = nullptr;
-  GstElement* p = gst_parse_launch(description.c_str(), &err);
-  if (!p) {
-    r.error = err ? err->message : "parse failed";
-    g_clear_error(&err);
-    return r;
-  }
-  GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
-  g_object_set(sink, "signal-handoffs", TRUE, nullptr);
-  g_signal_connect(sink, "handoff", G_CALLBACK(on_handoff), &r);
-  gst_element_set_state(p, GST_STATE_PLAYING);
-  GstBus* bus = gst_element_get_bus(p);
-  GstMessage* msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND,
-                                               GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
-  if (msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS) {
-    r.ok = true;
-    // Asked from the sink's pad: a sink with sync=false would not ask upstream itself.
-    GstQuery* q = gst_query_new_latency();
-    GstPad* pad = gst_element_get_static_pad(sink, "sink");
-    const bool answered = gst_pad_peer_query(pad, q);
-    gst_object_unref(pad);
-    if (answered) {
-      gboolean live;
-      GstClockTime max;
-      gst_query_parse_latency(q, &live, &r.latency_min, &max);
-    }
-    gst_query_unref(q);
-  } else if (msg) {
-    GError* e = nullptr;
-    gst_message_parse_error(msg, &e, nullptr);
-    r.error = e ? e->message : "error";
-    g_clear_error(&e);
-  } else {
-    r.error = "timeout";
-  }
-  if (msg) gst_message_unref(msg);
-  gst_object_unref(bus);
-  gst_element_set_state(p, GST_STATE_NULL);
-  gst_object_unref(sink);
-  gst_object_unref(p);
-  return r;
-}
-
 std::string model() { return test::fixtures_dir() + "/tiny_taesd"; }
 
 std::string round_trip(const char* device, const char* format, const char* policy) {
@@ -286,24 +223,14 @@ std::string round_trip(const char* device, const char* format, const char* polic
                  " device=", device, " ! video/x-raw,format=RGB ! fakesink name=out sync=false");
 }
 
-double mean_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += std::abs(int(a[i]) - int(b[i]));
-  return s / std::max<size_t>(1, a.size());
-}
-
 TEST(GstCuda, EncodeDecodeOnTheGpuMatchesTheCpu) {
   for (const char* format : {"RGB", "BGRx", "NV12", "I420"}) {
     for (const char* policy : {"pad", "crop", "scale"}) {
       SCOPED_TRACE(std::string(format) + " " + policy);
-      RunResult gpu = run_pipeline(round_trip("cuda", format, policy));
-      RunResult cpu = run_pipeline(round_trip("cpu", format, policy));
-      ASSERT_TRUE(gpu.ok) << gpu.error;
-      ASSERT_TRUE(cpu.ok) << cpu.error;
-      ASSERT_EQ(gpu.frames.size(), 3u);
-      ASSERT_EQ(cpu.frames.size(), 3u);
+      PipelineRun gpu = run_pipeline(round_trip("cuda", format, policy));
+      PipelineRun cpu = run_pipeline(round_trip("cpu", format, policy));
+      ASSERT_TRUE(same_frame_sizes(gpu, cpu, 3u));
       for (size_t i = 0; i < 3; ++i) {
-        ASSERT_EQ(gpu.frames[i].size(), cpu.frames[i].size());
         // bf16 activations through a whole (tiny) VAE against fp32: a few levels on average.
         EXPECT_LE(mean_abs_diff(gpu.frames[i], cpu.frames[i]), 3.0) << "frame " << i;
       }
@@ -315,7 +242,7 @@ TEST(GstCuda, PrefetchingChangesNoByte) {
   const std::string base = round_trip("cuda", "I420", "scale");
   std::string none = base;
   none.replace(none.find(" size-policy"), 0, " prefetch-depth=0");
-  RunResult a = run_pipeline(base), b = run_pipeline(none);
+  PipelineRun a = run_pipeline(base), b = run_pipeline(none);
   ASSERT_TRUE(a.ok) << a.error;
   ASSERT_TRUE(b.ok) << b.error;
   ASSERT_EQ(a.frames.size(), 3u);  // EOS drains the frames held back
@@ -323,7 +250,7 @@ TEST(GstCuda, PrefetchingChangesNoByte) {
 }
 
 TEST(GstCuda, LatencyQueryCountsBothStages) {
-  RunResult r = run_pipeline(round_trip("cuda", "RGB", "pad"));
+  PipelineRun r = run_pipeline(round_trip("cuda", "RGB", "pad"));
   ASSERT_TRUE(r.ok) << r.error;
   ASSERT_TRUE(GST_CLOCK_TIME_IS_VALID(r.latency_min));
   EXPECT_GT(r.latency_min, 0u);  // videotestsrc is not live: the stages' own figures
@@ -352,8 +279,8 @@ size_t differing_bytes(const std::vector<uint8_t>& a, const std::vector<uint8_t>
 // Graph replays run the same kernels with the same algorithms as the plain forward: the same
 // bytes, with both elements capturing on the shared stream while the other one runs.
 TEST(GstCudaPlans, GraphsOnAndOffGiveTheSameFrames) {
-  RunResult on = run_pipeline(two_stages(12, "cuda-graphs=true", "cuda-graphs=true"));
-  RunResult off = run_pipeline(two_stages(12, "cuda-graphs=false", "cuda-graphs=false"));
+  PipelineRun on = run_pipeline(two_stages(12, "cuda-graphs=true", "cuda-graphs=true"));
+  PipelineRun off = run_pipeline(two_stages(12, "cuda-graphs=false", "cuda-graphs=false"));
   ASSERT_TRUE(on.ok) << on.error;
   ASSERT_TRUE(off.ok) << off.error;
   ASSERT_EQ(on.frames.size(), 12u);
@@ -372,8 +299,8 @@ TEST(GstCudaPlans, GraphsOnAndOffGiveTheSameFrames) {
 TEST(GstCudaPlans, EachSizeIsPlannedAndMatchesTheUnplannedRun) {
   for (const char* size : {"width=100,height=60", "width=64,height=48", "width=1920,height=1080"}) {
     SCOPED_TRACE(size);
-    RunResult on = run_pipeline(two_stages(3, "cuda-graphs=true", "cuda-graphs=true", size));
-    RunResult off = run_pipeline(two_stages(3, "cuda-graphs=false", "cuda-graphs=false", size));
+    PipelineRun on = run_pipeline(two_stages(3, "cuda-graphs=true", "cuda-graphs=true", size));
+    PipelineRun off = run_pipeline(two_stages(3, "cuda-graphs=false", "cuda-graphs=false", size));
     ASSERT_TRUE(on.ok && off.ok) << on.error << off.error;
     ASSERT_EQ(on.frames.size(), 3u);
     ASSERT_EQ(off.frames.size(), 3u);
@@ -385,8 +312,8 @@ TEST(GstCudaPlans, EachSizeIsPlannedAndMatchesTheUnplannedRun) {
 TEST(GstCudaPlans, StagedDecodeMatchesUnstagedAndEosDrainsEveryFrame) {
   for (int frames : {1, 2, 5, 9}) {
     SCOPED_TRACE(frames);
-    RunResult staged = run_pipeline(two_stages(frames, "prefetch-depth=0", "prefetch-depth=3"));
-    RunResult direct = run_pipeline(two_stages(frames, "prefetch-depth=0", "prefetch-depth=0"));
+    PipelineRun staged = run_pipeline(two_stages(frames, "prefetch-depth=0", "prefetch-depth=3"));
+    PipelineRun direct = run_pipeline(two_stages(frames, "prefetch-depth=0", "prefetch-depth=0"));
     ASSERT_TRUE(staged.ok) << staged.error;
     ASSERT_TRUE(direct.ok) << direct.error;
     ASSERT_EQ(staged.frames.size(), size_t(frames));
@@ -400,8 +327,8 @@ TEST(GstCudaPlans, StagedDecodeMatchesUnstagedAndEosDrainsEveryFrame) {
 
 // LATENCY answers count the frames vaedecode holds for its downloads.
 TEST(GstCudaPlans, LatencyIncludesStagedFrames) {
-  RunResult staged = run_pipeline(two_stages(6, "prefetch-depth=0", "prefetch-depth=4"));
-  RunResult direct = run_pipeline(two_stages(6, "prefetch-depth=0", "prefetch-depth=0"));
+  PipelineRun staged = run_pipeline(two_stages(6, "prefetch-depth=0", "prefetch-depth=4"));
+  PipelineRun direct = run_pipeline(two_stages(6, "prefetch-depth=0", "prefetch-depth=0"));
   ASSERT_TRUE(staged.ok && direct.ok) << staged.error << direct.error;
   ASSERT_TRUE(GST_CLOCK_TIME_IS_VALID(staged.latency_min));
   ASSERT_TRUE(GST_CLOCK_TIME_IS_VALID(direct.latency_min));
@@ -415,13 +342,10 @@ TEST(GstCudaPlans, LatencyIncludesStagedFrames) {
 TEST(CudaFrames, DownloadedFramesMatchTensorToFrame) {
   auto cuda = backend("cuda");
   ASSERT_TRUE(cuda);
-  auto made = create_frame_downloader(*cuda, 2);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  std::unique_ptr<FrameDownloader> downloader = std::move(*made);
+  std::unique_ptr<FrameDownloader> downloader = made(create_frame_downloader(*cuda, 2));
   ASSERT_TRUE(downloader);
   const FrameGeometry g = plan(80, 56, SizePolicy::kScale);
-  std::vector<HostFrame> inputs;
-  for (int i = 0; i < 8; ++i) inputs.emplace_back(FrameFormat::kRGB, 80, 56, 300 + i);
+  const std::vector<HostFrame> inputs = host_frames(8, FrameFormat::kRGB, 80, 56, 300);
   std::deque<std::pair<uint64_t, int>> queued;
   int fetched = 0;
   for (int i = 0; i < 8; ++i) {
@@ -465,106 +389,10 @@ TEST(CudaFrames, DownloadedFramesMatchTensorToFrame) {
 
 // ---- GPU-resident buffers between the elements (elements/gstlatentcuda.h) --------------------
 
-// The engine's transfer counters as the plugin sees them. The plugin carries its own copy of the
-// engine, so its counters are read through its own symbols (plus this binary's, in case the
-// dynamic linker bound the plugin's counting calls here).
-struct PluginCounters {
-  using Get = TransferCounts (*)();
-  using Reset = void (*)();
-  Get get = nullptr;
-  Reset reset = nullptr;
-  PluginCounters() {
-    GstPlugin* plugin = gst_registry_find_plugin(gst_registry_get(), "latent");
-    if (!plugin) return;
-    GstPlugin* loaded = gst_plugin_load(plugin);
-    const gchar* file = loaded ? gst_plugin_get_filename(loaded) : nullptr;
-    void* handle = file ? dlopen(file, RTLD_NOW | RTLD_NOLOAD) : nullptr;
-    if (handle) {
-      get = reinterpret_cast<Get>(dlsym(handle, "_ZN6latent15transfer_countsEv"));
-      reset = reinterpret_cast<Reset>(dlsym(handle, "_ZN6latent21reset_transfer_countsEv"));
-    }
-    if (loaded) gst_object_unref(loaded);
-    gst_object_unref(plugin);
-  }
-  bool ok() const { return get && reset; }
-  void clear() const {
-    reset();
-    reset_transfer_counts();
-  }
-  TransferCounts read() const {
-    TransferCounts a = get(), b = transfer_counts();
-    a.host_to_device += b.host_to_device;
-    a.device_to_host += b.device_to_host;
-    a.host_to_device_bytes += b.host_to_device_bytes;
-    a.device_to_host_bytes += b.device_to_host_bytes;
-    return a;
-  }
-};
-
-struct CountedRun {
-  RunResult run;
-  TransferCounts counts;
-};
-
 // Runs `description` with the counters reset when the first frame reaches the element named
 // "enc" (the models are loaded and their weights uploaded by then).
-CountedRun run_counted(const std::string& description) {
-  CountedRun r;
-  static const PluginCounters counters;
-  EXPECT_TRUE(counters.ok()) << "the latent plugin's transfer counters were not found";
-  if (!counters.ok()) return r;
-  struct Hook {
-    const PluginCounters* c;
-    bool armed = true;
-  } hook{&counters};
-  GError* err = nullptr;
-  GstElement* p = gst_parse_launch(description.c_str(), &err);
-  if (!p) {
-    r.run.error = err ? err->message : "parse failed";
-    g_clear_error(&err);
-    return r;
-  }
-  GstElement* enc = gst_bin_get_by_name(GST_BIN(p), "enc");
-  GstPad* pad = enc ? gst_element_get_static_pad(enc, "sink") : nullptr;
-  if (pad) {
-    gst_pad_add_probe(
-        pad, GST_PAD_PROBE_TYPE_BUFFER,
-        [](GstPad*, GstPadProbeInfo*, gpointer data) -> GstPadProbeReturn {
-          auto* h = static_cast<Hook*>(data);
-          if (h->armed) h->c->clear();
-          h->armed = false;
-          return GST_PAD_PROBE_OK;
-        },
-        &hook, nullptr);
-    gst_object_unref(pad);
-  }
-  if (enc) gst_object_unref(enc);
-  GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
-  g_object_set(sink, "signal-handoffs", TRUE, nullptr);
-  g_signal_connect(sink, "handoff", G_CALLBACK(on_handoff), &r.run);
-  gst_element_set_state(p, GST_STATE_PLAYING);
-  GstBus* bus = gst_element_get_bus(p);
-  GstMessage* msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND,
-                                               GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
-  r.counts = counters.read();
-  if (msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS) {
-    r.run.ok = true;
-  } else if (msg) {
-    GError* e = nullptr;
-    gchar* dbg = nullptr;
-    gst_message_parse_error(msg, &e, &dbg);
-    r.run.error = str_cat(e ? e->message : "error", " (", dbg ? dbg : "", ")");
-    g_clear_error(&e);
-    g_free(dbg);
-  } else {
-    r.run.error = "timeout";
-  }
-  if (msg) gst_message_unref(msg);
-  gst_object_unref(bus);
-  gst_element_set_state(p, GST_STATE_NULL);
-  gst_object_unref(sink);
-  gst_object_unref(p);
-  return r;
+PipelineRun run_counted(const std::string& description) {
+  return test::run_counted(description, "enc", "sink");
 }
 
 constexpr int kW = 96, kH = 64, kFrames = 3;
@@ -579,13 +407,13 @@ std::string latent_link(const char* latent_caps) {
 }
 
 TEST(GstCudaMemory, LatentsStayOnTheGpuBetweenTheStages) {
-  CountedRun dev = run_counted(latent_link("application/x-latent(memory:CUDAMemory)"));
-  CountedRun sys = run_counted(latent_link("application/x-latent(memory:SystemMemory)"));
-  ASSERT_TRUE(dev.run.ok) << dev.run.error;
-  ASSERT_TRUE(sys.run.ok) << sys.run.error;
-  ASSERT_EQ(dev.run.frames.size(), size_t(kFrames));
+  PipelineRun dev = run_counted(latent_link("application/x-latent(memory:CUDAMemory)"));
+  PipelineRun sys = run_counted(latent_link("application/x-latent(memory:SystemMemory)"));
+  ASSERT_TRUE(dev.ok) << dev.error;
+  ASSERT_TRUE(sys.ok) << sys.error;
+  ASSERT_EQ(dev.frames.size(), size_t(kFrames));
   // Latents in the compute dtype (bf16) either way: the same bytes, so the same frames.
-  EXPECT_EQ(dev.run.frames, sys.run.frames);
+  EXPECT_EQ(dev.frames, sys.frames);
   const int64_t frame_bytes = int64_t(kW) * kH * 4;
   // GPU-resident: only each frame's upload and each frame's download.
   EXPECT_EQ(dev.counts.host_to_device, kFrames);
@@ -606,20 +434,16 @@ TEST(GstCudaMemory, CudaFramesInAndOutMatchSystemMemoryFrames) {
     const std::string stages =
         str_cat("vaeencode name=enc model=", model(), " device=cuda ! vaedecode model=", model(),
                 " device=cuda ! ");
-    CountedRun dev = run_counted(
+    PipelineRun dev = run_counted(
         src + "cudaupload ! video/x-raw(memory:CUDAMemory) ! " + stages +
         "video/x-raw(memory:CUDAMemory),format=RGBA ! cudadownload ! video/x-raw,format=RGBA ! "
         "fakesink name=out sync=false");
-    CountedRun sys =
+    PipelineRun sys =
         run_counted(src + stages + "video/x-raw,format=RGBA ! fakesink name=out sync=false");
-    ASSERT_TRUE(dev.run.ok) << dev.run.error;
-    ASSERT_TRUE(sys.run.ok) << sys.run.error;
-    ASSERT_EQ(dev.run.frames.size(), size_t(kFrames));
-    ASSERT_EQ(sys.run.frames.size(), size_t(kFrames));
+    ASSERT_TRUE(same_frame_sizes(dev, sys, size_t(kFrames)));
     for (int i = 0; i < kFrames; ++i) {
-      ASSERT_EQ(dev.run.frames[i].size(), sys.run.frames[i].size());
       // The same kernels read the same bytes (in place instead of uploaded): bf16 tolerance.
-      EXPECT_LE(mean_abs_diff(dev.run.frames[i], sys.run.frames[i]), 1.0) << "frame " << i;
+      EXPECT_LE(mean_abs_diff(dev.frames[i], sys.frames[i]), 1.0) << "frame " << i;
     }
     // Frames and latents in CUDA memory: the engine copies nothing between host and device.
     EXPECT_EQ(dev.counts.host_to_device, 0);
@@ -629,21 +453,8 @@ TEST(GstCudaMemory, CudaFramesInAndOutMatchSystemMemoryFrames) {
 
 // The Qwen-Image fixture pipeline (VAE, transformer) and a prompt-embeds file written from its
 // reference inputs, for ditdenoise between the VAE stages.
-std::string dit_root() { return test::fixtures_dir() + "/dit_qwen_image_tiny"; }
 std::string dit_prompt_file() {
-  const std::string path = test::temp_dir() + "/gst_cuda_dit_prompt.safetensors";
-  auto io = SafetensorsFile::open(dit_root() + "/io_denoise.safetensors");
-  EXPECT_TRUE(io.ok()) << io.status().message();
-  if (!io.ok()) return path;
-  std::map<std::string, Tensor> t;
-  for (const char* name : {"prompt_embeds", "prompt_embeds_mask"}) {
-    auto v = (*io)->tensor(std::string("t2i_cfg.") + name);
-    if (v.ok()) t[name] = v->to_dtype(DType::kF32);
-  }
-  EXPECT_EQ(t.count("prompt_embeds"), 1u);
-  Status st = write_safetensors(path, t);
-  EXPECT_TRUE(st.ok()) << st.message();
-  return path;
+  return test::dit_embeds_file("gst_cuda_dit_prompt.safetensors", "");
 }
 
 // vaeencode ! <caps> ! ditdenoise ! <caps> ! vaedecode, all on the GPU (64x96: an 8x12 latent).
@@ -659,17 +470,13 @@ std::string dit_link(const char* latent_caps, const std::string& prompt) {
 
 TEST(GstCudaMemory, DitDenoiseTakesAndGivesCudaLatents) {
   const std::string prompt = dit_prompt_file();
-  CountedRun dev = run_counted(dit_link("application/x-latent(memory:CUDAMemory)", prompt));
-  CountedRun sys = run_counted(dit_link("application/x-latent(memory:SystemMemory)", prompt));
-  ASSERT_TRUE(dev.run.ok) << dev.run.error;
-  ASSERT_TRUE(sys.run.ok) << sys.run.error;
-  ASSERT_EQ(dev.run.frames.size(), 2u);
-  ASSERT_EQ(sys.run.frames.size(), 2u);
+  PipelineRun dev = run_counted(dit_link("application/x-latent(memory:CUDAMemory)", prompt));
+  PipelineRun sys = run_counted(dit_link("application/x-latent(memory:SystemMemory)", prompt));
+  ASSERT_TRUE(same_frame_sizes(dev, sys, 2u));
   for (size_t i = 0; i < 2; ++i) {
-    ASSERT_EQ(dev.run.frames[i].size(), sys.run.frames[i].size());
     // The loop sees the same host latents either way; only bf16 rounding of its result may
     // differ (device vs host conversion).
-    EXPECT_LE(mean_abs_diff(dev.run.frames[i], sys.run.frames[i]), 1.0) << "frame " << i;
+    EXPECT_LE(mean_abs_diff(dev.frames[i], sys.frames[i]), 1.0) << "frame " << i;
   }
   // The whole loop runs on the device (elements/gstditdenoise.cpp): with CUDA memory no latent
   // byte goes through the host, while system-memory latents go down and up twice a frame
@@ -683,8 +490,5 @@ TEST(GstCudaMemory, DitDenoiseTakesAndGivesCudaLatents) {
 }  // namespace latent
 
 int main(int argc, char** argv) {
-  (void)kHaveGpu;
-  gst_init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return latent::test::gst_gpu_test_main("test_gst_cuda", argc, argv);
 }

@@ -16,6 +16,7 @@
 #include "engine/models/dit/denoise.h"
 #include "engine/weights/config.h"
 #include "engine/weights/safetensors.h"
+#include "tests/util/dit_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace latent {
@@ -34,64 +35,13 @@ std::shared_ptr<Backend> cpu_backend() {
   return b.ok() ? *b : nullptr;
 }
 
-struct Fixture {
-  std::shared_ptr<SafetensorsFile> io;
-  nlohmann::json cases;  // per case: steps, true_cfg_scale, strength, seed
-  std::unique_ptr<QwenImageMmdit> model;
-  FlowMatchSchedulerConfig scheduler;
-};
+using Fixture = test::DenoiseFixture;
+using test::case_request;
 
-Fixture open(const std::string& name) {
-  Fixture f;
-  auto io = SafetensorsFile::open(root(name) + "/io_denoise.safetensors");
-  EXPECT_TRUE(io.ok()) << io.status().message();
-  if (!io.ok()) return f;
-  f.io = *io;
-  f.cases = nlohmann::json::parse(f.io->metadata().at("cases"));
-  auto model = QwenImageMmdit::load(root(name), cpu_backend());
-  EXPECT_TRUE(model.ok()) << model.status().message();
-  if (model.ok()) f.model = std::move(model).value();
-  auto cfg = Config::load(root(name) + "/scheduler/scheduler_config.json");
-  EXPECT_TRUE(cfg.ok());
-  auto sched = parse_flow_match_scheduler_config(*cfg);
-  EXPECT_TRUE(sched.ok()) << sched.status().message();
-  if (sched.ok()) f.scheduler = *sched;
-  return f;
-}
+Fixture open(const std::string& name) { return test::open_denoise_fixture(name, cpu_backend()); }
 
 Tensor get(const Fixture& f, const std::string& name, bool optional = false) {
-  auto t = f.io->tensor(name);
-  if (!t.ok()) {
-    if (!optional) ADD_FAILURE() << t.status().message();
-    return Tensor();
-  }
-  return *t;
-}
-
-PromptEmbeds embeds(const Fixture& f, const std::string& c, const std::string& prefix) {
-  PromptEmbeds p;
-  p.embeds = get(f, c + "." + prefix + "prompt_embeds", true);
-  Tensor m = get(f, c + "." + prefix + "prompt_embeds_mask", true);
-  if (m.defined()) p.mask = m.to_floats();
-  return p;
-}
-
-DenoiseRequest request(const Fixture& f, const std::string& c) {
-  const nlohmann::json& meta = f.cases[c];
-  DenoiseRequest r;
-  r.steps = meta["steps"].get<int>();
-  r.true_cfg_scale = meta["true_cfg_scale"].get<float>();
-  r.strength = meta["strength"].get<double>();
-  r.noise = get(f, c + ".noise");
-  r.init_latents = get(f, c + ".image_latents", true);
-  for (int i = 0;; ++i) {
-    Tensor ref = get(f, str_cat(c, ".reference_latents_", i), true);
-    if (!ref.defined()) break;
-    r.reference_latents.push_back(ref);
-  }
-  r.prompt = embeds(f, c, "");
-  r.negative = embeds(f, c, "negative_");
-  return r;
+  return test::fixture_tensor(*f.io, name, optional);
 }
 
 void expect_latents(const Fixture& f, const std::string& c, const DenoiseRequest& r,
@@ -108,7 +58,7 @@ void expect_latents(const Fixture& f, const std::string& c, const DenoiseRequest
 TEST(DenoiseLoop, TextToImageWithTrueCfgMatchesQwenImagePipeline) {
   Fixture f = open("dit_qwen_image_tiny");
   ASSERT_TRUE(f.model);
-  DenoiseRequest r = request(f, "t2i_cfg");
+  DenoiseRequest r = case_request(f, "t2i_cfg");
   ASSERT_TRUE(r.negative.defined());
   expect_latents(f, "t2i_cfg", r, "batched cfg");
   r.batch_cfg = false;
@@ -130,7 +80,7 @@ TEST(DenoiseLoop, DecodedImageMatchesThePipeline) {
 TEST(DenoiseLoop, SeededNoiseMatchesTorchGenerator) {
   Fixture f = open("dit_qwen_image_tiny");
   ASSERT_TRUE(f.model);
-  DenoiseRequest r = request(f, "t2i_seed");
+  DenoiseRequest r = case_request(f, "t2i_seed");
   EXPECT_FALSE(r.negative.defined());
   r.noise = Tensor();  // from the seed, as the pipeline's generator
   r.height = 8;
@@ -145,7 +95,7 @@ TEST(DenoiseLoop, SeededNoiseMatchesTorchGenerator) {
 TEST(DenoiseLoop, Img2ImgStrengthMatchesImg2ImgPipeline) {
   Fixture f = open("dit_qwen_image_tiny");
   ASSERT_TRUE(f.model);
-  DenoiseRequest r = request(f, "img2img");
+  DenoiseRequest r = case_request(f, "img2img");
   ASSERT_TRUE(r.init_latents.defined());
   ASSERT_LT(r.strength, 1.0);
   expect_latents(f, "img2img", r, "explicit noise");
@@ -158,7 +108,7 @@ TEST(DenoiseLoop, EditWithReferencesMatchesEditPlusLoop) {
   Fixture f = open("dit_qwen_image_edit_tiny");
   ASSERT_TRUE(f.model);
   ASSERT_TRUE(f.model->config().zero_cond_t);
-  DenoiseRequest r = request(f, "edit_cfg");
+  DenoiseRequest r = case_request(f, "edit_cfg");
   ASSERT_EQ(r.reference_latents.size(), 2u);
   expect_latents(f, "edit_cfg", r, "batched cfg");
   r.batch_cfg = false;
@@ -168,7 +118,7 @@ TEST(DenoiseLoop, EditWithReferencesMatchesEditPlusLoop) {
 TEST(DenoiseLoop, RequestErrors) {
   Fixture f = open("dit_qwen_image_tiny");
   ASSERT_TRUE(f.model);
-  DenoiseRequest r = request(f, "t2i_cfg");
+  DenoiseRequest r = case_request(f, "t2i_cfg");
   DenoiseRequest bad = r;
   bad.strength = 0.5;  // no init latents
   auto out = qwen_image_denoise(*f.model, f.scheduler, bad);
@@ -304,47 +254,17 @@ TEST(LatentPacking, PatchOrderAndRoundTrip) {
 }
 
 TEST(LatentPacking, BackendOpsMatchTheHostPacking) {
-  for (const char* dtype : {"fp32", "bf16"}) {
-    SCOPED_TRACE(dtype);
-    auto b = get_backend(BackendOptions{"cpu", dtype});
-    ASSERT_TRUE(b.ok()) << b.status().message();
-    Backend& be = **b;
-    ASSERT_TRUE(be.supports_dit(DitOp::kPackLatents, be.compute_dtype()));
-    ASSERT_TRUE(be.supports_dit(DitOp::kUnpackLatents, be.compute_dtype()));
-    const Tensor lat = test::random_tensor({1, 16, 1, 6, 8}, 5);
-    auto up = upload_latent(be, lat);  // [1, 16, 6, 8] in the backend's dtype
-    ASSERT_TRUE(up.ok()) << up.status().message();
-    EXPECT_EQ(up->shape(), (Shape{1, 16, 6, 8}));
-    auto stored = be.download(*up);  // the values as the backend holds them
-    ASSERT_TRUE(stored.ok());
-    auto want = pack_latents(*stored);
-    ASSERT_TRUE(want.ok());
-    auto p = be.pack_latents(*up);
-    ASSERT_TRUE(p.ok()) << p.status().message();
-    ASSERT_EQ(p->shape(), (Shape{1, 12, 64}));
-    auto got = be.download(*p);
-    ASSERT_TRUE(got.ok());
-    EXPECT_EQ(got->to_floats(), want->to_floats());
-    // A row-major [1, C, 1, h, w] packs the same.
-    auto up5 = be.upload(lat);
-    ASSERT_TRUE(up5.ok());
-    auto p5 = be.pack_latents(*up5);
-    ASSERT_TRUE(p5.ok()) << p5.status().message();
-    EXPECT_EQ(be.download(*p5)->to_floats(), want->to_floats());
-    auto u = be.unpack_latents(*p, 6, 8);
-    ASSERT_TRUE(u.ok()) << u.status().message();
-    EXPECT_EQ(u->shape(), (Shape{1, 16, 6, 8}));
-    EXPECT_EQ(be.download(*u)->to_floats(), stored->to_floats());
+  test::check_backend_packing("cpu", /*nhwc=*/false, [](Backend& be, const Tensor& p) {
     // Errors name the problem.
     auto odd = be.upload(test::random_tensor({1, 16, 5, 8}, 1));
     ASSERT_TRUE(odd.ok());
     auto bad = be.pack_latents(*odd);
     ASSERT_FALSE(bad.ok());
     EXPECT_NE(bad.status().message().find("even"), std::string::npos) << bad.status().message();
-    bad = be.unpack_latents(*p, 8, 8);
+    bad = be.unpack_latents(p, 8, 8);
     ASSERT_FALSE(bad.ok());
     EXPECT_NE(bad.status().message().find("tokens do not make"), std::string::npos);
-  }
+  });
 }
 
 // The loop on the backend with its inputs uploaded once: the same latents as the host form, loop
@@ -353,7 +273,7 @@ TEST(DenoiseLoop, OnTheBackendReusesItsUploadedInputs) {
   Fixture f = open("dit_qwen_image_tiny");
   ASSERT_TRUE(f.model);
   Backend& be = f.model->backend();
-  DenoiseRequest r = request(f, "img2img");
+  DenoiseRequest r = case_request(f, "img2img");
   auto host = qwen_image_denoise(*f.model, f.scheduler, r);
   ASSERT_TRUE(host.ok()) << host.status().message();
   auto prompts = upload_denoise_prompts(*f.model, r.prompt, r.negative);

@@ -3,9 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+
+#include "engine/backends/registry.h"
 
 namespace latent::test {
 
@@ -47,6 +50,12 @@ Tensor random_tensor(const Shape& shape, uint64_t seed, float lo, float hi) {
 bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
+}
+
+void exit_without_gpu(const char* test_name) {
+  if (cuda_device_count() > 0) return;
+  std::fprintf(stderr, "%s: no CUDA device, skipping (exit 77)\n", test_name);
+  std::exit(77);
 }
 
 }  // namespace latent::test

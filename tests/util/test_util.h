@@ -16,5 +16,8 @@ std::string temp_dir();
 Tensor random_tensor(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f);
 // Whether a file exists.
 bool file_exists(const std::string& path);
+// A GPU test's first step: without a CUDA device, says so on stderr and exits with 77, which
+// ctest reports as skipped.
+void exit_without_gpu(const char* test_name);
 
 }  // namespace latent::test
