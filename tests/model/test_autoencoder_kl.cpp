@@ -211,10 +211,7 @@ TEST(AutoencoderKL, ExtraTensorIsNamed) {
 }
 
 TEST(AutoencoderKL, ConfigThatDisagreesWithTheWeights) {
-  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
-  auto cfg = read_json(fixture("kl_tiny") + "/config.json");
-  cfg["layers_per_block"] = 2;
-  std::string msg = load_error(folder_with("kl_lpb", sd, cfg));
+  std::string msg = config_error("kl_tiny", "kl_lpb", "layers_per_block", 2);
   EXPECT_NE(msg.find("encoder.down_blocks.0.resnets.1.norm1.weight"), std::string::npos) << msg;
 }
 
@@ -231,38 +228,19 @@ TEST(AutoencoderKL, UnsupportedClassName) {
 }
 
 TEST(AutoencoderKL, BadConfigValues) {
-  auto sd = read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors");
-  auto cfg = read_json(fixture("kl_tiny") + "/config.json");
-  cfg["act_fn"] = "gelu";
-  std::string msg = load_error(folder_with("kl_gelu", sd, cfg));
+  std::string msg = config_error("kl_tiny", "kl_gelu", "act_fn", "gelu");
   EXPECT_NE(msg.find("act_fn"), std::string::npos) << msg;
-  cfg = read_json(fixture("kl_tiny") + "/config.json");
-  cfg["block_out_channels"] = "wide";
-  msg = load_error(folder_with("kl_boc", sd, cfg));
+  msg = config_error("kl_tiny", "kl_boc", "block_out_channels", "wide");
   EXPECT_NE(msg.find("block_out_channels"), std::string::npos) << msg;
 }
 
 TEST(AutoencoderKL, BadSamplesAndLatents) {
   auto model = load_ok(fixture("kl_tiny"));
   ASSERT_TRUE(model);
-  Backend& b = model->backend();
-  auto two_channels = b.upload(test::random_tensor({1, 2, 16, 16}, 9));
-  ASSERT_TRUE(two_channels.ok());
-  auto r = model->encode(*two_channels);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("[1, 2, 16, 16]"), std::string::npos) << r.status().message();
-
-  auto odd = b.upload(test::random_tensor({1, 3, 20, 40}, 10));  // 20 is not a multiple of 8
-  ASSERT_TRUE(odd.ok());
-  r = model->encode(*odd);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("multiple of 8"), std::string::npos) << r.status().message();
-
-  auto latent = b.upload(test::random_tensor({1, 16, 3, 5}, 11));
-  ASSERT_TRUE(latent.ok());
-  r = model->decode(*latent);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("[1, 16, 3, 5]"), std::string::npos) << r.status().message();
+  expect_input_error(*model, /*encode=*/true, {1, 2, 16, 16}, 9, "[1, 2, 16, 16]");
+  // 20 is not a multiple of 8
+  expect_input_error(*model, /*encode=*/true, {1, 3, 20, 40}, 10, "multiple of 8");
+  expect_input_error(*model, /*encode=*/false, {1, 16, 3, 5}, 11, "[1, 16, 3, 5]");
   EXPECT_FALSE(model->decode(Tensor()).ok());
 }
 

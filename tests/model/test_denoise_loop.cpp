@@ -26,14 +26,7 @@ constexpr double kTolerance = 1e-3;
 
 std::string root(const std::string& name) { return test::fixtures_dir() + "/" + name; }
 
-std::shared_ptr<Backend> cpu_backend() {
-  BackendOptions o;
-  o.device = "cpu";
-  o.dtype = "fp32";
-  auto b = get_backend(o);
-  if (!b.ok()) ADD_FAILURE() << b.status().message();
-  return b.ok() ? *b : nullptr;
-}
+using test::cpu_backend;
 
 using Fixture = test::DenoiseFixture;
 using test::case_request;

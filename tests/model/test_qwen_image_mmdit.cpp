@@ -24,14 +24,7 @@ constexpr double kTolerance = 1e-3;
 
 std::string root(const std::string& name) { return test::fixtures_dir() + "/" + name; }
 
-std::shared_ptr<Backend> cpu_backend(const std::string& dtype = "fp32") {
-  BackendOptions o;
-  o.device = "cpu";
-  o.dtype = dtype;
-  auto b = get_backend(o);
-  if (!b.ok()) ADD_FAILURE() << b.status().message();
-  return b.ok() ? *b : nullptr;
-}
+using test::cpu_backend;
 
 // The inputs of one io_transformer.safetensors case ("single.hidden_states", ...).
 struct Case {

@@ -18,6 +18,7 @@
 #include "engine/weights/model_source.h"
 #include "engine/weights/safetensors.h"
 #include "tests/util/test_util.h"
+#include "tests/util/vae_test_util.h"
 
 namespace latent {
 namespace {
@@ -31,14 +32,7 @@ std::string single_file() {
   return case_dir("qwen_image_vae_tiny_single") + "/vae_single.safetensors";
 }
 
-std::shared_ptr<Backend> cpu_backend() {
-  BackendOptions o;
-  o.device = "cpu";
-  o.dtype = "fp32";
-  auto b = get_backend(o);
-  if (!b.ok()) ADD_FAILURE() << b.status().message();
-  return b.ok() ? *b : nullptr;
-}
+using test::cpu_backend;
 
 // Loads through the same steps as load_vae: resolve, config (if any), weights, architecture.
 Result<std::unique_ptr<VaeModel>> load(const std::string& path, VaeLoadOptions options = {}) {
@@ -52,29 +46,7 @@ Result<std::unique_ptr<VaeModel>> load(const std::string& path, VaeLoadOptions o
   return load_qwen_image_vae(src, config ? &*config : nullptr, weights, cpu_backend(), options);
 }
 
-struct Io {
-  Tensor sample, latent_mean, latent, decoded;
-};
-
-Io read_io(const std::string& dir) {
-  Io io;
-  auto f = SafetensorsFile::open(dir + "/io.safetensors");
-  if (!f.ok()) {
-    ADD_FAILURE() << f.status().message()
-                  << " (generate with: python3 scripts/make_fixtures.py --out tests/fixtures)";
-    return io;
-  }
-  auto get = [&](const char* name) {
-    auto t = (*f)->tensor(name);
-    if (!t.ok()) ADD_FAILURE() << t.status().message();
-    return t.ok() ? t->to_dtype(DType::kF32) : Tensor();
-  };
-  io.sample = get("sample");
-  io.latent_mean = get("latent_mean");
-  io.latent = get("latent");
-  io.decoded = get("decoded");
-  return io;
-}
+using test::Io;
 
 Tensor upload(Backend& b, const Tensor& host) {
   auto t = b.upload(host);
@@ -141,13 +113,13 @@ std::string config_with(const std::string& key, const nlohmann::json& value) {
 TEST(QwenImageVae, DiffusersFolderMatchesReference) {
   auto vae = load(folder_case());
   ASSERT_TRUE(vae.ok()) << vae.status().message();
-  check_against_reference(**vae, read_io(folder_case()));
+  check_against_reference(**vae, test::load_io(folder_case()));
 }
 
 TEST(QwenImageVae, WanSingleFileMatchesReference) {
   auto vae = load(single_file());
   ASSERT_TRUE(vae.ok()) << vae.status().message();
-  check_against_reference(**vae, read_io(case_dir("qwen_image_vae_tiny_single")));
+  check_against_reference(**vae, test::load_io(case_dir("qwen_image_vae_tiny_single")));
 }
 
 TEST(QwenImageVae, PrefixedSingleFileMatchesReference) {
@@ -155,7 +127,7 @@ TEST(QwenImageVae, PrefixedSingleFileMatchesReference) {
   for (auto& [n, t] : read_all(single_file())) prefixed["first_stage_model." + n] = t;
   auto vae = load(write_single_variant("prefixed", prefixed));
   ASSERT_TRUE(vae.ok()) << vae.status().message();
-  check_against_reference(**vae, read_io(folder_case()));
+  check_against_reference(**vae, test::load_io(folder_case()));
 }
 
 TEST(QwenImageVae, DiffusersNamedSingleFileMatchesReference) {
@@ -163,7 +135,7 @@ TEST(QwenImageVae, DiffusersNamedSingleFileMatchesReference) {
       "diffusers_names", read_all(folder_case() + "/diffusion_pytorch_model.safetensors"));
   auto vae = load(path);
   ASSERT_TRUE(vae.ok()) << vae.status().message();
-  check_against_reference(**vae, read_io(folder_case()));
+  check_against_reference(**vae, test::load_io(folder_case()));
 }
 
 TEST(QwenImageVae, ModelInfo) {
@@ -238,7 +210,7 @@ TEST(QwenImageVae, SingleFileConfigIsReadFromShapes) {
   dec.encoder = false;
   auto vae = load(dstore->path(), dec);
   ASSERT_TRUE(vae.ok()) << vae.status().message();
-  const Io io = read_io(folder_case());
+  const Io io = test::load_io(folder_case());
   expect_matches((*vae)->backend(), (*vae)->decode(upload((*vae)->backend(), io.latent)),
                  io.decoded, "decode (decoder-only single file)");
 }
@@ -289,7 +261,7 @@ TEST(QwenImageVae, OriginalNames) {
 }
 
 TEST(QwenImageVae, PartialLoads) {
-  const Io io = read_io(folder_case());
+  const Io io = test::load_io(folder_case());
   VaeLoadOptions dec;
   dec.encoder = false;
   auto d = load(folder_case(), dec);
@@ -346,7 +318,7 @@ TEST(QwenImageVae, BadInputs) {
 TEST(QwenImageVae, BatchOfTwoMatchesEachImage) {
   auto vae = load(folder_case());
   ASSERT_TRUE(vae.ok()) << vae.status().message();
-  const Io io = read_io(folder_case());
+  const Io io = test::load_io(folder_case());
   Backend& b = (*vae)->backend();
   // [2, C, H, W]: the fixture image then a second, different one.
   Tensor other = test::random_tensor(io.sample.shape(), 7);

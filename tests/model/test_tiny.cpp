@@ -176,14 +176,9 @@ TEST(AutoencoderTiny, MissingAndExtraTensorsInPublishedFilesAreNamed) {
 }
 
 TEST(AutoencoderTiny, UnsupportedConfigValues) {
-  auto sd = read_all(fixture("tiny_taesd") + "/diffusion_pytorch_model.safetensors");
-  auto cfg = read_json(fixture("tiny_taesd") + "/config.json");
-  cfg["upsampling_scaling_factor"] = 3;
-  std::string msg = load_error(folder_with("tiny_up3", sd, cfg));
+  std::string msg = config_error("tiny_taesd", "tiny_up3", "upsampling_scaling_factor", 3);
   EXPECT_NE(msg.find("upsampling_scaling_factor"), std::string::npos) << msg;
-  cfg = read_json(fixture("tiny_taesd") + "/config.json");
-  cfg["num_encoder_blocks"] = {1, 3, 3};
-  msg = load_error(folder_with("tiny_blocks", sd, cfg));
+  msg = config_error("tiny_taesd", "tiny_blocks", "num_encoder_blocks", {1, 3, 3});
   EXPECT_NE(msg.find("num_encoder_blocks"), std::string::npos) << msg;
 }
 
@@ -200,20 +195,9 @@ TEST(AutoencoderTiny, LatentSpaceKey) {
 TEST(AutoencoderTiny, BadSamplesAndLatents) {
   auto model = load_ok(fixture("tiny_taesd"));
   ASSERT_TRUE(model);
-  Backend& b = model->backend();
-  auto four = b.upload(test::random_tensor({1, 4, 16, 16}, 5));
-  ASSERT_TRUE(four.ok());
-  auto r = model->encode(*four);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("[1, 4, 16, 16]"), std::string::npos) << r.status().message();
-  auto odd = b.upload(test::random_tensor({1, 3, 16, 36}, 6));
-  ASSERT_TRUE(odd.ok());
-  r = model->encode(*odd);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("multiple of 8"), std::string::npos) << r.status().message();
-  auto latent = b.upload(test::random_tensor({1, 3, 2, 2}, 7));
-  ASSERT_TRUE(latent.ok());
-  EXPECT_FALSE(model->decode(*latent).ok());
+  expect_input_error(*model, /*encode=*/true, {1, 4, 16, 16}, 5, "[1, 4, 16, 16]");
+  expect_input_error(*model, /*encode=*/true, {1, 3, 16, 36}, 6, "multiple of 8");
+  input_error(*model, /*encode=*/false, {1, 3, 2, 2}, 7);
 }
 
 TEST(AutoencoderTiny, LayoutDetection) {

@@ -4,11 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <stdexcept>
 #include <vector>
 
 #include "engine/backends/backend.h"
 #include "engine/backends/registry.h"
+#include "tests/util/backend_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace latent {
@@ -17,50 +17,12 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-template <typename T>
-T must(Result<T> r, const char* what) {
-  if (!r.ok()) throw std::runtime_error(str_cat(what, ": ", r.status().message()));
-  return std::move(r).value();
-}
-
-std::shared_ptr<Backend> cpu(DType dtype) {
-  return must(get_backend({"cpu", dtype_name(dtype)}), "get_backend");
-}
-
-// Relative L2 error allowed for an op whose output is rounded once to the storage dtype.
-double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 1e-5;
-    case DType::kBF16:
-      return 1e-2;
-    case DType::kF16:
-      return 2e-3;
-  }
-  return 0;
-}
-
-// A backend tensor and the exact values it holds (after rounding to the storage dtype).
-struct Arg {
-  Tensor dev;
-  std::vector<float> v;
-};
-
-Arg make_arg(Backend& be, const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  Tensor dev = must(be.upload(test::random_tensor(shape, seed, lo, hi)), "upload");
-  return {dev, must(be.download(dev), "download").to_floats()};
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  if (got.size() != want.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using test::Arg;
+using test::cpu;
+using test::make_arg;
+using test::must;
+using test::rel_l2;
+using test::tolerance;
 
 void expect_matches(Backend& be, const Result<Tensor>& got, const Shape& shape,
                     const std::vector<double>& want, DType dtype, const char* what) {

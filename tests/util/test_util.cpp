@@ -1,5 +1,6 @@
 #include "tests/util/test_util.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,15 @@
 #include "engine/backends/registry.h"
 
 namespace latent::test {
+
+std::shared_ptr<Backend> cpu_backend(const std::string& dtype) {
+  BackendOptions o;
+  o.device = "cpu";
+  o.dtype = dtype;
+  auto b = get_backend(o);
+  if (!b.ok()) ADD_FAILURE() << b.status().message();
+  return b.ok() ? *b : nullptr;
+}
 
 std::string fixtures_dir() {
   const char* env = std::getenv("LATENT_FIXTURES");

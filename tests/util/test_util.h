@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "engine/backends/backend.h"
 #include "engine/core/tensor.h"
 
 namespace latent::test {
@@ -14,6 +16,9 @@ std::string fixtures_dir();
 std::string temp_dir();
 // Uniform [-1, 1) fp32 host tensor from a seeded generator.
 Tensor random_tensor(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f);
+// The CPU backend storing `dtype` ("fp32", "bf16", "fp16"); null and a test failure if it
+// cannot be had.
+std::shared_ptr<Backend> cpu_backend(const std::string& dtype = "fp32");
 // Whether a file exists.
 bool file_exists(const std::string& path);
 // A GPU test's first step: without a CUDA device, says so on stderr and exits with 77, which

@@ -109,4 +109,28 @@ std::string folder_with(const std::string& name, const std::map<std::string, Ten
   return d;
 }
 
+std::string config_error(const std::string& fixture_name, const std::string& dir,
+                         const std::string& key, const nlohmann::json& value) {
+  auto sd = read_all(fixture(fixture_name) + "/diffusion_pytorch_model.safetensors");
+  auto cfg = read_json(fixture(fixture_name) + "/config.json");
+  cfg[key] = value;
+  return load_error(folder_with(dir, sd, cfg));
+}
+
+std::string input_error(VaeModel& model, bool encode, const Shape& shape, uint64_t seed) {
+  auto x = model.backend().upload(random_tensor(shape, seed));
+  EXPECT_TRUE(x.ok()) << x.status().message();
+  if (!x.ok()) return "";
+  auto r = encode ? model.encode(*x) : model.decode(*x);
+  EXPECT_FALSE(r.ok()) << (encode ? "encode" : "decode") << " of " << shape_str(shape)
+                       << " succeeded";
+  return r.ok() ? "" : r.status().message();
+}
+
+void expect_input_error(VaeModel& model, bool encode, const Shape& shape, uint64_t seed,
+                        const std::string& needle) {
+  const std::string msg = input_error(model, encode, shape, seed);
+  EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+}
+
 }  // namespace latent::test

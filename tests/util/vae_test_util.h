@@ -42,4 +42,16 @@ std::string new_dir(const std::string& name);
 std::string folder_with(const std::string& name, const std::map<std::string, Tensor>& tensors,
                         const nlohmann::json& config);
 
+// The load error of fixture `fixture_name`'s diffusers folder with config.json's `key` set to
+// `value`, written as folder `dir`.
+std::string config_error(const std::string& fixture_name, const std::string& dir,
+                         const std::string& key, const nlohmann::json& value);
+
+// The message of model.encode (or, with encode false, decode) of the seeded random tensor of
+// `shape` on the model's backend; the call must fail.
+std::string input_error(VaeModel& model, bool encode, const Shape& shape, uint64_t seed);
+// The same, and the message must contain `needle`.
+void expect_input_error(VaeModel& model, bool encode, const Shape& shape, uint64_t seed,
+                        const std::string& needle);
+
 }  // namespace latent::test

@@ -17,13 +17,11 @@ namespace {
 
 constexpr int64_t kQueryBlock = 256;
 
-struct SoftmaxPlan {
-  dnnl::softmax_forward::primitive_desc pd;
-  dnnl::softmax_forward prim;
-};
+}  // namespace
 
-std::shared_ptr<SoftmaxPlan> softmax_plan(DnnlContext& ctx, int64_t rows, int64_t cols) {
-  return ctx.cached<SoftmaxPlan>(str_cat("softmax:", rows, 'x', cols), [&] {
+std::shared_ptr<SoftmaxPlan> softmax_plan(DnnlContext& ctx, const char* key_prefix, int64_t rows,
+                                          int64_t cols) {
+  return ctx.cached<SoftmaxPlan>(str_cat(key_prefix, rows, 'x', cols), [&] {
     auto p = std::make_shared<SoftmaxPlan>();
     dnnl::memory::desc md({rows, cols}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
     dnnl::primitive_attr attr;
@@ -35,8 +33,6 @@ std::shared_ptr<SoftmaxPlan> softmax_plan(DnnlContext& ctx, int64_t rows, int64_
   });
 }
 
-}  // namespace
-
 Result<Tensor> spatial_attention(DnnlContext& ctx, const Tensor& q, const Tensor& k,
                                  const Tensor& v, int heads) {
   // q, k, v: [N, C, H, W] -> out: [N, C, H, W]
@@ -47,7 +43,7 @@ Result<Tensor> spatial_attention(DnnlContext& ctx, const Tensor& q, const Tensor
   if (t == 0 || d == 0) return out;
   try {
     std::vector<float> scores(static_cast<size_t>(block * t));  // S: [block, T]
-    std::shared_ptr<SoftmaxPlan> full = softmax_plan(ctx, block, t);
+    std::shared_ptr<SoftmaxPlan> full = softmax_plan(ctx, "softmax:", block, t);
     for (int64_t ni = 0; ni < n; ++ni) {
       for (int64_t hi = 0; hi < heads; ++hi) {
         const int64_t off = (ni * c + hi * d) * t;  // this head's [d, T] matrices
@@ -63,7 +59,8 @@ Result<Tensor> spatial_attention(DnnlContext& ctx, const Tensor& q, const Tensor
           if (st != dnnl::status::success)
             return Status::errorf("spatial_attention: oneDNN sgemm (scores) failed with status ",
                                   static_cast<int>(st));
-          std::shared_ptr<SoftmaxPlan> sm = nb == block ? full : softmax_plan(ctx, nb, t);
+          std::shared_ptr<SoftmaxPlan> sm =
+              nb == block ? full : softmax_plan(ctx, "softmax:", nb, t);
           dnnl::memory mem(sm->pd.src_desc(), ctx.engine(), scores.data());
           execute(ctx, sm->prim, sm->pd, {{DNNL_ARG_SRC, mem}, {DNNL_ARG_DST, mem}});
           // O^T[:, b0:b0+nb] = V^T [d, T] x P^T [T, nb]

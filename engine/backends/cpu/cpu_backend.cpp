@@ -12,18 +12,7 @@
 namespace latent {
 namespace {
 
-// Runs an op body, turning an exception (out of memory, a oneDNN error that slipped through)
-// into an error Status so no user input can abort the process.
-template <typename F>
-Result<Tensor> guarded(const char* op, F&& body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return Status::errorf(op, ": out of memory");
-  } catch (const std::exception& e) {
-    return Status::errorf(op, ": ", e.what());
-  }
-}
+using cpu::guarded;
 
 bool valid_activation(Activation act) {
   return static_cast<int>(act) <= static_cast<int>(Activation::kTanh);

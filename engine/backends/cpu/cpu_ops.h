@@ -8,9 +8,11 @@
 // oneDNN exceptions are caught here and reported as a Status naming the op.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
@@ -55,6 +57,35 @@ class DnnlContext {
 // apart) with a scratchpad of the size `pd` asks for.
 void execute(DnnlContext& ctx, const dnnl::primitive& p, const dnnl::primitive_desc_base& pd,
              std::unordered_map<int, dnnl::memory> args);
+
+// Elements a thread should at least get before splitting a loop is worth it.
+constexpr int64_t kGrain = 1 << 15;
+
+// Runs an op body, turning an exception (out of memory, a oneDNN error that slipped through)
+// into an error Status so no user input can abort the process.
+template <typename F>
+Result<Tensor> guarded(const char* op, F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Status::errorf(op, ": out of memory");
+  } catch (const std::exception& e) {
+    return Status::errorf(op, ": ", e.what());
+  }
+}
+
+// dst = alg(src) over n floats on oneDNN's eltwise primitive, cached under `key` (which names
+// the op, the activation and n). Throws dnnl::error.
+void run_eltwise(DnnlContext& ctx, const std::string& key, dnnl::algorithm alg, float alpha,
+                 const float* src, float* dst, int64_t n);
+
+// Row softmax over a [rows, cols] fp32 matrix, cached under key_prefix + shape.
+struct SoftmaxPlan {
+  dnnl::softmax_forward::primitive_desc pd;
+  dnnl::softmax_forward prim;
+};
+std::shared_ptr<SoftmaxPlan> softmax_plan(DnnlContext& ctx, const char* key_prefix, int64_t rows,
+                                          int64_t cols);
 
 // Whether `act` maps to a oneDNN eltwise algorithm (kNone does not).
 bool eltwise_algorithm(Activation act, dnnl::algorithm* alg, float* alpha);

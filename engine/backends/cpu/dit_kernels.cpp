@@ -11,27 +11,19 @@
 namespace latent::cpu {
 namespace {
 
-// Elements a thread should at least get before splitting is worth it.
-constexpr int64_t kGrain = 1 << 15;
 // Queries per attention block: the [block, S] score matrix is the only T x S-sized buffer.
 constexpr int64_t kQueryBlock = 256;
 
 int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
 
+// SiLU (and none) as the VAE ops map them; the tanh-approximated GELU is the DiT's own.
 bool dit_eltwise(DitActivation act, dnnl::algorithm* alg, float* alpha) {
   *alpha = 0.f;
-  switch (act) {
-    case DitActivation::kNone:
-      return false;
-    case DitActivation::kSiLU:
-      *alg = dnnl::algorithm::eltwise_swish;
-      *alpha = 1.f;
-      return true;
-    case DitActivation::kGELUTanh:
-      *alg = dnnl::algorithm::eltwise_gelu_tanh;
-      return true;
+  if (act == DitActivation::kGELUTanh) {
+    *alg = dnnl::algorithm::eltwise_gelu_tanh;
+    return true;
   }
-  return false;
+  return act == DitActivation::kSiLU && eltwise_algorithm(Activation::kSiLU, alg, alpha);
 }
 
 const char* dit_activation_name(DitActivation act) {
@@ -50,29 +42,6 @@ struct MatmulPlan {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
 };
-
-struct EltwisePlan {
-  dnnl::eltwise_forward::primitive_desc pd;
-  dnnl::eltwise_forward prim;
-};
-
-struct SoftmaxPlan {
-  dnnl::softmax_forward::primitive_desc pd;
-  dnnl::softmax_forward prim;
-};
-
-std::shared_ptr<SoftmaxPlan> softmax_plan(DnnlContext& ctx, int64_t rows, int64_t cols) {
-  return ctx.cached<SoftmaxPlan>(str_cat("dit_softmax:", rows, 'x', cols), [&] {
-    auto p = std::make_shared<SoftmaxPlan>();
-    dnnl::memory::desc md({rows, cols}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    p->pd = dnnl::softmax_forward::primitive_desc(
-        dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, md, 1), attr, ctx.engine());
-    p->prim = dnnl::softmax_forward(p->pd);
-    return p;
-  });
-}
 
 // The group (index into starts) of token t; starts is short (1 or 2 entries).
 inline size_t group_of(const std::vector<int64_t>& starts, int64_t t) {
@@ -132,16 +101,25 @@ Result<Tensor> linear(DnnlContext& ctx, const Tensor& x, const Tensor& w, const 
   return y;
 }
 
-Tensor layer_norm(const Tensor& x, const float* gamma, const float* beta, float eps) {
-  // x: [R, D] -> [R, D]
+namespace {
+
+// y: [R, D] with row(x_r, y_r, D) run on each row of x: [R, D], rows split across threads.
+template <typename F>
+Tensor map_rows(const Tensor& x, F&& row) {
   const int64_t d = x.dim(-1), rows = rows_of(x);
   Tensor y = Tensor::empty(x.shape(), DType::kF32);
   const float* px = x.data_as<float>();
   float* py = y.data_as<float>();
 #pragma omp parallel for schedule(static) if (rows * d > kGrain)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * d;
-    float* yr = py + r * d;
+  for (int64_t r = 0; r < rows; ++r) row(px + r * d, py + r * d, d);
+  return y;
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const float* gamma, const float* beta, float eps) {
+  // x: [R, D] -> [R, D]
+  return map_rows(x, [&](const float* xr, float* yr, int64_t d) {
     double sum = 0, sq = 0;
     for (int64_t i = 0; i < d; ++i) sum += xr[i];
     const double mean = sum / d;
@@ -154,26 +132,17 @@ Tensor layer_norm(const Tensor& x, const float* gamma, const float* beta, float 
       if (beta) v += beta[i];
       yr[i] = v;
     }
-  }
-  return y;
+  });
 }
 
 Tensor rms_norm(const Tensor& x, const float* gamma, float eps) {
   // x: [R, D] -> [R, D]
-  const int64_t d = x.dim(-1), rows = rows_of(x);
-  Tensor y = Tensor::empty(x.shape(), DType::kF32);
-  const float* px = x.data_as<float>();
-  float* py = y.data_as<float>();
-#pragma omp parallel for schedule(static) if (rows * d > kGrain)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * d;
-    float* yr = py + r * d;
+  return map_rows(x, [&](const float* xr, float* yr, int64_t d) {
     double sq = 0;
     for (int64_t i = 0; i < d; ++i) sq += static_cast<double>(xr[i]) * xr[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(sq / d + eps));
     for (int64_t i = 0; i < d; ++i) yr[i] = gamma ? xr[i] * inv * gamma[i] : xr[i] * inv;
-  }
-  return y;
+  });
 }
 
 Tensor modulate(const Tensor& x, const float* shift, const float* scale,
@@ -284,7 +253,7 @@ Result<Tensor> attention(DnnlContext& ctx, const Tensor& q, const Tensor& k, con
         }
       }
       std::vector<float> scores(static_cast<size_t>(block * sk));  // [block, S']
-      std::shared_ptr<SoftmaxPlan> full = softmax_plan(ctx, block, sk);
+      std::shared_ptr<SoftmaxPlan> full = softmax_plan(ctx, "dit_softmax:", block, sk);
       for (int64_t h = 0; h < heads; ++h) {
         const float* kh = kb + h * d;
         const float* vh = vb + h * d;
@@ -297,7 +266,8 @@ Result<Tensor> attention(DnnlContext& ctx, const Tensor& q, const Tensor& k, con
           if (st != dnnl::status::success)
             return Status::errorf("attention: oneDNN sgemm (scores) failed with status ",
                                   static_cast<int>(st));
-          std::shared_ptr<SoftmaxPlan> sm = nb == block ? full : softmax_plan(ctx, nb, sk);
+          std::shared_ptr<SoftmaxPlan> sm =
+              nb == block ? full : softmax_plan(ctx, "dit_softmax:", nb, sk);
           dnnl::memory mem(sm->pd.src_desc(), ctx.engine(), scores.data());
           execute(ctx, sm->prim, sm->pd, {{DNNL_ARG_SRC, mem}, {DNNL_ARG_DST, mem}});
           st = dnnl::sgemm('N', 'N', nb, d, sk, 1.f, scores.data(), sk, vh, hd, 0.f, oh, hd);
@@ -324,21 +294,8 @@ Result<Tensor> dit_activation(DnnlContext& ctx, const Tensor& x, DitActivation a
     return y;
   }
   try {
-    auto plan =
-        ctx.cached<EltwisePlan>(str_cat("dit_eltwise:", static_cast<int>(act), ':', n), [&] {
-          auto p = std::make_shared<EltwisePlan>();
-          dnnl::memory::desc md({n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
-          dnnl::primitive_attr attr;
-          attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-          p->pd = dnnl::eltwise_forward::primitive_desc(
-              dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, alg, md, alpha, 0.f),
-              attr, ctx.engine());
-          p->prim = dnnl::eltwise_forward(p->pd);
-          return p;
-        });
-    dnnl::memory in(plan->pd.src_desc(), ctx.engine(), x.data());
-    dnnl::memory out(plan->pd.dst_desc(), ctx.engine(), y.data());
-    execute(ctx, plan->prim, plan->pd, {{DNNL_ARG_SRC, in}, {DNNL_ARG_DST, out}});
+    run_eltwise(ctx, str_cat("dit_eltwise:", static_cast<int>(act), ':', n), alg, alpha,
+                x.data_as<float>(), y.data_as<float>(), n);
   } catch (const dnnl::error& e) {
     return Status::errorf("dit_activation ", dit_activation_name(act), ": oneDNN failed on ",
                           shape_str(x.shape()), ": ", e.what());

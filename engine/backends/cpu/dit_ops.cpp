@@ -13,16 +13,7 @@
 namespace latent {
 namespace {
 
-template <typename F>
-Result<Tensor> guarded(const char* op, F&& body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return Status::errorf(op, ": out of memory");
-  } catch (const std::exception& e) {
-    return Status::errorf(op, ": ", e.what());
-  }
-}
+using cpu::guarded;
 
 // A contiguous CPU tensor holding its bytes, in `dtype`, of rank `rank` (-1: any, >= 1) with no
 // empty dim. `form` names the expected shape in messages.
@@ -267,8 +258,7 @@ Result<Tensor> CpuBackend::attention(const Tensor& q, const Tensor& k, const Ten
     // The mask does the work here; the lengths are only checked against their promise, so
     // that a caller's wrong lengths fail on the CPU rather than silently on another backend.
     if (!key_lengths.empty()) {
-      if (!key_mask.defined())
-        return Status::errorf(op, ": key_lengths given without a key_mask");
+      if (!key_mask.defined()) return Status::errorf(op, ": key_lengths given without a key_mask");
       if (static_cast<int64_t>(key_lengths.size()) != k.dim(0))
         return Status::errorf(op, ": ", key_lengths.size(), " key_lengths for a batch of ",
                               k.dim(0));
@@ -276,8 +266,8 @@ Result<Tensor> CpuBackend::attention(const Tensor& q, const Tensor& k, const Ten
       for (int64_t b = 0; b < k.dim(0); ++b) {
         const int64_t len = key_lengths[static_cast<size_t>(b)];
         if (len < 1 || len > k.dim(1))
-          return Status::errorf(op, ": key_lengths[", b, "] = ", len, " is outside [1, ",
-                                k.dim(1), "]");
+          return Status::errorf(op, ": key_lengths[", b, "] = ", len, " is outside [1, ", k.dim(1),
+                                "]");
         for (int64_t j = 0; j < k.dim(1); ++j)
           if ((m[b * k.dim(1) + j] != 0.f) != (j < len))
             return Status::errorf(op, ": key_lengths[", b, "] = ", len,

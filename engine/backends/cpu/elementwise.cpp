@@ -9,14 +9,29 @@
 namespace latent::cpu {
 
 namespace {
-// Elements a thread should at least get before splitting is worth it.
-constexpr int64_t kGrain = 1 << 15;
-
 struct EltwisePlan {
   dnnl::eltwise_forward::primitive_desc pd;
   dnnl::eltwise_forward prim;
 };
 }  // namespace
+
+void run_eltwise(DnnlContext& ctx, const std::string& key, dnnl::algorithm alg, float alpha,
+                 const float* src, float* dst, int64_t n) {
+  auto plan = ctx.cached<EltwisePlan>(key, [&] {
+    auto p = std::make_shared<EltwisePlan>();
+    dnnl::memory::desc md({n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    p->pd = dnnl::eltwise_forward::primitive_desc(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, alg, md, alpha, 0.f), attr,
+        ctx.engine());
+    p->prim = dnnl::eltwise_forward(p->pd);
+    return p;
+  });
+  dnnl::memory in(plan->pd.src_desc(), ctx.engine(), const_cast<float*>(src));
+  dnnl::memory out(plan->pd.dst_desc(), ctx.engine(), dst);
+  execute(ctx, plan->prim, plan->pd, {{DNNL_ARG_SRC, in}, {DNNL_ARG_DST, out}});
+}
 
 void execute(DnnlContext& ctx, const dnnl::primitive& p, const dnnl::primitive_desc_base& pd,
              std::unordered_map<int, dnnl::memory> args) {
@@ -74,20 +89,7 @@ Status activation(DnnlContext& ctx, const float* src, float* dst, int64_t n, Act
     return ok_status();
   }
   try {
-    auto plan = ctx.cached<EltwisePlan>(str_cat("eltwise:", static_cast<int>(act), ':', n), [&] {
-      auto p = std::make_shared<EltwisePlan>();
-      dnnl::memory::desc md({n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
-      dnnl::primitive_attr attr;
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      p->pd = dnnl::eltwise_forward::primitive_desc(
-          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, alg, md, alpha, 0.f),
-          attr, ctx.engine());
-      p->prim = dnnl::eltwise_forward(p->pd);
-      return p;
-    });
-    dnnl::memory in(plan->pd.src_desc(), ctx.engine(), const_cast<float*>(src));
-    dnnl::memory out(plan->pd.dst_desc(), ctx.engine(), dst);
-    execute(ctx, plan->prim, plan->pd, {{DNNL_ARG_SRC, in}, {DNNL_ARG_DST, out}});
+    run_eltwise(ctx, str_cat("eltwise:", static_cast<int>(act), ':', n), alg, alpha, src, dst, n);
     return ok_status();
   } catch (const dnnl::error& e) {
     return Status::errorf("activation ", activation_name(act), ": oneDNN failed on ", n,

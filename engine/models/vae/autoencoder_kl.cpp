@@ -12,27 +12,23 @@
 
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
+#include "engine/models/vae/vae_common.h"
 #include "engine/weights/binder.h"
 
 namespace latent {
 
 namespace {
 
-constexpr float kEps = 1e-6f;  // every GroupNorm of the KL autoencoder (resnet_eps)
+using vae_common::Conv;
+using vae_common::fmt_g;
+using vae_common::has_prefix;
+using vae_common::starts_with;
 
-bool starts_with(const std::string& s, const std::string& p) {
-  return s.compare(0, p.size(), p) == 0;
-}
+constexpr float kEps = 1e-6f;  // every GroupNorm of the KL autoencoder (resnet_eps)
 
 std::string basename_of(const std::string& path) {
   size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-// Whether any name in the sorted list starts with `prefix`.
-bool has_prefix(const std::vector<std::string>& sorted, const std::string& prefix) {
-  auto it = std::lower_bound(sorted.begin(), sorted.end(), prefix);
-  return it != sorted.end() && starts_with(*it, prefix);
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -66,16 +62,6 @@ bool near(double a, double b) { return std::fabs(a - b) <= 1e-6 * std::max(1.0, 
 // ---------------------------------------------------------------------------------------------
 // Parameters: every tensor is asked for by its diffusers name through the binder.
 
-struct Conv {
-  Tensor w, b;
-  Conv2dParams p;
-  // x: [N, Cin, H, W] -> [N, Cout, H', W']
-  Result<Tensor> operator()(Backend& be, const Tensor& x, const Tensor& residual = Tensor(),
-                            Activation act = Activation::kNone) const {
-    return be.conv2d(x, w, b, p, residual, act);
-  }
-};
-
 struct Norm {
   Tensor gamma, beta;
   int groups = 32;
@@ -97,11 +83,7 @@ class Params {
         groups_(groups) {}
 
   Conv conv(const std::string& name, int64_t cout, int64_t cin, int k, Conv2dParams p) {
-    Conv c;
-    c.w = binder_.take(name + ".weight", {cout, cin, k, k});
-    c.b = binder_.take(name + ".bias", {cout});
-    c.p = p;
-    return c;
+    return vae_common::load_conv(binder_, name, cout, cin, k, true, p);
   }
   Norm norm(const std::string& name, int64_t channels) {
     Norm n;
@@ -370,17 +352,8 @@ class AutoencoderKL final : public VaeModel {
     if (!encoder_)
       return Status::errorf(info_.source.given, ": the encoder of this ", info_.architecture,
                             " was not loaded");
-    const int f = cfg_.downsample();
-    if (!sample.defined() || sample.rank() != 4 || sample.dim(1) != cfg_.in_channels ||
-        sample.dim(2) <= 0 || sample.dim(3) <= 0)
-      return Status::errorf("encode: expected a [N, ", cfg_.in_channels, ", H, W] sample, got ",
-                            sample.defined() ? shape_str(sample.shape()) : "an undefined tensor");
-    if (sample.dim(2) % f != 0 || sample.dim(3) % f != 0)
-      return Status::errorf("encode: image size ", sample.dim(3), "x", sample.dim(2),
-                            " is not a multiple of ", f, " (the VAE's downsampling factor)");
-    if (sample.device() != backend_->device())
-      return Status::errorf("encode: sample is on ", sample.device().to_string(), ", the model on ",
-                            backend_->name());
+    LATENT_TRY(
+        vae_common::check_encode_sample(*backend_, sample, cfg_.in_channels, cfg_.downsample()));
     LATENT_ASSIGN_OR_RETURN(Tensor moments, encoder_->forward(*backend_, sample));
     if (quant_conv_) {
       LATENT_ASSIGN_OR_RETURN(moments, (*quant_conv_)(*backend_, moments));
@@ -394,13 +367,7 @@ class AutoencoderKL final : public VaeModel {
     if (!decoder_)
       return Status::errorf(info_.source.given, ": the decoder of this ", info_.architecture,
                             " was not loaded");
-    if (!latent.defined() || latent.rank() != 4 || latent.dim(1) != cfg_.latent_channels ||
-        latent.dim(2) <= 0 || latent.dim(3) <= 0)
-      return Status::errorf("decode: expected a [N, ", cfg_.latent_channels, ", h, w] latent, got ",
-                            latent.defined() ? shape_str(latent.shape()) : "an undefined tensor");
-    if (latent.device() != backend_->device())
-      return Status::errorf("decode: latent is on ", latent.device().to_string(), ", the model on ",
-                            backend_->name());
+    LATENT_TRY(vae_common::check_decode_latent(*backend_, latent, cfg_.latent_channels));
     Tensor z = latent;
     if (post_quant_conv_) {
       LATENT_ASSIGN_OR_RETURN(z, (*post_quant_conv_)(*backend_, z));
@@ -442,12 +409,6 @@ Status validate(const AutoencoderKLConfig& c, const std::string& what) {
       if (!(s > 0)) return Status::errorf(what, ": 'latents_std' entries must be positive");
   }
   return ok_status();
-}
-
-std::string fmt_g(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
 }
 
 }  // namespace

@@ -22,15 +22,15 @@
 
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
+#include "engine/models/vae/vae_common.h"
 #include "engine/weights/binder.h"
 
 namespace latent {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) {
-  return s.compare(0, p.size(), p) == 0;
-}
+using vae_common::starts_with;
+
 bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }

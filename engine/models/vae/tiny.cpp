@@ -16,26 +16,18 @@
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
 #include "engine/models/vae/autoencoder_kl.h"
+#include "engine/models/vae/vae_common.h"
 #include "engine/weights/binder.h"
 
 namespace latent {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) {
-  return s.compare(0, p.size(), p) == 0;
-}
-
-bool has_prefix(const std::vector<std::string>& sorted, const std::string& prefix) {
-  auto it = std::lower_bound(sorted.begin(), sorted.end(), prefix);
-  return it != sorted.end() && starts_with(*it, prefix);
-}
-
-std::string fmt_g(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
+using vae_common::Conv;
+using vae_common::fmt_g;
+using vae_common::has_prefix;
+using vae_common::load_conv;
+using vae_common::starts_with;
 
 // The store name of layer `k` (diffusers numbering) of a part, plus a parameter suffix.
 std::string layer_name(const TinyPartLayout& part, int k, const std::string& rest) {
@@ -64,25 +56,6 @@ bool part_has_pool(const WeightStore& w, const TinyPartLayout& part) {
 constexpr int kMaxLayers = 512;
 
 // ---------------------------------------------------------------------------------------------
-
-struct Conv {
-  Tensor w, b;
-  Conv2dParams p;
-  // x: [N, Cin, H, W] -> [N, Cout, H', W']
-  Result<Tensor> operator()(Backend& be, const Tensor& x, const Tensor& residual = Tensor(),
-                            Activation act = Activation::kNone) const {
-    return be.conv2d(x, w, b, p, residual, act);
-  }
-};
-
-Conv load_conv(WeightBinder& binder, const std::string& name, int64_t cout, int64_t cin, int k,
-               bool bias, Conv2dParams p) {
-  Conv c;
-  c.w = binder.take(name + ".weight", {cout, cin, k, k});
-  if (bias) c.b = binder.take(name + ".bias", {cout});
-  c.p = p;
-  return c;
-}
 
 // unet_2d_blocks.py AutoencoderTinyBlock (in == out channels), with taef2's optional pool.
 struct TinyBlock {
@@ -248,17 +221,8 @@ class AutoencoderTiny final : public VaeModel {
                             info_.source.single_file
                                 ? " (TAESD encoders ship as a separate *_encoder.safetensors file)"
                                 : "");
-    const int f = cfg_.encoder_downsample();
-    if (!sample.defined() || sample.rank() != 4 || sample.dim(1) != cfg_.in_channels ||
-        sample.dim(2) <= 0 || sample.dim(3) <= 0)
-      return Status::errorf("encode: expected a [N, ", cfg_.in_channels, ", H, W] sample, got ",
-                            sample.defined() ? shape_str(sample.shape()) : "an undefined tensor");
-    if (sample.dim(2) % f != 0 || sample.dim(3) % f != 0)
-      return Status::errorf("encode: image size ", sample.dim(3), "x", sample.dim(2),
-                            " is not a multiple of ", f, " (the VAE's downsampling factor)");
-    if (sample.device() != backend_->device())
-      return Status::errorf("encode: sample is on ", sample.device().to_string(), ", the model on ",
-                            backend_->name());
+    LATENT_TRY(vae_common::check_encode_sample(*backend_, sample, cfg_.in_channels,
+                                               cfg_.encoder_downsample()));
     return encoder_->forward(*backend_, sample);
   }
 
@@ -269,13 +233,7 @@ class AutoencoderTiny final : public VaeModel {
                             info_.source.single_file
                                 ? " (TAESD decoders ship as a separate *_decoder.safetensors file)"
                                 : "");
-    if (!latent.defined() || latent.rank() != 4 || latent.dim(1) != cfg_.latent_channels ||
-        latent.dim(2) <= 0 || latent.dim(3) <= 0)
-      return Status::errorf("decode: expected a [N, ", cfg_.latent_channels, ", h, w] latent, got ",
-                            latent.defined() ? shape_str(latent.shape()) : "an undefined tensor");
-    if (latent.device() != backend_->device())
-      return Status::errorf("decode: latent is on ", latent.device().to_string(), ", the model on ",
-                            backend_->name());
+    LATENT_TRY(vae_common::check_decode_latent(*backend_, latent, cfg_.latent_channels));
     return decoder_->forward(*backend_, latent);
   }
 
