@@ -111,4 +111,6 @@ PY
   $as cp -r "$src/." "$dir/"
   echo "install-deps: cudnn-frontend $FE_VERSION installed in $dir"
 }
-install_cudnn_frontend
+# Optional: without it the build uses our own attention kernels (no network: a warning, not a failure).
+install_cudnn_frontend ||
+  echo "install-deps: warning: cudnn-frontend not installed; the DiT attention will use our own kernels" >&2
