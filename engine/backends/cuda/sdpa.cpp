@@ -26,29 +26,33 @@
 
 // cudnn-frontend compiles in an experimental SM100 RMSNorm+SiLU engine that calls NVRTC; we never
 // build it, and linking libnvrtc would make the whole engine (and the plugin) fail to load where
-// the CUDA runtime has no NVRTC. Weak stand-ins that refuse satisfy the linker; a real libnvrtc
-// linked in by someone else takes precedence.
+// the CUDA runtime has no NVRTC. Weak, hidden stand-ins that refuse satisfy the linker without
+// being exported: a host application's own libnvrtc is never interposed by the plugin.
 extern "C" {
-__attribute__((weak)) nvrtcResult nvrtcCreateProgram(nvrtcProgram*, const char*, const char*, int,
-                                                     const char* const*, const char* const*) {
+__attribute__((weak, visibility("hidden"))) nvrtcResult nvrtcCreateProgram(nvrtcProgram*,
+                                                                           const char*, const char*,
+                                                                           int, const char* const*,
+                                                                           const char* const*) {
   return NVRTC_ERROR_INTERNAL_ERROR;
 }
-__attribute__((weak)) nvrtcResult nvrtcDestroyProgram(nvrtcProgram*) {
+__attribute__((weak, visibility("hidden"))) nvrtcResult nvrtcDestroyProgram(nvrtcProgram*) {
   return NVRTC_ERROR_INTERNAL_ERROR;
 }
-__attribute__((weak)) nvrtcResult nvrtcCompileProgram(nvrtcProgram, int, const char* const*) {
+__attribute__((weak, visibility("hidden"))) nvrtcResult nvrtcCompileProgram(nvrtcProgram, int,
+                                                                            const char* const*) {
   return NVRTC_ERROR_INTERNAL_ERROR;
 }
-__attribute__((weak)) nvrtcResult nvrtcGetCUBINSize(nvrtcProgram, size_t*) {
+__attribute__((weak, visibility("hidden"))) nvrtcResult nvrtcGetCUBINSize(nvrtcProgram, size_t*) {
   return NVRTC_ERROR_INTERNAL_ERROR;
 }
-__attribute__((weak)) nvrtcResult nvrtcGetCUBIN(nvrtcProgram, char*) {
+__attribute__((weak, visibility("hidden"))) nvrtcResult nvrtcGetCUBIN(nvrtcProgram, char*) {
   return NVRTC_ERROR_INTERNAL_ERROR;
 }
-__attribute__((weak)) nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram, size_t*) {
+__attribute__((weak, visibility("hidden"))) nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram,
+                                                                               size_t*) {
   return NVRTC_ERROR_INTERNAL_ERROR;
 }
-__attribute__((weak)) nvrtcResult nvrtcGetProgramLog(nvrtcProgram, char*) {
+__attribute__((weak, visibility("hidden"))) nvrtcResult nvrtcGetProgramLog(nvrtcProgram, char*) {
   return NVRTC_ERROR_INTERNAL_ERROR;
 }
 }
@@ -192,8 +196,8 @@ Result<std::shared_ptr<SdpaState>> state_for(DeviceContext& ctx) {
   LATENT_CUDA_CHECK(cudnnCreate(&state->handle));
   LATENT_CUDA_CHECK(cudnnSetStream(state->handle, ctx.stream()));
   m[&ctx] = state;
-  LATENT_DEBUG(ctx.label(), ": cuDNN SDPA enabled (cuDNN ", cudnnGetVersion(),
-               ", cudnn-frontend ", CUDNN_FRONTEND_VERSION, ")");
+  LATENT_DEBUG(ctx.label(), ": cuDNN SDPA enabled (cuDNN ", cudnnGetVersion(), ", cudnn-frontend ",
+               CUDNN_FRONTEND_VERSION, ")");
   return state;
 }
 
@@ -288,9 +292,9 @@ Plan& plan_for(DeviceContext& ctx, SdpaState& state, const ShapeKey& s) {
     if (!why.empty()) {
       const std::string second =
           build_graph(state.handle, s, {s.b, 1, 1, s.tk}, {ld, ld, ld, 1}, &plan);
-      why = second.empty() ? std::string()
-                           : str_cat("bias [B, 1, Tq, Tk] stride 0: ", why,
-                                     "; bias [B, 1, 1, Tk]: ", second);
+      why = second.empty()
+                ? std::string()
+                : str_cat("bias [B, 1, Tq, Tk] stride 0: ", why, "; bias [B, 1, 1, Tk]: ", second);
     }
   }
   if (!why.empty()) {
@@ -382,8 +386,8 @@ SdpaCounters sdpa_counters() {
 }
 
 Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, const void* v,
-                            const void* key_mask, const int64_t* key_lengths, void* out,
-                            int64_t b, int64_t tq, int64_t tk, int heads, int64_t d, DType dtype) {
+                            const void* key_mask, const int64_t* key_lengths, void* out, int64_t b,
+                            int64_t tq, int64_t tk, int heads, int64_t d, DType dtype) {
   ShapeKey s;
   s.b = b, s.tq = tq, s.tk = tk, s.heads = heads, s.d = d, s.dtype = dtype;
   s.mask = key_mask != nullptr ? MaskVariant::kBias : MaskVariant::kNone;
