@@ -291,14 +291,7 @@ class CudaBackend final : public Backend {
 
 Result<Tensor> CudaBackend::upload(const Tensor& host) {
   return run("upload", [&]() -> Result<Tensor> {
-    if (!host.defined()) return Status::error("tensor is undefined");
-    if (!host.device().is_cpu() || host.layout() != Layout::kContiguous)
-      return Status::errorf(host.describe(), " is not a contiguous host tensor");
-    if (host.byte_offset() + host.nbytes() > host.storage()->bytes())
-      return Status::errorf(host.describe(), " needs ", host.nbytes(), " bytes at offset ",
-                            host.byte_offset(), " but its storage holds ", host.storage()->bytes());
-    for (int64_t d : host.shape())
-      if (d < 0) return Status::errorf(host.describe(), " has a negative dimension");
+    LATENT_TRY(cuda::check_host_tensor(host));
     LATENT_ASSIGN_OR_RETURN(Tensor out, empty_like_layout(host.shape()));
     if (host.numel() == 0) return out;
     const bool transpose = host.rank() == 4 && host.dim(1) > 1 && host.dim(2) * host.dim(3) > 1;

@@ -113,7 +113,7 @@ const void* data_or_null(const Tensor& t) { return t.defined() ? t.data() : null
 
 }  // namespace
 
-Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host) {
+Status check_host_tensor(const Tensor& host) {
   if (!host.defined()) return Status::error("tensor is undefined");
   if (!host.device().is_cpu() || host.layout() != Layout::kContiguous)
     return Status::errorf(host.describe(), " is not a contiguous host tensor");
@@ -122,6 +122,11 @@ Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host) {
                           host.byte_offset(), " but its storage holds ", host.storage()->bytes());
   for (int64_t d : host.shape())
     if (d < 0) return Status::errorf(host.describe(), " has a negative dimension");
+  return ok_status();
+}
+
+Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host) {
+  LATENT_TRY(check_host_tensor(host));
   LATENT_ASSIGN_OR_RETURN(Tensor out, empty(env, host.shape(), DType::kF32));
   if (host.numel() == 0) return out;
   cudaStream_t stream = env.ctx->stream();

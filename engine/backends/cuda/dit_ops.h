@@ -35,6 +35,9 @@ struct DitEnv {
   DitLinear* linear = nullptr;
 };
 
+// Ok when `host` is a defined, contiguous host tensor whose storage holds all its bytes (what an
+// upload reads); otherwise the fault, naming the tensor.
+Status check_host_tensor(const Tensor& host);
 Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host);
 Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
                           DitActivation act);
