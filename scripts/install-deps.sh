@@ -9,7 +9,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev libgstreamer-plugins-bad1.0-dev
   gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good
-  libdnnl-dev nlohmann-json3-dev libgtest-dev
+  libdnnl-dev nlohmann-json3-dev libgtest-dev libcli11-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   meson
 )
@@ -46,6 +46,10 @@ FE_WHEEL=nvidia_cudnn_frontend-1.32.0-cp311-cp311-manylinux_2_27_x86_64.manylinu
 FE_WHEEL_SHA256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
 install_cudnn_frontend() {
   local nvcc cudnn_h="" dir="" d
+  if [ "${LATENT_CUDA:-AUTO}" = OFF ]; then
+    echo "install-deps: LATENT_CUDA=OFF, cudnn-frontend not needed"
+    return 0
+  fi
   nvcc=$(command -v nvcc || true)
   [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
   for d in /usr/local/cuda/include /usr/include /usr/include/x86_64-linux-gnu /usr/local/include; do

@@ -68,12 +68,36 @@ bool unsupported_dtype_bits(const std::string& s, uint64_t* bits) {
   return true;
 }
 
-// Rejects nesting deeper than kMaxHeaderDepth without building anything.
-bool nesting_within_limit(const char* p, size_t n) {
+// Checks JSON text before the parser sees it, without building anything: nesting deeper than
+// kMaxHeaderDepth, raw control bytes (JSON allows none outside whitespace, so they mean binary
+// data) and anything but trailing spaces after the top-level value. The last two name the real
+// fault of a safetensors header whose length field runs into the tensor data, which the depth
+// limit or the parser would otherwise report first as something else.
+Status check_json_text(const char* p, size_t n, const std::string& what, const std::string& kind) {
   int depth = 0;
-  bool in_string = false, escaped = false;
+  bool in_string = false, escaped = false, opened = false;
   for (size_t i = 0; i < n; ++i) {
-    char c = p[i];
+    const unsigned char c = static_cast<unsigned char>(p[i]);
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      return Status::errorf(what, ": ", kind, " holds a binary byte (", hex, ") at byte ", i,
+                            " of its ", n, " bytes",
+                            kind == "safetensors header"
+                                ? ": the header length runs into the tensor data (the file "
+                                  "is damaged or not a safetensors file)"
+                                : ": not a text file");
+    }
+    if (opened && depth == 0) {
+      // After the top-level value: safetensors pads with spaces, text files end in newlines.
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+      return Status::errorf(what, ": ", kind, " goes on after its JSON value ends (at byte ", i,
+                            " of ", n, ")",
+                            kind == "safetensors header"
+                                ? ": the header length runs into the tensor data (the file "
+                                  "is damaged or not a safetensors file)"
+                                : "");
+    }
     if (in_string) {
       if (escaped)
         escaped = false;
@@ -83,15 +107,18 @@ bool nesting_within_limit(const char* p, size_t n) {
         in_string = false;
       continue;
     }
-    if (c == '"')
+    if (c == '"') {
       in_string = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > kMaxHeaderDepth) return false;
+    } else if (c == '{' || c == '[') {
+      opened = true;
+      if (++depth > kMaxHeaderDepth)
+        return Status::errorf(what, ": ", kind, " nests deeper than ", kMaxHeaderDepth,
+                              " levels");
     } else if (c == '}' || c == ']') {
       --depth;
     }
   }
-  return true;
+  return ok_status();
 }
 
 // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> "parse error at ...".
@@ -107,8 +134,7 @@ std::string strip_json_exception_prefix(const std::string& what) {
 // parser would otherwise keep only the last), reported through `duplicate`.
 Status parse_json_object(const char* text, size_t n, const std::string& what,
                          const std::string& kind, json* out) {
-  if (!nesting_within_limit(text, n))
-    return Status::errorf(what, ": ", kind, " nests deeper than ", kMaxHeaderDepth, " levels");
+  LATENT_TRY(check_json_text(text, n, what, kind));
   std::set<std::string> keys;
   std::string duplicate;
   auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
