@@ -400,6 +400,26 @@ static void gst_latent_base_set_context(GstElement* element, GstContext* context
   GST_ELEMENT_CLASS(parent_class)->set_context(element, context);
 }
 
+static gboolean gst_latent_base_sink_event(GstBaseTransform* trans, GstEvent* event) {
+  GstLatentBase* self = GST_LATENT_BASE(trans);
+  GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_EOS:
+    case GST_EVENT_CAPS:
+    case GST_EVENT_SEGMENT:
+      if (klass->drain_held) klass->drain_held(self);
+      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS && klass->drop_held)
+        klass->drop_held(self);  // new frame size
+      break;
+    case GST_EVENT_FLUSH_STOP:
+      if (klass->drop_held) klass->drop_held(self);
+      break;
+    default:
+      break;
+  }
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
+}
+
 static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
   GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
   GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
@@ -449,6 +469,7 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
   trans_class->query = GST_DEBUG_FUNCPTR(gst_latent_base_query);
   trans_class->start = GST_DEBUG_FUNCPTR(gst_latent_base_start);
   trans_class->stop = GST_DEBUG_FUNCPTR(gst_latent_base_stop);
+  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_latent_base_sink_event);
 
   gst_type_mark_as_plugin_api(GST_TYPE_LATENT_BASE, static_cast<GstPluginAPIFlags>(0));
 }
@@ -508,10 +529,31 @@ void gst_latent_base_set_frame_duration(GstLatentBase* self, GstClockTime durati
   impl->latency.frame_duration = duration;
 }
 
+void gst_latent_base_set_frame_rate(GstLatentBase* self, gint fps_n, gint fps_d) {
+  gst_latent_base_set_frame_duration(
+      self, fps_n > 0 ? gst_util_uint64_scale_int(GST_SECOND, fps_d, fps_n) : GST_CLOCK_TIME_NONE);
+}
+
 void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames) {
   auto* impl = impl_of(self);
   std::lock_guard<std::mutex> lock(impl->latency_lock);
   impl->latency.held = frames;
+}
+
+GstFlowReturn gst_latent_base_drain(GstLatentBase* self, bool* draining,
+                                    const std::function<bool()>& held,
+                                    const std::function<GstFlowReturn(GstBuffer**)>& next) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+  GstFlowReturn ret = GST_FLOW_OK;
+  *draining = true;
+  while (ret == GST_FLOW_OK && held()) {
+    GstBuffer* out = nullptr;
+    ret = next(&out);
+    if (out) ret = gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(trans), out);
+  }
+  *draining = false;
+  if (ret != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "drain stopped: %s", gst_flow_get_name(ret));
+  return ret;
 }
 
 guint gst_latent_base_prefetch_depth(GstLatentBase* self) {
@@ -532,6 +574,57 @@ void gst_latent_base_reset_latency(GstLatentBase* self) {
   const GstClockTime duration = impl->latency.frame_duration;
   impl->latency = LatencyStats();
   impl->latency.frame_duration = duration;
+}
+
+// ---- caps -------------------------------------------------------------------------------------
+
+// Caps features the stages convert: system memory, and CUDA memory (offered back as both).
+static bool handled_memory(GstCapsFeatures* f) {
+  return gst_latent_caps_features_is_system(f) || gst_latent_caps_features_is_cuda(f);
+}
+
+GstCaps* gst_latent_base_transform_caps(
+    GstLatentBase* self, GstPadDirection direction, GstCaps* caps, GstCaps* filter,
+    const std::function<GstStructure*(const GstStructure*)>& map) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+  const bool cuda = gst_latent_base_offers_cuda(self);
+
+  GstCaps* out = gst_caps_new_empty();
+  if (gst_caps_is_any(caps)) {
+    GstPad* other = direction == GST_PAD_SINK ? GST_BASE_TRANSFORM_SRC_PAD(trans)
+                                              : GST_BASE_TRANSFORM_SINK_PAD(trans);
+    gst_caps_unref(out);
+    out = gst_pad_get_pad_template_caps(other);
+  } else {
+    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
+      if (!handled_memory(gst_caps_get_features(caps, i))) continue;
+      GstStructure* o = map(gst_caps_get_structure(caps, i));
+      if (o) out = gst_latent_caps_merge_both(out, o, cuda);
+    }
+  }
+  if (filter) {
+    GstCaps* tmp = gst_caps_intersect_full(filter, out, GST_CAPS_INTERSECT_FIRST);
+    gst_caps_unref(out);
+    out = tmp;
+  }
+  return out;
+}
+
+gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
+                                        bool other_is_latent, gsize* othersize) {
+  if (other_is_latent) {
+    auto info = gst_latent_info_from_caps(othercaps);
+    if (!info.ok()) {
+      GST_WARNING_OBJECT(self, "%s", info.status().message().c_str());
+      return FALSE;
+    }
+    *othersize = info->frame_bytes();
+  } else {
+    GstVideoInfo vinfo;
+    if (!gst_video_info_from_caps(&vinfo, othercaps)) return FALSE;
+    *othersize = GST_VIDEO_INFO_SIZE(&vinfo);
+  }
+  return TRUE;
 }
 
 GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self) { return &impl_of(self)->cuda; }
@@ -605,6 +698,18 @@ latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& m
   impl->state.plan = std::move(plan);
   impl->state.plan_graphs = options.graph;
   return latent::ok_status();
+}
+
+latent::Status gst_latent_base_plan_for(
+    GstLatentBase* self, GstLatentModel& model, latent::VaePart part,
+    const std::function<latent::Result<latent::Tensor>(latent::Backend&)>& example) {
+  if (model.backend->device().is_cpu()) return latent::Status();
+  std::lock_guard<std::mutex> run(*model.run_lock);
+  auto input = example(*model.backend);
+  latent::Status planned =
+      input.ok() ? gst_latent_base_build_plan(self, model, part, *input) : input.status();
+  input = latent::Status::error("released");  // device memory: freed under the run lock
+  return planned;
 }
 
 void gst_latent_base_drop_plan(GstLatentBase* self) {

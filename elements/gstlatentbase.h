@@ -7,6 +7,7 @@
 #include <gst/base/gstbasetransform.h>
 #include <gst/gst.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +32,12 @@ struct _GstLatentBaseClass {
 
   // The GstLatentParts this stage needs; set in the subclass's class_init.
   guint parts;
+
+  // Frames the stage holds back on a GPU (input prefetching, output staging); null when it holds
+  // none. The base class's sink_event pushes them out (drain_held) before EOS, a new segment and
+  // new caps, and discards them (drop_held) on new caps (a new frame size) and after a flush.
+  GstFlowReturn (*drain_held)(GstLatentBase* self);
+  void (*drop_held)(GstLatentBase* self);
 
   gpointer _gst_reserved[GST_PADDING];
 };
@@ -70,6 +77,19 @@ const char* gst_latent_base_stage_name(GstLatentBase* self);
 // Resolves "auto" and an empty dtype the way start() will (for caps before start()).
 latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self);
 
+// ---- caps -------------------------------------------------------------------------------------
+// transform_caps of a stage converting between video and latents: ANY caps give the other pad's
+// template; otherwise each structure of `caps` in system or CUDA memory is mapped through
+// `map` (null: no such output) and offered in CUDA memory too while the stage offers it
+// (gst_latent_base_offers_cuda), then intersected with `filter`.
+GstCaps* gst_latent_base_transform_caps(
+    GstLatentBase* self, GstPadDirection direction, GstCaps* caps, GstCaps* filter,
+    const std::function<GstStructure*(const GstStructure*)>& map);
+// transform_size of such a stage: one buffer in, one out, whatever the input buffer's size.
+// `othercaps` are latent caps (`other_is_latent`) or video caps; *othersize is one buffer's size.
+gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
+                                        bool other_is_latent, gsize* othersize);
+
 // ---- latency --------------------------------------------------------------------------------
 // A stage reports how long each frame took (from receiving it to its result being ready);
 // LATENCY queries on the src pad add this stage's latency to upstream's: the longest steady
@@ -79,8 +99,15 @@ latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self);
 void gst_latent_base_frame_done(GstLatentBase* self, GstClockTime processing);
 // The input's frame duration (GST_CLOCK_TIME_NONE for a variable rate), set with the caps.
 void gst_latent_base_set_frame_duration(GstLatentBase* self, GstClockTime duration);
+// The same from the input's frame rate (fps_n <= 0: a variable rate).
+void gst_latent_base_set_frame_rate(GstLatentBase* self, gint fps_n, gint fps_d);
 // Frames a stage holds back for prefetching now (0 on the CPU, or before start()).
 void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames);
+// Pushes out every frame the stage holds (drain_held), in order: while `held()`, `next` hands
+// out the oldest one (or none); stops at the first flow error. *draining is true meanwhile.
+GstFlowReturn gst_latent_base_drain(GstLatentBase* self, bool* draining,
+                                    const std::function<bool()>& held,
+                                    const std::function<GstFlowReturn(GstBuffer**)>& next);
 // The `prefetch-depth` property: frames uploaded ahead while earlier ones compute (GPU only).
 guint gst_latent_base_prefetch_depth(GstLatentBase* self);
 // This stage's own latency as a LATENCY query would add it.
@@ -111,6 +138,12 @@ bool gst_latent_base_cuda_graphs(GstLatentBase* self);
 // a warning; a failed warm-up is returned (the caller posts the element error).
 latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& model,
                                           latent::VaePart part, const latent::Tensor& example);
+// On a GPU, plans `part` at negotiation: under model.run_lock, makes an example input with
+// `example` and builds the plan for it (gst_latent_base_build_plan), freeing the example there
+// too. Does nothing on the CPU. A failure is returned (the caller posts the element error).
+latent::Status gst_latent_base_plan_for(
+    GstLatentBase* self, GstLatentModel& model, latent::VaePart part,
+    const std::function<latent::Result<latent::Tensor>(latent::Backend&)>& example);
 // Drops the stage's plan (takes the model's run_lock itself; not while holding it).
 void gst_latent_base_drop_plan(GstLatentBase* self);
 // Runs `part` on `x`: the plan's replay when the stage has a plan taking `x`, else the plain

@@ -190,20 +190,24 @@ latent::Device GstLatentCuda::device() {
   return device_;
 }
 
+#ifdef LATENT_HAVE_GST_CUDA
+bool GstLatentCuda::holds_ours(GstBuffer* buffer) {
+  GstCudaMemory* mem = single_cuda_memory(buffer);
+  std::lock_guard<std::mutex> lock(lock_);
+  if (!mem || !context_) return false;
+  if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
+    if (!warned_)
+      GST_WARNING("CUDA memory of another context (%p): going through system memory", mem->context);
+    warned_ = true;
+    return false;
+  }
+  return true;
+}
+#endif
+
 bool GstLatentCuda::map(GstBuffer* buffer, GstMapInfo* info, GstMapFlags flags) {
 #ifdef LATENT_HAVE_GST_CUDA
-  GstCudaMemory* mem = single_cuda_memory(buffer);
-  {
-    std::lock_guard<std::mutex> lock(lock_);
-    if (!mem || !context_) return false;
-    if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
-      if (!warned_)
-        GST_WARNING("CUDA memory of another context (%p): going through system memory",
-                    mem->context);
-      warned_ = true;
-      return false;
-    }
-  }
+  if (!holds_ours(buffer)) return false;
   return gst_buffer_map(buffer, info, static_cast<GstMapFlags>(flags | GST_MAP_CUDA));
 #else
   (void)buffer;
@@ -216,18 +220,7 @@ bool GstLatentCuda::map(GstBuffer* buffer, GstMapInfo* info, GstMapFlags flags) 
 bool GstLatentCuda::map_frame(GstVideoFrame* frame, const GstVideoInfo* info, GstBuffer* buffer,
                               GstMapFlags flags) {
 #ifdef LATENT_HAVE_GST_CUDA
-  GstCudaMemory* mem = single_cuda_memory(buffer);
-  {
-    std::lock_guard<std::mutex> lock(lock_);
-    if (!mem || !context_) return false;
-    if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
-      if (!warned_)
-        GST_WARNING("CUDA memory of another context (%p): going through system memory",
-                    mem->context);
-      warned_ = true;
-      return false;
-    }
-  }
+  if (!holds_ours(buffer)) return false;
   return gst_video_frame_map(frame, const_cast<GstVideoInfo*>(info), buffer,
                              static_cast<GstMapFlags>(flags | GST_MAP_CUDA));
 #else
@@ -245,8 +238,8 @@ GstBufferPool* GstLatentCuda::new_latent_pool(gsize bytes, guint min, guint max)
   // gst_cuda_allocator_alloc_internal), RGBA among them.
   const gint width = static_cast<gint>((bytes + 3) / 4);
   GstCaps* caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGBA", "width",
-                                      G_TYPE_INT, width, "height", G_TYPE_INT, 1,
-                                      "framerate", GST_TYPE_FRACTION, 0, 1, nullptr);
+                                      G_TYPE_INT, width, "height", G_TYPE_INT, 1, "framerate",
+                                      GST_TYPE_FRACTION, 0, 1, nullptr);
   GstBufferPool* pool = new_video_pool(caps, min, max);
   gst_caps_unref(caps);
   return pool;

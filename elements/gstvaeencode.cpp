@@ -113,10 +113,6 @@ struct Impl {
   Prefetch prefetch;
 };
 
-bool is_system_memory(GstCapsFeatures* f) {
-  return gst_latent_caps_features_is_system(f) || gst_latent_caps_features_is_cuda(f);
-}
-
 // video/x-raw structure -> the latent structure this element would output for it.
 GstStructure* video_to_latent(const GstStructure* s, const GstLatentModel* model,
                               latent::SizePolicy policy, latent::DType dtype) {
@@ -172,17 +168,8 @@ GstStructure* latent_to_video(const GstStructure* s, const GstLatentModel* model
   const gchar* wanted_policy = gst_structure_get_string(s, "size-policy");
   if (wanted_policy && std::strcmp(wanted_policy, latent::size_policy_name(policy)) != 0)
     return nullptr;
-  GstCaps* formats =
-      gst_caps_from_string("video/x-raw, format = (string) " VAE_ENCODE_VIDEO_FORMATS);
-  GstStructure* out = gst_structure_copy(gst_caps_get_structure(formats, 0));
-  gst_caps_unref(formats);
-  if (!gst_latent_copy_field(s, "frame-width", out, "width"))
-    gst_structure_set(out, "width", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
-                      kGstLatentMaxVideoSide, nullptr);
-  if (!gst_latent_copy_field(s, "frame-height", out, "height"))
-    gst_structure_set(out, "height", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
-                      kGstLatentMaxVideoSide, nullptr);
-  gst_latent_copy_field(s, "framerate", out, "framerate");
+  GstStructure* out = gst_latent_video_structure_new(VAE_ENCODE_VIDEO_FORMATS);
+  gst_latent_set_video_size(s, out);
   return out;
 }
 
@@ -254,31 +241,15 @@ static GstCaps* gst_vae_encode_transform_caps(GstBaseTransform* trans, GstPadDir
   auto model = gst_latent_base_get_model(base);
   const latent::SizePolicy policy = current_policy(self);
   const latent::DType dtype = gst_latent_base_preferred_dtype(base);
-  const bool cuda = gst_latent_base_offers_cuda(base);
 
-  GstCaps* out = gst_caps_new_empty();
-  if (gst_caps_is_any(caps)) {
-    GstPad* other = direction == GST_PAD_SINK ? GST_BASE_TRANSFORM_SRC_PAD(trans)
-                                              : GST_BASE_TRANSFORM_SINK_PAD(trans);
-    gst_caps_unref(out);
-    out = gst_pad_get_pad_template_caps(other);
-  } else {
-    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
-      if (!is_system_memory(gst_caps_get_features(caps, i))) continue;
-      const GstStructure* s = gst_caps_get_structure(caps, i);
-      GstStructure* o = nullptr;
-      if (direction == GST_PAD_SINK && gst_structure_has_name(s, "video/x-raw"))
-        o = video_to_latent(s, model.get(), policy, dtype);
-      else if (direction == GST_PAD_SRC && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
-        o = latent_to_video(s, model.get(), policy);
-      if (o) out = gst_latent_caps_merge_both(out, o, cuda);
-    }
-  }
-  if (filter) {
-    GstCaps* tmp = gst_caps_intersect_full(filter, out, GST_CAPS_INTERSECT_FIRST);
-    gst_caps_unref(out);
-    out = tmp;
-  }
+  GstCaps* out = gst_latent_base_transform_caps(
+      base, direction, caps, filter, [&](const GstStructure* s) -> GstStructure* {
+        if (direction == GST_PAD_SINK && gst_structure_has_name(s, "video/x-raw"))
+          return video_to_latent(s, model.get(), policy, dtype);
+        if (direction == GST_PAD_SRC && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
+          return latent_to_video(s, model.get(), policy);
+        return nullptr;
+      });
   GST_DEBUG_OBJECT(self, "%s caps %" GST_PTR_FORMAT " -> %" GST_PTR_FORMAT,
                    direction == GST_PAD_SINK ? "sink" : "src", caps, out);
   return out;
@@ -365,30 +336,20 @@ static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps
                   info->channels, info->height, info->width,
                   latent::size_policy_name(info->size_policy), geometry->model_width(),
                   geometry->model_height());
-  if (!model->backend->device().is_cpu()) {
-    // The encoder's plan for this input size (warm-up, CUDA graph), before the first frame.
-    std::lock_guard<std::mutex> run(*model->run_lock);
-    auto example = latent::zero_image_tensor(*model->backend, n.geometry);
-    latent::Status planned = example.ok()
-                                 ? gst_latent_base_build_plan(GST_LATENT_BASE(self), *model,
-                                                              latent::VaePart::kEncode, *example)
-                                 : example.status();
-    example = latent::Status::error("released");  // device memory: freed under the run lock
-    if (!planned.ok()) {
-      GST_ELEMENT_ERROR(self, STREAM, FAILED,
-                        ("vaeencode: cannot prepare %s for %dx%d frames: %s",
-                         model->describe().c_str(), w, h, planned.message().c_str()),
-                        ("model input %dx%d on %s", n.geometry.model_width(),
-                         n.geometry.model_height(), model->backend->name().c_str()));
-      return FALSE;
-    }
+  // The encoder's plan for this input size (warm-up, CUDA graph), before the first frame.
+  const latent::Status planned = gst_latent_base_plan_for(
+      GST_LATENT_BASE(self), *model, latent::VaePart::kEncode,
+      [&](latent::Backend& b) { return latent::zero_image_tensor(b, n.geometry); });
+  if (!planned.ok()) {
+    GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                      ("vaeencode: cannot prepare %s for %dx%d frames: %s",
+                       model->describe().c_str(), w, h, planned.message().c_str()),
+                      ("model input %dx%d on %s", n.geometry.model_width(),
+                       n.geometry.model_height(), model->backend->name().c_str()));
+    return FALSE;
   }
-  {
-    const gint fps_n = GST_VIDEO_INFO_FPS_N(&n.in_info), fps_d = GST_VIDEO_INFO_FPS_D(&n.in_info);
-    gst_latent_base_set_frame_duration(
-        GST_LATENT_BASE(self),
-        fps_n > 0 ? gst_util_uint64_scale_int(GST_SECOND, fps_d, fps_n) : GST_CLOCK_TIME_NONE);
-  }
+  gst_latent_base_set_frame_rate(GST_LATENT_BASE(self), GST_VIDEO_INFO_FPS_N(&n.in_info),
+                                 GST_VIDEO_INFO_FPS_D(&n.in_info));
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
   self->impl->negotiated = true;
@@ -399,19 +360,8 @@ static gboolean gst_vae_encode_transform_size(GstBaseTransform* trans, GstPadDir
                                               GstCaps*, gsize, GstCaps* othercaps,
                                               gsize* othersize) {
   // One frame in, one latent out, whatever the input buffer's size (transform() checks it).
-  if (direction == GST_PAD_SINK) {
-    auto info = gst_latent_info_from_caps(othercaps);
-    if (!info.ok()) {
-      GST_WARNING_OBJECT(trans, "%s", info.status().message().c_str());
-      return FALSE;
-    }
-    *othersize = info->frame_bytes();
-  } else {
-    GstVideoInfo vinfo;
-    if (!gst_video_info_from_caps(&vinfo, othercaps)) return FALSE;
-    *othersize = GST_VIDEO_INFO_SIZE(&vinfo);
-  }
-  return TRUE;
+  return gst_latent_base_transform_size(GST_LATENT_BASE(trans), othercaps,
+                                        direction == GST_PAD_SINK, othersize);
 }
 
 static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
@@ -589,7 +539,8 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
 
 // ---- prefetch: frames are staged on submission and converted `prefetch-depth` frames later ----
 
-static void drop_prefetch(GstVaeEncode* self) {
+static void drop_prefetch(GstLatentBase* base) {
+  GstVaeEncode* self = GST_VAE_ENCODE(base);
   Prefetch& pf = self->impl->prefetch;
   for (Pending& p : pf.pending) gst_buffer_unref(p.buffer);
   pf.pending.clear();
@@ -681,42 +632,17 @@ static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, Gst
 }
 
 // Pushes out every frame still held back (before EOS and before new caps).
-static GstFlowReturn drain_prefetch(GstVaeEncode* self) {
-  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
-  Prefetch& pf = self->impl->prefetch;
-  GstFlowReturn ret = GST_FLOW_OK;
-  pf.draining = true;
-  while (ret == GST_FLOW_OK && !pf.pending.empty()) {
-    GstBuffer* out = nullptr;
-    ret = gst_vae_encode_generate_output(trans, &out);
-    if (out) ret = gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(trans), out);
-  }
-  pf.draining = false;
-  if (ret != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "drain stopped: %s", gst_flow_get_name(ret));
-  return ret;
-}
-
-static gboolean gst_vae_encode_sink_event(GstBaseTransform* trans, GstEvent* event) {
-  GstVaeEncode* self = GST_VAE_ENCODE(trans);
-  switch (GST_EVENT_TYPE(event)) {
-    case GST_EVENT_EOS:
-    case GST_EVENT_CAPS:
-    case GST_EVENT_SEGMENT:
-      drain_prefetch(self);
-      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS) drop_prefetch(self);  // new frame size
-      break;
-    case GST_EVENT_FLUSH_STOP:
-      drop_prefetch(self);
-      break;
-    default:
-      break;
-  }
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
+static GstFlowReturn drain_prefetch(GstLatentBase* base) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(base);
+  Prefetch& pf = GST_VAE_ENCODE(base)->impl->prefetch;
+  return gst_latent_base_drain(
+      base, &pf.draining, [&] { return !pf.pending.empty(); },
+      [&](GstBuffer** out) { return gst_vae_encode_generate_output(trans, out); });
 }
 
 static gboolean gst_vae_encode_stop(GstBaseTransform* trans) {
   GstVaeEncode* self = GST_VAE_ENCODE(trans);
-  drop_prefetch(self);
+  drop_prefetch(GST_LATENT_BASE(self));
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
@@ -761,9 +687,11 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_encode_stop);
   trans_class->submit_input_buffer = GST_DEBUG_FUNCPTR(gst_vae_encode_submit_input_buffer);
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_encode_generate_output);
-  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_vae_encode_sink_event);
 
-  GST_LATENT_BASE_CLASS(klass)->parts = GST_LATENT_PART_ENCODER;
+  GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->parts = GST_LATENT_PART_ENCODER;
+  base_class->drain_held = drain_prefetch;
+  base_class->drop_held = drop_prefetch;
   gst_type_mark_as_plugin_api(GST_TYPE_LATENT_SIZE_POLICY, static_cast<GstPluginAPIFlags>(0));
 }
 
