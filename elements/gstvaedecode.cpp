@@ -82,7 +82,7 @@ struct Staging {
   Pending current;
 };
 
-struct Impl {
+struct Impl : GstLatentStage {
   std::mutex lock;
   Staging staging;
   bool negotiated = false;
@@ -142,13 +142,6 @@ struct _GstVaeDecode {
 G_DEFINE_TYPE(GstVaeDecode, gst_vae_decode, GST_TYPE_LATENT_BASE)
 GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(vaedecode, "vaedecode", GST_RANK_NONE, GST_TYPE_VAE_DECODE,
                                       gst_latent_element_init(plugin));
-
-static void gst_vae_decode_finalize(GObject* object) {
-  GstVaeDecode* self = GST_VAE_DECODE(object);
-  delete self->impl;
-  self->impl = nullptr;
-  G_OBJECT_CLASS(parent_class)->finalize(object);
-}
 
 // Posts a negotiation error once per distinct message (accept-caps may be asked repeatedly).
 static void post_refusal(GstVaeDecode* self, const std::string& message) {
@@ -218,10 +211,9 @@ static gboolean gst_vae_decode_accept_caps(GstBaseTransform* trans, GstPadDirect
   return FALSE;
 }
 
-static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps,
-                                        GstCaps* outcaps) {
-  GstVaeDecode* self = GST_VAE_DECODE(trans);
-  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps* outcaps) {
+  GstVaeDecode* self = GST_VAE_DECODE(base);
+  auto model = gst_latent_base_get_model(base);
   if (!model) {
     GST_ERROR_OBJECT(self, "caps set before a model was loaded");
     return FALSE;
@@ -276,7 +268,6 @@ static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps
         ("on %s", model->backend->name().c_str()));
     return FALSE;
   }
-  gst_latent_base_set_frame_rate(GST_LATENT_BASE(self), n.in_info.fps_n, n.in_info.fps_d);
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
   self->impl->negotiated = true;
@@ -561,15 +552,6 @@ static void drop_staging(GstLatentBase* base) {
   gst_latent_base_set_frames_held(GST_LATENT_BASE(self), 0);
 }
 
-static gboolean gst_vae_decode_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
-                                                  GstQuery* query) {
-  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
-    return FALSE;
-  // Latents in CUDA memory: upstream writes them into our context's pool.
-  gst_latent_base_propose_latent_pool(GST_LATENT_BASE(trans), query);
-  return TRUE;
-}
-
 static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
   GstCaps* caps = nullptr;
   gst_query_parse_allocation(query, &caps, nullptr);
@@ -611,25 +593,22 @@ static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQue
   return TRUE;
 }
 
-static gboolean gst_vae_decode_stop(GstBaseTransform* trans) {
-  GstVaeDecode* self = GST_VAE_DECODE(trans);
-  drop_staging(GST_LATENT_BASE(self));
+// Held frames were dropped by the base class's stop().
+static void gst_vae_decode_close(GstLatentBase* base) {
+  GstVaeDecode* self = GST_VAE_DECODE(base);
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
     self->impl->last_refusal.clear();
   }
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->stop(trans);
 }
 
 static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
-  GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
   GstElementClass* element_class = GST_ELEMENT_CLASS(klass);
   GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
 
   GST_DEBUG_CATEGORY_INIT(gst_vae_decode_debug, "vaedecode", 0, "VAE decoder");
 
-  gobject_class->finalize = gst_vae_decode_finalize;
 
   gst_element_class_set_static_metadata(
       element_class, "VAE decoder", "Filter/Converter/Video",
@@ -640,18 +619,21 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
 
   trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_caps);
   trans_class->accept_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_accept_caps);
-  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_set_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_size);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_decode_transform);
-  trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_propose_allocation);
   trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_decide_allocation);
-  trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_decode_stop);
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_decode_generate_output);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  gst_latent_base_class_install_plan_properties(base_class);
   base_class->parts = GST_LATENT_PART_DECODER;
   base_class->drain_held = drain_staging;
+  base_class->close = gst_vae_decode_close;
+  base_class->set_info = gst_vae_decode_set_info;
   base_class->drop_held = drop_staging;
 }
 
-static void gst_vae_decode_init(GstVaeDecode* self) { self->impl = new Impl(); }
+static void gst_vae_decode_init(GstVaeDecode* self) {
+  self->impl = new Impl();
+  gst_latent_base_set_stage(GST_LATENT_BASE(self), self->impl);
+}

@@ -105,7 +105,7 @@ struct Prefetch {
   Pending current;
 };
 
-struct Impl {
+struct Impl : GstLatentStage {
   std::mutex lock;
   latent::SizePolicy size_policy = kDefaultSizePolicy;  // setting
   bool negotiated = false;
@@ -201,8 +201,8 @@ static void gst_vae_encode_set_property(GObject* object, guint prop_id, const GV
       if (changed) gst_base_transform_reconfigure_src(GST_BASE_TRANSFORM(self));
       break;
     }
-    default:
-      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+    default:  // prefetch-depth, cuda-graphs
+      G_OBJECT_CLASS(parent_class)->set_property(object, prop_id, value, pspec);
       break;
   }
 }
@@ -217,16 +217,9 @@ static void gst_vae_encode_get_property(GObject* object, guint prop_id, GValue* 
       break;
     }
     default:
-      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+      G_OBJECT_CLASS(parent_class)->get_property(object, prop_id, value, pspec);
       break;
   }
-}
-
-static void gst_vae_encode_finalize(GObject* object) {
-  GstVaeEncode* self = GST_VAE_ENCODE(object);
-  delete self->impl;
-  self->impl = nullptr;
-  G_OBJECT_CLASS(parent_class)->finalize(object);
 }
 
 static latent::SizePolicy current_policy(GstVaeEncode* self) {
@@ -267,10 +260,9 @@ static GstCaps* gst_vae_encode_fixate_caps(GstBaseTransform* trans, GstPadDirect
   return gst_caps_fixate(othercaps);
 }
 
-static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps,
-                                        GstCaps* outcaps) {
-  GstVaeEncode* self = GST_VAE_ENCODE(trans);
-  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+static gboolean gst_vae_encode_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps* outcaps) {
+  GstVaeEncode* self = GST_VAE_ENCODE(base);
+  auto model = gst_latent_base_get_model(base);
   if (!model) {
     GST_ERROR_OBJECT(self, "caps set before a model was loaded");
     return FALSE;
@@ -348,8 +340,6 @@ static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps
                        n.geometry.model_height(), model->backend->name().c_str()));
     return FALSE;
   }
-  gst_latent_base_set_frame_rate(GST_LATENT_BASE(self), GST_VIDEO_INFO_FPS_N(&n.in_info),
-                                 GST_VIDEO_INFO_FPS_D(&n.in_info));
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
   self->impl->negotiated = true;
@@ -368,7 +358,8 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
                                                   GstQuery* query) {
   if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
     return FALSE;
-  // Strided frames are fine: the frame is read through GstVideoFrame.
+  // (The base class offered a latent pool: not for video caps.) Strided frames are fine: the frame
+  // is read through GstVideoFrame.
   gst_query_add_allocation_meta(query, GST_VIDEO_META_API_TYPE, nullptr);
   GstCaps* caps = nullptr;
   gst_query_parse_allocation(query, &caps, nullptr);
@@ -381,11 +372,6 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
     if (pool) gst_object_unref(pool);
   }
   return TRUE;
-}
-
-static gboolean gst_vae_encode_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
-  if (gst_latent_base_decide_latent_pool(GST_LATENT_BASE(trans), query)) return TRUE;
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
 }
 
 // A frame -> model input [1, 3, H, W] on the model's backend: its planes go
@@ -640,14 +626,13 @@ static GstFlowReturn drain_prefetch(GstLatentBase* base) {
       [&](GstBuffer** out) { return gst_vae_encode_generate_output(trans, out); });
 }
 
-static gboolean gst_vae_encode_stop(GstBaseTransform* trans) {
-  GstVaeEncode* self = GST_VAE_ENCODE(trans);
-  drop_prefetch(GST_LATENT_BASE(self));
+// Held frames were dropped by the base class's stop().
+static void gst_vae_encode_close(GstLatentBase* base) {
+  GstVaeEncode* self = GST_VAE_ENCODE(base);
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
   }
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->stop(trans);
 }
 
 static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
@@ -659,7 +644,6 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
 
   gobject_class->set_property = gst_vae_encode_set_property;
   gobject_class->get_property = gst_vae_encode_get_property;
-  gobject_class->finalize = gst_vae_encode_finalize;
 
   g_object_class_install_property(
       gobject_class, PROP_SIZE_POLICY,
@@ -679,20 +663,23 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
 
   trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_vae_encode_transform_caps);
   trans_class->fixate_caps = GST_DEBUG_FUNCPTR(gst_vae_encode_fixate_caps);
-  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_vae_encode_set_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_encode_transform_size);
   trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_encode_propose_allocation);
-  trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_encode_decide_allocation);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_encode_transform);
-  trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_encode_stop);
   trans_class->submit_input_buffer = GST_DEBUG_FUNCPTR(gst_vae_encode_submit_input_buffer);
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_encode_generate_output);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  gst_latent_base_class_install_plan_properties(base_class);
   base_class->parts = GST_LATENT_PART_ENCODER;
   base_class->drain_held = drain_prefetch;
+  base_class->close = gst_vae_encode_close;
+  base_class->set_info = gst_vae_encode_set_info;
   base_class->drop_held = drop_prefetch;
   gst_type_mark_as_plugin_api(GST_TYPE_LATENT_SIZE_POLICY, static_cast<GstPluginAPIFlags>(0));
 }
 
-static void gst_vae_encode_init(GstVaeEncode* self) { self->impl = new Impl(); }
+static void gst_vae_encode_init(GstVaeEncode* self) {
+  self->impl = new Impl();
+  gst_latent_base_set_stage(GST_LATENT_BASE(self), self->impl);
+}
