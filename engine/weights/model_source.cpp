@@ -220,4 +220,21 @@ Result<ModelSource> resolve_model_source(const std::string& path, const std::str
   return resolve_path(path, path, subfolder);
 }
 
+namespace {
+
+std::string real_path(const std::string& path) {
+  if (path.empty()) return path;
+  char* real = realpath(path.c_str(), nullptr);
+  if (!real) return path;
+  std::string out(real);
+  free(real);
+  return out;
+}
+
+}  // namespace
+
+std::string model_source_identity(const ModelSource& source) {
+  return str_cat(real_path(source.weights_path), "|", real_path(source.config_path));
+}
+
 }  // namespace latent

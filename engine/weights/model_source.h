@@ -29,6 +29,11 @@ struct ModelSource {
 Result<ModelSource> resolve_model_source(const std::string& path,
                                          const std::string& subfolder = "vae");
 
+// What identifies a resolved model's files, whatever words reached them: the weights' and the
+// config's real paths (symbolic links, "..", relative paths resolved). Two sources with the same
+// identity load the same model, so callers may share one loaded instance between them.
+std::string model_source_identity(const ModelSource& source);
+
 // The folder of the built-in default model: $LATENT_DEFAULT_MODEL if set, else the installed
 // data folder, else the source tree's models/default (set at configure time).
 std::string default_model_dir();
