@@ -9,7 +9,8 @@ namespace latent {
 
 namespace {
 
-constexpr char kSupported[] = "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny";
+constexpr char kSupported[] =
+    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan (Wan 2.1), AutoencoderTiny";
 
 // A few tensor names of an unrecognised checkpoint, for the error message.
 std::string sample_names(const WeightStore& weights) {
@@ -50,7 +51,7 @@ Result<std::unique_ptr<VaeModel>> load_vae(const ModelSource& source,
     const std::string cls = config->class_name();
     LATENT_DEBUG("load_vae: ", source.given, ": ", cls, " (", source.form, ")");
     if (cls == "AutoencoderKL") return load_autoencoder_kl(source, cfg, weights, backend, options);
-    if (cls == "AutoencoderKLQwenImage")
+    if (cls == "AutoencoderKLQwenImage" || cls == "AutoencoderKLWan")
       return load_qwen_image_vae(source, cfg, weights, backend, options);
     if (cls == "AutoencoderTiny")
       return load_autoencoder_tiny(source, cfg, weights, backend, options);
