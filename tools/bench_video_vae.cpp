@@ -3,8 +3,8 @@
 // frame (decoder) a push, every output dropped as it comes. Runs on any backend (CPU-only builds
 // too). bench/bench_taehv.py drives it next to taehv.py.
 //
-//   latent-bench-video --model taew2_1.safetensors --device cuda --dtype fp16 \
-//       --size 1280x720 --frames 81 --part decoder [--warmup 9] [--json]
+//   latent-bench-video --model taew2_1.safetensors --device cuda --dtype fp16
+//                      --size 1280x720 --frames 81 --part decoder [--warmup 9] [--json]
 //
 // --frames counts video frames: the decoder gets 1 + (frames - 1) / 4 latent frames (which
 // decode to that many frames when frames = 1 + 4k). Inputs are random (one frame reused).
