@@ -17,6 +17,7 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
@@ -181,7 +182,7 @@ Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
         // taehv.py's sequential mode visits them; MemBlocks only see their own layer's order).
         for (const Conv& c : l.per_frame) {
           LATENT_ASSIGN_OR_RETURN(Tensor y, c(be, x));
-          LATENT_TRY(run_frame(be, net, st, y, i + 1, out));
+          LATENT_TRY(run_frame(be, net, st, std::move(y), i + 1, out));  // y freed as it goes
         }
         return ok_status();
       }
@@ -431,6 +432,7 @@ Net load_decoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
 
 class TaehvModel;
 
+// Refers to its model, which must outlive it (as for every VaeStream of a VaeModel).
 class TaehvStream final : public VaeStream {
  public:
   TaehvStream(TaehvModel& model, bool encoder);
