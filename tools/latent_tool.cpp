@@ -25,6 +25,7 @@
 #include "engine/models/vae/planned_vae.h"  // plans: --graph
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
+#include "tools/latent_file_commands.h"
 #include "tools/dit_commands.h"
 #include "tools/stream_command.h"
 
@@ -52,7 +53,7 @@ struct Args {
 
 const char* kUsage =
     "usage: latent-tool COMMAND [options]\n"
-    "  inspect [MODEL]                          architecture, parts, parameters, latent space\n"
+    "  inspect [MODEL|LATENT_FILE]              architecture, parts, parameters, latent space\n"
     "  encode  [--model M] --input IMG --output LAT.safetensors\n"
     "                                           image -> normalised latents (+ frame size)\n"
     "  decode  [--model M] --input LAT.safetensors --output IMG\n"
@@ -123,6 +124,7 @@ int fail(const Status& s) {
 
 // --- inspect ---------------------------------------------------------------------------
 int cmd_inspect(const Args& a) {
+  if (a.positional.size() == 1 && is_latent_file(a.positional[0])) return inspect_latent_file(a.positional[0]);
   auto model = model_for(a, true, true);
   if (!model.ok()) return fail(model.status());
   const latent::ModelInfo& info = (*model)->info();
@@ -263,7 +265,7 @@ int cmd_decode(const Args& a) {
   auto& m = **model;
   auto file = latent::SafetensorsFile::open(in);
   if (!file.ok()) return fail(file.status());
-  auto lat = (*file)->tensor("latent");
+  auto lat = (*file)->find("latent") ? (*file)->tensor("latent") : latent_file_images(**file);
   if (!lat.ok()) return fail(lat.status());
   const auto& meta = (*file)->metadata();
   auto space = meta.find("latent_space");
