@@ -155,7 +155,8 @@ def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_w
 
     address = os.environ.get("RAY_ADDRESS")
     env_vars = {k: v for k, v in os.environ.items()
-                if k.startswith(("GST_", "LATENT_")) or k in ("PYTHONPATH", "LD_LIBRARY_PATH")}
+                if k.startswith(("GST_", "LATENT_", "DNNL_", "ONEDNN_"))
+                or k in ("PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS")}
     runtime_env = {"env_vars": env_vars}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
