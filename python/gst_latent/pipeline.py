@@ -73,12 +73,14 @@ class ClipEncoder:
 
     def __init__(self, model: str = "", device: str = "auto", dtype: str = "",
                  clip_timeout: float = 0.0, extra_encoder_props: dict | None = None):
+        """`extra_encoder_props`: more vaeencode properties, values as gst-launch strings."""
         Gst = gst()
         self.timeout = clip_timeout
         props = {"model": model, "device": device}
         if dtype:
             props["dtype"] = dtype
         props.update(extra_encoder_props or {})
+        self.extra = dict(extra_encoder_props or {})
         self.model = model
 
         # The model holder: started once, never fed.
@@ -112,7 +114,12 @@ class ClipEncoder:
             raise PipelineError(
                 f"GStreamer element '{factory}' not found (is the latent plugin on GST_PLUGIN_PATH?)")
         for k, v in props.items():
-            el.set_property(k, v)
+            if el.find_property(k) is None:
+                raise PipelineError(f"{factory} has no property '{k}' (see gst-inspect-1.0 {factory})")
+            if isinstance(v, str) and el.find_property(k).value_type.name != "gchararray":
+                Gst.util_set_object_arg(el, k, v)  # parsed like gst-launch (ints, booleans, enums)
+            else:
+                el.set_property(k, v)
         return el
 
     def _on_pad_added(self, _decodebin, pad):

@@ -84,7 +84,8 @@ class Worker:
 
         self.options = options
         self.encoder = ClipEncoder(model=options["model"], device=options["device"],
-                                   dtype=options["dtype"], clip_timeout=options["clip_timeout"])
+                                   dtype=options["dtype"], clip_timeout=options["clip_timeout"],
+                                   extra_encoder_props=options.get("encoder_props"))
 
     def process(self, rel: str, clip: str) -> dict:
         from gst_latent.pipeline import ClipResult
@@ -205,6 +206,9 @@ def parse_args(argv=None):
                    "local engine: a comma-separated list is dealt to the workers in turn; Ray: the "
                    "device inside each actor (auto = the GPU Ray gave it)")
     p.add_argument("--dtype", default="", help="fp32, bf16 or fp16 (default: the device's)")
+    p.add_argument("--encoder-prop", action="append", default=[], metavar="NAME=VALUE",
+                   help="another vaeencode property, as in gst-launch (repeatable), e.g. "
+                        "prefetch-depth=4")
     p.add_argument("--resume", action="store_true", help="skip inputs whose output is complete")
     p.add_argument("--clip-timeout", type=float, default=3600.0,
                    help="seconds before a clip counts as failed (0: no limit)")
@@ -216,6 +220,9 @@ def parse_args(argv=None):
         p.error("--workers must be at least 1")
     if args.gpus_per_worker is not None and args.gpus_per_worker < 0:
         p.error("--gpus-per-worker must not be negative")
+    for prop in args.encoder_prop:
+        if "=" not in prop or not prop.split("=", 1)[0]:
+            p.error(f"--encoder-prop {prop}: expected NAME=VALUE")
     if args.engine == "local" and args.gpus_per_worker:
         p.error("--gpus-per-worker is for --engine ray; the local engine takes --device cuda:0,cuda:1,...")
     return args
@@ -241,7 +248,8 @@ def main(argv=None) -> int:
     todo = [(r, f) for r, f in inputs if not (args.resume and is_complete(output_path(output, r)))]
     skipped = len(inputs) - len(todo)
     options = {"model": args.model, "device": args.device, "dtype": args.dtype,
-               "clip_timeout": args.clip_timeout, "output": output}
+               "clip_timeout": args.clip_timeout, "output": output,
+               "encoder_props": dict(p.split("=", 1) for p in args.encoder_prop)}
 
     from tqdm import tqdm
 
