@@ -46,13 +46,15 @@ int inspect_latent_file(const std::string& path) {
     std::printf("mode:          image, %lld frames\n", static_cast<long long>(i.frame_count));
   std::printf("source:        %s\n", i.source.empty() ? "unknown" : i.source.c_str());
   const int64_t t = i.latent_frames();
+  auto frames = [&](int64_t k) -> std::string {
+    if (i.offsets[k] < 0 || i.offset_ends[k] < 0) return "unknown";
+    return "[" + std::to_string(i.offsets[k]) + ", " + std::to_string(i.offset_ends[k]) + ")";
+  };
   if (t > 0) {
-    std::printf("first latent:  pts %s, duration %s, frames [%lld, %lld)\n", time_text(i.pts[0]).c_str(),
-                time_text(i.durations[0]).c_str(), static_cast<long long>(i.offsets[0]),
-                static_cast<long long>(i.offset_ends[0]));
-    std::printf("last latent:   pts %s, duration %s, frames [%lld, %lld)\n",
-                time_text(i.pts[t - 1]).c_str(), time_text(i.durations[t - 1]).c_str(),
-                static_cast<long long>(i.offsets[t - 1]), static_cast<long long>(i.offset_ends[t - 1]));
+    std::printf("first latent:  pts %s, duration %s, frames %s\n", time_text(i.pts[0]).c_str(),
+                time_text(i.durations[0]).c_str(), frames(0).c_str());
+    std::printf("last latent:   pts %s, duration %s, frames %s\n", time_text(i.pts[t - 1]).c_str(),
+                time_text(i.durations[t - 1]).c_str(), frames(t - 1).c_str());
   }
   return 0;
 }
