@@ -165,6 +165,16 @@ def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_w
         ray.init(num_cpus=ray_cpus or None, runtime_env=runtime_env, log_to_driver=False,
                  include_dashboard=False)
     try:
+        # A pool Ray cannot place waits for ever: say so instead.
+        have = ray.cluster_resources()
+        gpus_total, cpus_total = have.get("GPU", 0.0), have.get("CPU", 0.0)
+        if workers * gpus_per_worker > gpus_total:
+            raise RuntimeError(
+                f"{workers} workers x {gpus_per_worker:g} GPUs need {workers * gpus_per_worker:g} GPUs; "
+                f"the Ray cluster has {gpus_total:g} (--workers, --gpus-per-worker 0 for CPUs)")
+        if workers > cpus_total:
+            raise RuntimeError(f"{workers} workers need a CPU each; the Ray cluster has {cpus_total:g} "
+                               "(--workers, --ray-cpus)")
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours (tqdm) shows clips, frames/s and the ETA
         ctx.execution_options.preserve_order = False

@@ -145,6 +145,15 @@ def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
     assert [row["path"] for row in failures(out)] == ["sub/corrupt.mp4"]
 
 
+def test_ray_refuses_a_pool_it_cannot_place(clips, tmp_path):
+    pytest.importorskip("ray")
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "o"), "--engine", "ray",
+                "--workers", "1", "--ray-cpus", "1", "--gpus-per-worker", "1",
+                env_extra={"RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2, r.stderr
+    assert "need 1 GPUs; the Ray cluster has 0" in r.stderr
+
+
 def test_a_list_file_and_resume(clips, local_out, tmp_path):
     lst = clips / "list.txt"
     lst.write_text("# two clips\na.webm\nsub/img.png\n")
