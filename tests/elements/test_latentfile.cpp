@@ -295,6 +295,63 @@ TEST(LatentSrc, SeeksToTheLatentFrameCoveringThePosition) {
   gst_object_unref(pipeline);
 }
 
+TEST(LatentSrc, StopsAtTheSegmentStop) {
+  const std::string path = tmp("seek_stop.safetensors");
+  write_video_clip(path);
+  GstElement* pipeline = gst_parse_launch(
+      ("latentsrc location=\"" + path + "\" ! appsink name=sink sync=false").c_str(), nullptr);
+  ASSERT_NE(pipeline, nullptr);
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
+  gst_element_set_state(pipeline, GST_STATE_PAUSED);
+  ASSERT_EQ(gst_element_get_state(pipeline, nullptr, nullptr, 10 * GST_SECOND), GST_STATE_CHANGE_SUCCESS);
+  // [0, 5 frames): the latent frames starting before the stop, [0,4) and [4,8).
+  ASSERT_TRUE(gst_element_seek(pipeline, 1.0, GST_FORMAT_TIME, GST_SEEK_FLAG_FLUSH, GST_SEEK_TYPE_SET, 0,
+                               GST_SEEK_TYPE_SET, 5 * kFrame));
+  gst_element_get_state(pipeline, nullptr, nullptr, 10 * GST_SECOND);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  std::vector<guint64> offsets;
+  while (GstSample* smp = gst_app_sink_pull_sample(GST_APP_SINK(sink))) {
+    offsets.push_back(GST_BUFFER_OFFSET(gst_sample_get_buffer(smp)));
+    gst_sample_unref(smp);
+  }
+  EXPECT_EQ(offsets, (std::vector<guint64>{0, 4}));
+  // Reverse playback is refused.
+  EXPECT_FALSE(gst_element_seek(pipeline, -1.0, GST_FORMAT_TIME, GST_SEEK_FLAG_FLUSH, GST_SEEK_TYPE_SET, 0,
+                                GST_SEEK_TYPE_SET, 5 * kFrame));
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+}
+
+TEST(LatentSrc, LatentsrcToLatentsinkCopiesTheFileExactlyAcrossStateCycles) {
+  const std::string a = tmp("copy_a.safetensors"), b = tmp("copy_b.safetensors");
+  write_video_clip(a);
+  GstElement* pipeline = gst_parse_launch(("latentsrc location=\"" + a + "\" ! latentsink location=\"" + b +
+                                           "\" source=clips/a.mp4 model=default")
+                                              .c_str(),
+                                          nullptr);
+  ASSERT_NE(pipeline, nullptr);
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  for (int round = 0; round < 2; ++round) {
+    std::remove(b.c_str());
+    ASSERT_NE(gst_element_set_state(pipeline, GST_STATE_PLAYING), GST_STATE_CHANGE_FAILURE);
+    GstBus* bus = gst_element_get_bus(pipeline);
+    GstMessage* m = gst_bus_timed_pop_filtered(bus, 30 * GST_SECOND,
+                                               static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+    ASSERT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) << "round " << round;
+    gst_message_unref(m);
+    gst_object_unref(bus);
+    EXPECT_EQ(gst_element_set_state(pipeline, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
+    EXPECT_TRUE(slurp(a) == slurp(b)) << "round " << round;
+  }
+  gst_object_unref(pipeline);
+}
+
 std::string src_error(const std::string& path) { return start_errors("latentsrc", path); }
 
 TEST(LatentSrc, BadFilesAreErrorsNamingTheFileAndTheProblem) {
