@@ -76,9 +76,9 @@ Settings settings_copy(GstLatentSink* self) {
   return *self->settings;
 }
 
-// The value of string property `name` on the first element upstream of `pad` that has one
-// (through bins such as decodebin: a ghost pad's parent is the bin).
-std::string upstream_string_property(GstPad* pad, const char* name) {
+// The value of the first of the string properties `names` that the first element upstream of
+// `pad` having any of them has (through bins such as decodebin: a ghost pad's parent is the bin).
+std::string upstream_string_property(GstPad* pad, std::initializer_list<const char*> names) {
   GstPad* peer = gst_pad_get_peer(pad);
   for (int depth = 0; peer && depth < 64; ++depth) {
     GstObject* parent = gst_pad_get_parent(peer);
@@ -89,14 +89,16 @@ std::string upstream_string_property(GstPad* pad, const char* name) {
       break;
     }
     GstElement* el = GST_ELEMENT(parent);
-    GParamSpec* spec = g_object_class_find_property(G_OBJECT_GET_CLASS(el), name);
-    if (spec && spec->value_type == G_TYPE_STRING && (spec->flags & G_PARAM_READABLE)) {
-      gchar* value = nullptr;
-      g_object_get(el, name, &value, nullptr);
-      std::string out = value ? value : "";
-      g_free(value);
-      gst_object_unref(el);
-      return out;
+    for (const char* name : names) {
+      GParamSpec* spec = g_object_class_find_property(G_OBJECT_GET_CLASS(el), name);
+      if (spec && spec->value_type == G_TYPE_STRING && (spec->flags & G_PARAM_READABLE)) {
+        gchar* value = nullptr;
+        g_object_get(el, name, &value, nullptr);
+        std::string out = value ? value : "";
+        g_free(value);
+        gst_object_unref(el);
+        return out;
+      }
     }
     // Walk on through this element's first sink pad.
     GstPad* sink = nullptr;
@@ -306,7 +308,7 @@ static gboolean open_file(GstLatentSink* self) {
   f.fps_n = i.fps_n;
   f.fps_d = i.fps_d;
   f.temporal_factor = st->temporal_factor;
-  f.model = s.model.empty() ? upstream_string_property(GST_BASE_SINK_PAD(self), "model") : s.model;
+  f.model = s.model.empty() ? upstream_string_property(GST_BASE_SINK_PAD(self), {"model"}) : s.model;
   if (f.model.empty()) f.model = "default";
   std::string error;
   f.model_config_sha256 = config_sha256(f.model, &error);
@@ -314,7 +316,8 @@ static gboolean open_file(GstLatentSink* self) {
     GST_WARNING_OBJECT(self, "model '%s': %s; the file records no config hash", f.model.c_str(),
                        error.c_str());
   f.source =
-      s.source.empty() ? upstream_string_property(GST_BASE_SINK_PAD(self), "location") : s.source;
+      s.source.empty() ? upstream_string_property(GST_BASE_SINK_PAD(self), {"source", "location"})
+                       : s.source;
 
   latent::SafetensorsStreamWriter::Options opt;
   opt.sync = s.fsync;
@@ -457,8 +460,8 @@ static void gst_latent_sink_class_init(GstLatentSinkClass* klass) {
   g_object_class_install_property(
       gobject_class, PROP_SOURCE,
       g_param_spec_string("source", "Source",
-                          "The source recorded in the file; empty: the `location` of the first "
-                          "upstream element that has one (filesrc)",
+                          "The source recorded in the file; empty: the `source` (latentsrc) or "
+                          "`location` (filesrc) of the first upstream element that has one",
                           "", rw));
   g_object_class_install_property(
       gobject_class, PROP_FSYNC,

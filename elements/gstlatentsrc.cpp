@@ -9,6 +9,7 @@
  * ```
  * (pipelines/decode_latents.sh)
  *
+ * Read-only properties `model` and `source` give what the open file records.
  * Pushes one application/x-latent buffer per latent frame with the caps the file describes
  * (temporal-factor too for a video-mode file) and each frame's PTS, DURATION, OFFSET and
  * OFFSET_END as they were recorded. Seekable in TIME (flushing, segment start and stop): playback
@@ -30,7 +31,7 @@ GST_DEBUG_CATEGORY_STATIC(gst_latent_src_debug);
 
 namespace {
 
-enum { PROP_0, PROP_LOCATION };
+enum { PROP_0, PROP_LOCATION, PROP_MODEL, PROP_SOURCE };
 
 struct State {
   std::shared_ptr<latent::LatentFile> file;
@@ -109,6 +110,12 @@ static void gst_latent_src_get_property(GObject* object, guint prop_id, GValue* 
   switch (prop_id) {
     case PROP_LOCATION:
       g_value_set_string(value, self->location->c_str());
+      break;
+    case PROP_MODEL:
+      g_value_set_string(value, self->state->file ? self->state->file->info.model.c_str() : nullptr);
+      break;
+    case PROP_SOURCE:
+      g_value_set_string(value, self->state->file ? self->state->file->info.source.c_str() : nullptr);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
@@ -296,6 +303,16 @@ static void gst_latent_src_class_init(GstLatentSrcClass* klass) {
       g_param_spec_string("location", "Location", "The latent file to play (.safetensors)", "",
                           static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
                                                    GST_PARAM_MUTABLE_READY)));
+  // Read-only: what the file records (a latentsink downstream records them again).
+  const GParamFlags ro = static_cast<GParamFlags>(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      gobject_class, PROP_MODEL,
+      g_param_spec_string("model", "Model", "The model the open file records (null while stopped)",
+                          nullptr, ro));
+  g_object_class_install_property(
+      gobject_class, PROP_SOURCE,
+      g_param_spec_string("source", "Source", "The source the open file records (null while stopped)",
+                          nullptr, ro));
   gst_element_class_add_static_pad_template(element_class, &src_template);
   gst_element_class_set_static_metadata(
       element_class, "Latent file source", "Source/File",

@@ -82,7 +82,7 @@ GstElement* element_with_bus(const char* factory, const std::string& location) {
 
 GstHarness* sink_harness(const std::string& location) {
   GstElement* el = element_with_bus("latentsink", location);
-  g_object_set(el, "source", "clips/a.mp4", nullptr);
+  g_object_set(el, "source", "clips/a.mp4", "model", taesd_model().c_str(), nullptr);
   GstHarness* h = gst_harness_new_with_element(el, "sink", nullptr);
   gst_object_unref(el);
   return h;
@@ -143,7 +143,8 @@ TEST(LatentSink, WritesTheTensorAndTheMetadata) {
   EXPECT_TRUE(info.video_mode());
   EXPECT_EQ(info.frame_count, 10);
   EXPECT_EQ(info.source, "clips/a.mp4");
-  EXPECT_EQ(info.model, "default");  // no encoder upstream, no model set
+  EXPECT_EQ(info.model, taesd_model());
+  EXPECT_EQ(info.model_config_sha256.size(), 64u);
   EXPECT_EQ(info.pts, (std::vector<int64_t>{0, int64_t(4 * kFrame), int64_t(8 * kFrame)}));
   EXPECT_EQ(info.durations, (std::vector<int64_t>{int64_t(4 * kFrame), int64_t(4 * kFrame), int64_t(2 * kFrame)}));
   EXPECT_EQ(info.offsets, (std::vector<int64_t>{0, 4, 8}));
@@ -323,11 +324,12 @@ TEST(LatentSrc, StopsAtTheSegmentStop) {
   gst_object_unref(pipeline);
 }
 
+// latentsink takes model and source from latentsrc's read-only properties.
 TEST(LatentSrc, LatentsrcToLatentsinkCopiesTheFileExactlyAcrossStateCycles) {
   const std::string a = tmp("copy_a.safetensors"), b = tmp("copy_b.safetensors");
   write_video_clip(a);
   GstElement* pipeline = gst_parse_launch(("latentsrc location=\"" + a + "\" ! latentsink location=\"" + b +
-                                           "\" source=clips/a.mp4 model=default")
+                                           "\"")
                                               .c_str(),
                                           nullptr);
   ASSERT_NE(pipeline, nullptr);
