@@ -38,6 +38,7 @@
 #include "engine/models/vae/planned_vae.h"  // plans: --graph
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
+#include "tools/latent_file_commands.h"
 #include "tools/dit_commands.h"
 #include "tools/stream_command.h"
 
@@ -92,6 +93,7 @@ int fail(const Status& s) {
 
 // --- inspect ---------------------------------------------------------------------------
 int cmd_inspect(const Args& a) {
+  if (a.positional.size() == 1 && is_latent_file(a.positional[0])) return inspect_latent_file(a.positional[0]);
   if (a.options.count("model") && !a.positional.empty())
     return fail(Status::errorf("inspect: give the model once, as --model or as MODEL (got --model ",
                                a.get("model"), " and ", a.positional[0], ")"));
@@ -262,7 +264,7 @@ int cmd_decode(const Args& a) {
   auto& m = **model;
   auto file = latent::SafetensorsFile::open(in);
   if (!file.ok()) return fail(file.status());
-  auto lat = (*file)->tensor("latent");
+  auto lat = (*file)->find("latent") ? (*file)->tensor("latent") : latent_file_images(**file);
   if (!lat.ok()) return fail(lat.status());
   const auto& meta = (*file)->metadata();
   auto space = meta.find("latent_space");
