@@ -402,27 +402,49 @@ int64_t LoraFile::blocks_touched() const {
 
 Status check_lora_fits(const LoraFile& lora, const QwenImageMmditConfig& config) {
   const auto targets = qwen_image_lora_targets(config);
+  // Per module: "" when it fits, else the problem.
+  std::vector<std::string> problems;
+  size_t fitting = 0;
+  for (const auto& m : lora.modules) {
+    auto it = targets.find(m.module);
+    std::string p;
+    if (it == targets.end()) {
+      p = str_cat(lora.path, ": LoRA key '", m.down_key, "' adapts ", m.module,
+                  ", which this transformer (", config.num_layers, " blocks) does not have");
+    } else if (m.in_features() != it->second.second) {
+      p = str_cat(lora.path, ": LoRA key '", m.down_key, "' is ", shape_str(m.down.shape()),
+                  " but ", m.module, " takes ", it->second.second, " inputs (expected [rank, ",
+                  it->second.second, "])");
+    } else if (m.out_features() != it->second.first) {
+      p = str_cat(lora.path, ": LoRA key '", m.up_key, "' is ", shape_str(m.up.shape()), " but ",
+                  m.module, " has ", it->second.first, " outputs (expected [", it->second.first,
+                  ", rank])");
+    }
+    fitting += p.empty();
+    problems.push_back(p);
+  }
+  // Nothing fits, and everything would fit a transformer of another width: one sentence for the
+  // whole file.
   const int64_t dim = lora.inner_dim();
-  if (dim > 0 && dim != config.inner_dim())
+  bool other_width = fitting == 0 && dim > 0 && dim != config.inner_dim();
+  if (other_width) {
+    QwenImageMmditConfig alt = config;
+    alt.num_attention_heads = 1;
+    alt.attention_head_dim = dim;
+    alt.num_layers = std::max<int64_t>(config.num_layers, lora.blocks_touched());
+    const auto alt_targets = qwen_image_lora_targets(alt);
+    for (const auto& m : lora.modules) {
+      auto it = alt_targets.find(m.module);
+      other_width = other_width && it != alt_targets.end() &&
+                    it->second == std::make_pair(m.out_features(), m.in_features());
+    }
+  }
+  if (other_width)
     return Status::errorf(lora.path, " is a LoRA for a Qwen-Image transformer of inner dim ", dim,
                           " (Qwen-Image 20B: 3072); this transformer's inner dim is ",
                           config.inner_dim(), ", so it does not fit");
-  for (const auto& m : lora.modules) {
-    auto it = targets.find(m.module);
-    if (it == targets.end())
-      return Status::errorf(lora.path, ": LoRA key '", m.down_key, "' adapts ", m.module,
-                            ", which this transformer (", config.num_layers,
-                            " blocks) does not have");
-    const auto [out, in] = it->second;
-    if (m.in_features() != in)
-      return Status::errorf(lora.path, ": LoRA key '", m.down_key, "' is ",
-                            shape_str(m.down.shape()), " but ", m.module, " takes ", in,
-                            " inputs (expected [rank, ", in, "])");
-    if (m.out_features() != out)
-      return Status::errorf(lora.path, ": LoRA key '", m.up_key, "' is ", shape_str(m.up.shape()),
-                            " but ", m.module, " has ", out, " outputs (expected [", out,
-                            ", rank])");
-  }
+  for (const std::string& p : problems)
+    if (!p.empty()) return Status::error(p);
   return ok_status();
 }
 
