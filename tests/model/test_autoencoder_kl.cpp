@@ -278,8 +278,10 @@ TEST(AutoencoderKL, UnsupportedClassName) {
   std::string msg = load_error(d);
   EXPECT_NE(msg.find("unsupported architecture 'VQModel'"), std::string::npos) << msg;
   EXPECT_NE(msg.find(d + "/config.json"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny"), std::string::npos)
-      << msg;
+  // The message lists every supported architecture.
+  for (const char* arch : {"AutoencoderKL,", "AutoencoderKLQwenImage", "AutoencoderKLWan", "AutoencoderTiny",
+                           "TAEHV"})
+    EXPECT_NE(msg.find(arch), std::string::npos) << arch << " missing from: " << msg;
 }
 
 TEST(AutoencoderKL, BadConfigValues) {
