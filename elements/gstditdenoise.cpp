@@ -52,11 +52,12 @@
 #include <mutex>
 #include <string>
 
-#include "elements/gstlatentbase.h"  // gst_latent_element_init
+#include "elements/gstlatentbase.h"
 #include "elements/gstlatentcaps.h"
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/models/dit/denoise.h"
+#include "engine/models/dit/pipeline_inputs.h"
 #include "engine/models/dit/flow_match_scheduler.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/config.h"
@@ -74,11 +75,9 @@ constexpr int kLatentChannels = 16;
 typedef enum { MODE_IMG2IMG, MODE_EDIT } Mode;
 typedef enum { NOISE_FIXED, NOISE_FRESH } NoiseMode;
 
+// `model`, `device` and `dtype` are the base class's (elements/gstlatentbase.h).
 enum {
   PROP_0,
-  PROP_MODEL,
-  PROP_DEVICE,
-  PROP_DTYPE,
   PROP_STEPS,
   PROP_STRENGTH,
   PROP_SEED,
@@ -94,9 +93,6 @@ constexpr double kDefaultStrength = 0.6;
 constexpr double kDefaultGuidance = 4.0;  // diffusers' true_cfg_scale default
 
 struct Settings {
-  std::string model;
-  std::string device = "auto";
-  std::string dtype;
   int steps = kDefaultSteps;
   double strength = kDefaultStrength;
   guint64 seed = 0;
@@ -131,71 +127,19 @@ struct State {
   guint64 frames = 0;  // frames denoised since start (fresh noise: seed + frames)
 };
 
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
-std::string parent_dir(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const size_t slash = p.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : p.substr(0, slash);
-}
-
-// Reads `<name>` and optional `<name>_mask` of `path` (`name` = prompt_embeds, or for a
-// negative file also negative_prompt_embeds) and checks them against the transformer's text
-// width. Copies the values so the file is not kept open.
+// Reads the prompt embeddings of `path`, checked against the transformer's text width (shared
+// with latent-tool denoise).
 latent::Result<latent::PromptEmbeds> load_embeds(const std::string& path, bool negative,
                                                  int64_t joint_dim) {
-  LATENT_ASSIGN_OR_RETURN(auto file, latent::SafetensorsFile::open(path));
-  std::string name = "prompt_embeds";
-  if (negative && !file->find(name) && file->find("negative_prompt_embeds"))
-    name = "negative_prompt_embeds";
-  if (!file->find(name))
-    return latent::Status::errorf(path, " has no tensor '", name,
-                                  "' (a [1, T, D] prompt embedding, as "
-                                  "tools/compute_prompt_embeds.py writes it)");
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor e, file->tensor(name));
-  if (e.rank() != 3 || e.dim(0) != 1 || e.dim(1) < 1)
-    return latent::Status::errorf(path, ": tensor '", name, "' has shape ",
-                                  latent::shape_str(e.shape()), ", expected [1, T, ", joint_dim,
-                                  "]");
-  if (joint_dim > 0 && e.dim(2) != joint_dim)
-    return latent::Status::errorf(path, ": tensor '", name, "' has shape ",
-                                  latent::shape_str(e.shape()), " but the transformer expects ",
-                                  joint_dim, " features per token (joint_attention_dim)");
-  latent::PromptEmbeds p;
-  p.embeds = e.to_dtype(latent::DType::kF32);
-  const std::string mask_name = name + "_mask";
-  if (!file->find(mask_name)) {
-    // Present in a dtype the engine skips (diffusers' masks are int64): say so, never ignore it.
-    auto m = file->tensor(mask_name);
-    if (!m.ok() && m.status().message().rfind("unsupported dtype", 0) == 0)
-      return latent::Status::errorf(m.status().message(),
-                                    "; store the mask as float32 1 / 0 "
-                                    "(tools/compute_prompt_embeds.py does)");
-  } else {
-    LATENT_ASSIGN_OR_RETURN(latent::Tensor m, file->tensor(mask_name));
-    if (m.numel() != e.dim(1) || (m.rank() == 2 && m.dim(0) != 1) || m.rank() > 2)
-      return latent::Status::errorf(path, ": tensor '", mask_name, "' has shape ",
-                                    latent::shape_str(m.shape()), ", expected [1, ", e.dim(1),
-                                    "] to match '", name, "'");
-    p.mask = m.to_floats();
-    bool any = false;
-    for (float v : p.mask) any = any || v != 0.f;
-    if (!any) return latent::Status::errorf(path, ": tensor '", mask_name, "' masks every token");
-  }
-  return p;
+  return latent::load_prompt_embeds(path, negative, joint_dim);
 }
 
 }  // namespace
 
 struct _GstDitDenoise {
-  GstBaseTransform parent;
+  GstLatentBase parent;
 
-  struct Impl {
+  struct Impl : GstLatentStage {
     // Settings and the current embeddings: read once per frame, written by set_property.
     std::mutex settings_lock;
     Settings settings;
@@ -208,17 +152,12 @@ struct _GstDitDenoise {
     State state;
 
     std::atomic<bool> cancel{false};  // flushing or stopping: end the running loop early
-
-    GstLatentCuda cuda;  // latents in CUDA memory (elements/gstlatentcuda.h)
-    // Started on the CPU: caps without CUDA memory. Not under state_lock, which a frame holds
-    // for its whole denoising loop (caps queries must not wait for it).
-    std::atomic<bool> on_cpu{false};
   };
   Impl* impl;
 };
 
 #define gst_dit_denoise_parent_class parent_class
-G_DEFINE_TYPE(GstDitDenoise, gst_dit_denoise, GST_TYPE_BASE_TRANSFORM)
+G_DEFINE_TYPE(GstDitDenoise, gst_dit_denoise, GST_TYPE_LATENT_BASE)
 GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ditdenoise, "ditdenoise", GST_RANK_NONE, GST_TYPE_DIT_DENOISE,
                                       gst_latent_element_init(plugin));
 
@@ -306,18 +245,6 @@ static void gst_dit_denoise_set_property(GObject* object, guint prop_id, const G
     Settings& s = impl->settings;
     const gchar* str = nullptr;
     switch (prop_id) {
-      case PROP_MODEL:
-        str = g_value_get_string(value);
-        s.model = str ? str : "";
-        break;
-      case PROP_DEVICE:
-        str = g_value_get_string(value);
-        s.device = str && *str ? str : "auto";
-        break;
-      case PROP_DTYPE:
-        str = g_value_get_string(value);
-        s.dtype = str ? str : "";
-        break;
       case PROP_STEPS:
         s.steps = g_value_get_int(value);
         break;
@@ -362,15 +289,6 @@ static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue*
   std::lock_guard<std::mutex> lock(impl->settings_lock);
   const Settings& s = impl->settings;
   switch (prop_id) {
-    case PROP_MODEL:
-      g_value_set_string(value, s.model.c_str());
-      break;
-    case PROP_DEVICE:
-      g_value_set_string(value, s.device.c_str());
-      break;
-    case PROP_DTYPE:
-      g_value_set_string(value, s.dtype.c_str());
-      break;
     case PROP_STEPS:
       g_value_set_int(value, s.steps);
       break;
@@ -401,41 +319,34 @@ static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue*
   }
 }
 
-static void gst_dit_denoise_finalize(GObject* object) {
-  GstDitDenoise* self = GST_DIT_DENOISE(object);
-  delete self->impl;
-  self->impl = nullptr;
-  G_OBJECT_CLASS(parent_class)->finalize(object);
-}
-
-// The scheduler config of `model`: a pipeline root's scheduler/, the scheduler/ beside a
-// transformer folder, else Qwen-Image's published config.
+// The scheduler config of `model` (engine/models/dit/pipeline_inputs.h, shared with latent-tool
+// denoise): a pipeline root's scheduler/, the scheduler/ beside a transformer folder, else
+// Qwen-Image's published config.
 static latent::Result<latent::FlowMatchSchedulerConfig> scheduler_for(GstDitDenoise* self,
                                                                       const std::string& model) {
-  std::string root = model;
-  if (!file_exists(model + "/model_index.json")) root = parent_dir(model);
-  const std::string path = root + "/scheduler/scheduler_config.json";
-  if (!file_exists(path)) {
+  LATENT_ASSIGN_OR_RETURN(latent::ResolvedScheduler r, latent::resolve_flow_match_scheduler(model));
+  if (r.path.empty())
     GST_INFO_OBJECT(self,
                     "no scheduler/scheduler_config.json for '%s': using Qwen-Image's default "
                     "scheduler config",
                     model.c_str());
-    return latent::qwen_image_scheduler_config();
-  }
-  LATENT_ASSIGN_OR_RETURN(latent::Config cfg, latent::Config::load(path));
-  GST_INFO_OBJECT(self, "scheduler config from %s", path.c_str());
-  return latent::parse_flow_match_scheduler_config(cfg);
+  else
+    GST_INFO_OBJECT(self, "scheduler config from %s", r.path.c_str());
+  return r.config;
 }
 
-static gboolean gst_dit_denoise_start(GstBaseTransform* trans) {
-  GstDitDenoise* self = GST_DIT_DENOISE(trans);
+// start(), on the backend of the `device` and `dtype` settings.
+static gboolean gst_dit_denoise_open(GstLatentBase* base,
+                                     const std::shared_ptr<latent::Backend>& backend) {
+  GstDitDenoise* self = GST_DIT_DENOISE(base);
   auto* impl = self->impl;
   Settings settings;
   {
     std::lock_guard<std::mutex> lock(impl->settings_lock);
     settings = impl->settings;
   }
-  if (settings.model.empty()) {
+  const std::string model_path = gst_latent_base_model_setting(base);
+  if (model_path.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
                       ("ditdenoise: no model set; set `model` to a Qwen-Image pipeline root or "
                        "its transformer/ folder"),
@@ -449,25 +360,15 @@ static gboolean gst_dit_denoise_start(GstBaseTransform* trans) {
                       (nullptr));
     return FALSE;
   }
-  latent::BackendOptions bo;
-  bo.device = settings.device;
-  bo.dtype = settings.dtype == "auto" ? "" : settings.dtype;
-  auto backend = latent::get_backend(bo);
-  if (!backend.ok()) {
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
-                      ("ditdenoise: %s", backend.status().message().c_str()),
-                      ("device=%s dtype=%s", settings.device.c_str(), settings.dtype.c_str()));
-    return FALSE;
-  }
-  auto model = latent::QwenImageMmdit::load(settings.model, *backend);
+  auto model = latent::QwenImageMmdit::load(model_path, backend);
   if (!model.ok()) {
     GST_ELEMENT_ERROR(self, RESOURCE, READ,
-                      ("ditdenoise: cannot load the transformer of '%s': %s",
-                       settings.model.c_str(), model.status().message().c_str()),
+                      ("ditdenoise: cannot load the transformer of '%s': %s", model_path.c_str(),
+                       model.status().message().c_str()),
                       (nullptr));
     return FALSE;
   }
-  auto scheduler = scheduler_for(self, settings.model);
+  auto scheduler = scheduler_for(self, model_path);
   if (!scheduler.ok()) {
     GST_ELEMENT_ERROR(self, RESOURCE, READ,
                       ("ditdenoise: %s", scheduler.status().message().c_str()), (nullptr));
@@ -489,20 +390,15 @@ static gboolean gst_dit_denoise_start(GstBaseTransform* trans) {
     }
     (neg ? negative : prompt) = std::make_shared<const Embeds>(Embeds{path, std::move(*e)});
   }
-  GST_INFO_OBJECT(self, "loaded the Qwen-Image transformer from %s on %s (%s)",
-                  settings.model.c_str(), (*backend)->name().c_str(),
-                  latent::dtype_name((*backend)->compute_dtype()));
+  GST_INFO_OBJECT(self, "loaded the Qwen-Image transformer from %s on %s (%s)", model_path.c_str(),
+                  backend->name().c_str(), latent::dtype_name(backend->compute_dtype()));
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
     impl->state = State();
-    impl->state.backend = *backend;
+    impl->state.backend = backend;
     impl->state.model = std::move(*model);
     impl->state.scheduler = *scheduler;
   }
-  const bool shared = impl->cuda.start(GST_ELEMENT(self), (*backend)->device());
-  if (!shared)
-    GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: latents stay in system memory");
-  impl->on_cpu = (*backend)->device().is_cpu() || !shared;
   std::lock_guard<std::mutex> lock(impl->settings_lock);
   impl->joint_dim = joint_dim;
   // A property set while we were loading wins over what was loaded here.
@@ -518,16 +414,15 @@ static gboolean gst_dit_denoise_start(GstBaseTransform* trans) {
   return TRUE;
 }
 
-static gboolean gst_dit_denoise_stop(GstBaseTransform* trans) {
-  auto* impl = GST_DIT_DENOISE(trans)->impl;
+// stop(): before the base class drops the backend.
+static void gst_dit_denoise_close(GstLatentBase* base) {
+  auto* impl = GST_DIT_DENOISE(base)->impl;
   {
     std::lock_guard<std::mutex> lock(impl->settings_lock);
     impl->joint_dim = 0;
     impl->prompt.reset();
     impl->negative.reset();
   }
-  impl->cuda.stop();
-  impl->on_cpu = false;
   State dropped;
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
@@ -537,20 +432,17 @@ static gboolean gst_dit_denoise_stop(GstBaseTransform* trans) {
   // Free the weights and cached device tensors outside state_lock but under the backend's run
   // lock: a VAE stage on the same backend may be capturing a graph.
   if (dropped.backend) {
-    const std::shared_ptr<std::mutex> run_lock = gst_latent_backend_run_lock(*dropped.backend);
+    const std::shared_ptr<std::mutex> run_lock = latent::backend_run_lock(*dropped.backend);
     std::lock_guard<std::mutex> run_guard(*run_lock);
     State gone = std::move(dropped);
   }
-  return TRUE;
 }
 
 static GstCaps* gst_dit_denoise_transform_caps(GstBaseTransform* trans, GstPadDirection,
                                                GstCaps* caps, GstCaps* filter) {
   // Same caps on both sides; CUDA memory only while we run on a GPU (or have not started).
-  auto* impl = GST_DIT_DENOISE(trans)->impl;
-  const bool on_cpu = impl->on_cpu;
   GstCaps* out = nullptr;
-  if ((on_cpu || !gst_latent_cuda_built()) && !gst_caps_is_any(caps)) {
+  if (!gst_latent_base_offers_cuda(GST_LATENT_BASE(trans)) && !gst_caps_is_any(caps)) {
     out = gst_caps_new_empty();
     for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
       if (gst_latent_caps_features_is_cuda(gst_caps_get_features(caps, i))) continue;
@@ -568,32 +460,6 @@ static GstCaps* gst_dit_denoise_transform_caps(GstBaseTransform* trans, GstPadDi
   return out;
 }
 
-static gboolean gst_dit_denoise_query(GstBaseTransform* trans, GstPadDirection direction,
-                                      GstQuery* query) {
-  if (GST_QUERY_TYPE(query) == GST_QUERY_CONTEXT &&
-      GST_DIT_DENOISE(trans)->impl->cuda.handle_query(GST_ELEMENT(trans), query))
-    return TRUE;
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->query(trans, direction, query);
-}
-
-static void gst_dit_denoise_set_context(GstElement* element, GstContext* context) {
-  GST_DIT_DENOISE(element)->impl->cuda.set_context(element, context);
-  GST_ELEMENT_CLASS(parent_class)->set_context(element, context);
-}
-
-static gboolean gst_dit_denoise_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
-                                                   GstQuery* query) {
-  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
-    return FALSE;
-  gst_latent_cuda_propose_latent_pool(&GST_DIT_DENOISE(trans)->impl->cuda, query);
-  return TRUE;
-}
-
-static gboolean gst_dit_denoise_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
-  if (gst_latent_cuda_decide_latent_pool(&GST_DIT_DENOISE(trans)->impl->cuda, query)) return TRUE;
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
-}
-
 // A latent buffer -> normalised backend latent [1, C, h, w]. CUDA memory of our context is read
 // in place on the device; anything else through a system-memory mapping and one upload.
 static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::Backend& backend,
@@ -601,7 +467,7 @@ static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::B
   const int64_t h = info.height, w = info.width, c = info.channels;
   const size_t expected = info.frame_bytes();
   GstMapInfo map;
-  const bool on_device = self->impl->cuda.map(inbuf, &map, GST_MAP_READ);
+  const bool on_device = gst_latent_base_cuda(GST_LATENT_BASE(self))->map(inbuf, &map, GST_MAP_READ);
   if (!on_device && !gst_buffer_map(inbuf, &map, GST_MAP_READ))
     return latent::Status::error("cannot map the input buffer");
   const gsize got = on_device ? gst_buffer_get_size(inbuf) : map.size;
@@ -636,7 +502,7 @@ static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend
                                    GstBuffer* outbuf) {
   const size_t expected = info.frame_bytes();
   GstMapInfo map;
-  const bool on_device = self->impl->cuda.map(outbuf, &map, GST_MAP_WRITE);
+  const bool on_device = gst_latent_base_cuda(GST_LATENT_BASE(self))->map(outbuf, &map, GST_MAP_WRITE);
   if (!on_device && !gst_buffer_map(outbuf, &map, GST_MAP_WRITE))
     return latent::Status::error("cannot map the output buffer");
   if (map.size < expected) {
@@ -658,8 +524,8 @@ static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend
   return st;
 }
 
-static gboolean gst_dit_denoise_set_caps(GstBaseTransform* trans, GstCaps* incaps, GstCaps*) {
-  GstDitDenoise* self = GST_DIT_DENOISE(trans);
+static gboolean gst_dit_denoise_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps*) {
+  GstDitDenoise* self = GST_DIT_DENOISE(base);
   auto info = gst_latent_info_from_caps(incaps);
   if (!info.ok()) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("ditdenoise: %s", info.status().message().c_str()),
@@ -753,7 +619,7 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
   // dtype: every call on it, and every free of a tensor of this frame (declared below, so gone
   // before the guard), holds the backend's run lock, so a stage capturing its CUDA graph never
   // records our work (elements/gstlatentbase.h).
-  const std::shared_ptr<std::mutex> run_lock = gst_latent_backend_run_lock(*st.backend);
+  const std::shared_ptr<std::mutex> run_lock = latent::backend_run_lock(*st.backend);
   std::lock_guard<std::mutex> run_guard(*run_lock);
 
   auto read = read_latent(self, *st.backend, info, inbuf);
@@ -830,8 +696,9 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
       GST_ELEMENT_ERROR(self, STREAM, FAILED,
                         ("ditdenoise: denoising a %d x %d latent failed: %s", info.width,
                          info.height, r.status().message().c_str()),
-                        ("model=%s steps=%d strength=%g", settings.model.c_str(), settings.steps,
-                         settings.strength));
+                        ("model=%s steps=%d strength=%g",
+                         gst_latent_base_model_setting(GST_LATENT_BASE(self)).c_str(),
+                         settings.steps, settings.strength));
       return GST_FLOW_ERROR;
     }
     result = std::move(r->latents);
@@ -857,32 +724,12 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
 
   gobject_class->set_property = gst_dit_denoise_set_property;
   gobject_class->get_property = gst_dit_denoise_get_property;
-  gobject_class->finalize = gst_dit_denoise_finalize;
 
-  const auto ready = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
-                                              GST_PARAM_MUTABLE_READY);
   const auto playing = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
                                                 GST_PARAM_MUTABLE_PLAYING | GST_PARAM_CONTROLLABLE);
   // Files and enums change while playing too, but not through a GstController.
   const auto playing_files = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
                                                       GST_PARAM_MUTABLE_PLAYING);
-  g_object_class_install_property(
-      gobject_class, PROP_MODEL,
-      g_param_spec_string("model", "Model",
-                          "A Qwen-Image pipeline root (transformer/ and scheduler/), or a "
-                          "transformer folder (the scheduler config then comes from a "
-                          "scheduler/ beside it, else Qwen-Image's default)",
-                          "", ready));
-  g_object_class_install_property(
-      gobject_class, PROP_DEVICE,
-      g_param_spec_string("device", "Device",
-                          "Where to run: auto (the first GPU if usable, else the CPU), cpu, cuda "
-                          "or cuda:N",
-                          "auto", ready));
-  g_object_class_install_property(
-      gobject_class, PROP_DTYPE,
-      g_param_spec_string("dtype", "Compute dtype",
-                          "fp32, bf16 or fp16; empty or auto for the device's default", "", ready));
   g_object_class_install_property(
       gobject_class, PROP_STEPS,
       g_param_spec_int("steps", "Steps",
@@ -941,19 +788,17 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
   gst_element_class_add_static_pad_template(element_class, &src_template);
   element_class->change_state = GST_DEBUG_FUNCPTR(gst_dit_denoise_change_state);
 
-  trans_class->passthrough_on_same_caps = FALSE;
-  trans_class->start = GST_DEBUG_FUNCPTR(gst_dit_denoise_start);
-  trans_class->stop = GST_DEBUG_FUNCPTR(gst_dit_denoise_stop);
   trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform_caps);
-  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_dit_denoise_set_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform_size);
   trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_dit_denoise_sink_event);
   trans_class->before_transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_before_transform);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform);
-  trans_class->query = GST_DEBUG_FUNCPTR(gst_dit_denoise_query);
-  trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_dit_denoise_propose_allocation);
-  trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_dit_denoise_decide_allocation);
-  element_class->set_context = GST_DEBUG_FUNCPTR(gst_dit_denoise_set_context);
+
+  GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->parts = 0;  // the transformer is loaded by open()
+  base_class->open = gst_dit_denoise_open;
+  base_class->close = gst_dit_denoise_close;
+  base_class->set_info = gst_dit_denoise_set_info;
 
   gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_MODE, static_cast<GstPluginAPIFlags>(0));
   gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_NOISE_MODE, static_cast<GstPluginAPIFlags>(0));
@@ -961,9 +806,8 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
 
 static void gst_dit_denoise_init(GstDitDenoise* self) {
   self->impl = new _GstDitDenoise::Impl();
+  gst_latent_base_set_stage(GST_LATENT_BASE(self), self->impl);
   GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
-  gst_base_transform_set_in_place(trans, FALSE);
-  gst_base_transform_set_passthrough(trans, FALSE);
   // Late frames are dropped (with a QoS message) rather than denoised into a backlog.
   gst_base_transform_set_qos_enabled(trans, TRUE);
 }

@@ -2,13 +2,14 @@
 // MMDiT (img2img or edit) under a text prompt given as precomputed embeddings.
 #pragma once
 
-#include <gst/base/gstbasetransform.h>
 #include <gst/gst.h>
+
+#include "elements/gstlatentbase.h"
 
 G_BEGIN_DECLS
 
 #define GST_TYPE_DIT_DENOISE (gst_dit_denoise_get_type())
-G_DECLARE_FINAL_TYPE(GstDitDenoise, gst_dit_denoise, GST, DIT_DENOISE, GstBaseTransform)
+G_DECLARE_FINAL_TYPE(GstDitDenoise, gst_dit_denoise, GST, DIT_DENOISE, GstLatentBase)
 
 #define GST_TYPE_DIT_DENOISE_MODE (gst_dit_denoise_mode_get_type())
 GType gst_dit_denoise_mode_get_type(void);

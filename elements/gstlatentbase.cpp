@@ -1,12 +1,13 @@
 /**
  * SECTION:gstlatentbase
  * @title: GstLatentBase
- * @short_description: Base class of the latent stages (vaeencode, vaedecode, ...)
+ * @short_description: Base class of the latent stages (vaeencode, vaedecode, ditdenoise)
  *
- * Holds the properties every stage has (`model`, `device`, `dtype`, `prefetch-depth`,
- * `cuda-graphs`), loads the model in start() through the engine (sharing one instance between
- * elements that ask for the same model) and releases it in stop(); keeps the stage's plan
- * (built at caps negotiation, dropped at the next one and in stop()).
+ * Holds the properties every stage has (`model`, `device`, `dtype`; the VAE stages add
+ * `prefetch-depth` and `cuda-graphs`), resolves the backend and loads the VAE in start() through
+ * the engine (sharing one instance between elements that ask for the same model) and releases it
+ * in stop(); keeps a VAE stage's plan (built at caps negotiation, dropped at the next one and in
+ * stop()); shares the CUDA context and latent pools; answers LATENCY queries.
  */
 #include "elements/gstlatentbase.h"
 
@@ -27,14 +28,17 @@ namespace {
 
 constexpr const char* kDefaultDevice = "auto";
 
-enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE, PROP_PREFETCH_DEPTH, PROP_CUDA_GRAPHS };
+enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE };
+// Installed on the VAE stages' classes (gst_latent_base_class_install_plan_properties), with ids
+// their own properties leave free; their set/get_property chain up to ours for them.
+enum { PROP_PREFETCH_DEPTH = 100, PROP_CUDA_GRAPHS };
 constexpr bool kDefaultCudaGraphs = true;
 constexpr guint kDefaultPrefetchDepth = 2;
 constexpr guint kMaxPrefetchDepth = 16;
 
 struct Settings {
-  std::string model;                    // empty: the built-in default model
-  std::string device = kDefaultDevice;  // auto, cpu, cuda, cuda:N
+  std::string model;                    // empty: the built-in default model (VAE stages)
+  std::string device = kDefaultDevice;  // auto (or empty), cpu, cuda, cuda:N
   std::string dtype;                    // empty/auto: the device's default
   guint prefetch_depth = kDefaultPrefetchDepth;
   bool cuda_graphs = kDefaultCudaGraphs;
@@ -51,7 +55,9 @@ struct LatencyStats {
 };
 
 struct State {
-  std::shared_ptr<GstLatentModel> model;
+  std::shared_ptr<latent::Backend> backend;
+  std::shared_ptr<std::mutex> run_lock;  // backend's (latent::backend_run_lock)
+  std::shared_ptr<GstLatentModel> model;  // VAE stages
   // This stage's plan (on model's backend); destroyed under model->run_lock only.
   std::shared_ptr<latent::PlannedPart> plan;
   bool plan_graphs = false;  // the cuda-graphs setting it was built with
@@ -86,7 +92,6 @@ void engine_log(latent::LogLevel level, const char* file, int line, const char* 
 struct ModelCache {
   std::mutex mutex;  // held while loading, so concurrent starts of one model load it once
   std::map<std::string, std::weak_ptr<GstLatentModel>> models;
-  std::map<const latent::Backend*, std::shared_ptr<std::mutex>> backend_locks;
 };
 
 ModelCache& model_cache() {
@@ -94,19 +99,9 @@ ModelCache& model_cache() {
   return *cache;
 }
 
-std::string canonical(const std::string& path) {
-  if (path.empty()) return path;
-  char* real = realpath(path.c_str(), nullptr);
-  if (!real) return path;
-  std::string out(real);
-  free(real);
-  return out;
-}
-
 std::string cache_key(const latent::ModelSource& src, const latent::Backend& backend, guint parts) {
-  return latent::str_cat(canonical(src.weights_path), "|", canonical(src.config_path), "|",
-                         backend.name(), "|", latent::dtype_name(backend.compute_dtype()), "|",
-                         parts);
+  return latent::str_cat(latent::model_source_identity(src), "|", backend.name(), "|",
+                         latent::dtype_name(backend.compute_dtype()), "|", parts);
 }
 
 std::string parts_name(guint parts) {
@@ -116,7 +111,7 @@ std::string parts_name(guint parts) {
   return "nothing";
 }
 
-enum class LoadFailure { kNone, kSettings, kNotFound, kRead };
+enum class LoadFailure { kNone, kNotFound, kRead };
 
 struct LoadResult {
   std::shared_ptr<GstLatentModel> model;
@@ -125,20 +120,12 @@ struct LoadResult {
   bool shared = false;
 };
 
-// Backend, source resolution, then the cache or a fresh load. The cache lock is held
+// Source resolution, then the cache or a fresh load on `backend`. The cache lock is held
 // throughout so two elements starting together load the model once.
-LoadResult load_shared_model(const Settings& settings, guint parts) {
+LoadResult load_shared_model(const std::string& model_path,
+                             const std::shared_ptr<latent::Backend>& backend, guint parts) {
   LoadResult r;
-  latent::BackendOptions bo;
-  bo.device = settings.device.empty() ? kDefaultDevice : settings.device;
-  bo.dtype = settings.dtype == "auto" ? "" : settings.dtype;
-  auto backend = latent::get_backend(bo);
-  if (!backend.ok()) {
-    r.failure = LoadFailure::kSettings;
-    r.message = backend.status().message();  // names the device or dtype at fault
-    return r;
-  }
-  auto source = latent::resolve_model_source(settings.model);
+  auto source = latent::resolve_model_source(model_path);
   if (!source.ok()) {
     r.failure = LoadFailure::kNotFound;
     r.message = source.status().message();  // names the path and what was looked for
@@ -149,7 +136,7 @@ LoadResult load_shared_model(const Settings& settings, guint parts) {
   std::lock_guard<std::mutex> lock(cache.mutex);
   // An instance with every part also serves a stage that needs only one.
   for (guint candidate : {parts, guint(GST_LATENT_PART_ENCODER | GST_LATENT_PART_DECODER)}) {
-    auto it = cache.models.find(cache_key(*source, **backend, candidate));
+    auto it = cache.models.find(cache_key(*source, *backend, candidate));
     if (it == cache.models.end()) continue;
     if (auto existing = it->second.lock()) {
       r.model = existing;
@@ -160,7 +147,7 @@ LoadResult load_shared_model(const Settings& settings, guint parts) {
   latent::VaeLoadOptions lo;
   lo.encoder = (parts & GST_LATENT_PART_ENCODER) != 0;
   lo.decoder = (parts & GST_LATENT_PART_DECODER) != 0;
-  auto vae = latent::load_vae(*source, *backend, lo);
+  auto vae = latent::load_vae(*source, backend, lo);
   if (!vae.ok()) {
     r.failure = LoadFailure::kRead;
     r.message =
@@ -169,14 +156,12 @@ LoadResult load_shared_model(const Settings& settings, guint parts) {
     return r;
   }
   auto model = std::make_shared<GstLatentModel>();
-  model->key = cache_key(*source, **backend, parts);
+  model->key = cache_key(*source, *backend, parts);
   model->source = *source;
-  model->backend = *backend;
+  model->backend = backend;
   model->vae = std::move(*vae);
   model->parts = parts;
-  auto& run_lock = cache.backend_locks[model->backend.get()];
-  if (!run_lock) run_lock = std::make_shared<std::mutex>();
-  model->run_lock = run_lock;
+  model->run_lock = latent::backend_run_lock(*backend);
   // Drop entries whose models are gone, then remember this one.
   for (auto it = cache.models.begin(); it != cache.models.end();)
     it = it->second.expired() ? cache.models.erase(it) : std::next(it);
@@ -207,6 +192,7 @@ struct GstLatentBasePrivate {
     std::mutex latency_lock;
     LatencyStats latency;
     GstLatentCuda cuda;
+    GstLatentStage* stage = nullptr;  // the subclass's, deleted in finalize
   };
   Impl* impl;
 };
@@ -228,10 +214,55 @@ void gst_latent_element_init(GstPlugin*) {
   }
 }
 
+// Whether the element is (or is going) past READY, where `model`, `device` and `dtype` are in
+// use and cannot change.
+static bool running(GstElement* element) {
+  GST_OBJECT_LOCK(element);
+  const bool out = GST_STATE(element) > GST_STATE_READY || GST_STATE_NEXT(element) > GST_STATE_READY;
+  GST_OBJECT_UNLOCK(element);
+  return out;
+}
+
+// Refuses a change of a property flagged GST_PARAM_MUTABLE_READY while it is in use, with a
+// warning naming the value that stays in effect. True when refused.
+static bool refuse_while_running(GstLatentBase* self, GParamSpec* pspec,
+                                 const std::string& current) {
+  if (!running(GST_ELEMENT(self))) return false;
+  GST_ELEMENT_WARNING(self, CORE, STATE_CHANGE,
+                      ("%s: `%s` cannot change while PAUSED or PLAYING; it stays '%s' (set it in "
+                       "the NULL or READY state)",
+                       gst_latent_base_stage_name(self), g_param_spec_get_name(pspec),
+                       current.c_str()),
+                      (nullptr));
+  return true;
+}
+
 static void gst_latent_base_set_property(GObject* object, guint prop_id, const GValue* value,
                                          GParamSpec* pspec) {
-  auto* impl = impl_of(GST_LATENT_BASE(object));
+  GstLatentBase* self = GST_LATENT_BASE(object);
+  auto* impl = impl_of(self);
+  const bool ready_only = prop_id == PROP_MODEL || prop_id == PROP_DEVICE || prop_id == PROP_DTYPE;
+  std::string current;
+  if (ready_only) {
+    {
+      std::lock_guard<std::mutex> lock(impl->settings_lock);
+      const Settings& st = impl->settings;
+      current = prop_id == PROP_MODEL ? st.model : prop_id == PROP_DEVICE ? st.device : st.dtype;
+    }
+    if (refuse_while_running(self, pspec, current)) return;
+  }
   const gchar* s = nullptr;
+  if (prop_id == PROP_DEVICE) {
+    s = g_value_get_string(value);
+    if (latent::Status valid = latent::check_device_name(s ? s : ""); !valid.ok()) {
+      GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
+                          ("%s: device '%s' is not a device (auto, cpu, cuda or cuda:N); it stays "
+                           "'%s'",
+                           gst_latent_base_stage_name(self), s, current.c_str()),
+                          ("%s", valid.message().c_str()));
+      return;
+    }
+  }
   std::lock_guard<std::mutex> lock(impl->settings_lock);
   switch (prop_id) {
     case PROP_MODEL:
@@ -240,7 +271,7 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
       break;
     case PROP_DEVICE:
       s = g_value_get_string(value);
-      impl->settings.device = s && *s ? s : kDefaultDevice;
+      impl->settings.device = s ? s : "";
       break;
     case PROP_DTYPE:
       s = g_value_get_string(value);
@@ -287,6 +318,7 @@ static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue*
 static void gst_latent_base_finalize(GObject* object) {
   auto* priv = static_cast<GstLatentBasePrivate*>(
       gst_latent_base_get_instance_private(GST_LATENT_BASE(object)));
+  delete priv->impl->stage;
   delete priv->impl;
   priv->impl = nullptr;
   G_OBJECT_CLASS(parent_class)->finalize(object);
@@ -295,53 +327,78 @@ static void gst_latent_base_finalize(GObject* object) {
 static gboolean gst_latent_base_start(GstBaseTransform* trans) {
   GstLatentBase* self = GST_LATENT_BASE(trans);
   auto* impl = impl_of(self);
-  const guint parts = GST_LATENT_BASE_GET_CLASS(self)->parts;
+  GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
   Settings settings;
   {
     std::lock_guard<std::mutex> lock(impl->settings_lock);
     settings = impl->settings;
   }
-  LoadResult r = load_shared_model(settings, parts);
   const char* stage = gst_latent_base_stage_name(self);
-  switch (r.failure) {
-    case LoadFailure::kNone:
-      break;
-    case LoadFailure::kSettings:
-      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s: %s", stage, r.message.c_str()),
-                        ("device=%s dtype=%s", settings.device.c_str(), settings.dtype.c_str()));
-      return FALSE;
-    case LoadFailure::kNotFound:
-      GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s: %s", stage, r.message.c_str()),
-                        ("model=%s", settings.model.c_str()));
-      return FALSE;
-    case LoadFailure::kRead:
-      GST_ELEMENT_ERROR(self, RESOURCE, READ, ("%s: %s", stage, r.message.c_str()),
-                        ("model=%s", settings.model.c_str()));
-      return FALSE;
+  latent::BackendOptions bo;
+  bo.device = settings.device;
+  bo.dtype = settings.dtype;
+  auto backend = latent::get_backend(bo);
+  if (!backend.ok()) {
+    // The message names the device or dtype at fault.
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s: %s", stage, backend.status().message().c_str()),
+                      ("device=%s dtype=%s", settings.device.c_str(), settings.dtype.c_str()));
+    return FALSE;
   }
-  GST_INFO_OBJECT(self, "%s %s (%s, %s on %s)", r.shared ? "sharing the loaded" : "loaded",
-                  r.model->describe().c_str(), parts_name(r.model->parts).c_str(),
-                  r.model->vae->info().architecture.c_str(), r.model->backend->name().c_str());
-  if (!impl->cuda.start(GST_ELEMENT(self), r.model->backend->device()))
+  std::shared_ptr<GstLatentModel> model;
+  if (klass->parts != 0) {
+    LoadResult r = load_shared_model(settings.model, *backend, klass->parts);
+    switch (r.failure) {
+      case LoadFailure::kNone:
+        break;
+      case LoadFailure::kNotFound:
+        GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s: %s", stage, r.message.c_str()),
+                          ("model=%s", settings.model.c_str()));
+        return FALSE;
+      case LoadFailure::kRead:
+        GST_ELEMENT_ERROR(self, RESOURCE, READ, ("%s: %s", stage, r.message.c_str()),
+                          ("model=%s", settings.model.c_str()));
+        return FALSE;
+    }
+    GST_INFO_OBJECT(self, "%s %s (%s, %s on %s)", r.shared ? "sharing the loaded" : "loaded",
+                    r.model->describe().c_str(), parts_name(r.model->parts).c_str(),
+                    r.model->vae->info().architecture.c_str(), r.model->backend->name().c_str());
+    model = std::move(r.model);
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    impl->state.backend = *backend;
+    impl->state.run_lock = latent::backend_run_lock(**backend);
+    impl->state.model = std::move(model);
+  }
+  if (klass->open && !klass->open(self, *backend)) {
+    std::shared_ptr<GstLatentModel> dropped;
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    dropped = std::move(impl->state.model);
+    impl->state = State();
+    return FALSE;
+  }
+  if (!impl->cuda.start(GST_ELEMENT(self), (*backend)->device()))
     GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: buffers stay in system memory");
-  std::lock_guard<std::mutex> lock(impl->state_lock);
-  impl->state.model = std::move(r.model);
   return TRUE;
 }
 
 static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
-  auto* impl = impl_of(GST_LATENT_BASE(trans));
-  gst_latent_base_drop_plan(GST_LATENT_BASE(trans));  // before the weights its graph reads
-  std::shared_ptr<GstLatentModel> dropped;
+  GstLatentBase* self = GST_LATENT_BASE(trans);
+  auto* impl = impl_of(self);
+  GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
+  if (klass->drop_held) klass->drop_held(self);
+  gst_latent_base_drop_plan(self);  // before the weights its graph reads
+  if (klass->close) klass->close(self);
+  State dropped;
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
-    dropped = std::move(impl->state.model);
+    dropped = std::move(impl->state);
     impl->state = State();
   }
   impl->cuda.stop();
   // The last user frees the weights here, outside the state lock.
-  dropped.reset();
-  gst_latent_base_reset_latency(GST_LATENT_BASE(trans));
+  dropped = State();
+  gst_latent_base_reset_latency(self);
   return TRUE;
 }
 
@@ -364,9 +421,8 @@ static int planned_cuda_device(GstLatentBase* self) {
     std::lock_guard<std::mutex> lock(impl->settings_lock);
     device = impl->settings.device;
   }
-  if (device == kDefaultDevice) return latent::cuda_device_count() > 0 ? 0 : -1;
-  auto parsed = latent::parse_device(device);
-  return parsed.ok() && parsed->kind == latent::DeviceKind::kCUDA ? parsed->index : -1;
+  auto resolved = latent::resolve_device(device);
+  return resolved.ok() && resolved->kind == latent::DeviceKind::kCUDA ? resolved->index : -1;
 }
 
 static gboolean gst_latent_base_query(GstBaseTransform* trans, GstPadDirection direction,
@@ -400,6 +456,54 @@ static void gst_latent_base_set_context(GstElement* element, GstContext* context
   GST_ELEMENT_CLASS(parent_class)->set_context(element, context);
 }
 
+static gboolean gst_latent_base_set_caps(GstBaseTransform* trans, GstCaps* incaps,
+                                         GstCaps* outcaps) {
+  GstLatentBase* self = GST_LATENT_BASE(trans);
+  GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
+  if (klass->set_info && !klass->set_info(self, incaps, outcaps)) return FALSE;
+  // Video and latent caps both carry the frame rate.
+  gint fps_n = 0, fps_d = 1;
+  if (!gst_structure_get_fraction(gst_caps_get_structure(incaps, 0), "framerate", &fps_n, &fps_d))
+    fps_n = 0;
+  gst_latent_base_set_frame_rate(self, fps_n, fps_d);
+  return TRUE;
+}
+
+static gboolean gst_latent_base_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
+                                                   GstQuery* query) {
+  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
+    return FALSE;
+  // Latents in CUDA memory: upstream writes them into our context's pool.
+  gst_latent_cuda_propose_latent_pool(&impl_of(GST_LATENT_BASE(trans))->cuda, query);
+  return TRUE;
+}
+
+static gboolean gst_latent_base_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
+  if (gst_latent_cuda_decide_latent_pool(&impl_of(GST_LATENT_BASE(trans))->cuda, query))
+    return TRUE;
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
+}
+
+static gboolean gst_latent_base_sink_event(GstBaseTransform* trans, GstEvent* event) {
+  GstLatentBase* self = GST_LATENT_BASE(trans);
+  GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_EOS:
+    case GST_EVENT_CAPS:
+    case GST_EVENT_SEGMENT:
+      if (klass->drain_held) klass->drain_held(self);
+      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS && klass->drop_held)
+        klass->drop_held(self);  // new frame size
+      break;
+    case GST_EVENT_FLUSH_STOP:
+      if (klass->drop_held) klass->drop_held(self);
+      break;
+    default:
+      break;
+  }
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
+}
+
 static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
   GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
   GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
@@ -415,8 +519,8 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
   g_object_class_install_property(
       gobject_class, PROP_MODEL,
       g_param_spec_string("model", "Model",
-                          "Model path: a diffusers folder (or pipeline root), or a .safetensors "
-                          "file; empty for the built-in default model",
+                          "Model path: a diffusers folder or pipeline root (or a .safetensors "
+                          "file for the VAE stages; empty: the built-in default VAE)",
                           "", flags));
   g_object_class_install_property(
       gobject_class, PROP_DEVICE,
@@ -430,6 +534,33 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
                           "fp32, bf16 or fp16; empty or auto for the device's default "
                           "(fp32 on the CPU, bf16 on CUDA)",
                           "", flags));
+  GST_ELEMENT_CLASS(klass)->set_context = GST_DEBUG_FUNCPTR(gst_latent_base_set_context);
+  trans_class->passthrough_on_same_caps = FALSE;
+  trans_class->query = GST_DEBUG_FUNCPTR(gst_latent_base_query);
+  trans_class->start = GST_DEBUG_FUNCPTR(gst_latent_base_start);
+  trans_class->stop = GST_DEBUG_FUNCPTR(gst_latent_base_stop);
+  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_latent_base_set_caps);
+  trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_latent_base_propose_allocation);
+  trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_latent_base_decide_allocation);
+  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_latent_base_sink_event);
+
+  gst_type_mark_as_plugin_api(GST_TYPE_LATENT_BASE, static_cast<GstPluginAPIFlags>(0));
+}
+
+static void gst_latent_base_init(GstLatentBase* self) {
+  auto* priv = static_cast<GstLatentBasePrivate*>(gst_latent_base_get_instance_private(self));
+  priv->impl = new GstLatentBasePrivate::Impl();
+  gst_base_transform_set_in_place(GST_BASE_TRANSFORM(self), FALSE);
+  gst_base_transform_set_passthrough(GST_BASE_TRANSFORM(self), FALSE);
+}
+
+void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass) {
+  GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
+  // GObject does not inherit these two: a stage without properties of its own gets ours.
+  if (!gobject_class->set_property) gobject_class->set_property = gst_latent_base_set_property;
+  if (!gobject_class->get_property) gobject_class->get_property = gst_latent_base_get_property;
+  const auto flags = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                              GST_PARAM_MUTABLE_READY);
   g_object_class_install_property(
       gobject_class, PROP_PREFETCH_DEPTH,
       g_param_spec_uint("prefetch-depth", "Prefetch depth",
@@ -443,27 +574,36 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
                            "negotiated and replay it for every frame (off: the plain forward, "
                            "still warmed up at negotiation)",
                            kDefaultCudaGraphs, flags));
-
-  GST_ELEMENT_CLASS(klass)->set_context = GST_DEBUG_FUNCPTR(gst_latent_base_set_context);
-  trans_class->passthrough_on_same_caps = FALSE;
-  trans_class->query = GST_DEBUG_FUNCPTR(gst_latent_base_query);
-  trans_class->start = GST_DEBUG_FUNCPTR(gst_latent_base_start);
-  trans_class->stop = GST_DEBUG_FUNCPTR(gst_latent_base_stop);
-
-  gst_type_mark_as_plugin_api(GST_TYPE_LATENT_BASE, static_cast<GstPluginAPIFlags>(0));
 }
 
-static void gst_latent_base_init(GstLatentBase* self) {
-  auto* priv = static_cast<GstLatentBasePrivate*>(gst_latent_base_get_instance_private(self));
-  priv->impl = new GstLatentBasePrivate::Impl();
-  gst_base_transform_set_in_place(GST_BASE_TRANSFORM(self), FALSE);
-  gst_base_transform_set_passthrough(GST_BASE_TRANSFORM(self), FALSE);
+void gst_latent_base_set_stage(GstLatentBase* self, GstLatentStage* stage) {
+  auto* impl = impl_of(self);
+  delete impl->stage;
+  impl->stage = stage;
 }
 
 std::shared_ptr<GstLatentModel> gst_latent_base_get_model(GstLatentBase* self) {
   auto* impl = impl_of(self);
   std::lock_guard<std::mutex> lock(impl->state_lock);
   return impl->state.model;
+}
+
+std::shared_ptr<latent::Backend> gst_latent_base_backend(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  return impl->state.backend;
+}
+
+std::shared_ptr<std::mutex> gst_latent_base_run_lock(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  return impl->state.run_lock;
+}
+
+std::string gst_latent_base_model_setting(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  return impl->settings.model;
 }
 
 const char* gst_latent_base_stage_name(GstLatentBase* self) {
@@ -473,7 +613,7 @@ const char* gst_latent_base_stage_name(GstLatentBase* self) {
 }
 
 latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self) {
-  if (auto model = gst_latent_base_get_model(self)) return model->backend->compute_dtype();
+  if (auto backend = gst_latent_base_backend(self)) return backend->compute_dtype();
   return latent::DType::kF32;
 }
 
@@ -508,10 +648,31 @@ void gst_latent_base_set_frame_duration(GstLatentBase* self, GstClockTime durati
   impl->latency.frame_duration = duration;
 }
 
+void gst_latent_base_set_frame_rate(GstLatentBase* self, gint fps_n, gint fps_d) {
+  gst_latent_base_set_frame_duration(
+      self, fps_n > 0 ? gst_util_uint64_scale_int(GST_SECOND, fps_d, fps_n) : GST_CLOCK_TIME_NONE);
+}
+
 void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames) {
   auto* impl = impl_of(self);
   std::lock_guard<std::mutex> lock(impl->latency_lock);
   impl->latency.held = frames;
+}
+
+GstFlowReturn gst_latent_base_drain(GstLatentBase* self, bool* draining,
+                                    const std::function<bool()>& held,
+                                    const std::function<GstFlowReturn(GstBuffer**)>& next) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+  GstFlowReturn ret = GST_FLOW_OK;
+  *draining = true;
+  while (ret == GST_FLOW_OK && held()) {
+    GstBuffer* out = nullptr;
+    ret = next(&out);
+    if (out) ret = gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(trans), out);
+  }
+  *draining = false;
+  if (ret != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "drain stopped: %s", gst_flow_get_name(ret));
+  return ret;
 }
 
 guint gst_latent_base_prefetch_depth(GstLatentBase* self) {
@@ -534,32 +695,67 @@ void gst_latent_base_reset_latency(GstLatentBase* self) {
   impl->latency.frame_duration = duration;
 }
 
+// ---- caps -------------------------------------------------------------------------------------
+
+// Caps features the stages convert: system memory, and CUDA memory (offered back as both).
+static bool handled_memory(GstCapsFeatures* f) {
+  return gst_latent_caps_features_is_system(f) || gst_latent_caps_features_is_cuda(f);
+}
+
+GstCaps* gst_latent_base_transform_caps(
+    GstLatentBase* self, GstPadDirection direction, GstCaps* caps, GstCaps* filter,
+    const std::function<GstStructure*(const GstStructure*)>& map) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+  const bool cuda = gst_latent_base_offers_cuda(self);
+
+  GstCaps* out = gst_caps_new_empty();
+  if (gst_caps_is_any(caps)) {
+    GstPad* other = direction == GST_PAD_SINK ? GST_BASE_TRANSFORM_SRC_PAD(trans)
+                                              : GST_BASE_TRANSFORM_SINK_PAD(trans);
+    gst_caps_unref(out);
+    out = gst_pad_get_pad_template_caps(other);
+  } else {
+    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
+      if (!handled_memory(gst_caps_get_features(caps, i))) continue;
+      GstStructure* o = map(gst_caps_get_structure(caps, i));
+      if (o) out = gst_latent_caps_merge_both(out, o, cuda);
+    }
+  }
+  if (filter) {
+    GstCaps* tmp = gst_caps_intersect_full(filter, out, GST_CAPS_INTERSECT_FIRST);
+    gst_caps_unref(out);
+    out = tmp;
+  }
+  return out;
+}
+
+gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
+                                        bool other_is_latent, gsize* othersize) {
+  if (other_is_latent) {
+    auto info = gst_latent_info_from_caps(othercaps);
+    if (!info.ok()) {
+      GST_WARNING_OBJECT(self, "%s", info.status().message().c_str());
+      return FALSE;
+    }
+    *othersize = info->frame_bytes();
+  } else {
+    GstVideoInfo vinfo;
+    if (!gst_video_info_from_caps(&vinfo, othercaps)) return FALSE;
+    *othersize = GST_VIDEO_INFO_SIZE(&vinfo);
+  }
+  return TRUE;
+}
+
 GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self) { return &impl_of(self)->cuda; }
 
 bool gst_latent_base_offers_cuda(GstLatentBase* self) {
   if (!gst_latent_cuda_built()) return false;
-  auto model = gst_latent_base_get_model(self);
-  if (!model) return true;
-  return !model->backend->device().is_cpu() && impl_of(self)->cuda.active();
-}
-
-bool gst_latent_base_propose_latent_pool(GstLatentBase* self, GstQuery* query) {
-  return gst_latent_cuda_propose_latent_pool(&impl_of(self)->cuda, query);
-}
-
-bool gst_latent_base_decide_latent_pool(GstLatentBase* self, GstQuery* query) {
-  return gst_latent_cuda_decide_latent_pool(&impl_of(self)->cuda, query);
+  auto backend = gst_latent_base_backend(self);
+  if (!backend) return true;
+  return !backend->device().is_cpu() && impl_of(self)->cuda.active();
 }
 
 // ---- plans ------------------------------------------------------------------------------------
-
-std::shared_ptr<std::mutex> gst_latent_backend_run_lock(const latent::Backend& backend) {
-  ModelCache& cache = model_cache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  auto& run_lock = cache.backend_locks[&backend];
-  if (!run_lock) run_lock = std::make_shared<std::mutex>();
-  return run_lock;
-}
 
 bool gst_latent_base_cuda_graphs(GstLatentBase* self) {
   auto* impl = impl_of(self);
@@ -605,6 +801,18 @@ latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& m
   impl->state.plan = std::move(plan);
   impl->state.plan_graphs = options.graph;
   return latent::ok_status();
+}
+
+latent::Status gst_latent_base_plan_for(
+    GstLatentBase* self, GstLatentModel& model, latent::VaePart part,
+    const std::function<latent::Result<latent::Tensor>(latent::Backend&)>& example) {
+  if (model.backend->device().is_cpu()) return latent::Status();
+  std::lock_guard<std::mutex> run(*model.run_lock);
+  auto input = example(*model.backend);
+  latent::Status planned =
+      input.ok() ? gst_latent_base_build_plan(self, model, part, *input) : input.status();
+  input = latent::Status::error("released");  // device memory: freed under the run lock
+  return planned;
 }
 
 void gst_latent_base_drop_plan(GstLatentBase* self) {

@@ -1,12 +1,19 @@
-// GstLatentBase: what the latent stages share. Properties `model`, `device`, `dtype`,
-// `prefetch-depth` and `cuda-graphs` fill a Settings struct; start() resolves the backend and loads
-// (or shares) the model, stop() drops it. Subclasses say which parts of the model they need and use
-// gst_latent_base_get_model().
+// GstLatentBase: the base class of the latent stages (vaeencode, vaedecode, ditdenoise), in the
+// shape of gst-plugins-bad's GstCudaBaseTransform: the base class owns what every stage has and
+// calls a subclass hook where they differ.
+//
+// The base class holds the properties `model`, `device` and `dtype` (a Settings struct; they
+// change only in NULL/READY, see below), resolves the backend and, for the VAE stages, loads (or
+// shares) the model in start() and drops it in stop(); shares the CUDA context (context queries,
+// set_context), offers CUDA latent pools in the allocation queries, answers LATENCY queries and
+// drains/drops frames a stage holds (sink events). Subclasses fill in the hooks of
+// GstLatentBaseClass.
 #pragma once
 
 #include <gst/base/gstbasetransform.h>
 #include <gst/gst.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +22,7 @@
 #include "engine/backends/backend.h"
 #include "engine/models/vae/planned_vae.h"
 #include "engine/models/vae/vae.h"
+#include "engine/weights/model_source.h"
 
 G_BEGIN_DECLS
 
@@ -29,11 +37,43 @@ typedef enum {
 struct _GstLatentBaseClass {
   GstBaseTransformClass parent_class;
 
-  // The GstLatentParts this stage needs; set in the subclass's class_init.
+  // The GstLatentParts of a VAE this stage needs, loaded (or shared) by start() on the stage's
+  // backend; 0 for a stage that loads its own model in `open` (ditdenoise).
   guint parts;
+
+  // start(), once the backend of the `device` and `dtype` settings exists (and the VAE of `parts`
+  // is loaded): loads what else the stage needs. On failure posts an element error and returns
+  // FALSE. Optional.
+  gboolean (*open)(GstLatentBase* self, const std::shared_ptr<latent::Backend>& backend);
+  // stop(), after drop_held and before the base class drops the model, the plan and the
+  // backend: frees what `open` made (device tensors under gst_latent_base_run_lock) and forgets
+  // the negotiated stream. Optional.
+  void (*close)(GstLatentBase* self);
+  // set_caps(): the stage checks the negotiated caps and fixes its stream (refusing with FALSE).
+  // The base class then takes the input's frame rate for its latency answers.
+  gboolean (*set_info)(GstLatentBase* self, GstCaps* incaps, GstCaps* outcaps);
+
+  // Frames the stage holds back on a GPU (input prefetching, output staging); null when it holds
+  // none. The base class's sink_event pushes them out (drain_held) before EOS, a new segment and
+  // new caps, and discards them (drop_held) on new caps (a new frame size) and after a flush.
+  GstFlowReturn (*drain_held)(GstLatentBase* self);
+  void (*drop_held)(GstLatentBase* self);
 
   gpointer _gst_reserved[GST_PADDING];
 };
+
+// A stage's own C++ state, hung on the instance by its init (gst_latent_base_set_stage); the
+// base class's finalize deletes it.
+struct GstLatentStage {
+  virtual ~GstLatentStage() = default;
+};
+void gst_latent_base_set_stage(GstLatentBase* self, GstLatentStage* stage);
+
+// Installs `prefetch-depth` and `cuda-graphs` on a stage's class (the VAE stages, which plan a
+// model part at negotiation and stage frames on a GPU). The stage's set_property/get_property
+// chain up to the base class's for property ids it does not know (a stage with no properties of
+// its own gets the base class's handlers).
+void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass);
 
 // Debug categories and the engine's log callback (pointed at gst_debug_log under
 // "latent-engine"). Idempotent; every element registration calls it.
@@ -50,7 +90,7 @@ struct GstLatentModel {
   std::unique_ptr<latent::VaeModel> vae;
   guint parts = 0;  // GstLatentParts loaded
   // Backends are shared between models and elements and are not assumed thread-safe: every
-  // engine call on this model's backend holds this lock.
+  // engine call on this model's backend holds this lock (latent::backend_run_lock).
   std::shared_ptr<std::mutex> run_lock;
 
   // Frees the weights under run_lock: another model may be running on the same backend.
@@ -61,14 +101,38 @@ struct GstLatentModel {
   std::string describe() const;
 };
 
-// The model loaded by start(), or null while stopped. The returned reference keeps it alive.
+// The model loaded by start(), or null while stopped (or for a stage with no `parts`). The
+// returned reference keeps it alive.
 std::shared_ptr<GstLatentModel> gst_latent_base_get_model(GstLatentBase* self);
+// The stage's backend (start() to stop()), or null.
+std::shared_ptr<latent::Backend> gst_latent_base_backend(GstLatentBase* self);
+// The run lock of the stage's backend (latent::backend_run_lock), or null while stopped: hold it
+// around engine calls on the backend and the destruction of device tensors on it.
+std::shared_ptr<std::mutex> gst_latent_base_run_lock(GstLatentBase* self);
+// The `model` setting as the user gave it.
+std::string gst_latent_base_model_setting(GstLatentBase* self);
 
 // The stage's user-facing name for messages: the factory name ("vaedecode").
 const char* gst_latent_base_stage_name(GstLatentBase* self);
 
 // Resolves "auto" and an empty dtype the way start() will (for caps before start()).
 latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self);
+
+// ---- caps -------------------------------------------------------------------------------------
+// Whether the stage offers CUDA-memory caps: it runs on a CUDA device, or it has not started yet
+// (templates and early queries offer both).
+bool gst_latent_base_offers_cuda(GstLatentBase* self);
+// transform_caps of a stage converting between video and latents: ANY caps give the other pad's
+// template; otherwise each structure of `caps` in system or CUDA memory is mapped through
+// `map` (null: no such output) and offered in CUDA memory too while the stage offers it
+// (gst_latent_base_offers_cuda), then intersected with `filter`.
+GstCaps* gst_latent_base_transform_caps(
+    GstLatentBase* self, GstPadDirection direction, GstCaps* caps, GstCaps* filter,
+    const std::function<GstStructure*(const GstStructure*)>& map);
+// transform_size of such a stage: one buffer in, one out, whatever the input buffer's size.
+// `othercaps` are latent caps (`other_is_latent`) or video caps; *othersize is one buffer's size.
+gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
+                                        bool other_is_latent, gsize* othersize);
 
 // ---- latency --------------------------------------------------------------------------------
 // A stage reports how long each frame took (from receiving it to its result being ready);
@@ -79,8 +143,15 @@ latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self);
 void gst_latent_base_frame_done(GstLatentBase* self, GstClockTime processing);
 // The input's frame duration (GST_CLOCK_TIME_NONE for a variable rate), set with the caps.
 void gst_latent_base_set_frame_duration(GstLatentBase* self, GstClockTime duration);
+// The same from the input's frame rate (fps_n <= 0: a variable rate).
+void gst_latent_base_set_frame_rate(GstLatentBase* self, gint fps_n, gint fps_d);
 // Frames a stage holds back for prefetching now (0 on the CPU, or before start()).
 void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames);
+// Pushes out every frame the stage holds (drain_held), in order: while `held()`, `next` hands
+// out the oldest one (or none); stops at the first flow error. *draining is true meanwhile.
+GstFlowReturn gst_latent_base_drain(GstLatentBase* self, bool* draining,
+                                    const std::function<bool()>& held,
+                                    const std::function<GstFlowReturn(GstBuffer**)>& next);
 // The `prefetch-depth` property: frames uploaded ahead while earlier ones compute (GPU only).
 guint gst_latent_base_prefetch_depth(GstLatentBase* self);
 // This stage's own latency as a LATENCY query would add it.
@@ -88,7 +159,7 @@ GstClockTime gst_latent_base_latency(GstLatentBase* self);
 // Resets the latency measurement (a new stream: stop(), a flush).
 void gst_latent_base_reset_latency(GstLatentBase* self);
 
-// ---- plans (engine/models/vae/planned_vae.h) -------------------------------------------------
+// ---- plans (engine/models/vae/planned_vae.h): VAE stages --------------------------------------
 // At negotiation a stage plans its part of the model for the negotiated input shape: a warm-up
 // forward (cuDNN chooses and caches its algorithms) then, with `cuda-graphs` on, a CUDA graph
 // capture; each frame then replays it. One plan a stage, kept until the next negotiation or
@@ -99,11 +170,6 @@ void gst_latent_base_reset_latency(GstLatentBase* self);
 // that stream) and the plan's capture hold the model's run_lock, so a capture records no
 // other stage's work and nothing else is queued on the stream while it lasts.
 
-// The run lock of `backend` (the one every GstLatentModel on it holds as run_lock), for stages
-// that use a shared backend without a GstLatentModel (ditdenoise): hold it around engine calls
-// and device tensor destruction, or a vaeencode/vaedecode capture may record that work.
-std::shared_ptr<std::mutex> gst_latent_backend_run_lock(const latent::Backend& backend);
-
 // The `cuda-graphs` property.
 bool gst_latent_base_cuda_graphs(GstLatentBase* self);
 // Plans `part` for inputs like `example` (on the model's backend), replacing the stage's
@@ -111,6 +177,12 @@ bool gst_latent_base_cuda_graphs(GstLatentBase* self);
 // a warning; a failed warm-up is returned (the caller posts the element error).
 latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& model,
                                           latent::VaePart part, const latent::Tensor& example);
+// On a GPU, plans `part` at negotiation: under model.run_lock, makes an example input with
+// `example` and builds the plan for it (gst_latent_base_build_plan), freeing the example there
+// too. Does nothing on the CPU. A failure is returned (the caller posts the element error).
+latent::Status gst_latent_base_plan_for(
+    GstLatentBase* self, GstLatentModel& model, latent::VaePart part,
+    const std::function<latent::Result<latent::Tensor>(latent::Backend&)>& example);
 // Drops the stage's plan (takes the model's run_lock itself; not while holding it).
 void gst_latent_base_drop_plan(GstLatentBase* self);
 // Runs `part` on `x`: the plan's replay when the stage has a plan taking `x`, else the plain
@@ -124,15 +196,9 @@ bool gst_latent_base_plan_uses_graph(GstLatentBase* self);
 
 // ---- GPU-resident buffers (elements/gstlatentcuda.h) ------------------------------------------
 // The stage's CUDA context state: active after start() on a CUDA device. Lives as long as the
-// element; context queries and set_context are handled by the base class.
+// element; context queries and set_context are handled by the base class, and so are the
+// allocation queries of latent pads: propose_allocation offers a CUDA latent pool on the stage's
+// context for application/x-latent(memory:CUDAMemory) input, decide_allocation keeps
+// downstream's pool when it is a CUDA pool of our context, else makes one. A stage whose pad
+// carries video overrides that query and chains up for the rest.
 GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self);
-// Whether the stage offers CUDA-memory caps: it runs on a CUDA device, or it has not started yet
-// (templates and early queries offer both).
-bool gst_latent_base_offers_cuda(GstLatentBase* self);
-// propose_allocation for an application/x-latent sink pad: with CUDA-memory caps, offers a
-// CUDA latent pool on the stage's context. True when it added a pool.
-bool gst_latent_base_propose_latent_pool(GstLatentBase* self, GstQuery* query);
-// decide_allocation for an application/x-latent src pad with CUDA-memory caps: keeps
-// downstream's pool when it is a CUDA pool of our context, else makes one. False when the
-// caps are not CUDA memory (the caller takes the default path) or no pool could be made.
-bool gst_latent_base_decide_latent_pool(GstLatentBase* self, GstQuery* query);

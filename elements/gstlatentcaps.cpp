@@ -123,11 +123,23 @@ latent::Result<latent::PixelFormat> gst_latent_pixel_format(GstVideoFormat forma
   return latent::parse_pixel_format(name ? name : "UNKNOWN");
 }
 
-GstStructure* gst_latent_video_structure_new(void) {
-  GstCaps* caps = gst_caps_from_string("video/x-raw, format = (string) " GST_LATENT_VIDEO_FORMATS);
+GstStructure* gst_latent_video_structure_new(const char* formats) {
+  gchar* desc = g_strconcat("video/x-raw, format = (string) ", formats, nullptr);
+  GstCaps* caps = gst_caps_from_string(desc);
+  g_free(desc);
   GstStructure* s = gst_structure_copy(gst_caps_get_structure(caps, 0));
   gst_caps_unref(caps);
   return s;
+}
+
+void gst_latent_set_video_size(const GstStructure* latent, GstStructure* video) {
+  if (!gst_latent_copy_field(latent, "frame-width", video, "width"))
+    gst_structure_set(video, "width", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
+                      kGstLatentMaxVideoSide, nullptr);
+  if (!gst_latent_copy_field(latent, "frame-height", video, "height"))
+    gst_structure_set(video, "height", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
+                      kGstLatentMaxVideoSide, nullptr);
+  gst_latent_copy_field(latent, "framerate", video, "framerate");
 }
 
 bool gst_latent_copy_field(const GstStructure* from, const char* field, GstStructure* to,

@@ -29,9 +29,8 @@ constexpr int kGstLatentMaxChannels = 1024;
 constexpr int kGstLatentMaxSide = latent::kMaxFrameSide;  // latent and frame sides
 
 // Template caps for a pad carrying latents (every field's full range).
-#define GST_LATENT_CAPS_TEMPLATE                  \
-  GST_LATENT_MEDIA_TYPE                           \
-  ", format = (string) { fp32, bf16, fp16 }, "    \
+#define GST_LATENT_CAPS_FIELDS                    \
+  "format = (string) { fp32, bf16, fp16 }, "      \
   "channels = (int) [ 1, 1024 ], "                \
   "width = (int) [ 1, 16384 ], "                  \
   "height = (int) [ 1, 16384 ], "                 \
@@ -39,18 +38,11 @@ constexpr int kGstLatentMaxSide = latent::kMaxFrameSide;  // latent and frame si
   "frame-height = (int) [ 1, 16384 ], "           \
   "size-policy = (string) { pad, crop, scale }, " \
   "framerate = (fraction) [ 0/1, 2147483647/1 ]"
+#define GST_LATENT_CAPS_TEMPLATE GST_LATENT_MEDIA_TYPE ", " GST_LATENT_CAPS_FIELDS
 
 // The same in CUDA memory (elements/gstlatentcuda.h): one GstCudaMemory holding [C, h, w].
-#define GST_LATENT_CUDA_CAPS_TEMPLATE                             \
-  GST_LATENT_MEDIA_TYPE                                           \
-  "(memory:CUDAMemory), format = (string) { fp32, bf16, fp16 }, " \
-  "channels = (int) [ 1, 1024 ], "                                \
-  "width = (int) [ 1, 16384 ], "                                  \
-  "height = (int) [ 1, 16384 ], "                                 \
-  "frame-width = (int) [ 1, 16384 ], "                            \
-  "frame-height = (int) [ 1, 16384 ], "                           \
-  "size-policy = (string) { pad, crop, scale }, "                 \
-  "framerate = (fraction) [ 0/1, 2147483647/1 ]"
+#define GST_LATENT_CUDA_CAPS_TEMPLATE \
+  GST_LATENT_MEDIA_TYPE "(memory:CUDAMemory), " GST_LATENT_CAPS_FIELDS
 
 struct GstLatentInfo {
   latent::DType dtype = latent::DType::kF32;
@@ -102,8 +94,11 @@ constexpr int kGstLatentMaxVideoSide = 8192;
 
 // GstVideoFormat -> the engine's pixel format (an error for anything but the list above).
 latent::Result<latent::PixelFormat> gst_latent_pixel_format(GstVideoFormat format);
-// A video/x-raw structure with the format list and no size fields.
-GstStructure* gst_latent_video_structure_new(void);
+// A video/x-raw structure with the format list `formats` and no size fields.
+GstStructure* gst_latent_video_structure_new(const char* formats = GST_LATENT_VIDEO_FORMATS);
+// Sets the video structure `video`'s width, height and framerate from the latent structure
+// `latent`'s frame-width, frame-height and framerate (the full side ranges where absent).
+void gst_latent_set_video_size(const GstStructure* latent, GstStructure* video);
 // Copies `field` from `from` (any value) to `to` as `as`; false when `from` has no such field.
 bool gst_latent_copy_field(const GstStructure* from, const char* field, GstStructure* to,
                            const char* as);

@@ -5,12 +5,12 @@
 #include <map>
 
 #include "elements/gstlatentcaps.h"
+#include "engine/backends/registry.h"
 
 #ifdef LATENT_HAVE_GST_CUDA
 #ifndef GST_USE_UNSTABLE_API
 #define GST_USE_UNSTABLE_API
 #endif
-#include <cuda_runtime_api.h>
 #include <gst/cuda/gstcudabufferpool.h>
 #include <gst/cuda/gstcudacontext.h>
 #include <gst/cuda/gstcudaloader.h>
@@ -33,47 +33,30 @@ void init_debug() {
 }
 
 #ifdef LATENT_HAVE_GST_CUDA
-using PrimaryCtxRetain = CUresult (*)(CUcontext*, CUdevice);
-
-// The process-wide wrapper of device `index`'s primary context (null on failure). The primary
-// context stays retained for the life of the process: the engine's runtime uses it anyway.
+// The process-wide wrapper of device `index`'s primary context (null on failure), which the
+// engine retains for the life of the process (latent::retain_cuda_primary_context).
 GstCudaContext* primary_context(int index) {
   static std::mutex mutex;
   static std::map<int, GstCudaContext*>* wrappers = new std::map<int, GstCudaContext*>();
   std::lock_guard<std::mutex> lock(mutex);
   auto it = wrappers->find(index);
   if (it != wrappers->end()) return it->second;
-  GstCudaContext* wrapped = nullptr;
+  // A failure is remembered too (warned about once, not at every context query).
+  GstCudaContext*& wrapped = (*wrappers)[index];
   if (!gst_cuda_load_library()) {
     GST_WARNING("GStreamer's CUDA library could not load libcuda: buffers stay in system memory");
-  } else {
-    // The runtime initialises the driver and creates the primary context (as the engine will);
-    // the current device of this thread is left as it was.
-    int previous = -1;
-    if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(index) == cudaSuccess) {
-      cudaFree(nullptr);
-      if (previous >= 0) cudaSetDevice(previous);
-    }
-    // Through the runtime's entry-point query, so the plugin need not link libcuda.
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxRetain", &fn, 12000,
-                                                     cudaEnableDefault, &found);
-    CUcontext handle = nullptr;
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
-      GST_WARNING("cuDevicePrimaryCtxRetain not found (%s)", cudaGetErrorString(e));
-    } else if (reinterpret_cast<PrimaryCtxRetain>(fn)(&handle, static_cast<CUdevice>(index)) !=
-                   CUDA_SUCCESS ||
-               !handle) {
-      GST_WARNING("cannot retain the primary context of cuda:%d", index);
-    } else {
-      wrapped = gst_cuda_context_new_wrapped(handle, static_cast<CUdevice>(index));
-      if (wrapped) gst_object_ref_sink(wrapped);
-      GST_INFO("cuda:%d: sharing the primary context %p as %" GST_PTR_FORMAT, index, handle,
-               wrapped);
-    }
+    return nullptr;
   }
-  (*wrappers)[index] = wrapped;
+  auto handle = latent::retain_cuda_primary_context(index);
+  if (!handle.ok()) {
+    GST_WARNING("no primary context of cuda:%d to share: %s", index,
+                handle.status().message().c_str());
+    return nullptr;
+  }
+  wrapped =
+      gst_cuda_context_new_wrapped(static_cast<CUcontext>(*handle), static_cast<CUdevice>(index));
+  if (wrapped) gst_object_ref_sink(wrapped);
+  GST_INFO("cuda:%d: sharing the primary context %p as %" GST_PTR_FORMAT, index, *handle, wrapped);
   return wrapped;
 }
 
@@ -190,20 +173,24 @@ latent::Device GstLatentCuda::device() {
   return device_;
 }
 
+#ifdef LATENT_HAVE_GST_CUDA
+bool GstLatentCuda::holds_ours(GstBuffer* buffer) {
+  GstCudaMemory* mem = single_cuda_memory(buffer);
+  std::lock_guard<std::mutex> lock(lock_);
+  if (!mem || !context_) return false;
+  if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
+    if (!warned_)
+      GST_WARNING("CUDA memory of another context (%p): going through system memory", mem->context);
+    warned_ = true;
+    return false;
+  }
+  return true;
+}
+#endif
+
 bool GstLatentCuda::map(GstBuffer* buffer, GstMapInfo* info, GstMapFlags flags) {
 #ifdef LATENT_HAVE_GST_CUDA
-  GstCudaMemory* mem = single_cuda_memory(buffer);
-  {
-    std::lock_guard<std::mutex> lock(lock_);
-    if (!mem || !context_) return false;
-    if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
-      if (!warned_)
-        GST_WARNING("CUDA memory of another context (%p): going through system memory",
-                    mem->context);
-      warned_ = true;
-      return false;
-    }
-  }
+  if (!holds_ours(buffer)) return false;
   return gst_buffer_map(buffer, info, static_cast<GstMapFlags>(flags | GST_MAP_CUDA));
 #else
   (void)buffer;
@@ -216,18 +203,7 @@ bool GstLatentCuda::map(GstBuffer* buffer, GstMapInfo* info, GstMapFlags flags) 
 bool GstLatentCuda::map_frame(GstVideoFrame* frame, const GstVideoInfo* info, GstBuffer* buffer,
                               GstMapFlags flags) {
 #ifdef LATENT_HAVE_GST_CUDA
-  GstCudaMemory* mem = single_cuda_memory(buffer);
-  {
-    std::lock_guard<std::mutex> lock(lock_);
-    if (!mem || !context_) return false;
-    if (!same_context(mem->context, GST_CUDA_CONTEXT(context_))) {
-      if (!warned_)
-        GST_WARNING("CUDA memory of another context (%p): going through system memory",
-                    mem->context);
-      warned_ = true;
-      return false;
-    }
-  }
+  if (!holds_ours(buffer)) return false;
   return gst_video_frame_map(frame, const_cast<GstVideoInfo*>(info), buffer,
                              static_cast<GstMapFlags>(flags | GST_MAP_CUDA));
 #else
@@ -245,8 +221,8 @@ GstBufferPool* GstLatentCuda::new_latent_pool(gsize bytes, guint min, guint max)
   // gst_cuda_allocator_alloc_internal), RGBA among them.
   const gint width = static_cast<gint>((bytes + 3) / 4);
   GstCaps* caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGBA", "width",
-                                      G_TYPE_INT, width, "height", G_TYPE_INT, 1,
-                                      "framerate", GST_TYPE_FRACTION, 0, 1, nullptr);
+                                      G_TYPE_INT, width, "height", G_TYPE_INT, 1, "framerate",
+                                      GST_TYPE_FRACTION, 0, 1, nullptr);
   GstBufferPool* pool = new_video_pool(caps, min, max);
   gst_caps_unref(caps);
   return pool;

@@ -75,6 +75,10 @@ class GstLatentCuda {
   bool owns_pool(GstBufferPool* pool);
 
  private:
+  // Whether `buffer` is one GstCudaMemory of our (started) context; warns once about memory of
+  // another context.
+  bool holds_ours(GstBuffer* buffer);
+
   std::mutex lock_;
   gpointer context_ = nullptr;  // GstCudaContext*, ours (primary) once started
   gpointer foreign_ = nullptr;  // GstCudaContext* set on us from outside

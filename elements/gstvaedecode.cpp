@@ -82,17 +82,13 @@ struct Staging {
   Pending current;
 };
 
-struct Impl {
+struct Impl : GstLatentStage {
   std::mutex lock;
   Staging staging;
   bool negotiated = false;
   Negotiated stream;
   std::string last_refusal;  // the last caps refusal posted, so a repeated query posts once
 };
-
-bool is_system_memory(GstCapsFeatures* f) {
-  return gst_latent_caps_features_is_system(f) || gst_latent_caps_features_is_cuda(f);
-}
 
 // Empty when the latents described by `s` can be this model's; else a message for the user.
 std::string model_mismatch(const GstStructure* s, const GstLatentModel& model) {
@@ -112,13 +108,7 @@ std::string model_mismatch(const GstStructure* s, const GstLatentModel& model) {
 // video_to_latent); accept-caps refuses them.
 GstStructure* latent_to_video(const GstStructure* s) {
   GstStructure* out = gst_latent_video_structure_new();
-  if (!gst_latent_copy_field(s, "frame-width", out, "width"))
-    gst_structure_set(out, "width", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
-                      kGstLatentMaxVideoSide, nullptr);
-  if (!gst_latent_copy_field(s, "frame-height", out, "height"))
-    gst_structure_set(out, "height", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
-                      kGstLatentMaxVideoSide, nullptr);
-  gst_latent_copy_field(s, "framerate", out, "framerate");
+  gst_latent_set_video_size(s, out);
   return out;
 }
 
@@ -153,13 +143,6 @@ G_DEFINE_TYPE(GstVaeDecode, gst_vae_decode, GST_TYPE_LATENT_BASE)
 GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(vaedecode, "vaedecode", GST_RANK_NONE, GST_TYPE_VAE_DECODE,
                                       gst_latent_element_init(plugin));
 
-static void gst_vae_decode_finalize(GObject* object) {
-  GstVaeDecode* self = GST_VAE_DECODE(object);
-  delete self->impl;
-  self->impl = nullptr;
-  G_OBJECT_CLASS(parent_class)->finalize(object);
-}
-
 // Posts a negotiation error once per distinct message (accept-caps may be asked repeatedly).
 static void post_refusal(GstVaeDecode* self, const std::string& message) {
   {
@@ -173,31 +156,15 @@ static void post_refusal(GstVaeDecode* self, const std::string& message) {
 static GstCaps* gst_vae_decode_transform_caps(GstBaseTransform* trans, GstPadDirection direction,
                                               GstCaps* caps, GstCaps* filter) {
   const latent::DType dtype = gst_latent_base_preferred_dtype(GST_LATENT_BASE(trans));
-  const bool cuda = gst_latent_base_offers_cuda(GST_LATENT_BASE(trans));
 
-  GstCaps* out = gst_caps_new_empty();
-  if (gst_caps_is_any(caps)) {
-    GstPad* other = direction == GST_PAD_SINK ? GST_BASE_TRANSFORM_SRC_PAD(trans)
-                                              : GST_BASE_TRANSFORM_SINK_PAD(trans);
-    gst_caps_unref(out);
-    out = gst_pad_get_pad_template_caps(other);
-  } else {
-    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
-      if (!is_system_memory(gst_caps_get_features(caps, i))) continue;
-      const GstStructure* s = gst_caps_get_structure(caps, i);
-      GstStructure* o = nullptr;
-      if (direction == GST_PAD_SINK && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
-        o = latent_to_video(s);
-      else if (direction == GST_PAD_SRC && gst_structure_has_name(s, "video/x-raw"))
-        o = video_to_latent(s, dtype);
-      if (o) out = gst_latent_caps_merge_both(out, o, cuda);
-    }
-  }
-  if (filter) {
-    GstCaps* tmp = gst_caps_intersect_full(filter, out, GST_CAPS_INTERSECT_FIRST);
-    gst_caps_unref(out);
-    out = tmp;
-  }
+  GstCaps* out = gst_latent_base_transform_caps(
+      GST_LATENT_BASE(trans), direction, caps, filter, [&](const GstStructure* s) -> GstStructure* {
+        if (direction == GST_PAD_SINK && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
+          return latent_to_video(s);
+        if (direction == GST_PAD_SRC && gst_structure_has_name(s, "video/x-raw"))
+          return video_to_latent(s, dtype);
+        return nullptr;
+      });
   GST_DEBUG_OBJECT(trans, "%s caps %" GST_PTR_FORMAT " -> %" GST_PTR_FORMAT,
                    direction == GST_PAD_SINK ? "sink" : "src", caps, out);
   return out;
@@ -244,10 +211,9 @@ static gboolean gst_vae_decode_accept_caps(GstBaseTransform* trans, GstPadDirect
   return FALSE;
 }
 
-static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps,
-                                        GstCaps* outcaps) {
-  GstVaeDecode* self = GST_VAE_DECODE(trans);
-  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps* outcaps) {
+  GstVaeDecode* self = GST_VAE_DECODE(base);
+  auto model = gst_latent_base_get_model(base);
   if (!model) {
     GST_ERROR_OBJECT(self, "caps set before a model was loaded");
     return FALSE;
@@ -286,31 +252,21 @@ static gboolean gst_vae_decode_set_caps(GstBaseTransform* trans, GstCaps* incaps
                   latent::pixel_format_name(n.pixel_format),
                   latent::size_policy_name(info.size_policy), n.geometry.model_width(),
                   n.geometry.model_height());
-  if (!model->backend->device().is_cpu()) {
-    // The decoder's plan for this latent size (warm-up, CUDA graph), before the first latent.
-    std::lock_guard<std::mutex> run(*model->run_lock);
-    auto example =
-        latent::zero_latent_tensor(*model->backend, info.channels, info.height, info.width);
-    if (example.ok()) example = model->latent_space().denormalize(*model->backend, *example);
-    latent::Status planned = example.ok()
-                                 ? gst_latent_base_build_plan(GST_LATENT_BASE(self), *model,
-                                                              latent::VaePart::kDecode, *example)
-                                 : example.status();
-    example = latent::Status::error("released");  // device memory: freed under the run lock
-    if (!planned.ok()) {
-      GST_ELEMENT_ERROR(
-          self, STREAM, FAILED,
-          ("vaedecode: cannot prepare %s for %dx%d latents: %s", model->describe().c_str(),
-           info.width, info.height, planned.message().c_str()),
-          ("on %s", model->backend->name().c_str()));
-      return FALSE;
-    }
-  }
-  {
-    const gint fps_n = n.in_info.fps_n, fps_d = n.in_info.fps_d;
-    gst_latent_base_set_frame_duration(
-        GST_LATENT_BASE(self),
-        fps_n > 0 ? gst_util_uint64_scale_int(GST_SECOND, fps_d, fps_n) : GST_CLOCK_TIME_NONE);
+  // The decoder's plan for this latent size (warm-up, CUDA graph), before the first latent.
+  const latent::Status planned = gst_latent_base_plan_for(
+      GST_LATENT_BASE(self), *model, latent::VaePart::kDecode,
+      [&](latent::Backend& b) -> latent::Result<latent::Tensor> {
+        auto example = latent::zero_latent_tensor(b, info.channels, info.height, info.width);
+        if (example.ok()) example = model->latent_space().denormalize(b, *example);
+        return example;
+      });
+  if (!planned.ok()) {
+    GST_ELEMENT_ERROR(
+        self, STREAM, FAILED,
+        ("vaedecode: cannot prepare %s for %dx%d latents: %s", model->describe().c_str(),
+         info.width, info.height, planned.message().c_str()),
+        ("on %s", model->backend->name().c_str()));
+    return FALSE;
   }
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
@@ -323,19 +279,8 @@ static gboolean gst_vae_decode_transform_size(GstBaseTransform* trans, GstPadDir
                                               GstCaps*, gsize, GstCaps* othercaps,
                                               gsize* othersize) {
   // One latent in, one frame out, whatever the input buffer's size (transform() checks it).
-  if (direction == GST_PAD_SINK) {
-    GstVideoInfo vinfo;
-    if (!gst_video_info_from_caps(&vinfo, othercaps)) return FALSE;
-    *othersize = GST_VIDEO_INFO_SIZE(&vinfo);
-  } else {
-    auto info = gst_latent_info_from_caps(othercaps);
-    if (!info.ok()) {
-      GST_WARNING_OBJECT(trans, "%s", info.status().message().c_str());
-      return FALSE;
-    }
-    *othersize = info->frame_bytes();
-  }
-  return TRUE;
+  return gst_latent_base_transform_size(GST_LATENT_BASE(trans), othercaps, direction == GST_PAD_SRC,
+                                        othersize);
 }
 
 // A latent buffer in system memory -> host tensor [1, C, h, w] in the caps' dtype.
@@ -588,22 +533,16 @@ static GstFlowReturn gst_vae_decode_generate_output(GstBaseTransform* trans, Gst
 }
 
 // Pushes out every staged frame, in order (before EOS, a new segment and new caps).
-static GstFlowReturn drain_staging(GstVaeDecode* self) {
-  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
+static GstFlowReturn drain_staging(GstLatentBase* base) {
+  GstVaeDecode* self = GST_VAE_DECODE(base);
   Staging& st = self->impl->staging;
-  GstFlowReturn ret = GST_FLOW_OK;
-  st.draining = true;
-  while (ret == GST_FLOW_OK && !st.pending.empty()) {
-    GstBuffer* out = nullptr;
-    ret = finish_staged(self, &out);
-    if (out) ret = gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(trans), out);
-  }
-  st.draining = false;
-  if (ret != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "drain stopped: %s", gst_flow_get_name(ret));
-  return ret;
+  return gst_latent_base_drain(
+      base, &st.draining, [&] { return !st.pending.empty(); },
+      [&](GstBuffer** out) { return finish_staged(self, out); });
 }
 
-static void drop_staging(GstVaeDecode* self) {
+static void drop_staging(GstLatentBase* base) {
+  GstVaeDecode* self = GST_VAE_DECODE(base);
   Staging& st = self->impl->staging;
   for (Pending& p : st.pending) gst_buffer_unref(p.buffer);
   st.pending.clear();
@@ -611,33 +550,6 @@ static void drop_staging(GstVaeDecode* self) {
   st.checked = false;
   st.staged_current = false;
   gst_latent_base_set_frames_held(GST_LATENT_BASE(self), 0);
-}
-
-static gboolean gst_vae_decode_sink_event(GstBaseTransform* trans, GstEvent* event) {
-  GstVaeDecode* self = GST_VAE_DECODE(trans);
-  switch (GST_EVENT_TYPE(event)) {
-    case GST_EVENT_EOS:
-    case GST_EVENT_CAPS:
-    case GST_EVENT_SEGMENT:
-      drain_staging(self);
-      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS) drop_staging(self);  // new frame size
-      break;
-    case GST_EVENT_FLUSH_STOP:
-      drop_staging(self);
-      break;
-    default:
-      break;
-  }
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
-}
-
-static gboolean gst_vae_decode_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
-                                                  GstQuery* query) {
-  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
-    return FALSE;
-  // Latents in CUDA memory: upstream writes them into our context's pool.
-  gst_latent_base_propose_latent_pool(GST_LATENT_BASE(trans), query);
-  return TRUE;
 }
 
 static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
@@ -681,25 +593,22 @@ static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQue
   return TRUE;
 }
 
-static gboolean gst_vae_decode_stop(GstBaseTransform* trans) {
-  GstVaeDecode* self = GST_VAE_DECODE(trans);
-  drop_staging(self);
+// Held frames were dropped by the base class's stop().
+static void gst_vae_decode_close(GstLatentBase* base) {
+  GstVaeDecode* self = GST_VAE_DECODE(base);
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
     self->impl->last_refusal.clear();
   }
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->stop(trans);
 }
 
 static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
-  GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
   GstElementClass* element_class = GST_ELEMENT_CLASS(klass);
   GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
 
   GST_DEBUG_CATEGORY_INIT(gst_vae_decode_debug, "vaedecode", 0, "VAE decoder");
 
-  gobject_class->finalize = gst_vae_decode_finalize;
 
   gst_element_class_set_static_metadata(
       element_class, "VAE decoder", "Filter/Converter/Video",
@@ -710,16 +619,21 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
 
   trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_caps);
   trans_class->accept_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_accept_caps);
-  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_set_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_size);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_decode_transform);
-  trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_propose_allocation);
   trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_decide_allocation);
-  trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_decode_stop);
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_decode_generate_output);
-  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_vae_decode_sink_event);
 
-  GST_LATENT_BASE_CLASS(klass)->parts = GST_LATENT_PART_DECODER;
+  GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  gst_latent_base_class_install_plan_properties(base_class);
+  base_class->parts = GST_LATENT_PART_DECODER;
+  base_class->drain_held = drain_staging;
+  base_class->close = gst_vae_decode_close;
+  base_class->set_info = gst_vae_decode_set_info;
+  base_class->drop_held = drop_staging;
 }
 
-static void gst_vae_decode_init(GstVaeDecode* self) { self->impl = new Impl(); }
+static void gst_vae_decode_init(GstVaeDecode* self) {
+  self->impl = new Impl();
+  gst_latent_base_set_stage(GST_LATENT_BASE(self), self->impl);
+}

@@ -105,17 +105,13 @@ struct Prefetch {
   Pending current;
 };
 
-struct Impl {
+struct Impl : GstLatentStage {
   std::mutex lock;
   latent::SizePolicy size_policy = kDefaultSizePolicy;  // setting
   bool negotiated = false;
   Negotiated stream;
   Prefetch prefetch;
 };
-
-bool is_system_memory(GstCapsFeatures* f) {
-  return gst_latent_caps_features_is_system(f) || gst_latent_caps_features_is_cuda(f);
-}
 
 // video/x-raw structure -> the latent structure this element would output for it.
 GstStructure* video_to_latent(const GstStructure* s, const GstLatentModel* model,
@@ -172,17 +168,8 @@ GstStructure* latent_to_video(const GstStructure* s, const GstLatentModel* model
   const gchar* wanted_policy = gst_structure_get_string(s, "size-policy");
   if (wanted_policy && std::strcmp(wanted_policy, latent::size_policy_name(policy)) != 0)
     return nullptr;
-  GstCaps* formats =
-      gst_caps_from_string("video/x-raw, format = (string) " VAE_ENCODE_VIDEO_FORMATS);
-  GstStructure* out = gst_structure_copy(gst_caps_get_structure(formats, 0));
-  gst_caps_unref(formats);
-  if (!gst_latent_copy_field(s, "frame-width", out, "width"))
-    gst_structure_set(out, "width", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
-                      kGstLatentMaxVideoSide, nullptr);
-  if (!gst_latent_copy_field(s, "frame-height", out, "height"))
-    gst_structure_set(out, "height", GST_TYPE_INT_RANGE, kGstLatentMinVideoSide,
-                      kGstLatentMaxVideoSide, nullptr);
-  gst_latent_copy_field(s, "framerate", out, "framerate");
+  GstStructure* out = gst_latent_video_structure_new(VAE_ENCODE_VIDEO_FORMATS);
+  gst_latent_set_video_size(s, out);
   return out;
 }
 
@@ -214,8 +201,8 @@ static void gst_vae_encode_set_property(GObject* object, guint prop_id, const GV
       if (changed) gst_base_transform_reconfigure_src(GST_BASE_TRANSFORM(self));
       break;
     }
-    default:
-      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+    default:  // prefetch-depth, cuda-graphs
+      G_OBJECT_CLASS(parent_class)->set_property(object, prop_id, value, pspec);
       break;
   }
 }
@@ -230,16 +217,9 @@ static void gst_vae_encode_get_property(GObject* object, guint prop_id, GValue* 
       break;
     }
     default:
-      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
+      G_OBJECT_CLASS(parent_class)->get_property(object, prop_id, value, pspec);
       break;
   }
-}
-
-static void gst_vae_encode_finalize(GObject* object) {
-  GstVaeEncode* self = GST_VAE_ENCODE(object);
-  delete self->impl;
-  self->impl = nullptr;
-  G_OBJECT_CLASS(parent_class)->finalize(object);
 }
 
 static latent::SizePolicy current_policy(GstVaeEncode* self) {
@@ -254,31 +234,15 @@ static GstCaps* gst_vae_encode_transform_caps(GstBaseTransform* trans, GstPadDir
   auto model = gst_latent_base_get_model(base);
   const latent::SizePolicy policy = current_policy(self);
   const latent::DType dtype = gst_latent_base_preferred_dtype(base);
-  const bool cuda = gst_latent_base_offers_cuda(base);
 
-  GstCaps* out = gst_caps_new_empty();
-  if (gst_caps_is_any(caps)) {
-    GstPad* other = direction == GST_PAD_SINK ? GST_BASE_TRANSFORM_SRC_PAD(trans)
-                                              : GST_BASE_TRANSFORM_SINK_PAD(trans);
-    gst_caps_unref(out);
-    out = gst_pad_get_pad_template_caps(other);
-  } else {
-    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
-      if (!is_system_memory(gst_caps_get_features(caps, i))) continue;
-      const GstStructure* s = gst_caps_get_structure(caps, i);
-      GstStructure* o = nullptr;
-      if (direction == GST_PAD_SINK && gst_structure_has_name(s, "video/x-raw"))
-        o = video_to_latent(s, model.get(), policy, dtype);
-      else if (direction == GST_PAD_SRC && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
-        o = latent_to_video(s, model.get(), policy);
-      if (o) out = gst_latent_caps_merge_both(out, o, cuda);
-    }
-  }
-  if (filter) {
-    GstCaps* tmp = gst_caps_intersect_full(filter, out, GST_CAPS_INTERSECT_FIRST);
-    gst_caps_unref(out);
-    out = tmp;
-  }
+  GstCaps* out = gst_latent_base_transform_caps(
+      base, direction, caps, filter, [&](const GstStructure* s) -> GstStructure* {
+        if (direction == GST_PAD_SINK && gst_structure_has_name(s, "video/x-raw"))
+          return video_to_latent(s, model.get(), policy, dtype);
+        if (direction == GST_PAD_SRC && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
+          return latent_to_video(s, model.get(), policy);
+        return nullptr;
+      });
   GST_DEBUG_OBJECT(self, "%s caps %" GST_PTR_FORMAT " -> %" GST_PTR_FORMAT,
                    direction == GST_PAD_SINK ? "sink" : "src", caps, out);
   return out;
@@ -296,10 +260,9 @@ static GstCaps* gst_vae_encode_fixate_caps(GstBaseTransform* trans, GstPadDirect
   return gst_caps_fixate(othercaps);
 }
 
-static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps,
-                                        GstCaps* outcaps) {
-  GstVaeEncode* self = GST_VAE_ENCODE(trans);
-  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+static gboolean gst_vae_encode_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps* outcaps) {
+  GstVaeEncode* self = GST_VAE_ENCODE(base);
+  auto model = gst_latent_base_get_model(base);
   if (!model) {
     GST_ERROR_OBJECT(self, "caps set before a model was loaded");
     return FALSE;
@@ -365,29 +328,17 @@ static gboolean gst_vae_encode_set_caps(GstBaseTransform* trans, GstCaps* incaps
                   info->channels, info->height, info->width,
                   latent::size_policy_name(info->size_policy), geometry->model_width(),
                   geometry->model_height());
-  if (!model->backend->device().is_cpu()) {
-    // The encoder's plan for this input size (warm-up, CUDA graph), before the first frame.
-    std::lock_guard<std::mutex> run(*model->run_lock);
-    auto example = latent::zero_image_tensor(*model->backend, n.geometry);
-    latent::Status planned = example.ok()
-                                 ? gst_latent_base_build_plan(GST_LATENT_BASE(self), *model,
-                                                              latent::VaePart::kEncode, *example)
-                                 : example.status();
-    example = latent::Status::error("released");  // device memory: freed under the run lock
-    if (!planned.ok()) {
-      GST_ELEMENT_ERROR(self, STREAM, FAILED,
-                        ("vaeencode: cannot prepare %s for %dx%d frames: %s",
-                         model->describe().c_str(), w, h, planned.message().c_str()),
-                        ("model input %dx%d on %s", n.geometry.model_width(),
-                         n.geometry.model_height(), model->backend->name().c_str()));
-      return FALSE;
-    }
-  }
-  {
-    const gint fps_n = GST_VIDEO_INFO_FPS_N(&n.in_info), fps_d = GST_VIDEO_INFO_FPS_D(&n.in_info);
-    gst_latent_base_set_frame_duration(
-        GST_LATENT_BASE(self),
-        fps_n > 0 ? gst_util_uint64_scale_int(GST_SECOND, fps_d, fps_n) : GST_CLOCK_TIME_NONE);
+  // The encoder's plan for this input size (warm-up, CUDA graph), before the first frame.
+  const latent::Status planned = gst_latent_base_plan_for(
+      GST_LATENT_BASE(self), *model, latent::VaePart::kEncode,
+      [&](latent::Backend& b) { return latent::zero_image_tensor(b, n.geometry); });
+  if (!planned.ok()) {
+    GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                      ("vaeencode: cannot prepare %s for %dx%d frames: %s",
+                       model->describe().c_str(), w, h, planned.message().c_str()),
+                      ("model input %dx%d on %s", n.geometry.model_width(),
+                       n.geometry.model_height(), model->backend->name().c_str()));
+    return FALSE;
   }
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
@@ -399,26 +350,16 @@ static gboolean gst_vae_encode_transform_size(GstBaseTransform* trans, GstPadDir
                                               GstCaps*, gsize, GstCaps* othercaps,
                                               gsize* othersize) {
   // One frame in, one latent out, whatever the input buffer's size (transform() checks it).
-  if (direction == GST_PAD_SINK) {
-    auto info = gst_latent_info_from_caps(othercaps);
-    if (!info.ok()) {
-      GST_WARNING_OBJECT(trans, "%s", info.status().message().c_str());
-      return FALSE;
-    }
-    *othersize = info->frame_bytes();
-  } else {
-    GstVideoInfo vinfo;
-    if (!gst_video_info_from_caps(&vinfo, othercaps)) return FALSE;
-    *othersize = GST_VIDEO_INFO_SIZE(&vinfo);
-  }
-  return TRUE;
+  return gst_latent_base_transform_size(GST_LATENT_BASE(trans), othercaps,
+                                        direction == GST_PAD_SINK, othersize);
 }
 
 static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQuery* decide_query,
                                                   GstQuery* query) {
   if (!GST_BASE_TRANSFORM_CLASS(parent_class)->propose_allocation(trans, decide_query, query))
     return FALSE;
-  // Strided frames are fine: the frame is read through GstVideoFrame.
+  // (The base class offered a latent pool: not for video caps.) Strided frames are fine: the frame
+  // is read through GstVideoFrame.
   gst_query_add_allocation_meta(query, GST_VIDEO_META_API_TYPE, nullptr);
   GstCaps* caps = nullptr;
   gst_query_parse_allocation(query, &caps, nullptr);
@@ -431,11 +372,6 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
     if (pool) gst_object_unref(pool);
   }
   return TRUE;
-}
-
-static gboolean gst_vae_encode_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
-  if (gst_latent_base_decide_latent_pool(GST_LATENT_BASE(trans), query)) return TRUE;
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
 }
 
 // A frame -> model input [1, 3, H, W] on the model's backend: its planes go
@@ -589,7 +525,8 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
 
 // ---- prefetch: frames are staged on submission and converted `prefetch-depth` frames later ----
 
-static void drop_prefetch(GstVaeEncode* self) {
+static void drop_prefetch(GstLatentBase* base) {
+  GstVaeEncode* self = GST_VAE_ENCODE(base);
   Prefetch& pf = self->impl->prefetch;
   for (Pending& p : pf.pending) gst_buffer_unref(p.buffer);
   pf.pending.clear();
@@ -681,47 +618,21 @@ static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, Gst
 }
 
 // Pushes out every frame still held back (before EOS and before new caps).
-static GstFlowReturn drain_prefetch(GstVaeEncode* self) {
-  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
-  Prefetch& pf = self->impl->prefetch;
-  GstFlowReturn ret = GST_FLOW_OK;
-  pf.draining = true;
-  while (ret == GST_FLOW_OK && !pf.pending.empty()) {
-    GstBuffer* out = nullptr;
-    ret = gst_vae_encode_generate_output(trans, &out);
-    if (out) ret = gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(trans), out);
-  }
-  pf.draining = false;
-  if (ret != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "drain stopped: %s", gst_flow_get_name(ret));
-  return ret;
+static GstFlowReturn drain_prefetch(GstLatentBase* base) {
+  GstBaseTransform* trans = GST_BASE_TRANSFORM(base);
+  Prefetch& pf = GST_VAE_ENCODE(base)->impl->prefetch;
+  return gst_latent_base_drain(
+      base, &pf.draining, [&] { return !pf.pending.empty(); },
+      [&](GstBuffer** out) { return gst_vae_encode_generate_output(trans, out); });
 }
 
-static gboolean gst_vae_encode_sink_event(GstBaseTransform* trans, GstEvent* event) {
-  GstVaeEncode* self = GST_VAE_ENCODE(trans);
-  switch (GST_EVENT_TYPE(event)) {
-    case GST_EVENT_EOS:
-    case GST_EVENT_CAPS:
-    case GST_EVENT_SEGMENT:
-      drain_prefetch(self);
-      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS) drop_prefetch(self);  // new frame size
-      break;
-    case GST_EVENT_FLUSH_STOP:
-      drop_prefetch(self);
-      break;
-    default:
-      break;
-  }
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
-}
-
-static gboolean gst_vae_encode_stop(GstBaseTransform* trans) {
-  GstVaeEncode* self = GST_VAE_ENCODE(trans);
-  drop_prefetch(self);
+// Held frames were dropped by the base class's stop().
+static void gst_vae_encode_close(GstLatentBase* base) {
+  GstVaeEncode* self = GST_VAE_ENCODE(base);
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
   }
-  return GST_BASE_TRANSFORM_CLASS(parent_class)->stop(trans);
 }
 
 static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
@@ -733,7 +644,6 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
 
   gobject_class->set_property = gst_vae_encode_set_property;
   gobject_class->get_property = gst_vae_encode_get_property;
-  gobject_class->finalize = gst_vae_encode_finalize;
 
   g_object_class_install_property(
       gobject_class, PROP_SIZE_POLICY,
@@ -753,18 +663,23 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
 
   trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_vae_encode_transform_caps);
   trans_class->fixate_caps = GST_DEBUG_FUNCPTR(gst_vae_encode_fixate_caps);
-  trans_class->set_caps = GST_DEBUG_FUNCPTR(gst_vae_encode_set_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_encode_transform_size);
   trans_class->propose_allocation = GST_DEBUG_FUNCPTR(gst_vae_encode_propose_allocation);
-  trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_encode_decide_allocation);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_encode_transform);
-  trans_class->stop = GST_DEBUG_FUNCPTR(gst_vae_encode_stop);
   trans_class->submit_input_buffer = GST_DEBUG_FUNCPTR(gst_vae_encode_submit_input_buffer);
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_encode_generate_output);
-  trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_vae_encode_sink_event);
 
-  GST_LATENT_BASE_CLASS(klass)->parts = GST_LATENT_PART_ENCODER;
+  GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  gst_latent_base_class_install_plan_properties(base_class);
+  base_class->parts = GST_LATENT_PART_ENCODER;
+  base_class->drain_held = drain_prefetch;
+  base_class->close = gst_vae_encode_close;
+  base_class->set_info = gst_vae_encode_set_info;
+  base_class->drop_held = drop_prefetch;
   gst_type_mark_as_plugin_api(GST_TYPE_LATENT_SIZE_POLICY, static_cast<GstPluginAPIFlags>(0));
 }
 
-static void gst_vae_encode_init(GstVaeEncode* self) { self->impl = new Impl(); }
+static void gst_vae_encode_init(GstVaeEncode* self) {
+  self->impl = new Impl();
+  gst_latent_base_set_stage(GST_LATENT_BASE(self), self->impl);
+}

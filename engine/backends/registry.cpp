@@ -32,13 +32,18 @@ int cuda_device_count() {
 
 namespace {
 
-// Resolves "auto" and checks a CUDA device exists; the dtype is left to the caller.
+bool is_auto(const std::string& name) { return name.empty() || name == "auto"; }
+
+}  // namespace
+
+Status check_device_name(const std::string& name) {
+  if (is_auto(name)) return ok_status();
+  return parse_device(name).status();
+}
+
 Result<Device> resolve_device(const std::string& name) {
-  if (name.empty() || name == "auto") {
+  if (is_auto(name)) {
     if (cuda_backend_built() && cuda_device_count() > 0) return Device{DeviceKind::kCUDA, 0};
-    LATENT_INFO(
-        "device auto: ", cuda_backend_built() ? "no usable CUDA device" : "built without CUDA",
-        ", using the CPU backend");
     return Device{DeviceKind::kCPU, 0};
   }
   LATENT_ASSIGN_OR_RETURN(Device device, parse_device(name));
@@ -57,6 +62,8 @@ Result<Device> resolve_device(const std::string& name) {
   return device;
 }
 
+namespace {
+
 Result<std::shared_ptr<Backend>> create_backend(Device device, DType dtype) {
   if (device.is_cpu()) return create_cpu_backend(dtype);
 #ifdef LATENT_HAVE_CUDA
@@ -71,8 +78,12 @@ Result<std::shared_ptr<Backend>> create_backend(Device device, DType dtype) {
 
 Result<std::shared_ptr<Backend>> get_backend(const BackendOptions& options) {
   LATENT_ASSIGN_OR_RETURN(Device device, resolve_device(options.device));
+  if (is_auto(options.device) && device.is_cpu())
+    LATENT_INFO("device auto: ",
+                cuda_backend_built() ? "no usable CUDA device" : "built without CUDA",
+                ", using the CPU backend");
   DType dtype = device.is_cpu() ? DType::kF32 : DType::kBF16;
-  if (!options.dtype.empty()) {
+  if (!is_auto(options.dtype)) {
     LATENT_ASSIGN_OR_RETURN(dtype, parse_dtype(options.dtype));
   }
 
@@ -88,6 +99,24 @@ Result<std::shared_ptr<Backend>> get_backend(const BackendOptions& options) {
   LATENT_INFO("created backend ", backend->name(), " (", dtype_name(dtype), ")");
   backends->emplace(key, backend);
   return backend;
+}
+
+std::shared_ptr<std::mutex> backend_run_lock(const Backend& backend) {
+  // Leaked like the backends themselves, which live as long as the process.
+  static std::mutex* mutex = new std::mutex;
+  static auto* locks = new std::map<const Backend*, std::shared_ptr<std::mutex>>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  auto& run_lock = (*locks)[&backend];
+  if (!run_lock) run_lock = std::make_shared<std::mutex>();
+  return run_lock;
+}
+
+Result<void*> retain_cuda_primary_context(int index) {
+#ifdef LATENT_HAVE_CUDA
+  return cuda_retain_primary_context(index);
+#else
+  return Status::errorf("cuda:", index, ": this build of gst-latent has no CUDA backend");
+#endif
 }
 
 }  // namespace latent

@@ -23,9 +23,16 @@ struct ModelSource {
 //  - a folder with config.json and diffusion_pytorch_model(.safetensors|.safetensors.index.json)
 //    or model(...): a diffusers folder;
 //  - a folder with model_index.json and a `subfolder` (default "vae"): a pipeline root;
+//  - a folder without model_index.json whose `subfolder` has a config.json: a pipeline root as a
+//    partial download leaves it (only vae/, transformer/, scheduler/ fetched);
 //  - anything else: an error naming what was looked for.
 Result<ModelSource> resolve_model_source(const std::string& path,
                                          const std::string& subfolder = "vae");
+
+// What identifies a resolved model's files, whatever words reached them: the weights' and the
+// config's real paths (symbolic links, "..", relative paths resolved). Two sources with the same
+// identity load the same model, so callers may share one loaded instance between them.
+std::string model_source_identity(const ModelSource& source);
 
 // The folder of the built-in default model: $LATENT_DEFAULT_MODEL if set, else the installed
 // data folder, else the source tree's models/default (set at configure time).

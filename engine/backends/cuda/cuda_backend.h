@@ -13,5 +13,7 @@ int cuda_runtime_device_count();
 // Creates the backend for device `index` computing in `dtype` (bf16 default, fp16, fp32 with
 // TF32). Errors name the device and the CUDA/cuDNN failure.
 Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype);
+// retain_cuda_primary_context (engine/backends/registry.h): every CUDA call checked.
+Result<void*> cuda_retain_primary_context(int index);
 
 }  // namespace latent

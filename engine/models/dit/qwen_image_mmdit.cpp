@@ -125,7 +125,8 @@ Result<QwenImageMmditConfig> parse_qwen_image_mmdit_config(const Config& config)
                         {"num_attention_heads", c.num_attention_heads},
                         {"joint_attention_dim", c.joint_attention_dim}})
     if (v < 1 || v > (int64_t{1} << 20))
-      return Status::errorf(p, ": '", key, "' is ", v, ", expected a positive size");
+      return Status::errorf(p, ": '", key, "' is ", v, ", expected a size from 1 to ",
+                            int64_t{1} << 20);
   if (c.axes_dims_rope.size() != 3)
     return Status::errorf(p,
                           ": 'axes_dims_rope' must list 3 axis sizes (frame, height, width), "
