@@ -36,8 +36,8 @@ int inspect_lora(const std::string& path) {
     return 1;
   }
   std::printf("%s", latent::describe_lora(*lora).c_str());
-  std::printf("use: ditdenoise lora=\"%s:1.0\" (lora-mode merged|runtime), "
-              "latent-tool run --part transformer|denoise --lora %s:1.0\n",
+  std::printf("use: ditdenoise lora=\"%s:1.0\" lora-mode=merged|runtime; latent-tool denoise "
+              "(or run --part transformer) --lora %s:1.0\n",
               path.c_str(), path.c_str());
   return 0;
 }

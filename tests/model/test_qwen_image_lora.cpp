@@ -3,7 +3,10 @@
 // run time, stacking, strength changes at run time, and the errors for bad files.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -280,6 +283,80 @@ TEST(QwenImageLora, BadFilesAreRefusedNamingTheKey) {
       "use_dora");
   // Missing file.
   expect_load_error(test::temp_dir() + "/absent.safetensors", "absent.safetensors");
+}
+
+// latent-tool: output and exit status of one command line.
+struct ToolRun {
+  int status = -1;
+  std::string output;
+};
+ToolRun run_tool(const std::string& args) {
+  ToolRun r;
+  const std::string cmd = std::string(std::getenv("LATENT_TOOL")) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(QwenImageLora, LatentToolAppliesAndInspectsLoras) {
+  if (!std::getenv("LATENT_TOOL")) GTEST_SKIP() << "LATENT_TOOL is not set (run through ctest)";
+  const std::string out = test::temp_dir() + "/tool_sample.safetensors";
+  const std::string base = "run --device cpu --model " + tiny_root() +
+                           " --part transformer --inputs " + tiny_root() +
+                           "/io_transformer.safetensors --case masked_batch --outputs " + out;
+  for (const char* mode : {"runtime", "merged"}) {
+    ToolRun r = run_tool(base + " --lora " + lora_path("lora_comfyui") + ":0.7 --lora " +
+                         lora_path("lora_kohya") + ":-0.5 --lora-mode " + mode);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string("2 LoRA(s) ") + mode), std::string::npos) << r.output;
+    auto f = SafetensorsFile::open(out);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_LT(relative_l2(*(*f)->tensor("sample"), reference("stack")), kTolerance) << mode;
+  }
+  // Strength 1 when omitted.
+  ToolRun r = run_tool(base + " --lora " + lora_path("lora_kohya"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto f = SafetensorsFile::open(out);
+  ASSERT_TRUE(f.ok());
+  EXPECT_LT(relative_l2(*(*f)->tensor("sample"), reference("kohya")), kTolerance);
+  // Errors: a bad strength, a mode without LoRAs, LoRAs on a VAE part, another model's file.
+  r = run_tool(base + " --lora " + lora_path("lora_kohya") + ":inf");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("not finite"), std::string::npos) << r.output;
+  r = run_tool(base + " --lora-mode runtime");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--lora-mode given without --lora"), std::string::npos) << r.output;
+  r = run_tool(base + " --lora-mode fused --lora " + lora_path("lora_kohya"));
+  EXPECT_NE(r.status, 0);
+  r = run_tool("run --device cpu --part decoder --inputs x --outputs y --lora " +
+               lora_path("lora_kohya"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--lora applies to the transformer only"), std::string::npos)
+      << r.output;
+  // inspect
+  r = run_tool("inspect " + lora_path("lora_lightning"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* want : {"kind: LoRA", "layout: bare lora_down/lora_up (Qwen-Image-Lightning",
+                           "modules: 28", "rank: 4", "alpha: 4 (from .alpha tensors)",
+                           "fits: the Qwen-Image family", "inner dim 32, at least 2 blocks"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  r = run_tool("inspect " + lora_path("lora_diffusers"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("layout: diffusers/PEFT"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("alpha: 2-8 (from adapter metadata)"), std::string::npos) << r.output;
+  const std::string flux =
+      write_lora("flux_tool", {{"transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight",
+                                rnd({4, 32})},
+                               {"transformer.single_transformer_blocks.0.attn.to_q.lora_B.weight",
+                                rnd({32, 4})}});
+  r = run_tool("inspect " + flux);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("are for FLUX.1"), std::string::npos) << r.output;
 }
 
 TEST(QwenImageLora, SpecsParse) {
