@@ -31,7 +31,7 @@
  * the low-rank products each step, and setting `lora` to the same files with new strengths while
  * PLAYING takes effect at the next frame. A Lightning LoRA wants `steps=4` or `8`,
  * `guidance-scale=1` (one pass per step) and a model root whose scheduler/ holds Lightning's
- * scheduler_config.json (pipelines/lightning.sh).
+ * scheduler_config.json, or `scheduler=` that file (pipelines/lightning.sh).
  *
  * `strength`, `seed`, `steps`, `guidance-scale`, `noise-mode`, `mode` and both embedding files
  * may change while PLAYING: settings are read once per frame, so a change takes effect at the
@@ -96,6 +96,7 @@ enum {
   PROP_MODE,
   PROP_LORA,
   PROP_LORA_MODE,
+  PROP_SCHEDULER,
 };
 
 constexpr int kDefaultSteps = 30;
@@ -116,6 +117,8 @@ struct Settings {
   std::vector<latent::LoraSpec> loras;
   std::string lora_error;
   latent::LoraMode lora_mode = latent::LoraMode::kMerged;
+  // scheduler_config.json to use instead of the model's (few-step distilled schedules).
+  std::string scheduler;
 };
 
 // A loaded embedding file; replaced whole, never modified.
@@ -314,7 +317,7 @@ static void gst_dit_denoise_set_property(GObject* object, guint prop_id, const G
   int reload = -1;  // 0: prompt, 1: negative
   std::string reload_path;
   std::string lora_text;
-  bool set_lora = false, lora_mode_refused = false;
+  bool set_lora = false, lora_mode_refused = false, scheduler_refused = false;
   {
     std::lock_guard<std::mutex> lock(impl->settings_lock);
     Settings& s = impl->settings;
@@ -350,6 +353,13 @@ static void gst_dit_denoise_set_property(GObject* object, guint prop_id, const G
       case PROP_MODE:
         s.mode = static_cast<Mode>(g_value_get_enum(value));
         break;
+      case PROP_SCHEDULER:
+        str = g_value_get_string(value);
+        if (impl->joint_dim != 0)
+          scheduler_refused = true;
+        else
+          s.scheduler = str ? str : "";
+        break;
       case PROP_LORA:
         str = g_value_get_string(value);
         lora_text = str ? str : "";
@@ -370,6 +380,11 @@ static void gst_dit_denoise_set_property(GObject* object, guint prop_id, const G
   }
   if (reload >= 0) reload_embeds(self, reload == 1, reload_path);
   if (set_lora) set_lora_text(self, lora_text);
+  if (scheduler_refused)
+    GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
+                        ("ditdenoise: scheduler changes only in the NULL or READY state; keeping "
+                         "the schedule loaded at start"),
+                        (nullptr));
   if (lora_mode_refused)
     GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
                         ("ditdenoise: lora-mode changes only in the NULL or READY state; keeping "
@@ -407,6 +422,9 @@ static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue*
     case PROP_MODE:
       g_value_set_enum(value, s.mode);
       break;
+    case PROP_SCHEDULER:
+      g_value_set_string(value, s.scheduler.c_str());
+      break;
     case PROP_LORA:
       g_value_set_string(value, latent::format_lora_list(s.loras).c_str());
       break;
@@ -422,9 +440,10 @@ static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue*
 // The scheduler config of `model` (engine/models/dit/pipeline_inputs.h, shared with latent-tool
 // denoise): a pipeline root's scheduler/, the scheduler/ beside a transformer folder, else
 // Qwen-Image's published config.
-static latent::Result<latent::FlowMatchSchedulerConfig> scheduler_for(GstDitDenoise* self,
-                                                                      const std::string& model) {
-  LATENT_ASSIGN_OR_RETURN(latent::ResolvedScheduler r, latent::resolve_flow_match_scheduler(model));
+static latent::Result<latent::FlowMatchSchedulerConfig> scheduler_for(
+    GstDitDenoise* self, const std::string& model, const std::string& explicit_path) {
+  LATENT_ASSIGN_OR_RETURN(latent::ResolvedScheduler r,
+                          latent::resolve_flow_match_scheduler(model, explicit_path));
   if (r.path.empty())
     GST_INFO_OBJECT(self,
                     "no scheduler/scheduler_config.json for '%s': using Qwen-Image's default "
@@ -476,7 +495,7 @@ static gboolean gst_dit_denoise_open(GstLatentBase* base,
                       (nullptr));
     return FALSE;
   }
-  auto scheduler = scheduler_for(self, model_path);
+  auto scheduler = scheduler_for(self, model_path, settings.scheduler);
   if (!scheduler.ok()) {
     GST_ELEMENT_ERROR(self, RESOURCE, READ,
                       ("ditdenoise: %s", scheduler.status().message().c_str()), (nullptr));
@@ -907,6 +926,16 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
                           "True CFG scale (diffusers' true_cfg_scale); CFG runs when > 1 and a "
                           "negative prompt is set",
                           0.0, 100.0, kDefaultGuidance, playing));
+  g_object_class_install_property(
+      gobject_class, PROP_SCHEDULER,
+      g_param_spec_string(
+          "scheduler", "Scheduler config",
+          "scheduler_config.json (FlowMatchEulerDiscreteScheduler) to use instead of the model's "
+          "scheduler/, e.g. the few-step config a distilled model or Lightning LoRA ships; empty: "
+          "the model's",
+          "",
+          static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                   GST_PARAM_MUTABLE_READY)));
   g_object_class_install_property(
       gobject_class, PROP_LORA,
       g_param_spec_string(

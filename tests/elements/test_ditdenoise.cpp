@@ -630,12 +630,17 @@ std::string lora_file(const std::string& name) {
 // The engine's loop with LoRAs loaded (`mode` as the element's lora-mode).
 std::vector<float> engine_run_lora(const Settings& r, const std::vector<float>& in,
                                    const std::vector<latent::LoraSpec>& loras,
-                                   latent::LoraMode mode) {
+                                   latent::LoraMode mode,
+                                   const std::string& scheduler_file = "") {
   auto backend = latent::get_backend({"cpu", ""});
   EXPECT_TRUE(backend.ok());
   auto model = latent::QwenImageMmdit::load(r.root, *backend, latent::MmditLoras{loras, mode});
   EXPECT_TRUE(model.ok()) << model.status().message();
-  auto cfg = latent::Config::load(r.root + "/scheduler/scheduler_config.json");
+  auto cfg = latent::Config::load(scheduler_file.empty()
+                                      ? r.root + "/scheduler/scheduler_config.json"
+                                      : scheduler_file);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().message();
+  if (!cfg.ok()) return {};
   auto sched = latent::parse_flow_match_scheduler_config(*cfg);
   if (!model.ok() || !sched.ok()) return {};
   latent::DenoiseRequest req;
@@ -737,6 +742,53 @@ TEST(DitDenoise, RuntimeLoraStrengthsChangeWhilePlaying) {
   EXPECT_TRUE(contains(pop_warning(bw2), "lora-mode=merged fixes the LoRA strengths"));
   EXPECT_LE(max_abs_diff(denoise_frame(h, in, GST_SECOND / 30), at07), 1e-4);
   gst_harness_teardown(h);
+}
+
+// A few-step schedule from `scheduler` (Qwen-Image-Lightning's config) with a Lightning LoRA.
+TEST(DitDenoise, SchedulerPropertyRunsAFewStepConfig) {
+  const std::string dir = latent::test::temp_dir();
+  const std::string sched = dir + "/lightning_scheduler_config.json";
+  {
+    FILE* f = std::fopen(sched.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"base_image_seq_len": 256, "base_shift": 1.0986122886681098,
+      "max_image_seq_len": 8192, "max_shift": 1.0986122886681098, "num_train_timesteps": 1000,
+      "shift": 1.0, "shift_terminal": null, "time_shift_type": "exponential",
+      "use_dynamic_shifting": true})",
+               f);
+    std::fclose(f);
+  }
+  Settings r;
+  r.prompt = prompt_file();
+  r.steps = 4;
+  r.strength = 0.9;
+  r.guidance = 1.0;
+  const auto in = random_latent(23);
+  const std::string lightning = lora_file("lora_lightning");
+  const auto want =
+      engine_run_lora(r, in, {{lightning, 1.f}}, latent::LoraMode::kMerged, sched);
+  ASSERT_GT(max_abs_diff(want, engine_run_lora(r, in, {{lightning, 1.f}},
+                                               latent::LoraMode::kMerged)),
+            1e-4);  // the schedule matters
+  GstHarness* h = harness_for("ditdenoise", {{"model", r.root},
+                                             {"prompt-embeds", r.prompt},
+                                             {"steps", "4"},
+                                             {"strength", "0.9"},
+                                             {"guidance-scale", "1"},
+                                             {"lora", lightning},
+                                             {"scheduler", sched},
+                                             {"device", "cpu"}});
+  ASSERT_NE(h, nullptr);
+  gst_harness_set_src_caps(h, latent_caps());
+  BusWatch bw(h->element);
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, 0), want), 1e-4);
+  EXPECT_EQ(bw.pop_error(), "");
+  gst_harness_teardown(h);
+  const std::string err = start_error({{"model", tiny_root()},
+                                       {"prompt-embeds", prompt_file()},
+                                       {"scheduler", dir + "/no_scheduler.json"},
+                                       {"device", "cpu"}});
+  EXPECT_TRUE(contains(err, "no_scheduler.json")) << err;
 }
 
 TEST(DitDenoise, BadLorasAreErrorsAtStart) {
