@@ -338,6 +338,32 @@ TEST(QwenImageLora, LatentToolAppliesAndInspectsLoras) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--lora applies to the transformer only"), std::string::npos)
       << r.output;
+  // denoise: the 4-step Lightning loop with its LoRA (dit_lora/io_fewstep.safetensors).
+  {
+    const std::string dir = test::temp_dir();
+    auto io = SafetensorsFile::open(fixture("dit_lora/io_fewstep.safetensors"));
+    ASSERT_TRUE(io.ok());
+    auto t = [&](const char* k) { return *(*io)->tensor(k); };
+    ASSERT_TRUE(write_safetensors(dir + "/noise.safetensors", {{"latent", t("noise")}}).ok());
+    ASSERT_TRUE(write_safetensors(dir + "/embeds.safetensors",
+                                  {{"prompt_embeds", t("prompt_embeds")},
+                                   {"prompt_embeds_mask", t("prompt_embeds_mask")},
+                                   {"negative_prompt_embeds", t("negative_prompt_embeds")},
+                                   {"negative_prompt_embeds_mask",
+                                    t("negative_prompt_embeds_mask")}})
+                    .ok());
+    std::ofstream(dir + "/scheduler_config.json")
+        << cases()["schedules"]["configs"]["lightning"].dump();
+    r = run_tool("denoise --device cpu --model " + tiny_root() + " --embeds " + dir +
+                 "/embeds.safetensors --noise " + dir + "/noise.safetensors --steps 4 " +
+                 "--true-cfg-scale 1 --scheduler " + dir + "/scheduler_config.json --lora " +
+                 lora_path("lora_lightning") + ":1 --output-latents " + dir + "/lat.safetensors");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("no CFG"), std::string::npos) << r.output;
+    auto lat = SafetensorsFile::open(dir + "/lat.safetensors");
+    ASSERT_TRUE(lat.ok()) << lat.status().message();
+    EXPECT_LT(relative_l2(*(*lat)->tensor("latent"), t("lightning_4_lora.latents")), kTolerance);
+  }
   // inspect
   r = run_tool("inspect " + lora_path("lora_lightning"));
   ASSERT_EQ(r.status, 0) << r.output;
