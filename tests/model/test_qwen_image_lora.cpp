@@ -269,6 +269,27 @@ TEST(QwenImageLora, BadFilesAreRefusedNamingTheKey) {
                                        {"diffusion_model.blocks.0.self_attn.q.lora_B.weight",
                                         rnd({32, 4})}}),
                     "are for Wan 2.x");
+  // A text-encoder part next to transformer keys: the key is named, and what it is for.
+  expect_load_error(write_lora("with_te", {{q + ".lora_down.weight", rnd({4, 32})},
+                                           {q + ".lora_up.weight", rnd({32, 4})},
+                                           {"lora_te_text_model_encoder_layers_0_mlp_fc1"
+                                            ".lora_down.weight",
+                                            rnd({4, 32})}}),
+                    "'lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight' names no "
+                    "linear layer of the Qwen-Image transformer (it looks like a text encoder");
+  // PEFT's save_pretrained prefix.
+  {
+    const std::string path = write_lora(
+        "peft_prefix",
+        {{"base_model.model.transformer_blocks.0.attn.to_q.lora_A.weight", rnd({4, 32})},
+         {"base_model.model.transformer_blocks.0.attn.to_q.lora_B.weight", rnd({32, 4})}});
+    auto f = load_lora_file(path);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(f->layout, LoraLayout::kDiffusers);
+    ASSERT_EQ(f->modules.size(), 1u);
+    EXPECT_EQ(f->modules[0].module, "transformer_blocks.0.attn.to_q");
+    EXPECT_FLOAT_EQ(f->modules[0].alpha, 4.f);  // no alpha anywhere: alpha = rank
+  }
   // Not a LoRA at all: the model's own weights.
   auto f = load_lora_file(tiny_root() + "/io_transformer.safetensors");
   ASSERT_FALSE(f.ok());
