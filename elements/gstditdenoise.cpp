@@ -25,6 +25,14 @@
  * [1, T, D] and `prompt_embeds_mask` [1, T], as tools/compute_prompt_embeds.py writes them).
  * With `negative-prompt-embeds` and `guidance-scale` > 1, true CFG runs.
  *
+ * LoRAs: `lora="style.safetensors:0.8,lightning.safetensors:1.0"` (FILE[:STRENGTH], stacked in
+ * order; diffusers/PEFT, ComfyUI, kohya and Qwen-Image-Lightning files). `lora-mode=merged`
+ * (default) adds them into the weights at start, at no cost per step; `lora-mode=runtime` adds
+ * the low-rank products each step, and setting `lora` to the same files with new strengths while
+ * PLAYING takes effect at the next frame. A Lightning LoRA wants `steps=4` or `8`,
+ * `guidance-scale=1` (one pass per step) and a model root whose scheduler/ holds Lightning's
+ * scheduler_config.json, or `scheduler=` that file (pipelines/lightning.sh).
+ *
  * `strength`, `seed`, `steps`, `guidance-scale`, `noise-mode`, `mode` and both embedding files
  * may change while PLAYING: settings are read once per frame, so a change takes effect at the
  * next frame. A new embedding file is loaded on the thread that sets the property and swapped
@@ -86,6 +94,9 @@ enum {
   PROP_NEGATIVE_PROMPT_EMBEDS,
   PROP_GUIDANCE_SCALE,
   PROP_MODE,
+  PROP_LORA,
+  PROP_LORA_MODE,
+  PROP_SCHEDULER,
 };
 
 constexpr int kDefaultSteps = 30;
@@ -101,6 +112,13 @@ struct Settings {
   std::string negative_prompt_embeds;
   double guidance_scale = kDefaultGuidance;
   Mode mode = MODE_IMG2IMG;
+  // LoRAs (engine/models/dit/lora.h): files fixed at start; strengths change while PLAYING in
+  // lora-mode=runtime. `lora_error`: why the `lora` text does not parse (reported at start).
+  std::vector<latent::LoraSpec> loras;
+  std::string lora_error;
+  latent::LoraMode lora_mode = latent::LoraMode::kMerged;
+  // scheduler_config.json to use instead of the model's (few-step distilled schedules).
+  std::string scheduler;
 };
 
 // A loaded embedding file; replaced whole, never modified.
@@ -146,6 +164,9 @@ struct _GstDitDenoise {
     std::shared_ptr<const Embeds> prompt;
     std::shared_ptr<const Embeds> negative;
     int64_t joint_dim = 0;  // the loaded transformer's, 0 while stopped
+    // The LoRA files and mode the running transformer was loaded with (joint_dim != 0).
+    std::vector<std::string> loaded_lora_paths;
+    latent::LoraMode loaded_lora_mode = latent::LoraMode::kMerged;
 
     // State: held by the streaming thread for a whole frame.
     std::mutex state_lock;
@@ -183,6 +204,61 @@ GType gst_dit_denoise_mode_get_type(void) {
     g_once_init_leave(&type, t);
   }
   return type;
+}
+
+GType gst_dit_denoise_lora_mode_get_type(void) {
+  static gsize type = 0;
+  static const GEnumValue values[] = {
+      {static_cast<gint>(latent::LoraMode::kMerged),
+       "Merged into the weights at start: no cost per step, strengths fixed", "merged"},
+      {static_cast<gint>(latent::LoraMode::kRuntime),
+       "Added at run time (low-rank products each step): strengths change while playing",
+       "runtime"},
+      {0, nullptr, nullptr},
+  };
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstDitDenoiseLoraMode", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+// A new `lora` value: the list; while running, only new strengths of the loaded files in
+// lora-mode=runtime are taken (anything else keeps the old value, with a warning saying why).
+static void set_lora_text(GstDitDenoise* self, const std::string& text) {
+  auto* impl = self->impl;
+  std::string warning;
+  {
+    std::lock_guard<std::mutex> lock(impl->settings_lock);
+    Settings& s = impl->settings;
+    auto parsed = latent::parse_lora_list(text);
+    const bool running = impl->joint_dim != 0;
+    if (!running) {
+      s.loras = parsed.ok() ? *parsed : std::vector<latent::LoraSpec>();
+      s.lora_error = parsed.ok() ? "" : parsed.status().message();
+    } else if (!parsed.ok()) {
+      warning = "ditdenoise: ignoring lora=\"" + text + "\": " + parsed.status().message();
+    } else {
+      bool same_files = parsed->size() == impl->loaded_lora_paths.size();
+      for (size_t i = 0; same_files && i < parsed->size(); ++i)
+        same_files = (*parsed)[i].path == impl->loaded_lora_paths[i];
+      if (!same_files) {
+        warning =
+            "ditdenoise: LoRA files are loaded at start; change the files of `lora` in the NULL "
+            "or READY state (while playing, only the strengths of the loaded files change, in "
+            "lora-mode=runtime)";
+      } else if (impl->loaded_lora_mode != latent::LoraMode::kRuntime) {
+        warning =
+            "ditdenoise: lora-mode=merged fixes the LoRA strengths at start; use "
+            "lora-mode=runtime to change them while playing";
+      } else {
+        s.loras = *parsed;
+        s.lora_error.clear();
+      }
+    }
+  }
+  if (!warning.empty())
+    GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS, ("%s", warning.c_str()), (nullptr));
 }
 
 GType gst_dit_denoise_noise_mode_get_type(void) {
@@ -240,6 +316,8 @@ static void gst_dit_denoise_set_property(GObject* object, guint prop_id, const G
   auto* impl = self->impl;
   int reload = -1;  // 0: prompt, 1: negative
   std::string reload_path;
+  std::string lora_text;
+  bool set_lora = false, lora_mode_refused = false, scheduler_refused = false;
   {
     std::lock_guard<std::mutex> lock(impl->settings_lock);
     Settings& s = impl->settings;
@@ -275,12 +353,43 @@ static void gst_dit_denoise_set_property(GObject* object, guint prop_id, const G
       case PROP_MODE:
         s.mode = static_cast<Mode>(g_value_get_enum(value));
         break;
+      case PROP_SCHEDULER:
+        str = g_value_get_string(value);
+        if (impl->joint_dim != 0)
+          scheduler_refused = true;
+        else
+          s.scheduler = str ? str : "";
+        break;
+      case PROP_LORA:
+        str = g_value_get_string(value);
+        lora_text = str ? str : "";
+        set_lora = true;
+        break;
+      case PROP_LORA_MODE: {
+        const auto m = static_cast<latent::LoraMode>(g_value_get_enum(value));
+        if (impl->joint_dim != 0 && m != impl->loaded_lora_mode)
+          lora_mode_refused = true;
+        else
+          s.lora_mode = m;
+        break;
+      }
       default:
         G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
         break;
     }
   }
   if (reload >= 0) reload_embeds(self, reload == 1, reload_path);
+  if (set_lora) set_lora_text(self, lora_text);
+  if (scheduler_refused)
+    GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
+                        ("ditdenoise: scheduler changes only in the NULL or READY state; keeping "
+                         "the schedule loaded at start"),
+                        (nullptr));
+  if (lora_mode_refused)
+    GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
+                        ("ditdenoise: lora-mode changes only in the NULL or READY state; keeping "
+                         "the mode the transformer was loaded with"),
+                        (nullptr));
 }
 
 static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue* value,
@@ -313,6 +422,15 @@ static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue*
     case PROP_MODE:
       g_value_set_enum(value, s.mode);
       break;
+    case PROP_SCHEDULER:
+      g_value_set_string(value, s.scheduler.c_str());
+      break;
+    case PROP_LORA:
+      g_value_set_string(value, latent::format_lora_list(s.loras).c_str());
+      break;
+    case PROP_LORA_MODE:
+      g_value_set_enum(value, static_cast<gint>(s.lora_mode));
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
       break;
@@ -322,9 +440,10 @@ static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue*
 // The scheduler config of `model` (engine/models/dit/pipeline_inputs.h, shared with latent-tool
 // denoise): a pipeline root's scheduler/, the scheduler/ beside a transformer folder, else
 // Qwen-Image's published config.
-static latent::Result<latent::FlowMatchSchedulerConfig> scheduler_for(GstDitDenoise* self,
-                                                                      const std::string& model) {
-  LATENT_ASSIGN_OR_RETURN(latent::ResolvedScheduler r, latent::resolve_flow_match_scheduler(model));
+static latent::Result<latent::FlowMatchSchedulerConfig> scheduler_for(
+    GstDitDenoise* self, const std::string& model, const std::string& explicit_path) {
+  LATENT_ASSIGN_OR_RETURN(latent::ResolvedScheduler r,
+                          latent::resolve_flow_match_scheduler(model, explicit_path));
   if (r.path.empty())
     GST_INFO_OBJECT(self,
                     "no scheduler/scheduler_config.json for '%s': using Qwen-Image's default "
@@ -360,7 +479,15 @@ static gboolean gst_dit_denoise_open(GstLatentBase* base,
                       (nullptr));
     return FALSE;
   }
-  auto model = latent::QwenImageMmdit::load(model_path, backend);
+  if (!settings.lora_error.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("ditdenoise: lora: %s (expected \"FILE[:STRENGTH],FILE[:STRENGTH]...\")",
+                       settings.lora_error.c_str()),
+                      (nullptr));
+    return FALSE;
+  }
+  auto model = latent::QwenImageMmdit::load(model_path, backend,
+                                            latent::MmditLoras{settings.loras, settings.lora_mode});
   if (!model.ok()) {
     GST_ELEMENT_ERROR(self, RESOURCE, READ,
                       ("ditdenoise: cannot load the transformer of '%s': %s", model_path.c_str(),
@@ -368,7 +495,7 @@ static gboolean gst_dit_denoise_open(GstLatentBase* base,
                       (nullptr));
     return FALSE;
   }
-  auto scheduler = scheduler_for(self, model_path);
+  auto scheduler = scheduler_for(self, model_path, settings.scheduler);
   if (!scheduler.ok()) {
     GST_ELEMENT_ERROR(self, RESOURCE, READ,
                       ("ditdenoise: %s", scheduler.status().message().c_str()), (nullptr));
@@ -401,6 +528,12 @@ static gboolean gst_dit_denoise_open(GstLatentBase* base,
   }
   std::lock_guard<std::mutex> lock(impl->settings_lock);
   impl->joint_dim = joint_dim;
+  impl->loaded_lora_paths.clear();
+  for (const auto& l : settings.loras) impl->loaded_lora_paths.push_back(l.path);
+  impl->loaded_lora_mode = settings.lora_mode;
+  // `lora-mode` reads back as loaded (a change made while loading is undone); strengths set while
+  // loading apply at the first frame.
+  impl->settings.lora_mode = settings.lora_mode;
   // A property set while we were loading wins over what was loaded here.
   if (impl->settings.prompt_embeds == settings.prompt_embeds) impl->prompt = prompt;
   if (impl->settings.negative_prompt_embeds == settings.negative_prompt_embeds)
@@ -420,6 +553,7 @@ static void gst_dit_denoise_close(GstLatentBase* base) {
   {
     std::lock_guard<std::mutex> lock(impl->settings_lock);
     impl->joint_dim = 0;
+    impl->loaded_lora_paths.clear();
     impl->prompt.reset();
     impl->negative.reset();
   }
@@ -613,6 +747,26 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
                       (nullptr));
     return GST_FLOW_NOT_NEGOTIATED;
   }
+  // Runtime LoRAs: this frame's strengths (a few small ops when they changed, none otherwise).
+  if (st.model->lora_mode() == latent::LoraMode::kRuntime && !st.model->loras().empty()) {
+    std::vector<float> strengths;
+    bool same_files = settings.loras.size() == st.model->loras().size();
+    for (size_t i = 0; same_files && i < settings.loras.size(); ++i) {
+      same_files = settings.loras[i].path == st.model->loras()[i].path;
+      strengths.push_back(settings.loras[i].strength);
+    }
+    if (same_files) {
+      const std::shared_ptr<std::mutex> run_lock = latent::backend_run_lock(*st.backend);
+      std::lock_guard<std::mutex> run_guard(*run_lock);
+      latent::Status s = st.model->set_lora_strengths(strengths);
+      if (!s.ok()) {
+        GST_ELEMENT_ERROR(self, LIBRARY, FAILED,
+                          ("ditdenoise: cannot set the LoRA strengths: %s", s.message().c_str()),
+                          (nullptr));
+        return GST_FLOW_ERROR;
+      }
+    }
+  }
   const GstLatentInfo& info = st.info;
   const int64_t h = info.height, w = info.width, c = info.channels;
   // The backend (and its stream) may be shared with vaeencode/vaedecode on the same device and
@@ -773,6 +927,34 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
                           "negative prompt is set",
                           0.0, 100.0, kDefaultGuidance, playing));
   g_object_class_install_property(
+      gobject_class, PROP_SCHEDULER,
+      g_param_spec_string(
+          "scheduler", "Scheduler config",
+          "scheduler_config.json (FlowMatchEulerDiscreteScheduler) to use instead of the model's "
+          "scheduler/, e.g. the few-step config a distilled model or Lightning LoRA ships; empty: "
+          "the model's",
+          "",
+          static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                   GST_PARAM_MUTABLE_READY)));
+  g_object_class_install_property(
+      gobject_class, PROP_LORA,
+      g_param_spec_string(
+          "lora", "LoRAs",
+          "Comma-separated LoRA files with strengths, FILE[:STRENGTH] (1 if omitted), applied "
+          "in order and stacked: diffusers/PEFT, ComfyUI, kohya or Qwen-Image-Lightning layout. "
+          "Files are loaded at start; while PLAYING with lora-mode=runtime, the same files with "
+          "new strengths take effect at the next frame",
+          "", playing_files));
+  g_object_class_install_property(
+      gobject_class, PROP_LORA_MODE,
+      g_param_spec_enum("lora-mode", "LoRA mode",
+                        "merged: added into the weights at start (no cost per step); runtime: "
+                        "low-rank products added each step, strengths writable while PLAYING",
+                        GST_TYPE_DIT_DENOISE_LORA_MODE,
+                        static_cast<gint>(latent::LoraMode::kMerged),
+                        static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                                 GST_PARAM_MUTABLE_READY)));
+  g_object_class_install_property(
       gobject_class, PROP_MODE,
       g_param_spec_enum("mode", "Mode",
                         "img2img: restyle the incoming frame; edit: the incoming frame is the "
@@ -802,6 +984,7 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
 
   gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_MODE, static_cast<GstPluginAPIFlags>(0));
   gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_NOISE_MODE, static_cast<GstPluginAPIFlags>(0));
+  gst_type_mark_as_plugin_api(GST_TYPE_DIT_DENOISE_LORA_MODE, static_cast<GstPluginAPIFlags>(0));
 }
 
 static void gst_dit_denoise_init(GstDitDenoise* self) {

@@ -15,6 +15,8 @@ G_DECLARE_FINAL_TYPE(GstDitDenoise, gst_dit_denoise, GST, DIT_DENOISE, GstLatent
 GType gst_dit_denoise_mode_get_type(void);
 #define GST_TYPE_DIT_DENOISE_NOISE_MODE (gst_dit_denoise_noise_mode_get_type())
 GType gst_dit_denoise_noise_mode_get_type(void);
+#define GST_TYPE_DIT_DENOISE_LORA_MODE (gst_dit_denoise_lora_mode_get_type())
+GType gst_dit_denoise_lora_mode_get_type(void);
 
 GST_ELEMENT_REGISTER_DECLARE(ditdenoise);
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "engine/backends/registry.h"
+#include "tools/lora_commands.h"
 #include "engine/models/dit/denoise.h"
 #include "engine/models/dit/flow_match_scheduler.h"
 #include "engine/models/dit/pipeline_inputs.h"
@@ -35,6 +36,7 @@ using Options = std::map<std::string, std::string>;
 const char* kDitUsage =
     "  run     --model M --part transformer --inputs IN.safetensors --outputs OUT.safetensors\n"
     "          [--case NAME] [--warmup N] [--repeat N] [--json]\n"
+    "          [--lora FILE[:STRENGTH]]... [--lora-mode merged|runtime]\n"
     "          transformer (QwenImageTransformer2DModel; M: pipeline root or transformer/):\n"
     "          `hidden_states` [B,T,C], `encoder_hidden_states` [B,Tt,D], optional\n"
     "          `encoder_hidden_states_mask` [B,Tt], `timestep` [B] (t/1000), `img_shapes` [n,3]\n"
@@ -46,12 +48,19 @@ const char* kDitUsage =
     "OUT.safetensors]\n"
     "          [--transformer PATH] [--vae PATH] [--scheduler scheduler_config.json]\n"
     "          [--inputs IO.safetensors --case NAME]\n"
+    "          [--lora FILE[:STRENGTH]]... [--lora-mode merged|runtime]\n"
     "          Qwen-Image text-to-image / img2img / edit from a pipeline root (transformer/,\n"
     "          scheduler/, vae/ to decode). E holds `prompt_embeds` [1,T,D], optional\n"
     "          `prompt_embeds_mask` and `negative_prompt_embeds(_mask)` (true CFG). Latent files\n"
     "          hold one normalised latent [1,16,h,w] or [1,16,1,h,w] (e.g. `latent` from encode);\n"
     "          --noise gives the initial noise explicitly (else torch.randn from --seed).\n"
-    "          --inputs/--case read every input from one file of NAME.<tensor> entries.\n";
+    "          --inputs/--case read every input from one file of NAME.<tensor> entries.\n"
+    "          --true-cfg-scale <= 1: guidance off, one transformer pass per step (few-step\n"
+    "          distilled models and Lightning LoRAs: --steps 4 or 8 --true-cfg-scale 1).\n"
+    "  LoRAs:  --lora FILE[:STRENGTH] (repeatable, they stack; strength 1 if omitted) in the\n"
+    "          diffusers/PEFT, ComfyUI, kohya or Qwen-Image-Lightning layout; --lora-mode\n"
+    "          merged (into the weights at load, the default) | runtime (low-rank products\n"
+    "          added every step). `latent-tool inspect FILE` describes a LoRA file.\n";
 
 std::string get(const Options& o, const std::string& k, const std::string& def = "") {
   auto it = o.find(k);
@@ -118,6 +127,20 @@ std::string prefix_of(const Options& o) {
 
 const char* dit_usage() { return kDitUsage; }
 
+// --lora (newline-joined values, latent_tool.cpp) and --lora-mode.
+Result<latent::MmditLoras> loras_of(const Options& o) {
+  std::vector<std::string> specs;
+  const std::string all = get(o, "lora");
+  size_t start = 0;
+  while (!all.empty() && start <= all.size()) {
+    const size_t nl = all.find('\n', start);
+    specs.push_back(all.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
+    if (nl == std::string::npos) break;
+    start = nl + 1;
+  }
+  return lora_options(specs, get(o, "lora-mode"));
+}
+
 // --- run --part transformer --------------------------------------------------------------
 int cmd_run_transformer(const Options& o, const std::vector<std::string>& positional) {
   const std::string in = get(o, "inputs"), out = get(o, "outputs");
@@ -127,7 +150,9 @@ int cmd_run_transformer(const Options& o, const std::vector<std::string>& positi
   if (!backend.ok()) return fail(backend.status());
   const std::string path = get(o, "model", positional.empty() ? "" : positional[0]);
   if (path.empty()) return fail(Status::error("run --part transformer needs --model PATH"));
-  auto model = latent::QwenImageMmdit::load(path, *backend);
+  auto loras = loras_of(o);
+  if (!loras.ok()) return fail(loras.status());
+  auto model = latent::QwenImageMmdit::load(path, *backend, *loras);
   if (!model.ok()) return fail(model.status());
   latent::QwenImageMmdit& m = **model;
   latent::Backend& b = m.backend();
@@ -195,11 +220,15 @@ int cmd_run_transformer(const Options& o, const std::vector<std::string>& positi
   if (!s.ok()) return fail(s);
   const double med = median(times), mn = *std::min_element(times.begin(), times.end());
   std::printf(
-      "QwenImageTransformer2DModel transformer: %s -> sample %s on %s (%s): median %.3f ms "
+      "QwenImageTransformer2DModel transformer: %s -> sample %s on %s (%s%s): median %.3f ms "
       "over %lld runs (min %.3f)\n",
       latent::shape_str(host_hs.shape()).c_str(), latent::shape_str(host->shape()).c_str(),
-      b.name().c_str(), latent::dtype_name(b.compute_dtype()), med, static_cast<long long>(*repeat),
-      mn);
+      b.name().c_str(), latent::dtype_name(b.compute_dtype()),
+      m.loras().empty() ? ""
+                        : latent::str_cat(", ", m.loras().size(), " LoRA(s) ",
+                                          latent::lora_mode_name(m.lora_mode()))
+                              .c_str(),
+      med, static_cast<long long>(*repeat), mn);
   if (o.count("json"))
     std::printf(
         "{\"part\": \"transformer\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %lld, "
@@ -301,7 +330,9 @@ int cmd_denoise(const Options& o, const std::vector<std::string>& positional) {
   req.height = *height / 8;
 
   // The transformer first: the prompt embeddings are checked against its text width.
-  auto model = latent::QwenImageMmdit::load(get(o, "transformer", root), *backend);
+  auto loras = loras_of(o);
+  if (!loras.ok()) return fail(loras.status());
+  auto model = latent::QwenImageMmdit::load(get(o, "transformer", root), *backend, *loras);
   if (!model.ok()) return fail(model.status());
   const int64_t joint_dim = (*model)->config().joint_attention_dim;
   // The scheduler as ditdenoise finds it (engine/models/dit/pipeline_inputs.h), or --scheduler.

@@ -40,6 +40,7 @@
 #include "engine/weights/safetensors.h"
 #include "tools/latent_file_commands.h"
 #include "tools/dit_commands.h"
+#include "tools/lora_commands.h"
 #include "tools/stream_command.h"
 
 #if LATENT_TOOL_OPENCV
@@ -93,6 +94,9 @@ int fail(const Status& s) {
 
 // --- inspect ---------------------------------------------------------------------------
 int cmd_inspect(const Args& a) {
+  // A LoRA file: what it is and which transformer it fits.
+  if (const std::string p = a.positional.empty() ? a.get("model") : a.positional[0]; !p.empty())
+    if (const int rc = inspect_lora(p); rc >= 0) return rc;
   if (a.positional.size() == 1 && is_latent_file(a.positional[0])) return inspect_latent_file(a.positional[0]);
   if (a.options.count("model") && !a.positional.empty())
     return fail(Status::errorf("inspect: give the model once, as --model or as MODEL (got --model ",
@@ -305,6 +309,8 @@ int cmd_run(const Args& a) {
   if (part == "transformer") return cmd_run_transformer(a.options, a.positional);
   if (part != "encoder" && part != "decoder")
     return fail(Status::error("run needs --part encoder, decoder or transformer"));
+  if (a.options.count("lora") || a.options.count("lora-mode"))
+    return fail(Status::errorf("run --part ", part, ": --lora applies to the transformer only"));
   if (in.empty() || out.empty()) return fail(Status::error("run needs --inputs FILE and --outputs FILE"));
   const bool enc = part == "encoder";
   auto model = model_for(a, enc, !enc);
@@ -472,6 +478,13 @@ class CommandOptions {
                       const std::vector<std::string>& choices) {
     return text(key, help)->check(CLI::IsMember(choices));
   }
+  // --key VALUE, repeatable: the values in order, newline-joined in Args::options
+  CLI::Option* list(const std::string& key, const std::string& help) {
+    CLI::Option* o = app_->add_option("--" + key, lists_[key], help)->check(not_an_option());
+    o->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->allow_extra_args(false);
+    options_.emplace_back(key, o);
+    return o;
+  }
   // --key (no value)
   CLI::Option* flag(const std::string& key, const std::string& help) {
     CLI::Option* o = app_->add_flag("--" + key, help);
@@ -483,13 +496,24 @@ class CommandOptions {
   void collect() const {
     args_->command = app_->get_name();
     for (const auto& [key, o] : options_)
-      if (o->count() > 0) args_->options[key] = flags_.count(key) ? "1" : values_.at(key);
+      if (o->count() > 0) {
+        if (flags_.count(key)) {
+          args_->options[key] = "1";
+        } else if (lists_.count(key)) {
+          std::string joined;
+          for (const std::string& v : lists_.at(key)) joined += (joined.empty() ? "" : "\n") + v;
+          args_->options[key] = joined;
+        } else {
+          args_->options[key] = values_.at(key);
+        }
+      }
   }
 
  private:
   CLI::App* app_;
   Args* args_;
   std::map<std::string, std::string> values_;  // node-based: the references CLI11 holds stay valid
+  std::map<std::string, std::vector<std::string>> lists_;
   std::vector<std::pair<std::string, CLI::Option*>> options_;
   std::set<std::string> flags_;
 };
@@ -535,7 +559,9 @@ void make_cli(Cli& cli, Args& args) {
   };
 
   {
-    auto [sub, c] = add("inspect", "architecture, parts, parameters and latent space of a model");
+    auto [sub, c] = add("inspect",
+                        "architecture, parts, parameters and latent space of a model; what a "
+                        "latent file or a LoRA file is");
     c->text("model", kModelHelp);
     sub->add_option("MODEL", cli.positional, kModelHelp)->expected(0, 1);
   }
@@ -561,6 +587,9 @@ void make_cli(Cli& cli, Args& args) {
     c->text("inputs", "input tensors (.safetensors)")->required();
     c->text("outputs", "output tensors (.safetensors) to write")->required();
     c->text("case", "transformer: read the inputs NAME.<tensor>");
+    c->list("lora", "transformer: a LoRA FILE[:STRENGTH] (repeatable; they stack)");
+    c->choice("lora-mode", "transformer LoRAs merged into the weights (default) or at run time",
+              {"merged", "runtime"});
     c->integer("warmup", "untimed runs first (default 1)", 0, 1000);
     c->integer("repeat", "timed runs (default 1)", 1, 100000);
     c->choice("graph", "VAE parts: plan the part and replay it as a CUDA graph (default 1 on CUDA)",
@@ -593,6 +622,9 @@ void make_cli(Cli& cli, Args& args) {
     c->text("scheduler", "scheduler_config.json (default: ROOT's scheduler/)");
     c->text("inputs", "every input from one file of NAME.<tensor> entries (with --case)");
     c->text("case", "the NAME of --inputs");
+    c->list("lora", "transformer: a LoRA FILE[:STRENGTH] (repeatable; they stack)");
+    c->choice("lora-mode", "transformer LoRAs merged into the weights (default) or at run time",
+              {"merged", "runtime"});
     sub->footer(dit_usage_part("denoise"));
   }
   {

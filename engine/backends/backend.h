@@ -68,6 +68,7 @@ enum class DitOp : uint8_t {
   kSlice,
   kPackLatents,
   kUnpackLatents,
+  kLinearAdd,
 };
 
 inline const char* dit_op_name(DitOp op) {
@@ -104,6 +105,8 @@ inline const char* dit_op_name(DitOp op) {
       return "pack_latents";
     case DitOp::kUnpackLatents:
       return "unpack_latents";
+    case DitOp::kLinearAdd:
+      return "linear_add";
   }
   return "unknown";
 }
@@ -258,6 +261,22 @@ class Backend {
                                 DitActivation act) {
     (void)x, (void)w, (void)bias, (void)act;
     return dit_unsupported(DitOp::kLinear);
+  }
+  // y = act(x w^T + residual): a linear layer without bias whose output lands on a tensor of
+  // the output's shape (runtime LoRAs: the up projection added to the base layer's output).
+  // x: [..., K]; w: [N, K]; residual: [..., N] (x's leading dims) -> [..., N]. This default
+  // composes linear(), scaled_add() and dit_activation() (the reference); a backend may fuse it
+  // (CUDA: cuBLASLt reads residual as C with beta 1, GELU in the epilogue).
+  virtual Result<Tensor> linear_add(const Tensor& x, const Tensor& w, const Tensor& residual,
+                                    DitActivation act) {
+    LATENT_ASSIGN_OR_RETURN(Tensor y, linear(x, w, Tensor(), DitActivation::kNone));
+    if (!residual.defined() || residual.shape() != y.shape())
+      return Status::errorf("linear_add: residual ",
+                            residual.defined() ? shape_str(residual.shape()) : "undefined",
+                            " does not match the output ", shape_str(y.shape()));
+    LATENT_ASSIGN_OR_RETURN(y, scaled_add(residual, y, 1.f, 1.f));
+    if (act == DitActivation::kNone) return y;
+    return dit_activation(y, act);
   }
   // LayerNorm over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta (biased
   // variance). gamma, beta: [D] or undefined (no affine; either may be given alone).

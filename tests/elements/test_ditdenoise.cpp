@@ -621,4 +621,202 @@ TEST(DitDenoise, StateCyclingGivesTheSameFrames) {
   gst_harness_teardown(h);
 }
 
+// --- LoRAs (lora, lora-mode) -----------------------------------------------------------------
+
+std::string lora_file(const std::string& name) {
+  return latent::test::fixtures_dir() + "/dit_lora/" + name + ".safetensors";
+}
+
+// The engine's loop with LoRAs loaded (`mode` as the element's lora-mode).
+std::vector<float> engine_run_lora(const Settings& r, const std::vector<float>& in,
+                                   const std::vector<latent::LoraSpec>& loras,
+                                   latent::LoraMode mode,
+                                   const std::string& scheduler_file = "") {
+  auto backend = latent::get_backend({"cpu", ""});
+  EXPECT_TRUE(backend.ok());
+  auto model = latent::QwenImageMmdit::load(r.root, *backend, latent::MmditLoras{loras, mode});
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  auto cfg = latent::Config::load(scheduler_file.empty()
+                                      ? r.root + "/scheduler/scheduler_config.json"
+                                      : scheduler_file);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().message();
+  if (!cfg.ok()) return {};
+  auto sched = latent::parse_flow_match_scheduler_config(*cfg);
+  if (!model.ok() || !sched.ok()) return {};
+  latent::DenoiseRequest req;
+  req.steps = r.steps;
+  req.strength = r.strength;
+  req.true_cfg_scale = float(r.guidance);
+  req.seed = r.seed;
+  req.prompt = read_embeds(r.prompt);
+  req.init_latents = Tensor::from_floats({1, kC, 1, kH, kW}, in);
+  auto res = latent::qwen_image_denoise(**model, *sched, req);
+  EXPECT_TRUE(res.ok()) << res.status().message();
+  return res.ok() ? res->latents.to_floats() : std::vector<float>{};
+}
+
+GstHarness* lora_harness(const Settings& r, const std::string& lora, const char* mode) {
+  GstHarness* h = harness_for("ditdenoise", {{"model", r.root},
+                                             {"prompt-embeds", r.prompt},
+                                             {"steps", std::to_string(r.steps)},
+                                             {"strength", std::to_string(r.strength)},
+                                             {"guidance-scale", "1"},
+                                             {"lora", lora},
+                                             {"lora-mode", mode},
+                                             {"device", "cpu"}});
+  if (h) gst_harness_set_src_caps(h, latent_caps());
+  return h;
+}
+
+std::string pop_warning(BusWatch& bw) {
+  GstMessage* m = gst_bus_timed_pop_filtered(bw.bus(), 0, GST_MESSAGE_WARNING);
+  if (!m) return "";
+  GError* err = nullptr;
+  gst_message_parse_warning(m, &err, nullptr);
+  std::string text = err ? err->message : "";
+  g_clear_error(&err);
+  gst_message_unref(m);
+  return text;
+}
+
+TEST(DitDenoise, LorasMergedAndAtRunTimeAreTheEnginesLoop) {
+  Settings r;
+  r.prompt = prompt_file();
+  r.steps = 3;
+  r.guidance = 1.0;
+  const auto in = random_latent(21);
+  const std::vector<latent::LoraSpec> loras = {{lora_file("lora_comfyui"), 0.7f},
+                                               {lora_file("lora_kohya"), -0.5f}};
+  const auto want = engine_run_lora(r, in, loras, latent::LoraMode::kMerged);
+  ASSERT_GT(max_abs_diff(want, engine_run(r, in)), 1e-3);  // the LoRAs matter
+  const std::string text = lora_file("lora_comfyui") + ":0.7," + lora_file("lora_kohya") + ":-0.5";
+  for (const char* mode : {"merged", "runtime"}) {
+    SCOPED_TRACE(mode);
+    GstHarness* h = lora_harness(r, text, mode);
+    ASSERT_NE(h, nullptr);
+    BusWatch bw(h->element);
+    EXPECT_LE(max_abs_diff(denoise_frame(h, in, 0), want), 1e-4);
+    gchar* back = nullptr;
+    g_object_get(h->element, "lora", &back, nullptr);
+    EXPECT_EQ(std::string(back), lora_file("lora_comfyui") + ":0.7," + lora_file("lora_kohya") +
+                                     ":-0.5");
+    g_free(back);
+    EXPECT_EQ(bw.pop_error(), "");
+    gst_harness_teardown(h);
+  }
+}
+
+TEST(DitDenoise, RuntimeLoraStrengthsChangeWhilePlaying) {
+  Settings r;
+  r.prompt = prompt_file();
+  r.steps = 2;
+  r.guidance = 1.0;
+  const auto in = random_latent(22);
+  const std::string comfy = lora_file("lora_comfyui");
+  const auto at07 = engine_run_lora(r, in, {{comfy, 0.7f}}, latent::LoraMode::kMerged);
+  const auto at15 = engine_run_lora(r, in, {{comfy, 1.5f}}, latent::LoraMode::kMerged);
+  ASSERT_GT(max_abs_diff(at07, at15), 1e-3);
+  GstHarness* h = lora_harness(r, comfy + ":0.7", "runtime");
+  ASSERT_NE(h, nullptr);
+  BusWatch bw(h->element);
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, 0), at07), 1e-4);
+  g_object_set(h->element, "lora", (comfy + ":1.5").c_str(), nullptr);
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, GST_SECOND / 30), at15), 1e-4);
+  EXPECT_EQ(pop_warning(bw), "");
+  // Another file while playing: refused with a warning, the loaded LoRA stays.
+  g_object_set(h->element, "lora", (lora_file("lora_kohya") + ":1").c_str(), nullptr);
+  EXPECT_TRUE(contains(pop_warning(bw), "LoRA files are loaded at start"));
+  // The mode too.
+  g_object_set(h->element, "lora-mode", 0, nullptr);
+  EXPECT_TRUE(contains(pop_warning(bw), "lora-mode changes only in the NULL or READY state"));
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, 2 * GST_SECOND / 30), at15), 1e-4);
+  EXPECT_EQ(bw.pop_error(), "");
+  gst_harness_teardown(h);
+
+  // Merged: strengths are fixed while playing.
+  h = lora_harness(r, comfy + ":0.7", "merged");
+  ASSERT_NE(h, nullptr);
+  BusWatch bw2(h->element);
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, 0), at07), 1e-4);
+  g_object_set(h->element, "lora", (comfy + ":1.5").c_str(), nullptr);
+  EXPECT_TRUE(contains(pop_warning(bw2), "lora-mode=merged fixes the LoRA strengths"));
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, GST_SECOND / 30), at07), 1e-4);
+  gst_harness_teardown(h);
+}
+
+// A few-step schedule from `scheduler` (Qwen-Image-Lightning's config) with a Lightning LoRA.
+TEST(DitDenoise, SchedulerPropertyRunsAFewStepConfig) {
+  const std::string dir = latent::test::temp_dir();
+  const std::string sched = dir + "/lightning_scheduler_config.json";
+  {
+    FILE* f = std::fopen(sched.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"base_image_seq_len": 256, "base_shift": 1.0986122886681098,
+      "max_image_seq_len": 8192, "max_shift": 1.0986122886681098, "num_train_timesteps": 1000,
+      "shift": 1.0, "shift_terminal": null, "time_shift_type": "exponential",
+      "use_dynamic_shifting": true})",
+               f);
+    std::fclose(f);
+  }
+  Settings r;
+  r.prompt = prompt_file();
+  r.steps = 4;
+  r.strength = 0.9;
+  r.guidance = 1.0;
+  const auto in = random_latent(23);
+  const std::string lightning = lora_file("lora_lightning");
+  const auto want =
+      engine_run_lora(r, in, {{lightning, 1.f}}, latent::LoraMode::kMerged, sched);
+  ASSERT_GT(max_abs_diff(want, engine_run_lora(r, in, {{lightning, 1.f}},
+                                               latent::LoraMode::kMerged)),
+            1e-4);  // the schedule matters
+  GstHarness* h = harness_for("ditdenoise", {{"model", r.root},
+                                             {"prompt-embeds", r.prompt},
+                                             {"steps", "4"},
+                                             {"strength", "0.9"},
+                                             {"guidance-scale", "1"},
+                                             {"lora", lightning},
+                                             {"scheduler", sched},
+                                             {"device", "cpu"}});
+  ASSERT_NE(h, nullptr);
+  gst_harness_set_src_caps(h, latent_caps());
+  BusWatch bw(h->element);
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, 0), want), 1e-4);
+  EXPECT_EQ(bw.pop_error(), "");
+  gst_harness_teardown(h);
+  const std::string err = start_error({{"model", tiny_root()},
+                                       {"prompt-embeds", prompt_file()},
+                                       {"scheduler", dir + "/no_scheduler.json"},
+                                       {"device", "cpu"}});
+  EXPECT_TRUE(contains(err, "no_scheduler.json")) << err;
+}
+
+TEST(DitDenoise, BadLorasAreErrorsAtStart) {
+  const std::string dir = latent::test::temp_dir();
+  // Another model's LoRA (FLUX keys).
+  const std::string flux = dir + "/flux_lora.safetensors";
+  ASSERT_TRUE(latent::write_safetensors(
+                  flux, {{"transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight",
+                          latent::test::random_tensor({4, 32}, 1)},
+                         {"transformer.single_transformer_blocks.0.attn.to_q.lora_B.weight",
+                          latent::test::random_tensor({32, 4}, 2)}})
+                  .ok());
+  std::string err = start_error({{"model", tiny_root()},
+                                 {"prompt-embeds", prompt_file()},
+                                 {"lora", flux + ":0.8"},
+                                 {"device", "cpu"}});
+  EXPECT_TRUE(contains(err, "is not a LoRA for Qwen-Image")) << err;
+  EXPECT_TRUE(contains(err, "FLUX.1")) << err;
+  err = start_error({{"model", tiny_root()},
+                     {"prompt-embeds", prompt_file()},
+                     {"lora", lora_file("lora_kohya") + ",,"},
+                     {"device", "cpu"}});
+  EXPECT_TRUE(contains(err, "ditdenoise: lora:")) << err;
+  err = start_error({{"model", tiny_root()},
+                     {"prompt-embeds", prompt_file()},
+                     {"lora", dir + "/absent.safetensors"},
+                     {"device", "cpu"}});
+  EXPECT_TRUE(contains(err, "absent.safetensors")) << err;
+}
+
 }  // namespace

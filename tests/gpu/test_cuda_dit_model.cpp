@@ -91,6 +91,66 @@ void check(const std::string& fixture, const std::vector<std::string>& cases,
   }
 }
 
+// LoRAs on the CUDA backend (dit_lora fixtures of scripts/make_dit_lora_fixtures.py, diffusers'
+// own LoRA loader): merged and at run time (the up projection through linear_add), stacked, and
+// a strength change at run time equal to diffusers at that strength.
+Tensor lora_forward(QwenImageMmdit& m) {
+  const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  auto io = SafetensorsFile::open(root + "/io_transformer.safetensors");
+  EXPECT_TRUE(io.ok());
+  Backend& b = m.backend();
+  MmditInputs in;
+  in.hidden_states = *b.upload(get(**io, "masked_batch.hidden_states"));
+  in.encoder_hidden_states = *b.upload(get(**io, "masked_batch.encoder_hidden_states"));
+  in.encoder_hidden_states_mask = get(**io, "masked_batch.encoder_hidden_states_mask").to_floats();
+  in.timestep = get(**io, "masked_batch.timestep").to_floats();
+  std::vector<float> s = get(**io, "masked_batch.img_shapes").to_floats();
+  for (size_t i = 0; i + 2 < s.size(); i += 3)
+    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
+                             static_cast<int64_t>(s[i + 2])});
+  auto y = m.forward(in);
+  EXPECT_TRUE(y.ok()) << y.status().message();
+  if (!y.ok()) return Tensor();
+  auto host = b.download(*y);
+  EXPECT_TRUE(host.ok());
+  return host.ok() ? *host : Tensor();
+}
+
+void check_loras(const std::string& dtype, double tolerance) {
+  const std::string dir = test::fixtures_dir() + "/dit_lora/";
+  auto io = SafetensorsFile::open(dir + "io_lora.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status().message();
+  auto backend = get_backend(BackendOptions{"cuda", dtype});
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  const std::vector<LoraSpec> stack = {{dir + "lora_comfyui.safetensors", 0.7f},
+                                       {dir + "lora_kohya.safetensors", -0.5f}};
+  for (LoraMode mode : {LoraMode::kMerged, LoraMode::kRuntime}) {
+    auto model = QwenImageMmdit::load(test::fixtures_dir() + "/dit_qwen_image_tiny", *backend,
+                                      MmditLoras{stack, mode});
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    double err = relative_l2(lora_forward(**model), get(**io, "stack.sample"));
+    std::printf("LoRA stack %s %s: rel L2 %.3e\n", lora_mode_name(mode), dtype.c_str(), err);
+    EXPECT_LT(err, tolerance) << lora_mode_name(mode);
+    if (mode == LoraMode::kRuntime) {
+      ASSERT_TRUE((*model)->set_lora_strengths({1.5f, 0.f}).ok());
+      err = relative_l2(lora_forward(**model), get(**io, "comfyui_s1_5.sample"));
+      std::printf("LoRA runtime strengths (1.5, 0) %s: rel L2 %.3e\n", dtype.c_str(), err);
+      EXPECT_LT(err, tolerance);
+    }
+  }
+  // Every linear layer of the blocks at run time (the Lightning layout).
+  auto model = QwenImageMmdit::load(test::fixtures_dir() + "/dit_qwen_image_tiny", *backend,
+                                    MmditLoras{{{dir + "lora_lightning.safetensors", 1.f}},
+                                               LoraMode::kRuntime});
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const double err = relative_l2(lora_forward(**model), get(**io, "lightning.sample"));
+  std::printf("LoRA lightning runtime %s: rel L2 %.3e\n", dtype.c_str(), err);
+  EXPECT_LT(err, tolerance);
+}
+
+TEST(CudaMmditLora, MergedAndRuntimeFp32) { check_loras("fp32", 3e-3); }
+TEST(CudaMmditLora, MergedAndRuntimeBf16) { check_loras("bf16", 3e-2); }
+
 TEST(CudaMmdit, TextToImageFp32) {
   check("dit_qwen_image_tiny", {"single", "masked_batch", "multi_image"}, "fp32", 3e-3);
 }

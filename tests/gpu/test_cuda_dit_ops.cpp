@@ -205,6 +205,37 @@ TEST_P(CudaDitOps, LinearSmallEveryEpilogue) {
                DitActivation::kGELUTanh, 300);
 }
 
+// linear_add (runtime LoRAs: the up projection accumulated onto the base output as cuBLASLt's C)
+// against the CPU backend's composition (linear + scaled_add + activation).
+TEST_P(CudaDitOps, LinearAddOntoResidual) {
+  struct Case {
+    Shape xs;
+    int64_t n;
+  };
+  uint64_t seed = 400;
+  for (const Case& c : {Case{{2, 4096, 64}, 3072}, Case{{1, 4096, 64}, 12288},
+                        Case{{2, 7, 4}, 24}, Case{{3, 2}, 6}}) {
+    for (DitActivation act :
+         {DitActivation::kNone, DitActivation::kGELUTanh, DitActivation::kSiLU}) {
+      const int64_t k = c.xs.back();
+      Shape ys = c.xs;
+      ys.back() = c.n;
+      const float ws = 1.f / std::sqrt(static_cast<float>(k));
+      Tensor x = input(c.xs, seed), w = input({c.n, k}, seed + 1, -ws, ws);
+      Tensor r = input(ys, seed + 2);
+      EXPECT_TRUE(close(str_cat("linear_add ", shape_str(c.xs), " -> ", c.n, ", ", act_name(act)),
+                        gpu_->linear_add(on_gpu(x), on_gpu(w), on_gpu(r), act),
+                        cpu_->linear_add(on_cpu(x), on_cpu(w), on_cpu(r), act), linear_tol()));
+      seed += 10;
+    }
+  }
+  // A residual of another shape is refused.
+  Tensor x = input({3, 4}, 1), w = input({5, 4}, 2), r = input({3, 6}, 3);
+  auto y = gpu_->linear_add(on_gpu(x), on_gpu(w), on_gpu(r), DitActivation::kNone);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("residual"), std::string::npos) << y.status().message();
+}
+
 TEST_P(CudaDitOps, LinearGeluEpilogueIsTheTanhForm) {
   // cuBLASLt's GELU epilogue must be PyTorch's approximate="tanh" GELU, not the erf form. With
   // y = x exactly (x on a grid TF32 holds, times one-hot weights), the fused output must lie

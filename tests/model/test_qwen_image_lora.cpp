@@ -3,7 +3,10 @@
 // run time, stacking, strength changes at run time, and the errors for bad files.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -266,6 +269,27 @@ TEST(QwenImageLora, BadFilesAreRefusedNamingTheKey) {
                                        {"diffusion_model.blocks.0.self_attn.q.lora_B.weight",
                                         rnd({32, 4})}}),
                     "are for Wan 2.x");
+  // A text-encoder part next to transformer keys: the key is named, and what it is for.
+  expect_load_error(write_lora("with_te", {{q + ".lora_down.weight", rnd({4, 32})},
+                                           {q + ".lora_up.weight", rnd({32, 4})},
+                                           {"lora_te_text_model_encoder_layers_0_mlp_fc1"
+                                            ".lora_down.weight",
+                                            rnd({4, 32})}}),
+                    "'lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight' names no "
+                    "linear layer of the Qwen-Image transformer (it looks like a text encoder");
+  // PEFT's save_pretrained prefix.
+  {
+    const std::string path = write_lora(
+        "peft_prefix",
+        {{"base_model.model.transformer_blocks.0.attn.to_q.lora_A.weight", rnd({4, 32})},
+         {"base_model.model.transformer_blocks.0.attn.to_q.lora_B.weight", rnd({32, 4})}});
+    auto f = load_lora_file(path);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(f->layout, LoraLayout::kDiffusers);
+    ASSERT_EQ(f->modules.size(), 1u);
+    EXPECT_EQ(f->modules[0].module, "transformer_blocks.0.attn.to_q");
+    EXPECT_FLOAT_EQ(f->modules[0].alpha, 4.f);  // no alpha anywhere: alpha = rank
+  }
   // Not a LoRA at all: the model's own weights.
   auto f = load_lora_file(tiny_root() + "/io_transformer.safetensors");
   ASSERT_FALSE(f.ok());
@@ -280,6 +304,106 @@ TEST(QwenImageLora, BadFilesAreRefusedNamingTheKey) {
       "use_dora");
   // Missing file.
   expect_load_error(test::temp_dir() + "/absent.safetensors", "absent.safetensors");
+}
+
+// latent-tool: output and exit status of one command line.
+struct ToolRun {
+  int status = -1;
+  std::string output;
+};
+ToolRun run_tool(const std::string& args) {
+  ToolRun r;
+  const std::string cmd = std::string(std::getenv("LATENT_TOOL")) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(QwenImageLora, LatentToolAppliesAndInspectsLoras) {
+  if (!std::getenv("LATENT_TOOL")) GTEST_SKIP() << "LATENT_TOOL is not set (run through ctest)";
+  const std::string out = test::temp_dir() + "/tool_sample.safetensors";
+  const std::string base = "run --device cpu --model " + tiny_root() +
+                           " --part transformer --inputs " + tiny_root() +
+                           "/io_transformer.safetensors --case masked_batch --outputs " + out;
+  for (const char* mode : {"runtime", "merged"}) {
+    ToolRun r = run_tool(base + " --lora " + lora_path("lora_comfyui") + ":0.7 --lora " +
+                         lora_path("lora_kohya") + ":-0.5 --lora-mode " + mode);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string("2 LoRA(s) ") + mode), std::string::npos) << r.output;
+    auto f = SafetensorsFile::open(out);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_LT(relative_l2(*(*f)->tensor("sample"), reference("stack")), kTolerance) << mode;
+  }
+  // Strength 1 when omitted.
+  ToolRun r = run_tool(base + " --lora " + lora_path("lora_kohya"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto f = SafetensorsFile::open(out);
+  ASSERT_TRUE(f.ok());
+  EXPECT_LT(relative_l2(*(*f)->tensor("sample"), reference("kohya")), kTolerance);
+  // Errors: a bad strength, a mode without LoRAs, LoRAs on a VAE part, another model's file.
+  r = run_tool(base + " --lora " + lora_path("lora_kohya") + ":inf");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("not finite"), std::string::npos) << r.output;
+  r = run_tool(base + " --lora-mode runtime");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--lora-mode given without --lora"), std::string::npos) << r.output;
+  r = run_tool(base + " --lora-mode fused --lora " + lora_path("lora_kohya"));
+  EXPECT_NE(r.status, 0);
+  r = run_tool("run --device cpu --part decoder --inputs x --outputs y --lora " +
+               lora_path("lora_kohya"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--lora applies to the transformer only"), std::string::npos)
+      << r.output;
+  // denoise: the 4-step Lightning loop with its LoRA (dit_lora/io_fewstep.safetensors).
+  {
+    const std::string dir = test::temp_dir();
+    auto io = SafetensorsFile::open(fixture("dit_lora/io_fewstep.safetensors"));
+    ASSERT_TRUE(io.ok());
+    auto t = [&](const char* k) { return *(*io)->tensor(k); };
+    ASSERT_TRUE(write_safetensors(dir + "/noise.safetensors", {{"latent", t("noise")}}).ok());
+    ASSERT_TRUE(write_safetensors(dir + "/embeds.safetensors",
+                                  {{"prompt_embeds", t("prompt_embeds")},
+                                   {"prompt_embeds_mask", t("prompt_embeds_mask")},
+                                   {"negative_prompt_embeds", t("negative_prompt_embeds")},
+                                   {"negative_prompt_embeds_mask",
+                                    t("negative_prompt_embeds_mask")}})
+                    .ok());
+    std::ofstream(dir + "/scheduler_config.json")
+        << cases()["schedules"]["configs"]["lightning"].dump();
+    r = run_tool("denoise --device cpu --model " + tiny_root() + " --embeds " + dir +
+                 "/embeds.safetensors --noise " + dir + "/noise.safetensors --steps 4 " +
+                 "--true-cfg-scale 1 --scheduler " + dir + "/scheduler_config.json --lora " +
+                 lora_path("lora_lightning") + ":1 --output-latents " + dir + "/lat.safetensors");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("no CFG"), std::string::npos) << r.output;
+    auto lat = SafetensorsFile::open(dir + "/lat.safetensors");
+    ASSERT_TRUE(lat.ok()) << lat.status().message();
+    EXPECT_LT(relative_l2(*(*lat)->tensor("latent"), t("lightning_4_lora.latents")), kTolerance);
+  }
+  // inspect
+  r = run_tool("inspect " + lora_path("lora_lightning"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* want : {"kind: LoRA", "layout: bare lora_down/lora_up (Qwen-Image-Lightning",
+                           "modules: 28", "rank: 4", "alpha: 4 (from .alpha tensors)",
+                           "fits: the Qwen-Image family", "inner dim 32, at least 2 blocks"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  r = run_tool("inspect " + lora_path("lora_diffusers"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("layout: diffusers/PEFT"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("alpha: 2-8 (from adapter metadata)"), std::string::npos) << r.output;
+  const std::string flux =
+      write_lora("flux_tool", {{"transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight",
+                                rnd({4, 32})},
+                               {"transformer.single_transformer_blocks.0.attn.to_q.lora_B.weight",
+                                rnd({32, 4})}});
+  r = run_tool("inspect " + flux);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("are for FLUX.1"), std::string::npos) << r.output;
 }
 
 TEST(QwenImageLora, SpecsParse) {

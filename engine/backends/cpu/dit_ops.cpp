@@ -97,7 +97,7 @@ const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_as<float
 
 bool CpuBackend::supports_dit(DitOp op, DType dtype) const {
   if (op == DitOp::kUploadFp32) return true;
-  return static_cast<int>(op) <= static_cast<int>(DitOp::kUnpackLatents) && dtype == dtype_;
+  return static_cast<int>(op) <= static_cast<int>(DitOp::kLinearAdd) && dtype == dtype_;
 }
 
 Result<Tensor> CpuBackend::upload_fp32(const Tensor& host) {

@@ -158,11 +158,13 @@ class CudaBackend final : public Backend {
   // === cuda-dit: DiT ops (dit_ops.h; checks and kernels live there) ===
   bool supports_dit(DitOp op, DType dtype) const override {
     if (op == DitOp::kUploadFp32) return true;
-    return static_cast<int>(op) <= static_cast<int>(DitOp::kUnpackLatents) && dtype == dtype_;
+    return static_cast<int>(op) <= static_cast<int>(DitOp::kLinearAdd) && dtype == dtype_;
   }
   Result<Tensor> upload_fp32(const Tensor& host) override;
   Result<Tensor> linear(const Tensor& x, const Tensor& w, const Tensor& bias,
                         DitActivation act) override;
+  Result<Tensor> linear_add(const Tensor& x, const Tensor& w, const Tensor& residual,
+                            DitActivation act) override;
   Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             float eps) override;
   Result<Tensor> rms_norm(const Tensor& x, const Tensor& gamma, float eps) override;
@@ -683,6 +685,14 @@ Result<Tensor> CudaBackend::linear(const Tensor& x, const Tensor& w, const Tenso
   return run("linear", [&] {
     cuda::DitEnv env = dit_env();
     return cuda::dit_linear(env, x, w, bias, act);
+  });
+}
+
+Result<Tensor> CudaBackend::linear_add(const Tensor& x, const Tensor& w, const Tensor& residual,
+                                       DitActivation act) {
+  return run("linear_add", [&] {
+    cuda::DitEnv env = dit_env();
+    return cuda::dit_linear_add(env, x, w, residual, act);
   });
 }
 

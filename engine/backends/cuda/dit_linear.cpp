@@ -4,6 +4,8 @@
 // as the epilogue wants.
 #include "engine/backends/cuda/dit_linear.h"
 
+#include <algorithm>
+
 #include "engine/backends/cuda/check.h"
 #include "engine/core/log.h"
 
@@ -57,9 +59,10 @@ DitLinear::~DitLinear() {
 
 Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k,
                                          DType dtype, bool bias, bool gelu, uint32_t align_x,
-                                         uint32_t align_w, uint32_t align_y) {
+                                         uint32_t align_w, uint32_t align_y, bool accumulate) {
+  // With `accumulate` the heuristic is asked for beta = 1 (C read): align_y covers C and D.
   const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(dtype), ':', bias, gelu, ':',
-                                  align_x, ',', align_w, ',', align_y);
+                                  align_x, ',', align_w, ',', align_y, accumulate ? ":acc" : "");
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
 
@@ -120,10 +123,14 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
 }
 
 Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y,
-                      int64_t m, int64_t n, int64_t k, DType dtype, bool gelu) {
+                      int64_t m, int64_t n, int64_t k, DType dtype, bool gelu,
+                      const void* accumulate) {
   if (m <= 0 || n <= 0 || k <= 0) return ok_status();
+  const uint32_t align_y =
+      accumulate ? std::min(alignment_of(y), alignment_of(accumulate)) : alignment_of(y);
   LATENT_ASSIGN_OR_RETURN(Plan * p, plan(ctx, m, n, k, dtype, bias != nullptr, gelu,
-                                         alignment_of(x), alignment_of(w), alignment_of(y)));
+                                         alignment_of(x), alignment_of(w), align_y,
+                                         accumulate != nullptr));
   if (bias)
     LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof(bias)));
@@ -132,8 +139,10 @@ Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const vo
     LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p->workspace));
   }
   const float one = 1.f, zero = 0.f;
-  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b, &zero, y, p->c, y,
-                                   p->c, &p->algo, workspace, p->workspace, ctx.stream()));
+  const void* c = accumulate ? accumulate : y;
+  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b,
+                                   accumulate ? &one : &zero, c, p->c, y, p->c, &p->algo, workspace,
+                                   p->workspace, ctx.stream()));
   return ok_status();
 }
 

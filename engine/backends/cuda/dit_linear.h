@@ -30,9 +30,10 @@ class DitLinear {
   DitLinear(const DitLinear&) = delete;
   DitLinear& operator=(const DitLinear&) = delete;
 
-  // y = (gelu_tanh if `gelu`)(x w^T + bias); bias [n] or null (16-byte aligned when given).
+  // y = (gelu_tanh if `gelu`)(x w^T + bias + accumulate); bias [n] or null (16-byte aligned
+  // when given); accumulate [m, n] like y, or null (read as cuBLASLt's C with beta 1).
   Status run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y, int64_t m,
-             int64_t n, int64_t k, DType dtype, bool gelu);
+             int64_t n, int64_t k, DType dtype, bool gelu, const void* accumulate = nullptr);
 
   // Plans built so far (tests: a repeated shape reuses its plan).
   size_t plan_count() const { return plans_.size(); }
@@ -40,7 +41,8 @@ class DitLinear {
  private:
   struct Plan;
   Result<Plan*> plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k, DType dtype, bool bias,
-                     bool gelu, uint32_t align_x, uint32_t align_w, uint32_t align_y);
+                     bool gelu, uint32_t align_x, uint32_t align_w, uint32_t align_y,
+                     bool accumulate);
 
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;

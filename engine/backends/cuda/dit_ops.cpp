@@ -179,6 +179,35 @@ Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const T
   return y;
 }
 
+Result<Tensor> dit_linear_add(DitEnv& env, const Tensor& x, const Tensor& w,
+                              const Tensor& residual, DitActivation act) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., K]"));
+  LATENT_TRY(check(env, "weight w", w, env.dtype, 2, "[N, K]"));
+  if (w.dim(1) != x.dim(-1))
+    return Status::errorf("weight w ", shape_str(w.shape()), " expects ", w.dim(1),
+                          " input features but x is ", shape_str(x.shape()));
+  LATENT_TRY(check_act(act));
+  Shape out_shape = x.shape();
+  out_shape.back() = w.dim(0);
+  LATENT_TRY(check(env, "residual", residual, env.dtype, -1, "[..., N]"));
+  if (residual.shape() != out_shape)
+    return Status::errorf("residual ", shape_str(residual.shape()), " does not match the output ",
+                          shape_str(out_shape));
+  const int64_t m = rows_of(x), n = w.dim(0), k = w.dim(1);
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (m > big || n > big || k > big)
+    return Status::errorf("x ", shape_str(x.shape()), " . w^T ", shape_str(w.shape()),
+                          " is too large for cuBLASLt");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
+  const bool gelu = act == DitActivation::kGELUTanh;
+  LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), nullptr, y.data(), m, n, k, env.dtype,
+                             gelu, residual.data()));
+  if (act == DitActivation::kSiLU)
+    LATENT_TRY(launch_dit_bias_act(y.data(), nullptr, y.data(), y.numel(), n, act, env.dtype,
+                                   env.launch));
+  return y;
+}
+
 Result<Tensor> dit_layer_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               float eps) {
   LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., D]"));

@@ -41,6 +41,9 @@ Status check_host_tensor(const Tensor& host);
 Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host);
 Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
                           DitActivation act);
+// act(x w^T + residual): cuBLASLt with residual as C (beta 1), GELU in the epilogue.
+Result<Tensor> dit_linear_add(DitEnv& env, const Tensor& x, const Tensor& w,
+                              const Tensor& residual, DitActivation act);
 Result<Tensor> dit_layer_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               float eps);
 Result<Tensor> dit_rms_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, float eps);

@@ -140,7 +140,10 @@ Result<KeyInfo> parse_key(const std::string& key, const std::string& path) {
     return info;
   }
   std::string module = base;
-  if (starts_with(base, "diffusion_model.")) {
+  if (starts_with(base, "base_model.model.")) {  // PEFT's save_pretrained of a PeftModel
+    info.layout = LoraLayout::kDiffusers;
+    module = base.substr(17);
+  } else if (starts_with(base, "diffusion_model.")) {
     info.layout = LoraLayout::kComfyUI;
     module = base.substr(16);
   } else if (starts_with(base, "transformer.")) {
@@ -150,7 +153,11 @@ Result<KeyInfo> parse_key(const std::string& key, const std::string& path) {
     // Unprefixed: PEFT's save of the transformer alone (lora_A/B) or Lightning V1 (lora_down/up).
     info.layout = suffix->peft ? LoraLayout::kDiffusers : LoraLayout::kBare;
   }
-  if (!is_qwen_module(module)) return unknown("names no linear layer of the Qwen-Image transformer");
+  if (!is_qwen_module(module)) {
+    const std::string other = other_model(key);
+    return unknown(str_cat("names no linear layer of the Qwen-Image transformer",
+                           other.empty() ? "" : str_cat(" (it looks like ", other, ")")));
+  }
   info.module = module;
   return info;
 }

@@ -68,13 +68,11 @@ struct Linear {
   Result<Tensor> operator()(Backend& be, const Tensor& x,
                             DitActivation act = DitActivation::kNone) const {
     if (!lora || !lora->up.defined()) return be.linear(x, w, b, act);
-    // act(x W^T + b + (x down^T) up^T): the low-rank path, [..., in] -> [..., R] -> [..., out]
+    // act(x W^T + b + (x down^T) up^T): the low-rank path [..., in] -> [..., R] -> [..., out],
+    // its up projection accumulated onto the base output (one GEMM on CUDA, activation fused).
     LATENT_ASSIGN_OR_RETURN(Tensor y, be.linear(x, w, b, DitActivation::kNone));
     LATENT_ASSIGN_OR_RETURN(Tensor h, be.linear(x, lora->down, Tensor(), DitActivation::kNone));
-    LATENT_ASSIGN_OR_RETURN(Tensor d, be.linear(h, lora->up, Tensor(), DitActivation::kNone));
-    LATENT_ASSIGN_OR_RETURN(y, be.scaled_add(y, d, 1.f, 1.f));
-    if (act == DitActivation::kNone) return y;
-    return be.dit_activation(y, act);
+    return be.linear_add(h, lora->up, y, act);
   }
 };
 
