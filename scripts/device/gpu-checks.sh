@@ -15,6 +15,9 @@
 #   pipelines     bench_pipelines.py: default + Qwen VAE, 1024^2 and 1080p, system/CUDA memory,
 #                 prefetch-depth default/0, cuda-graphs true/false if the property exists  ~5 min
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
+#   pipes         the GPU pipelines/ scripts (cuda_memory, gpu_prefetch, latents_cuda_memory)  ~1 min
+#   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
+#   pygi          builds PyGObject for the device's python3 from .carry/pygi (for the Python jobs)  ~1 min
 #   nvdec         bench_stream_nvdec.py: H.264 file ! nvh264dec ! vaeencode ! vaedecode at 1080p vs the kernel bound  ~2 min
 #   attention     /tmp/dev/bin/bench_attention (ATTN_ARGS), skipped if absent  ~1-3 min
 #   dit           bench_dit.py: full-size DiT step, eager + regional compile + ours, DIT_CASES  ~5-7 min
@@ -68,8 +71,8 @@ table() { [ -f "$1" ] && awk -v h="$2" 'index($0,h)==1{p=1} p' "$1" | grep -v '^
 
 if has tests; then
   begin tests
-  for t in test_cuda_ops test_cuda_sdpa test_cuda_models test_cuda_graphs test_cuda_dit_ops test_cuda_dit_model test_gst_cuda test_gst_dit_cuda test_autoencoder_kl test_tiny test_qwen_image_vae; do
-    [ -x /tmp/dev/bin/$t ] || continue
+  for b in /tmp/dev/bin/test_*; do
+    t=$(basename $b); [ -x $b ] || continue
     timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
     echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' $OUT/$t.log | tr '\n' ' ')" | tee -a $OUT/tests.log
   done
@@ -133,6 +136,36 @@ if has stream; then
     --models $PWD/models/default,qwen --qwen-dir /tmp/latent-bench/qwen --out $OUT/bench-stream.json > $OUT/stream.log 2>&1
   rc=$?; tail -12 $OUT/stream.log
   end stream $rc "$(table $OUT/stream.log 'stream model')" "$(grep 'stream: skipped' $OUT/stream.log)"
+fi
+
+if has pipes; then
+  begin pipes
+  for p in cuda_memory gpu_prefetch latents_cuda_memory; do
+    [ -f pipelines/$p.sh ] || continue
+    LATENT_OUT_DIR=/tmp/pipes timeout 240 bash pipelines/$p.sh > $OUT/pipe-$p.log 2>&1
+    echo "pipelines/$p.sh: exit $? $(tail -1 $OUT/pipe-$p.log | cut -c1-140)" | tee -a $OUT/pipes.log
+  done
+  end pipes 0 "$(cat $OUT/pipes.log)"
+fi
+
+if has taehv && [ -f .carry/ref/taehv.py ]; then
+  begin taehv; pyenv
+  timeout ${TAEHV_TIMEOUT:-300} python3 bench/bench_taehv.py --taehv-py .carry/ref/taehv.py \
+    --bench /tmp/dev/bin/latent-bench-video --out $OUT/bench-taehv.json > $OUT/taehv.log 2>&1
+  rc=$?; tail -14 $OUT/taehv.log
+  end taehv $rc "$(tail -12 $OUT/taehv.log | cut -c1-150)"
+fi
+
+if has pygi && [ -x .carry/pygi/build.sh ]; then
+  begin pygi
+  timeout 240 bash .carry/pygi/build.sh > $OUT/pygi.log 2>&1
+  rc=$?; tail -5 $OUT/pygi.log
+  if [ $rc = 0 ]; then
+    . /tmp/pygi/env.sh
+    python3 -c "import gi; gi.require_version('Gst','1.0'); from gi.repository import Gst; Gst.init(None); print('gi ok', Gst.version_string())" >> $OUT/pygi.log 2>&1; rc=$?
+    tail -2 $OUT/pygi.log
+  fi
+  end pygi $rc "$(tail -2 $OUT/pygi.log | cut -c1-150)"
 fi
 
 if has nvdec; then
