@@ -67,7 +67,7 @@ table() { [ -f "$1" ] && awk -v h="$2" 'index($0,h)==1{p=1} p' "$1" | grep -v '^
 
 if has tests; then
   begin tests
-  for t in test_cuda_ops test_cuda_sdpa test_cuda_models test_cuda_graphs test_cuda_dit_ops test_cuda_dit_model test_gst_cuda test_gst_dit_cuda test_autoencoder_kl test_tiny test_qwen_image_vae; do
+  for t in test_cuda_ops test_cuda_sdpa test_cuda_models test_cuda_video_vae test_cuda_graphs test_cuda_dit_ops test_cuda_dit_model test_gst_cuda test_gst_dit_cuda test_autoencoder_kl test_tiny test_qwen_image_vae test_wan_vae_video; do
     [ -x /tmp/dev/bin/$t ] || continue
     timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
     echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' $OUT/$t.log | tr '\n' ' ')" | tee -a $OUT/tests.log
