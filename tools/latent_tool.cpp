@@ -325,6 +325,7 @@ int run_video(const Args& a, latent::VaeModel& m, const Tensor& host_in, const T
   Tensor y;
   int64_t out_frames = 0;
   b.reset_peak_memory();
+  const int64_t base_bytes = b.peak_memory_bytes();  // weights and the input, resident before
   for (int i = 0; i < warmup + repeat; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     auto stream = m.open_stream(enc);
@@ -393,11 +394,12 @@ int run_video(const Args& a, latent::VaeModel& m, const Tensor& host_in, const T
   if (a.options.count("json"))
     std::printf("{\"part\": \"%s\", \"video\": true, \"median_ms\": %.4f, \"min_ms\": %.4f, "
                 "\"runs\": %d, \"frames\": %lld, \"frames_per_s\": %.3f, \"peak_bytes\": %lld, "
+                "\"base_bytes\": %lld, "
                 "\"device\": \"%s\", \"dtype\": \"%s\", \"graph\": false}\n",
                 part.c_str(), med, *std::min_element(times.begin(), times.end()), repeat,
                 static_cast<long long>(video_frames), video_frames * 1000.0 / med,
-                static_cast<long long>(b.peak_memory_bytes()), b.name().c_str(),
-                latent::dtype_name(b.compute_dtype()));
+                static_cast<long long>(b.peak_memory_bytes()), static_cast<long long>(base_bytes),
+                b.name().c_str(), latent::dtype_name(b.compute_dtype()));
   return 0;
 }
 
