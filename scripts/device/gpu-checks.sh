@@ -15,6 +15,8 @@
 #   pipelines     bench_pipelines.py: default + Qwen VAE, 1024^2 and 1080p, system/CUDA memory,
 #                 prefetch-depth default/0, cuda-graphs true/false if the property exists  ~5 min
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
+#   video         bench_video_vae.py: Wan 2.1 VAE, 81 frames at 832x480 / 1280x720 + ~1,000-frame
+#                 streams, eager+compile+ours (VIDEO_SIZES VIDEO_PARTS VIDEO_COMPILE VIDEO_BUDGET)  ~6-9 min
 #   attention     /tmp/dev/bin/bench_attention (ATTN_ARGS), skipped if absent  ~1-3 min
 #   dit           bench_dit.py: full-size DiT step, eager + regional compile + ours, DIT_CASES  ~5-7 min
 #                 (DIT_ACCURACY=1: also the fp32 reference in the same run, one weight write and one ours load)
@@ -132,6 +134,16 @@ if has stream; then
     --models $PWD/models/default,qwen --qwen-dir /tmp/latent-bench/qwen --out $OUT/bench-stream.json > $OUT/stream.log 2>&1
   rc=$?; tail -12 $OUT/stream.log
   end stream $rc "$(table $OUT/stream.log 'stream model')" "$(grep 'stream: skipped' $OUT/stream.log)"
+fi
+
+if has video; then
+  begin video; pyenv
+  timeout ${VIDEO_TIMEOUT:-570} python3 bench/bench_video_vae.py --tool /tmp/dev/bin/latent-tool \
+    --out $OUT/bench-video.json --workdir /tmp/latent-bench --sizes ${VIDEO_SIZES:-832x480,1280x720} \
+    --parts ${VIDEO_PARTS:-encoder,decoder} --compile ${VIDEO_COMPILE:-static} \
+    --budget-s ${VIDEO_BUDGET:-480} > $OUT/video.log 2>&1
+  rc=$?; tail -14 $OUT/video.log
+  end video $rc "$(table $OUT/video.log 'part    size')"
 fi
 
 if has attention; then
