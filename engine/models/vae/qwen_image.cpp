@@ -395,13 +395,41 @@ struct Encoder {
     return e;
   }
 
+  // Layers [0, first_temporal) of down_blocks see frames one at a time (causal convs, spatial
+  // resampling): with a cache, a chunk runs through them frame by frame, which is exact and cuts
+  // the full-resolution activations of a 4-frame chunk to one frame's.
+  size_t first_temporal() const {
+    for (size_t i = 0; i < down_blocks.size(); ++i) {
+      const Resample* r = std::get_if<Resample>(&down_blocks[i]);
+      if (r && r->time_conv) return i;
+    }
+    return down_blocks.size();
+  }
+
   // x: [T, 3, H, W] -> mean [T', z_dim, H/f, W/f] (T' = T / 4 after the first chunk)
   Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
-    LATENT_ASSIGN_OR_RETURN(Tensor h, conv_in.forward(b, x, cache));
-    for (const Layer& layer : down_blocks) {
+    const size_t split = cache && x.dim(0) > 1 ? first_temporal() : 0;
+    auto layer = [&](size_t i, const Tensor& h) {
+      return std::visit([&](const auto& l) { return l.forward(b, h, cache); }, down_blocks[i]);
+    };
+    Tensor h;
+    if (split > 0) {
+      std::vector<Tensor> frames;
+      for (int64_t t = 0; t < x.dim(0); ++t) {
+        // f: [1, C, H', W'] through conv_in and the per-frame levels
+        LATENT_ASSIGN_OR_RETURN(Tensor f, conv_in.forward(b, frame_view(x, t, 1), cache));
+        for (size_t i = 0; i < split; ++i) {
+          LATENT_ASSIGN_OR_RETURN(f, layer(i, f));
+        }
+        frames.push_back(std::move(f));
+      }
+      LATENT_ASSIGN_OR_RETURN(h, join_frames(b, frames));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, x, cache));
+    }
+    for (size_t i = split; i < down_blocks.size(); ++i) {
       // h: [T, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(
-          h, std::visit([&](const auto& l) { return l.forward(b, h, cache); }, layer));
+      LATENT_ASSIGN_OR_RETURN(h, layer(i, h));
     }
     LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
     LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
@@ -470,18 +498,43 @@ struct Decoder {
     return d;
   }
 
+  // Up blocks after the last temporal upsampler, and the head, see frames one at a time: with
+  // a cache, the frames of a chunk run through them one by one (exact; the full-resolution
+  // activations of 4 frames shrink to one frame's).
+  size_t after_last_temporal() const {
+    size_t k = 0;
+    for (size_t i = 0; i < up_blocks.size(); ++i)
+      if (up_blocks[i].upsampler && up_blocks[i].upsampler->time_conv) k = i + 1;
+    return k;
+  }
+
+  // h: [T, C, H', W'] from up block `from` on -> [T, 3, H, W]
+  Result<Tensor> tail(Backend& b, Tensor h, size_t from, CausalCache* cache) const {
+    for (size_t i = from; i < up_blocks.size(); ++i) {
+      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache));
+    }
+    LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
+    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h, cache));
+    return b.clamp(h, -1.f, 1.f);
+  }
+
   // z: [t, z_dim, h, w] -> [T, 3, h*f, w*f] in [-1, 1] (T = t, then 4t after the first chunk)
   Result<Tensor> forward(Backend& b, const Tensor& z, CausalCache* cache) const {
     LATENT_ASSIGN_OR_RETURN(Tensor h, post_quant_conv.forward(b, z, cache));
     LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, h, cache));
     LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
-    for (const auto& u : up_blocks) {
+    const size_t split = cache ? after_last_temporal() : 0;
+    for (size_t i = 0; i < split; ++i) {
       // h: [T, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(h, u.forward(b, h, cache));
+      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache));
     }
-    LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
-    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h, cache));
-    return b.clamp(h, -1.f, 1.f);
+    if (!cache || h.dim(0) == 1) return tail(b, h, split, cache);
+    std::vector<Tensor> frames;
+    for (int64_t t = 0; t < h.dim(0); ++t) {
+      LATENT_ASSIGN_OR_RETURN(Tensor f, tail(b, frame_view(h, t, 1), split, cache));
+      frames.push_back(std::move(f));
+    }
+    return join_frames(b, frames);
   }
 };
 
