@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backends/cpu/cpu_backend.h"
 #include "engine/backends/registry.h"
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
@@ -204,6 +205,49 @@ TEST(CudaVideoOps, ClipFramesRoundTripAndConcat) {
     auto back = gpu->frames_to_clip(*g_frames);
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(relative_l2(host_of(*gpu, *back), host), 0.0) << dtype;
+  }
+}
+
+// conv3d_frames (cuDNN 3-D convolution over NDHWC frames) against the CPU backend's (one conv2d
+// per temporal tap), with bias, residual and SiLU, at tiny and VAE-sized shapes.
+TEST(CudaVideoOps, Conv3dFramesMatchesCpu) {
+  auto cpu = create_cpu_backend(DType::kF32);
+  ASSERT_TRUE(cpu.ok());
+  struct Shape3 {
+    int64_t frames, cin, h, w, cout, k;
+  };
+  for (const char* dtype : {"fp32", "bf16"}) {
+    auto gpu = cuda(dtype);
+    ASSERT_TRUE(gpu);
+    ASSERT_TRUE(gpu->supports_conv3d_frames()) << "LATENT_CUDA_CONV3D=0?";
+    for (Shape3 s : {Shape3{6, 8, 10, 12, 16, 3}, Shape3{3, 8, 5, 7, 16, 1},
+                     Shape3{6, 96, 64, 64, 96, 3}, Shape3{4, 384, 23, 40, 384, 3}}) {
+      const Tensor x = test::random_tensor({s.frames, s.cin, s.h, s.w}, 21);
+      const Tensor w = test::random_tensor({s.cout, s.cin, 3 * s.k, s.k}, 22, -0.05f, 0.05f);
+      const Tensor bias = test::random_tensor({s.cout}, 23);
+      const Tensor res = test::random_tensor({s.frames - 2, s.cout, s.h, s.w}, 24);
+      const Conv2dParams p = Conv2dParams::same(static_cast<int>(s.k));
+      Tensor want;
+      {
+        auto r =
+            (*cpu)->conv3d_frames(*(*cpu)->upload(x), *(*cpu)->upload(w), 3, *(*cpu)->upload(bias),
+                                  p, *(*cpu)->upload(res), Activation::kSiLU);
+        ASSERT_TRUE(r.ok()) << r.status().message();
+        want = host_of(**cpu, r);
+      }
+      auto r = gpu->conv3d_frames(*gpu->upload(x), *gpu->upload(w), 3, *gpu->upload(bias), p,
+                                  *gpu->upload(res), Activation::kSiLU);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      const Tensor got = host_of(*gpu, r);
+      ASSERT_EQ(shape_str(got.shape()), shape_str(want.shape()));
+      const double err = relative_l2(got, want);
+      const double tol = std::string(dtype) == "bf16" ? 1e-2 : 1e-4;
+      std::printf("conv3d_frames %s x[%lld, %lld, %lld, %lld] k %lld: rel L2 %.2e\n", dtype,
+                  static_cast<long long>(s.frames), static_cast<long long>(s.cin),
+                  static_cast<long long>(s.h), static_cast<long long>(s.w),
+                  static_cast<long long>(s.k), err);
+      EXPECT_LT(err, tol) << dtype << " cin " << s.cin << " k " << s.k;
+    }
   }
 }
 

@@ -15,6 +15,8 @@
 //   LATENT_CUDA_TF32=0             exact fp32 convolutions (no TF32 tensor cores)
 //   LATENT_CUDA_ATTENTION=simple   the CUDA-core attention kernel even for bf16/fp16
 //   LATENT_CUDA_POISON=1           fill new buffers with NaN (tests: catches unwritten outputs)
+//   LATENT_CUDA_CONV3D=0           video: no conv3d_frames (video VAEs compose causal 3-D
+//                                  convolutions from one cuDNN 2-D convolution per temporal tap)
 #include "engine/backends/cuda/cuda_backend.h"
 
 #include <cudnn.h>
@@ -73,6 +75,7 @@ class CudaBackend final : public Backend {
     bool tf32 = true;
     bool exhaustive_search = true;
     bool tensor_core_attention = true;
+    bool conv3d = true;  // video: cuDNN 3-D convolutions for conv3d_frames()
   };
 
   CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
@@ -145,6 +148,10 @@ class CudaBackend final : public Backend {
   // video: clips <-> frames (launch_transpose), frames joined along dim 0 (concat below)
   Result<Tensor> clip_to_frames(const Tensor& clip) override;
   Result<Tensor> frames_to_clip(const Tensor& frames) override;
+  bool supports_conv3d_frames() const override { return options_.conv3d; }
+  Result<Tensor> conv3d_frames(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
+                               const Conv2dParams& p, const Tensor& residual,
+                               Activation act) override;
 
   // === plans: graph capture and the on-disk plan cache (graph.h) ===
   bool supports_capture() const override { return true; }
@@ -798,6 +805,67 @@ Result<Tensor> CudaBackend::concat(const std::vector<Tensor>& parts, int dim) {
   });
 }
 
+Result<Tensor> CudaBackend::conv3d_frames(const Tensor& x, const Tensor& w, int kt,
+                                          const Tensor& bias, const Conv2dParams& p,
+                                          const Tensor& residual, Activation act) {
+  return run("conv3d_frames", [&]() -> Result<Tensor> {
+    if (!options_.conv3d) return Status::error("disabled by LATENT_CUDA_CONV3D=0");
+    LATENT_TRY(check_tensor("input x", x, 4, "[T + kt - 1, Cin, H, W]"));
+    LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
+    if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || x.dim(0) < kt)
+      return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
+                            " temporal taps does not fit frames x ", shape_str(x.shape()));
+    if (p.stride < 1 || p.pad_top != p.pad_bottom || p.pad_left != p.pad_right || p.pad_top < 0 ||
+        p.pad_left < 0)
+      return Status::errorf("conv3d_frames takes symmetric padding and a positive stride");
+    const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
+    const int64_t big = std::numeric_limits<int32_t>::max();
+    if (x.numel() > big || x.dim(0) > big)
+      return Status::errorf("x ", shape_str(x.shape()), " is too large for cuDNN");
+    cuda::ConvShape s;
+    s.n = 1;
+    s.d = static_cast<int>(x.dim(0));
+    s.kt = kt;
+    s.c = static_cast<int>(x.dim(1));
+    s.h = static_cast<int>(x.dim(2));
+    s.w = static_cast<int>(x.dim(3));
+    s.k = static_cast<int>(w.dim(0));
+    s.r = static_cast<int>(kh);
+    s.s = static_cast<int>(kw);
+    s.pad_h = p.pad_top;
+    s.pad_w = p.pad_left;
+    s.stride = p.stride;
+    s.dtype = dtype_;
+    if (s.out_h() < 1 || s.out_w() < 1)
+      return Status::errorf("kernel ", kh, 'x', kw, " is larger than the padded input of x ",
+                            shape_str(x.shape()));
+    const Shape out_shape = {s.out_d(), w.dim(0), s.out_h(), s.out_w()};
+    if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
+    if (residual.defined()) {
+      LATENT_TRY(check_tensor("residual", residual, 4));
+      if (residual.shape() != out_shape)
+        return Status::errorf("residual ", shape_str(residual.shape()),
+                              " does not match the output ", shape_str(out_shape));
+    }
+    LATENT_TRY(check_activation(act));
+    // [T, Cout, Ho, Wo] NHWC = NDHWC [1][T][Ho][Wo][Cout]
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+    if (capturing_) {  // plans
+      LATENT_TRY(conv_plans_->forward_in(s, x.data(), w.data(), y.data(), *ctx_,
+                                         capture_workspace_ ? capture_workspace_->data() : nullptr,
+                                         capture_workspace_ ? capture_workspace_->bytes() : 0));
+    } else {
+      LATENT_TRY(conv_plans_->forward(s, x.data(), w.data(), y.data(), *ctx_, workspace_));
+    }
+    if (bias.defined() || residual.defined() || act != Activation::kNone) {
+      LATENT_TRY(cuda::launch_bias_residual_act(y.data(), bias.defined() ? bias.data() : nullptr,
+                                                residual.defined() ? residual.data() : nullptr,
+                                                y.numel(), out_shape[1], dtype_, act, launch_));
+    }
+    return y;
+  });
+}
+
 Result<Tensor> CudaBackend::clip_to_frames(const Tensor& clip) {
   return run("clip_to_frames", [&]() -> Result<Tensor> {
     LATENT_TRY(check_tensor("clip", clip, 5, "[1, C, T, H, W]"));
@@ -895,6 +963,7 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   options.tf32 = !env_is("LATENT_CUDA_TF32", "0");
   options.exhaustive_search = !env_is("LATENT_CUDNN_SEARCH", "heuristic");
   options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
+  options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
   LATENT_INFO("cuda backend: ", label, ", ", dtype_name(dtype), ", ",
               ctx->properties().multiProcessorCount, " SMs, cuDNN ", cudnnGetVersion(),
               options.tf32 ? "" : ", no TF32",

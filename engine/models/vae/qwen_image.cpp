@@ -70,7 +70,10 @@ struct CausalCache {
 // taps, as three 2-D convolutions; or one with a single tap (1x1x1).
 struct CausalConv {
   std::array<Tensor, 3> taps;  // [Cout, Cin, k, k] for time t - 2, t - 1, t (taps[2] only: 1 tap)
-  Tensor bias;                 // [Cout]
+  // The whole kernel [Cout, Cin, 3 * k, k] where the backend runs conv3d_frames(); then taps
+  // holds only taps[2] (image mode and the first frame of a clip).
+  Tensor fused;
+  Tensor bias;  // [Cout]
   Conv2dParams params;
   bool temporal = false;  // 3 taps
   int slot = -1;          // its CausalCache slot
@@ -95,10 +98,15 @@ struct CausalConv {
     }
     // xx: [T + 2, Cin, H, W], the 2 past frames then x
     LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, {past, x}));
-    LATENT_ASSIGN_OR_RETURN(Tensor y,
-                            b.conv2d(frame_view(xx, 0, t), taps[0], Tensor(), params, residual));
-    LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));
-    LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 2, t), taps[2], bias, params, y, act));
+    Tensor y;
+    if (fused.defined()) {
+      LATENT_ASSIGN_OR_RETURN(y, b.conv3d_frames(xx, fused, 3, bias, params, residual, act));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(y,
+                              b.conv2d(frame_view(xx, 0, t), taps[0], Tensor(), params, residual));
+      LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));
+      LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 2, t), taps[2], bias, params, y, act));
+    }
     LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(xx, t, 2)}));
     return y;
   }
@@ -110,9 +118,10 @@ class ParamLoader {
   ParamLoader(WeightBinder& binder, Backend& backend) : binder_(binder), backend_(backend) {}
 
   // WanCausalConv3d(in, out, (kt, k, k)) with kt = 3 (padding k/2 in space) or kt = k = 1.
-  // `rows` keeps only output channels [0, rows) (0: all). Cached convs get a slot.
+  // `rows` keeps only output channels [0, rows) (0: all). Cached convs get a slot. `fuse`: keep
+  // the whole kernel for conv3d_frames() where the backend runs it.
   CausalConv causal_conv(const std::string& prefix, int64_t in, int64_t out, int k, int kt,
-                         int64_t rows = 0) {
+                         int64_t rows = 0, bool fuse = true) {
     CausalConv c;
     c.params = Conv2dParams::same(k);
     c.temporal = kt == 3;
@@ -124,7 +133,14 @@ class ParamLoader {
       // w: [out, in, kt, k, k] -> taps[j]: [keep, in, k, k] at t = j
       const float* src = w.data_as<const float>();
       const int64_t plane = int64_t{k} * k;
-      for (int j = 0; j < kt; ++j) {
+      const bool fused = fuse && kt == 3 && backend_.supports_conv3d_frames();
+      if (fused) {
+        // [keep, in, kt, k, k] -> [keep, in, kt * k, k]: the same values (rows are a prefix)
+        Tensor s = Tensor::empty({keep, in, kt * k, k}, DType::kF32);
+        std::copy(src, src + keep * in * kt * k * k, s.data_as<float>());
+        c.fused = upload(s, prefix + ".weight");
+      }
+      for (int j = fused ? kt - 1 : 0; j < kt; ++j) {
         Tensor s = Tensor::empty({keep, in, k, k}, DType::kF32);
         float* dst = s.data_as<float>();
         for (int64_t oi = 0; oi < keep * in; ++oi) {
@@ -269,7 +285,8 @@ struct Resample {
       params.pad_bottom = params.pad_right = 1;
       r.conv = p.conv2d(prefix + ".resample.1", dim, dim, 3, params);
       if (temporal) {
-        r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim, 1, 3);
+        // stride 2 in time: run per tap (no conv3d_frames)
+        r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim, 1, 3, 0, /*fuse=*/false);
         r.time_conv->slot = -1;  // not a padded causal conv: its input comes from `slot`
       }
     }
