@@ -101,6 +101,10 @@ if has fixtures && [ -f .carry/ref/taesd.py ]; then
   pyenv
   timeout 300 python3 scripts/make_fixtures.py --out /tmp/fx --device cuda --taesd-py .carry/ref/taesd.py > $OUT/fixtures.log 2>&1
   rc=$?; echo "fixtures: exit $rc"; tail -3 $OUT/fixtures.log
+  # video fixtures: diffusers on CUDA against the committed (CPU-made) files
+  timeout 200 python3 scripts/make_video_fixtures.py --out tests/fixtures --device cuda --check > $OUT/video-fixtures.log 2>&1
+  vrc=$?; echo "video fixtures --check: exit $vrc"; tail -4 $OUT/video-fixtures.log
+  [ $rc = 0 ] && rc=$vrc
   tar czf $OUT/fixtures.tgz -C /tmp/fx .
   end fixtures $rc
 fi

@@ -13,6 +13,9 @@
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#ifdef LATENT_HAVE_CUDA
+#include "engine/backends/cuda/cuda_backend.h"  // a backend of its own for the fallback test
+#endif
 #include "engine/backends/registry.h"
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
@@ -250,6 +253,43 @@ TEST(CudaVideoOps, Conv3dFramesMatchesCpu) {
     }
   }
 }
+
+#ifdef LATENT_HAVE_CUDA
+// The fallback of conv3d_frames (one cuDNN 2-D convolution per tap over weights gathered from
+// the 3-D kernel, what runs where cuDNN has no 3-D plan), forced with LATENT_CUDA_CONV3D=taps on
+// a backend of its own: the op against the CPU, and a whole model against diffusers.
+TEST(CudaVideoOps, Conv3dFramesFallbackMatches) {
+  setenv("LATENT_CUDA_CONV3D", "taps", 1);
+  auto gpu = create_cuda_backend(0, DType::kBF16);
+  unsetenv("LATENT_CUDA_CONV3D");
+  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+  auto cpu = create_cpu_backend(DType::kF32);
+  ASSERT_TRUE(cpu.ok());
+  const Tensor x = test::random_tensor({5, 16, 12, 10}, 31);
+  const Tensor w = test::random_tensor({24, 16, 9, 3}, 32, -0.1f, 0.1f);
+  const Tensor bias = test::random_tensor({24}, 33);
+  auto want =
+      (*cpu)->conv3d_frames(x, w, 3, bias, Conv2dParams::same(3), Tensor(), Activation::kSiLU);
+  ASSERT_TRUE(want.ok()) << want.status().message();
+  auto got = (*gpu)->conv3d_frames(*(*gpu)->upload(x), *(*gpu)->upload(w), 3, *(*gpu)->upload(bias),
+                                   Conv2dParams::same(3), Tensor(), Activation::kSiLU);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_LT(relative_l2(host_of(**gpu, got), *want), 1e-2);
+
+  const std::string dir = test::fixtures_dir() + "/wan_vae_video_tiny";
+  auto model = load_vae(dir, *gpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  ASSERT_TRUE(io.ok());
+  auto x5 = (*gpu)->upload(*(*io)->tensor("sample"));
+  ASSERT_TRUE(x5.ok());
+  const Tensor lat = host_of(**gpu, (*model)->encode_video(*x5));
+  const double tol = std::max(
+      1e-2, 1.25 * relative_l2(*(*io)->tensor("latent_mean_bf16"), *(*io)->tensor("latent_mean")));
+  EXPECT_LT(relative_l2(lat, *(*io)->tensor("latent_mean")), tol);
+}
+
+#endif  // LATENT_HAVE_CUDA
 
 }  // namespace
 }  // namespace latent
