@@ -127,6 +127,9 @@ int cmd_inspect(const Args& a) {
     std::printf("normalisation: (z - %g) * %g\n", ls.shift[0], ls.scale[0]);
   else if (!ls.scale.empty())
     std::printf("normalisation: (z - mean[c]) * scale[c], per channel (%zu channels)\n", ls.scale.size());
+  if ((*model)->supports_video())
+    std::printf("video:         temporal factor %d (frame 0 alone, then %d frames a latent frame)\n",
+                (*model)->temporal_factor(), (*model)->temporal_factor());
   std::printf("backend:       %s, compute %s\n", (*model)->backend().name().c_str(),
               latent::dtype_name((*model)->backend().compute_dtype()));
   if (!info.description.empty()) {
@@ -304,6 +307,105 @@ int cmd_decode(const Args& a) {
 #endif  // LATENT_TOOL_OPENCV
 
 // --- run -------------------------------------------------------------------------------
+// video: a 5-D `sample` [N,3,T,H,W] / `latent` [N,C,t,h,w] through the model's video mode
+// (VaeStream), diffusers' conventions. --chunk N pushes N frames at a time (default: the whole
+// clip in one push); --stream-repeat K pushes the clip K times into one stream (a K times longer
+// clip: frames/s and peak memory of long streams; the output written is the first pass's).
+int run_video(const Args& a, latent::VaeModel& m, const Tensor& host_in, const Tensor& x, bool enc,
+              const std::string& part, const std::string& out) {
+  auto& b = m.backend();
+  if (!m.supports_video())
+    return fail(Status::errorf("run: ", latent::shape_str(host_in.shape()), " is a video tensor but ",
+                               m.info().architecture, " (", m.info().variant,
+                               ") has no video mode; pass [N, C, H, W] images"));
+  const int warmup = std::max(0, std::atoi(a.get("warmup", "1").c_str()));
+  const int repeat = std::max(1, std::atoi(a.get("repeat", "1").c_str()));
+  const int64_t frames = x.dim(2);
+  const int64_t chunk = std::atoll(a.get("chunk", "0").c_str());
+  const int passes = std::atoi(a.get("stream-repeat", "1").c_str());
+  if (chunk < 0 || passes < 1) return fail(Status::error("run: --chunk must be >= 0 and --stream-repeat >= 1"));
+  std::vector<double> times;
+  Tensor y;
+  int64_t out_frames = 0;
+  b.reset_peak_memory();
+  const int64_t base_bytes = b.peak_memory_bytes();  // weights and the input, resident before
+  for (int i = 0; i < warmup + repeat; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto stream = m.open_stream(enc);
+    if (!stream.ok()) return fail(stream.status());
+    std::vector<Tensor> parts;  // outputs of the first pass
+    int64_t produced = 0;
+    for (int pass = 0; pass < passes; ++pass) {
+      for (int64_t at = 0; at < frames;) {
+        const int64_t n = chunk > 0 ? std::min(chunk, frames - at) : frames;
+        Tensor piece = x;
+        if (n != frames) {
+          auto s = b.slice(x, 2, at, n);
+          if (!s.ok()) return fail(s.status());
+          piece = *s;
+        }
+        auto r = (*stream)->push(piece);
+        if (!r.ok()) return fail(r.status());
+        if (r->defined()) {
+          produced += r->dim(2);
+          if (pass == 0) parts.push_back(*r);
+        }
+        at += n;
+      }
+    }
+    int padded = 0;
+    auto tail = (*stream)->finish(&padded);
+    if (!tail.ok()) return fail(tail.status());
+    if (tail->defined()) {
+      produced += tail->dim(2);
+      if (passes == 1) parts.push_back(*tail);
+    }
+    Status s = b.synchronize();
+    if (!s.ok()) return fail(s);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= warmup) times.push_back(ms);
+    if (parts.empty()) return fail(Status::error("run: the clip produced no output"));
+    if (parts.size() == 1) {
+      y = parts[0];
+    } else {
+      auto joined = b.concat(parts, 2);
+      if (!joined.ok()) return fail(joined.status());
+      y = *joined;
+    }
+    out_frames = produced;
+    if (padded > 0 && i == 0)
+      std::fprintf(stderr, "%lld frames are not 1 + %d k: the last chunk was padded with %d copies "
+                   "of the last frame (as diffusers on the padded clip)\n",
+                   static_cast<long long>(frames), m.temporal_factor(), padded);
+  }
+  auto host_out = b.download(y);
+  if (!host_out.ok()) return fail(host_out.status());
+  const std::string out_name = enc ? "latent_mean" : "sample";
+  Status s = latent::write_safetensors(out, {{out_name, *host_out}},
+                                       {{"model", m.info().source.given}, {"part", part},
+                                        {"device", b.name()}, {"dtype", latent::dtype_name(b.compute_dtype())}});
+  if (!s.ok()) return fail(s);
+  // frames/s counts video frames: the encoder's input frames, the decoder's output frames.
+  const double video_frames = static_cast<double>(enc ? frames * passes : out_frames);
+  const double med = median(times);
+  std::printf("%s %s (video): %s -> %s %s on %s (%s): median %.3f ms over %d runs (min %.3f), "
+              "%.1f frames/s\n",
+              m.info().architecture.c_str(), part.c_str(), latent::shape_str(host_in.shape()).c_str(),
+              out_name.c_str(), latent::shape_str(host_out->shape()).c_str(), b.name().c_str(),
+              latent::dtype_name(b.compute_dtype()), med, repeat,
+              *std::min_element(times.begin(), times.end()), video_frames * 1000.0 / med);
+  if (a.options.count("json"))
+    std::printf("{\"part\": \"%s\", \"video\": true, \"median_ms\": %.4f, \"min_ms\": %.4f, "
+                "\"runs\": %d, \"frames\": %lld, \"frames_per_s\": %.3f, \"peak_bytes\": %lld, "
+                "\"base_bytes\": %lld, "
+                "\"device\": \"%s\", \"dtype\": \"%s\", \"graph\": false}\n",
+                part.c_str(), med, *std::min_element(times.begin(), times.end()), repeat,
+                static_cast<long long>(video_frames), video_frames * 1000.0 / med,
+                static_cast<long long>(b.peak_memory_bytes()), static_cast<long long>(base_bytes),
+                b.name().c_str(), latent::dtype_name(b.compute_dtype()));
+  return 0;
+}
+
 int cmd_run(const Args& a) {
   std::string part = a.get("part"), in = a.get("inputs"), out = a.get("outputs");
   if (part == "transformer") return cmd_run_transformer(a.options, a.positional);
@@ -324,6 +426,7 @@ int cmd_run(const Args& a) {
   auto& b = m.backend();
   auto x = b.upload(*host_in);
   if (!x.ok()) return fail(x.status());
+  if (host_in->rank() == 5) return run_video(a, m, *host_in, *x, enc, part, out);
   const int warmup = std::max(0, std::atoi(a.get("warmup", "1").c_str()));
   const int repeat = std::max(1, std::atoi(a.get("repeat", "1").c_str()));
   std::vector<double> times;
@@ -595,9 +698,14 @@ void make_cli(Cli& cli, Args& args) {
     c->choice("graph", "VAE parts: plan the part and replay it as a CUDA graph (default 1 on CUDA)",
               {"0", "1"});
     c->flag("json", "also print one JSON line of timings");
+    c->integer("chunk", "video models: frames (encoder) or latent frames (decoder) per push; 0: the whole clip",
+               0, 1 << 30);
+    c->integer("stream-repeat", "video models: push the clip K times into one stream", 1, 1 << 20);
     sub->footer(
         "encoder: `sample` [N,3,H,W] in [-1,1] -> `latent_mean` (TAESD family: `latents`)\n"
-        "decoder: `latent` (un-normalised) -> `sample` in [-1,1]\n" +
+        "decoder: `latent` (un-normalised) -> `sample` in [-1,1]\n"
+        "video models (5-D): `sample` [N,3,T,H,W] -> `latent_mean` [N,C,1+ceil((T-1)/4),h,w];\n"
+        "`latent` [N,C,t,h,w] -> `sample` [N,3,1+4(t-1),H,W]\n" +
         dit_usage_part("run"));
   }
   {

@@ -196,6 +196,20 @@ class Backend {
     (void)frames;
     return Status::errorf("frames_to_clip is not supported by backend ", name());
   }
+  // A 3-D convolution over the frames of one clip, valid in time (no temporal padding; a causal
+  // convolution's caller puts the cached frames in front): x [T + kt - 1, Cin, H, W] (frames
+  // along dim 0, image layout); w [Cout, Cin, kt * kh, kw], the 3-D kernel [Cout, Cin, kt, kh,
+  // kw] with its temporal and height axes merged and upload()ed as a 4-D tensor; spatial padding
+  // and stride p (symmetric) -> [T, Cout, Ho, Wo]; y = act(conv3d(x, w) + bias + residual).
+  // supports_conv3d_frames() says whether a backend runs it (else the caller composes it from
+  // conv2d, one call per temporal tap).
+  virtual bool supports_conv3d_frames() const { return false; }
+  virtual Result<Tensor> conv3d_frames(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
+                                       const Conv2dParams& p, const Tensor& residual = Tensor(),
+                                       Activation act = Activation::kNone) {
+    (void)x, (void)w, (void)kt, (void)bias, (void)p, (void)residual, (void)act;
+    return Status::errorf("conv3d_frames is not supported by backend ", name());
+  }
   // === end of video clips ===================================================================
 
   // === Graph capture and plan persistence (plans) ===========================================

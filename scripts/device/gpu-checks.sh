@@ -19,6 +19,8 @@
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
 #   pygi          builds PyGObject for the device's python3 from .carry/pygi (for the Python jobs)  ~1 min
 #   nvdec         bench_stream_nvdec.py: H.264 file ! nvh264dec ! vaeencode ! vaedecode at 1080p vs the kernel bound  ~2 min
+#   video         bench_video_vae.py: Wan 2.1 VAE, 81 frames at 832x480 / 1280x720 + ~1,000-frame
+#                 streams, eager+compile+ours (VIDEO_SIZES VIDEO_PARTS VIDEO_COMPILE VIDEO_BUDGET)  ~6-9 min
 #   attention     /tmp/dev/bin/bench_attention (ATTN_ARGS), skipped if absent  ~1-3 min
 #   dit           bench_dit.py: full-size DiT step, eager + regional compile + ours, DIT_CASES  ~5-7 min
 #                 (DIT_ACCURACY=1: also the fp32 reference in the same run, one weight write and one ours load)
@@ -103,6 +105,10 @@ if has fixtures && [ -f .carry/ref/taesd.py ]; then
   pyenv
   timeout 300 python3 scripts/make_fixtures.py --out /tmp/fx --device cuda --taesd-py .carry/ref/taesd.py > $OUT/fixtures.log 2>&1
   rc=$?; echo "fixtures: exit $rc"; tail -3 $OUT/fixtures.log
+  # video fixtures: diffusers on CUDA against the committed (CPU-made) files
+  timeout 200 python3 scripts/make_video_fixtures.py --out tests/fixtures --device cuda --check > $OUT/video-fixtures.log 2>&1
+  vrc=$?; echo "video fixtures --check: exit $vrc"; tail -4 $OUT/video-fixtures.log
+  [ $rc = 0 ] && rc=$vrc
   tar czf $OUT/fixtures.tgz -C /tmp/fx .
   end fixtures $rc
 fi
@@ -174,6 +180,16 @@ if has nvdec; then
     --qwen-dir /tmp/latent-bench/qwen --tool /tmp/dev/bin/latent-tool --out $OUT/bench-nvdec.json > $OUT/nvdec.log 2>&1
   rc=$?; tail -8 $OUT/nvdec.log
   end nvdec $rc "$(table $OUT/nvdec.log 'pipeline ')"
+fi
+
+if has video; then
+  begin video; pyenv
+  timeout ${VIDEO_TIMEOUT:-570} python3 bench/bench_video_vae.py --tool /tmp/dev/bin/latent-tool \
+    --out $OUT/bench-video.json --workdir /tmp/latent-bench --sizes ${VIDEO_SIZES:-832x480,1280x720} \
+    --parts ${VIDEO_PARTS:-encoder,decoder} --compile ${VIDEO_COMPILE:-static} \
+    --budget-s ${VIDEO_BUDGET:-480} > $OUT/video.log 2>&1
+  rc=$?; tail -14 $OUT/video.log
+  end video $rc "$(table $OUT/video.log 'part    size')"
 fi
 
 if has attention; then

@@ -54,11 +54,12 @@ TEST_P(LatentToolRun, MatchesDiffusers) {
     const char* out_name;
     const char* want;
   };
-  for (Part p : {Part{"encoder", c.latent_name, "latent_mean"}, Part{"decoder", "sample", "decoded"}}) {
+  for (Part p :
+       {Part{"encoder", c.latent_name, "latent_mean"}, Part{"decoder", "sample", "decoded"}}) {
     const std::string file = out + "-" + p.part + ".safetensors";
-    ToolRun r = run_tool(std::string("run --device cpu --dtype fp32 --model ") + model + " --part " +
-                         p.part + " --inputs " + dir + "/io.safetensors --outputs " + file +
-                         " --repeat 2");
+    ToolRun r =
+        run_tool(std::string("run --device cpu --dtype fp32 --model ") + model + " --part " +
+                 p.part + " --inputs " + dir + "/io.safetensors --outputs " + file + " --repeat 2");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("median"), std::string::npos) << r.output;  // it prints its timing
     auto got = SafetensorsFile::open(file);
@@ -79,8 +80,47 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny_taesd_single", "taesd_encoder.safetensors", "latents"},
                     Case{"tiny_taef2", "taef2.safetensors", "latents"},
                     Case{"qwen_image_vae_tiny", "", "latent_mean"},
-                    Case{"qwen_image_vae_tiny_single", "vae_single.safetensors", "latent_mean"}),
+                    Case{"qwen_image_vae_tiny_single", "vae_single.safetensors", "latent_mean"},
+                    // video (5-D [N, C, T, H, W]; scripts/make_video_fixtures.py)
+                    Case{"wan_vae_video_tiny", "", "latent_mean"},
+                    Case{"wan_vae_video_tiny_single", "vae_single.safetensors", "latent_mean"},
+                    Case{"qwen_image_vae_video_tiny", "", "latent_mean"}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.fixture); });
+
+// A clip whose length is not 1 + 4k, fed 3 frames a push: diffusers on the clip padded with its
+// last frame; `inspect` reports the video mode.
+TEST(LatentToolVideo, ChunkedOddClipAndInspect) {
+  ASSERT_NE(std::getenv("LATENT_TOOL"), nullptr) << "run through ctest (LATENT_TOOL)";
+  const std::string dir = test::fixtures_dir() + "/wan_vae_video_tiny";
+  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status().message();
+  const std::string in = test::temp_dir() + "/odd_clip.safetensors";
+  ASSERT_TRUE(write_safetensors(in, {{"sample", *(*io)->tensor("sample_odd")}}).ok());
+  const std::string out = test::temp_dir() + "/odd_latents.safetensors";
+  ToolRun r = run_tool("run --device cpu --model " + dir + " --part encoder --inputs " + in +
+                       " --outputs " + out + " --chunk 3 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("padded with 2 copies"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"frames_per_s\""), std::string::npos) << r.output;
+  auto got = SafetensorsFile::open(out);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  auto y = (*got)->tensor("latent_mean");
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  auto want = (*io)->tensor("latent_mean_odd");
+  ASSERT_TRUE(want.ok());
+  ASSERT_EQ(shape_str(y->shape()), shape_str(want->shape()));
+  EXPECT_LT(relative_l2(*y, *want), 1e-3);
+
+  r = run_tool("inspect --device cpu " + dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("video: temporal factor 4"), std::string::npos) << r.output;
+
+  // 5-D input to an image model: an error naming the model, no crash.
+  r = run_tool("run --device cpu --model " + test::fixtures_dir() +
+               "/kl_tiny --part encoder --inputs " + in + " --outputs " + out);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("no video mode"), std::string::npos) << r.output;
+}
 
 TEST(LatentToolErrors, NameTheProblem) {
   ASSERT_NE(std::getenv("LATENT_TOOL"), nullptr) << "run through ctest (LATENT_TOOL)";

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backends/cpu/cpu_backend.h"
 #include "engine/models/vae/vae.h"
 #include "tests/util/test_util.h"
 #include "tests/util/vae_test_util.h"
@@ -155,6 +156,33 @@ TEST_P(WanVideo, StreamingInAnyChunkingEqualsWholeClip) {
   const Tensor whole_enc = down(b, vae->encode_video(up(b, t["sample"])));
   expect_close(stream_in_chunks(*vae, true, t["sample"], {1}), whole_enc, kSameTolerance,
                "encoder frame by frame vs whole clip");
+}
+
+// The models' fused path (Backend::conv3d_frames, what CUDA runs through cuDNN's 3-D
+// convolution): a CPU backend made with LATENT_CPU_CONV3D=1 offers the op (as one conv2d per
+// tap over the merged kernel), so the merged weight layout and its use are checked here too.
+TEST_P(WanVideo, FusedConv3dPathMatchesDiffusers) {
+  setenv("LATENT_CPU_CONV3D", "1", 1);
+  auto backend = create_cpu_backend(DType::kF32);
+  unsetenv("LATENT_CPU_CONV3D");
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  ASSERT_TRUE((*backend)->supports_conv3d_frames());
+  auto vae = load_vae(model_path(GetParam()), *backend);
+  ASSERT_TRUE(vae.ok()) << vae.status().message();
+  auto t = io(GetParam());
+  Backend& b = **backend;
+  expect_close(down(b, (*vae)->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
+               "encode_video (fused)");
+  expect_close(down(b, (*vae)->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
+               "decode_video (fused)");
+  expect_close(stream_in_chunks(**vae, true, t["sample_odd"], {2, 3}), t["latent_mean_odd"],
+               kTolerance, "encoder chunks of 2, 3 (fused)");
+  // image mode still runs on the last tap
+  auto frame0 = host_frames(t["sample"], 0, 1).reshape({1, 3, 24, 40});
+  ASSERT_TRUE(frame0.ok());
+  auto lat0 = host_frames(t["latent_mean"], 0, 1).reshape({1, 16, 3, 5});
+  ASSERT_TRUE(lat0.ok());
+  expect_close(down(b, (*vae)->encode(up(b, *frame0))), *lat0, kTolerance, "encode(frame 0)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, WanVideo, ::testing::ValuesIn(kCases));

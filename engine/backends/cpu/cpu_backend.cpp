@@ -3,6 +3,8 @@
 #include "engine/backends/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -20,7 +22,10 @@ bool valid_activation(Activation act) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(DType dtype) : dtype_(dtype), dnnl_(std::make_unique<cpu::DnnlContext>()) {}
+CpuBackend::CpuBackend(DType dtype) : dtype_(dtype), dnnl_(std::make_unique<cpu::DnnlContext>()) {
+  const char* c = std::getenv("LATENT_CPU_CONV3D");
+  conv3d_ = c && std::string(c) == "1";
+}
 CpuBackend::~CpuBackend() = default;
 
 Result<std::shared_ptr<Backend>> create_cpu_backend(DType dtype) {
@@ -306,9 +311,38 @@ Result<Tensor> CpuBackend::frames_to_clip(const Tensor& frames) {
   return guarded("frames_to_clip", [&]() -> Result<Tensor> {
     LATENT_TRY(check_tensor("frames_to_clip", "frames", frames, dtype_, 4, "[T, C, H, W]"));
     // [T, C, H, W] -> [1, C, T, H, W]
-    return cpu::swap_clip_planes(
-        frames, {1, frames.dim(1), frames.dim(0), frames.dim(2), frames.dim(3)});
+    return cpu::swap_clip_planes(frames,
+                                 {1, frames.dim(1), frames.dim(0), frames.dim(2), frames.dim(3)});
   });
+}
+
+Result<Tensor> CpuBackend::conv3d_frames(const Tensor& x, const Tensor& w, int kt,
+                                         const Tensor& bias, const Conv2dParams& p,
+                                         const Tensor& residual, Activation act) {
+  LATENT_TRY(check_tensor("conv3d_frames", "input x", x, dtype_, 4, "[T + kt - 1, Cin, H, W]"));
+  LATENT_TRY(check_tensor("conv3d_frames", "weight w", w, dtype_, 4, "[Cout, Cin, kt * kh, kw]"));
+  if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || x.dim(0) < kt)
+    return Status::errorf("conv3d_frames: weight w ", shape_str(w.shape()), " with ", kt,
+                          " temporal taps does not fit frames x ", shape_str(x.shape()));
+  const int64_t t = x.dim(0) - kt + 1, kh = w.dim(2) / kt, kw = w.dim(3);
+  const int64_t cout = w.dim(0), cin = w.dim(1);
+  const size_t es = dtype_size(dtype_);
+  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
+  Tensor y = residual;
+  for (int j = 0; j < kt; ++j) {
+    // tap j: w[:, :, j * kh : (j + 1) * kh, :] -> [Cout, Cin, kh, kw]
+    Tensor tap = Tensor::empty({cout, cin, kh, kw}, dtype_);
+    const size_t run = static_cast<size_t>(kh * kw) * es;
+    for (int64_t oi = 0; oi < cout * cin; ++oi)
+      std::memcpy(static_cast<char*>(tap.data()) + oi * run,
+                  static_cast<const char*>(w.data()) + (oi * kt + j) * run, run);
+    const Tensor in = Tensor::from_storage(x.storage(), x.byte_offset() + frame * j,
+                                           {t, x.dim(1), x.dim(2), x.dim(3)}, x.dtype());
+    const bool last = j == kt - 1;
+    LATENT_ASSIGN_OR_RETURN(
+        y, conv2d(in, tap, last ? bias : Tensor(), p, y, last ? act : Activation::kNone));
+  }
+  return y;
 }
 
 }  // namespace latent

@@ -51,6 +51,13 @@ class CpuBackend final : public Backend {
                                    int heads) override;
   Result<Tensor> clip_to_frames(const Tensor& clip) override;
   Result<Tensor> frames_to_clip(const Tensor& frames) override;
+  // conv3d_frames() runs here as one conv2d per temporal tap (the reference of the CUDA op);
+  // models only use it when LATENT_CPU_CONV3D=1 was set when the backend was made (tests of
+  // the models' fused path), else they compose the taps themselves.
+  bool supports_conv3d_frames() const override { return conv3d_; }
+  Result<Tensor> conv3d_frames(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
+                               const Conv2dParams& p, const Tensor& residual = Tensor(),
+                               Activation act = Activation::kNone) override;
 
   // === DiT ops: defined in dit_ops.cpp (kernels in dit_kernels.cpp, see dit_ops.h) ===========
   bool supports_dit(DitOp op, DType dtype) const override;
@@ -87,6 +94,7 @@ class CpuBackend final : public Backend {
   Tensor to_storage(Tensor y) const;
 
   DType dtype_;
+  bool conv3d_ = false;
   std::unique_ptr<cpu::DnnlContext> dnnl_;
 };
 

@@ -61,6 +61,10 @@ const char* algo_name(cudnnConvolutionFwdAlgo_t a) {
 }
 
 std::string describe(const ConvShape& s) {
+  if (s.kt > 1)  // video: a 3-D convolution over the frames of one clip
+    return str_cat(dtype_name(s.dtype), " x[", s.c, ", ", s.d, ", ", s.h, ", ", s.w, "] * w[", s.k,
+                   ", ", s.c, ", ", s.kt, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ",
+                   s.pad_h, "/", s.pad_w, " (3-D)");
   return str_cat(dtype_name(s.dtype), " x[", s.n, ", ", s.c, ", ", s.h, ", ", s.w, "] * w[", s.k,
                  ", ", s.c, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ", s.pad_h, "/",
                  s.pad_w);
@@ -94,28 +98,53 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
   auto plan = std::make_unique<Plan>();
   const cudnnDataType_t dt = cudnn_type(shape.dtype);
   LATENT_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->x));
-  LATENT_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NHWC, dt, shape.n, shape.c,
-                                               shape.h, shape.w));
   LATENT_CUDA_CHECK(cudnnCreateFilterDescriptor(&plan->w));
-  LATENT_CUDA_CHECK(cudnnSetFilter4dDescriptor(plan->w, dt, CUDNN_TENSOR_NHWC, shape.k, shape.c,
-                                               shape.r, shape.s));
   LATENT_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
-  LATENT_CUDA_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, shape.pad_h, shape.pad_w,
-                                                    shape.stride, shape.stride, 1, 1,
-                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  LATENT_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->y));
+  if (shape.kt > 1) {
+    // video: NDHWC [1][d][h][w][c] * KTRSC [k][kt][r][s][c] -> [1][d - kt + 1][oh][ow][k]
+    const int xdim[5] = {1, shape.c, shape.d, shape.h, shape.w};
+    LATENT_CUDA_CHECK(cudnnSetTensorNdDescriptorEx(plan->x, CUDNN_TENSOR_NHWC, dt, 5, xdim));
+    const int wdim[5] = {shape.k, shape.c, shape.kt, shape.r, shape.s};
+    LATENT_CUDA_CHECK(cudnnSetFilterNdDescriptor(plan->w, dt, CUDNN_TENSOR_NHWC, 5, wdim));
+    const int pad[3] = {0, shape.pad_h, shape.pad_w};
+    const int stride[3] = {1, shape.stride, shape.stride};
+    const int dilation[3] = {1, 1, 1};
+    LATENT_CUDA_CHECK(cudnnSetConvolutionNdDescriptor(plan->conv, 3, pad, stride, dilation,
+                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  } else {
+    LATENT_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NHWC, dt, shape.n, shape.c,
+                                                 shape.h, shape.w));
+    LATENT_CUDA_CHECK(cudnnSetFilter4dDescriptor(plan->w, dt, CUDNN_TENSOR_NHWC, shape.k, shape.c,
+                                                 shape.r, shape.s));
+    LATENT_CUDA_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, shape.pad_h, shape.pad_w,
+                                                      shape.stride, shape.stride, 1, 1,
+                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  }
   const bool tensor_ops = shape.dtype != DType::kF32 || tf32_;
   LATENT_CUDA_CHECK(
       cudnnSetConvolutionMathType(plan->conv, tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
-  int on = 0, oc = 0, oh = 0, ow = 0;
-  LATENT_CUDA_CHECK(
-      cudnnGetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &on, &oc, &oh, &ow));
-  if (on != shape.n || oc != shape.k || oh != shape.out_h() || ow != shape.out_w())
-    return Status::errorf("conv2d: cuDNN output [", on, ", ", oc, ", ", oh, ", ", ow,
-                          "] differs from the expected [", shape.n, ", ", shape.k, ", ",
-                          shape.out_h(), ", ", shape.out_w(), "] for ", describe(shape));
-  LATENT_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->y));
-  LATENT_CUDA_CHECK(
-      cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NHWC, dt, shape.n, shape.k, oh, ow));
+  if (shape.kt > 1) {
+    int out[5] = {0, 0, 0, 0, 0};
+    LATENT_CUDA_CHECK(cudnnGetConvolutionNdForwardOutputDim(plan->conv, plan->x, plan->w, 5, out));
+    if (out[0] != 1 || out[1] != shape.k || out[2] != shape.out_d() || out[3] != shape.out_h() ||
+        out[4] != shape.out_w())
+      return Status::errorf("conv3d: cuDNN output [", out[0], ", ", out[1], ", ", out[2], ", ",
+                            out[3], ", ", out[4], "] differs from the expected [1, ", shape.k, ", ",
+                            shape.out_d(), ", ", shape.out_h(), ", ", shape.out_w(), "] for ",
+                            describe(shape));
+    LATENT_CUDA_CHECK(cudnnSetTensorNdDescriptorEx(plan->y, CUDNN_TENSOR_NHWC, dt, 5, out));
+  } else {
+    int on = 0, oc = 0, oh = 0, ow = 0;
+    LATENT_CUDA_CHECK(
+        cudnnGetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &on, &oc, &oh, &ow));
+    if (on != shape.n || oc != shape.k || oh != shape.out_h() || ow != shape.out_w())
+      return Status::errorf("conv2d: cuDNN output [", on, ", ", oc, ", ", oh, ", ", ow,
+                            "] differs from the expected [", shape.n, ", ", shape.k, ", ",
+                            shape.out_h(), ", ", shape.out_w(), "] for ", describe(shape));
+    LATENT_CUDA_CHECK(
+        cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NHWC, dt, shape.n, shape.k, oh, ow));
+  }
 
   const size_t limit = workspace_limit();
   // === plans: a choice saved by an earlier process for this GPU and library versions ===
@@ -211,9 +240,13 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
 
 // === plans ===
 std::string ConvPlanCache::plan_key(const ConvShape& s) const {
-  return str_cat("conv2d ", dtype_name(s.dtype), " tf32=", tf32_ ? 1 : 0, " x=", s.n, ",", s.c,
-                 ",", s.h, ",", s.w, " w=", s.k, ",", s.r, ",", s.s, " pad=", s.pad_h, ",",
-                 s.pad_w, " stride=", s.stride);
+  if (s.kt > 1)  // video
+    return str_cat("conv3d ", dtype_name(s.dtype), " tf32=", tf32_ ? 1 : 0, " x=", s.c, ",", s.d,
+                   ",", s.h, ",", s.w, " w=", s.k, ",", s.kt, ",", s.r, ",", s.s, " pad=", s.pad_h,
+                   ",", s.pad_w, " stride=", s.stride);
+  return str_cat("conv2d ", dtype_name(s.dtype), " tf32=", tf32_ ? 1 : 0, " x=", s.n, ",", s.c, ",",
+                 s.h, ",", s.w, " w=", s.k, ",", s.r, ",", s.s, " pad=", s.pad_h, ",", s.pad_w,
+                 " stride=", s.stride);
 }
 
 Status ConvPlanCache::forward_in(const ConvShape& shape, const void* x, const void* w, void* y,

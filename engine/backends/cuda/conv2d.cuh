@@ -5,6 +5,8 @@
 // (cudnnFindConvolutionForwardAlgorithmEx; LATENT_CUDNN_SEARCH=heuristic takes cuDNN's
 // heuristic choice instead, without running anything), and kept in a map for later calls.
 // cuDNN only pads symmetrically: the caller zero-pads the input explicitly for the rest.
+// video: with kt > 1 the same plans run a 3-D convolution over the frames of one clip (NDHWC
+// input [1][d][h][w][c], KTRSC filter, valid in time), for Backend::conv3d_frames().
 #pragma once
 
 #include <cudnn.h>
@@ -26,10 +28,14 @@ struct ConvShape {
   int pad_h = 0, pad_w = 0;        // symmetric padding cuDNN applies
   int stride = 1;
   DType dtype = DType::kF32;
+  int d = 1, kt = 1;  // video: input frames and temporal taps (kt > 1: a 3-D convolution, n = 1)
 
   int out_h() const { return (h + 2 * pad_h - r) / stride + 1; }
   int out_w() const { return (w + 2 * pad_w - s) / stride + 1; }
-  auto key() const { return std::make_tuple(n, c, h, w, k, r, s, pad_h, pad_w, stride, dtype); }
+  int out_d() const { return d - kt + 1; }
+  auto key() const {
+    return std::make_tuple(n, c, h, w, k, r, s, pad_h, pad_w, stride, dtype, d, kt);
+  }
   bool operator<(const ConvShape& o) const { return key() < o.key(); }
 };
 

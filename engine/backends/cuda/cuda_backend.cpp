@@ -15,6 +15,10 @@
 //   LATENT_CUDA_TF32=0             exact fp32 convolutions (no TF32 tensor cores)
 //   LATENT_CUDA_ATTENTION=simple   the CUDA-core attention kernel even for bf16/fp16
 //   LATENT_CUDA_POISON=1           fill new buffers with NaN (tests: catches unwritten outputs)
+//   LATENT_CUDA_CONV3D=0           video: no conv3d_frames (video VAEs compose causal 3-D
+//                                  convolutions from one cuDNN 2-D convolution per temporal tap)
+//   LATENT_CUDA_CONV3D=taps        video: conv3d_frames by its fallback, one 2-D conv per tap
+//                                  (what runs where cuDNN has no 3-D plan; tests)
 #include "engine/backends/cuda/cuda_backend.h"
 
 #include <cudnn.h>
@@ -73,6 +77,8 @@ class CudaBackend final : public Backend {
     bool tf32 = true;
     bool exhaustive_search = true;
     bool tensor_core_attention = true;
+    bool conv3d = true;         // video: cuDNN 3-D convolutions for conv3d_frames()
+    bool conv3d_taps = false;   // video: conv3d_frames through its 2-D fallback (tests)
   };
 
   CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
@@ -83,6 +89,7 @@ class CudaBackend final : public Backend {
         cudnn_(cudnn),
         conv_plans_(
             std::make_unique<cuda::ConvPlanCache>(cudnn, options.tf32, options.exhaustive_search)) {
+    conv3d_failed_ = options.conv3d_taps;  // video
     launch_.stream = ctx_->stream();
     launch_.sm_count = ctx_->properties().multiProcessorCount;
     launch_.smem_optin = ctx_->properties().sharedMemPerBlockOptin;
@@ -145,6 +152,10 @@ class CudaBackend final : public Backend {
   // video: clips <-> frames (launch_transpose), frames joined along dim 0 (concat below)
   Result<Tensor> clip_to_frames(const Tensor& clip) override;
   Result<Tensor> frames_to_clip(const Tensor& frames) override;
+  bool supports_conv3d_frames() const override { return options_.conv3d; }
+  Result<Tensor> conv3d_frames(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
+                               const Conv2dParams& p, const Tensor& residual,
+                               Activation act) override;
 
   // === plans: graph capture and the on-disk plan cache (graph.h) ===
   bool supports_capture() const override { return true; }
@@ -199,6 +210,13 @@ class CudaBackend final : public Backend {
   // === end cuda-dit ===
 
  private:
+  Result<Tensor> conv2d_locked(const Tensor& x, const Tensor& w, const Tensor& bias,
+                               const Conv2dParams& p, const Tensor& residual, Activation act);
+  // video: conv3d_frames as one conv2d per temporal tap (where cuDNN has no 3-D plan).
+  Result<Tensor> conv3d_by_taps(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
+                                const Conv2dParams& p, const Tensor& residual, Activation act);
+  bool conv3d_failed_ = false;  // video: cuDNN refused a 3-D plan once; taps from then on
+
   // Runs an op body with the lock held and the device current; failures name op and device.
   template <typename F>
   Result<Tensor> run(const char* op, F&& body) {
@@ -448,81 +466,86 @@ Status CudaBackend::save_plans() {
 
 Result<Tensor> CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                    const Conv2dParams& p, const Tensor& residual, Activation act) {
-  return run("conv2d", [&]() -> Result<Tensor> {
-    LATENT_TRY(check_tensor("input x", x, 4));
-    LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kh, kw]"));
-    if (w.dim(1) != x.dim(1))
-      return Status::errorf("weight w ", shape_str(w.shape()), " expects ", w.dim(1),
-                            " input channels but x is ", shape_str(x.shape()));
-    if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
-      return Status::errorf("invalid stride ", p.stride, " or padding (top ", p.pad_top,
-                            ", bottom ", p.pad_bottom, ", left ", p.pad_left, ", right ",
-                            p.pad_right, ")");
-    const int64_t hp = x.dim(2) + p.pad_top + p.pad_bottom,
-                  wp = x.dim(3) + p.pad_left + p.pad_right;
-    if (hp < w.dim(2) || wp < w.dim(3))
-      return Status::errorf("kernel ", w.dim(2), 'x', w.dim(3), " is larger than the padded input ",
-                            hp, 'x', wp, " of x ", shape_str(x.shape()));
-    const int64_t big = std::numeric_limits<int32_t>::max();
-    if (hp > big || wp > big || x.dim(0) > big || x.dim(1) > big || w.dim(0) > big)
-      return Status::errorf("x ", shape_str(x.shape()), " is too large for cuDNN");
-    const Shape out_shape = {x.dim(0), w.dim(0), (hp - w.dim(2)) / p.stride + 1,
-                             (wp - w.dim(3)) / p.stride + 1};
-    if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
-    if (residual.defined()) {
-      LATENT_TRY(check_tensor("residual", residual, 4));
-      if (residual.shape() != out_shape)
-        return Status::errorf("residual ", shape_str(residual.shape()),
-                              " does not match the output ", shape_str(out_shape), " of x ",
-                              shape_str(x.shape()), " * w ", shape_str(w.shape()));
-    }
-    LATENT_TRY(check_activation(act));
+  return run("conv2d", [&] { return conv2d_locked(x, w, bias, p, residual, act); });
+}
 
-    // cuDNN pads symmetrically; whatever one side has beyond the other is padded here.
-    const int sym_h = std::min(p.pad_top, p.pad_bottom), sym_w = std::min(p.pad_left, p.pad_right);
-    const int extra_t = p.pad_top - sym_h, extra_b = p.pad_bottom - sym_h;
-    const int extra_l = p.pad_left - sym_w, extra_r = p.pad_right - sym_w;
-    cuda::ConvShape s;
-    s.n = static_cast<int>(x.dim(0));
-    s.c = static_cast<int>(x.dim(1));
-    s.h = static_cast<int>(x.dim(2) + extra_t + extra_b);
-    s.w = static_cast<int>(x.dim(3) + extra_l + extra_r);
-    s.k = static_cast<int>(w.dim(0));
-    s.r = static_cast<int>(w.dim(2));
-    s.s = static_cast<int>(w.dim(3));
-    s.pad_h = sym_h;
-    s.pad_w = sym_w;
-    s.stride = p.stride;
-    s.dtype = dtype_;
-    if (s.out_h() != out_shape[2] || s.out_w() != out_shape[3])
-      return Status::errorf("internal error: output ", s.out_h(), 'x', s.out_w(),
-                            " != ", shape_str(out_shape));
+// conv2d's body, with the lock held (also conv3d_frames' fallback, one call per tap).
+Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                          const Conv2dParams& p, const Tensor& residual,
+                                          Activation act) {
+  LATENT_TRY(check_tensor("input x", x, 4));
+  LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kh, kw]"));
+  if (w.dim(1) != x.dim(1))
+    return Status::errorf("weight w ", shape_str(w.shape()), " expects ", w.dim(1),
+                          " input channels but x is ", shape_str(x.shape()));
+  if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
+    return Status::errorf("invalid stride ", p.stride, " or padding (top ", p.pad_top,
+                          ", bottom ", p.pad_bottom, ", left ", p.pad_left, ", right ",
+                          p.pad_right, ")");
+  const int64_t hp = x.dim(2) + p.pad_top + p.pad_bottom,
+                wp = x.dim(3) + p.pad_left + p.pad_right;
+  if (hp < w.dim(2) || wp < w.dim(3))
+    return Status::errorf("kernel ", w.dim(2), 'x', w.dim(3), " is larger than the padded input ",
+                          hp, 'x', wp, " of x ", shape_str(x.shape()));
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (hp > big || wp > big || x.dim(0) > big || x.dim(1) > big || w.dim(0) > big)
+    return Status::errorf("x ", shape_str(x.shape()), " is too large for cuDNN");
+  const Shape out_shape = {x.dim(0), w.dim(0), (hp - w.dim(2)) / p.stride + 1,
+                           (wp - w.dim(3)) / p.stride + 1};
+  if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
+  if (residual.defined()) {
+    LATENT_TRY(check_tensor("residual", residual, 4));
+    if (residual.shape() != out_shape)
+      return Status::errorf("residual ", shape_str(residual.shape()),
+                            " does not match the output ", shape_str(out_shape), " of x ",
+                            shape_str(x.shape()), " * w ", shape_str(w.shape()));
+  }
+  LATENT_TRY(check_activation(act));
 
-    TempBuffer padded;
-    const void* input = x.data();
-    if (extra_t || extra_b || extra_l || extra_r) {
-      const size_t bytes = static_cast<size_t>(s.n) * s.h * s.w * s.c * dtype_size(dtype_);
-      LATENT_TRY(padded.allocate(*ctx_, bytes));
-      LATENT_TRY(cuda::launch_pad(x.data(), padded.get(), x.dim(0), x.dim(2), x.dim(3), x.dim(1),
-                                  extra_t, extra_b, extra_l, extra_r, dtype_size(dtype_), launch_));
-      input = padded.get();
-    }
-    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
-    if (capturing_) {  // plans: the graph's own workspace (begin_capture)
-      LATENT_TRY(conv_plans_->forward_in(
-          s, input, w.data(), y.data(), *ctx_,
-          capture_workspace_ ? capture_workspace_->data() : nullptr,
-          capture_workspace_ ? capture_workspace_->bytes() : 0));
-    } else {
-      LATENT_TRY(conv_plans_->forward(s, input, w.data(), y.data(), *ctx_, workspace_));
-    }
-    if (bias.defined() || residual.defined() || act != Activation::kNone) {
-      LATENT_TRY(cuda::launch_bias_residual_act(y.data(), bias.defined() ? bias.data() : nullptr,
-                                                residual.defined() ? residual.data() : nullptr,
-                                                y.numel(), out_shape[1], dtype_, act, launch_));
-    }
-    return y;
-  });
+  // cuDNN pads symmetrically; whatever one side has beyond the other is padded here.
+  const int sym_h = std::min(p.pad_top, p.pad_bottom), sym_w = std::min(p.pad_left, p.pad_right);
+  const int extra_t = p.pad_top - sym_h, extra_b = p.pad_bottom - sym_h;
+  const int extra_l = p.pad_left - sym_w, extra_r = p.pad_right - sym_w;
+  cuda::ConvShape s;
+  s.n = static_cast<int>(x.dim(0));
+  s.c = static_cast<int>(x.dim(1));
+  s.h = static_cast<int>(x.dim(2) + extra_t + extra_b);
+  s.w = static_cast<int>(x.dim(3) + extra_l + extra_r);
+  s.k = static_cast<int>(w.dim(0));
+  s.r = static_cast<int>(w.dim(2));
+  s.s = static_cast<int>(w.dim(3));
+  s.pad_h = sym_h;
+  s.pad_w = sym_w;
+  s.stride = p.stride;
+  s.dtype = dtype_;
+  if (s.out_h() != out_shape[2] || s.out_w() != out_shape[3])
+    return Status::errorf("internal error: output ", s.out_h(), 'x', s.out_w(),
+                          " != ", shape_str(out_shape));
+
+  TempBuffer padded;
+  const void* input = x.data();
+  if (extra_t || extra_b || extra_l || extra_r) {
+    const size_t bytes = static_cast<size_t>(s.n) * s.h * s.w * s.c * dtype_size(dtype_);
+    LATENT_TRY(padded.allocate(*ctx_, bytes));
+    LATENT_TRY(cuda::launch_pad(x.data(), padded.get(), x.dim(0), x.dim(2), x.dim(3), x.dim(1),
+                                extra_t, extra_b, extra_l, extra_r, dtype_size(dtype_), launch_));
+    input = padded.get();
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+  if (capturing_) {  // plans: the graph's own workspace (begin_capture)
+    LATENT_TRY(conv_plans_->forward_in(
+        s, input, w.data(), y.data(), *ctx_,
+        capture_workspace_ ? capture_workspace_->data() : nullptr,
+        capture_workspace_ ? capture_workspace_->bytes() : 0));
+  } else {
+    LATENT_TRY(conv_plans_->forward(s, input, w.data(), y.data(), *ctx_, workspace_));
+  }
+  if (bias.defined() || residual.defined() || act != Activation::kNone) {
+    LATENT_TRY(cuda::launch_bias_residual_act(y.data(), bias.defined() ? bias.data() : nullptr,
+                                              residual.defined() ? residual.data() : nullptr,
+                                              y.numel(), out_shape[1], dtype_, act, launch_));
+  }
+  return y;
 }
 
 Result<Tensor> CudaBackend::group_norm(const Tensor& x, int groups, const Tensor& gamma,
@@ -808,6 +831,102 @@ Result<Tensor> CudaBackend::concat(const std::vector<Tensor>& parts, int dim) {
   });
 }
 
+Result<Tensor> CudaBackend::conv3d_frames(const Tensor& x, const Tensor& w, int kt,
+                                          const Tensor& bias, const Conv2dParams& p,
+                                          const Tensor& residual, Activation act) {
+  return run("conv3d_frames", [&]() -> Result<Tensor> {
+    if (!options_.conv3d) return Status::error("disabled by LATENT_CUDA_CONV3D=0");
+    LATENT_TRY(check_tensor("input x", x, 4, "[T + kt - 1, Cin, H, W]"));
+    LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
+    if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || x.dim(0) < kt)
+      return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
+                            " temporal taps does not fit frames x ", shape_str(x.shape()));
+    if (p.stride < 1 || p.pad_top != p.pad_bottom || p.pad_left != p.pad_right || p.pad_top < 0 ||
+        p.pad_left < 0)
+      return Status::errorf("conv3d_frames takes symmetric padding and a positive stride");
+    const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
+    const int64_t big = std::numeric_limits<int32_t>::max();
+    if (x.numel() > big || x.dim(0) > big)
+      return Status::errorf("x ", shape_str(x.shape()), " is too large for cuDNN");
+    cuda::ConvShape s;
+    s.n = 1;
+    s.d = static_cast<int>(x.dim(0));
+    s.kt = kt;
+    s.c = static_cast<int>(x.dim(1));
+    s.h = static_cast<int>(x.dim(2));
+    s.w = static_cast<int>(x.dim(3));
+    s.k = static_cast<int>(w.dim(0));
+    s.r = static_cast<int>(kh);
+    s.s = static_cast<int>(kw);
+    s.pad_h = p.pad_top;
+    s.pad_w = p.pad_left;
+    s.stride = p.stride;
+    s.dtype = dtype_;
+    if (s.out_h() < 1 || s.out_w() < 1)
+      return Status::errorf("kernel ", kh, 'x', kw, " is larger than the padded input of x ",
+                            shape_str(x.shape()));
+    const Shape out_shape = {s.out_d(), w.dim(0), s.out_h(), s.out_w()};
+    if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
+    if (residual.defined()) {
+      LATENT_TRY(check_tensor("residual", residual, 4));
+      if (residual.shape() != out_shape)
+        return Status::errorf("residual ", shape_str(residual.shape()),
+                              " does not match the output ", shape_str(out_shape));
+    }
+    LATENT_TRY(check_activation(act));
+    if (conv3d_failed_) return conv3d_by_taps(x, w, kt, bias, p, residual, act);
+    // [T, Cout, Ho, Wo] NHWC = NDHWC [1][T][Ho][Wo][Cout]
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+    Status st;
+    if (capturing_) {  // plans
+      st = conv_plans_->forward_in(s, x.data(), w.data(), y.data(), *ctx_,
+                                   capture_workspace_ ? capture_workspace_->data() : nullptr,
+                                   capture_workspace_ ? capture_workspace_->bytes() : 0);
+    } else {
+      st = conv_plans_->forward(s, x.data(), w.data(), y.data(), *ctx_, workspace_);
+    }
+    if (!st.ok()) {
+      if (capturing_) return st;
+      LATENT_WARN(ctx_->label(), ": cuDNN 3-D convolution failed (", st.message(),
+                  "); composing it from 2-D convolutions from now on");
+      conv3d_failed_ = true;
+      return conv3d_by_taps(x, w, kt, bias, p, residual, act);
+    }
+    if (bias.defined() || residual.defined() || act != Activation::kNone) {
+      LATENT_TRY(cuda::launch_bias_residual_act(y.data(), bias.defined() ? bias.data() : nullptr,
+                                                residual.defined() ? residual.data() : nullptr,
+                                                y.numel(), out_shape[1], dtype_, act, launch_));
+    }
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::conv3d_by_taps(const Tensor& x, const Tensor& w, int kt,
+                                           const Tensor& bias, const Conv2dParams& p,
+                                           const Tensor& residual, Activation act) {
+  // w: KTRSC [Cout][kt][kh][kw][Cin]; tap j: rows of kh*kw*Cin at j*kh*kw*Cin of each Cout
+  const int64_t cout = w.dim(0), cin = w.dim(1), kh = w.dim(2) / kt, kw = w.dim(3);
+  const int64_t t = x.dim(0) - kt + 1;
+  const size_t es = dtype_size(dtype_);
+  const size_t run_bytes = static_cast<size_t>(kh * kw * cin) * es;
+  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
+  Tensor y = residual;
+  for (int j = 0; j < kt; ++j) {
+    LATENT_ASSIGN_OR_RETURN(Tensor tap, ctx_->empty({cout, cin, kh, kw}, dtype_, Layout::kNHWC));
+    LATENT_CUDA_CHECK(cudaMemcpy2DAsync(tap.data(), run_bytes,
+                                        static_cast<const char*>(w.data()) + j * run_bytes,
+                                        run_bytes * kt, run_bytes, static_cast<size_t>(cout),
+                                        cudaMemcpyDeviceToDevice, ctx_->stream()));
+    const Tensor in = Tensor::from_storage(x.storage(), x.byte_offset() + frame * j,
+                                           {t, x.dim(1), x.dim(2), x.dim(3)}, dtype_,
+                                           Layout::kNHWC);
+    const bool last = j == kt - 1;
+    LATENT_ASSIGN_OR_RETURN(
+        y, conv2d_locked(in, tap, last ? bias : Tensor(), p, y, last ? act : Activation::kNone));
+  }
+  return y;
+}
+
 Result<Tensor> CudaBackend::clip_to_frames(const Tensor& clip) {
   return run("clip_to_frames", [&]() -> Result<Tensor> {
     LATENT_TRY(check_tensor("clip", clip, 5, "[1, C, T, H, W]"));
@@ -905,6 +1024,8 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   options.tf32 = !env_is("LATENT_CUDA_TF32", "0");
   options.exhaustive_search = !env_is("LATENT_CUDNN_SEARCH", "heuristic");
   options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
+  options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
+  options.conv3d_taps = env_is("LATENT_CUDA_CONV3D", "taps");
   LATENT_INFO("cuda backend: ", label, ", ", dtype_name(dtype), ", ",
               ctx->properties().multiProcessorCount, " SMs, cuDNN ", cudnnGetVersion(),
               options.tf32 ? "" : ", no TF32",

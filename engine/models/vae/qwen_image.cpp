@@ -70,7 +70,10 @@ struct CausalCache {
 // taps, as three 2-D convolutions; or one with a single tap (1x1x1).
 struct CausalConv {
   std::array<Tensor, 3> taps;  // [Cout, Cin, k, k] for time t - 2, t - 1, t (taps[2] only: 1 tap)
-  Tensor bias;                 // [Cout]
+  // The whole kernel [Cout, Cin, 3 * k, k] where the backend runs conv3d_frames(); then taps
+  // holds only taps[2] (image mode and the first frame of a clip).
+  Tensor fused;
+  Tensor bias;  // [Cout]
   Conv2dParams params;
   bool temporal = false;  // 3 taps
   int slot = -1;          // its CausalCache slot
@@ -95,10 +98,15 @@ struct CausalConv {
     }
     // xx: [T + 2, Cin, H, W], the 2 past frames then x
     LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, {past, x}));
-    LATENT_ASSIGN_OR_RETURN(Tensor y,
-                            b.conv2d(frame_view(xx, 0, t), taps[0], Tensor(), params, residual));
-    LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));
-    LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 2, t), taps[2], bias, params, y, act));
+    Tensor y;
+    if (fused.defined()) {
+      LATENT_ASSIGN_OR_RETURN(y, b.conv3d_frames(xx, fused, 3, bias, params, residual, act));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(y,
+                              b.conv2d(frame_view(xx, 0, t), taps[0], Tensor(), params, residual));
+      LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));
+      LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 2, t), taps[2], bias, params, y, act));
+    }
     LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(xx, t, 2)}));
     return y;
   }
@@ -110,9 +118,10 @@ class ParamLoader {
   ParamLoader(WeightBinder& binder, Backend& backend) : binder_(binder), backend_(backend) {}
 
   // WanCausalConv3d(in, out, (kt, k, k)) with kt = 3 (padding k/2 in space) or kt = k = 1.
-  // `rows` keeps only output channels [0, rows) (0: all). Cached convs get a slot.
+  // `rows` keeps only output channels [0, rows) (0: all). Cached convs get a slot. `fuse`: keep
+  // the whole kernel for conv3d_frames() where the backend runs it.
   CausalConv causal_conv(const std::string& prefix, int64_t in, int64_t out, int k, int kt,
-                         int64_t rows = 0) {
+                         int64_t rows = 0, bool fuse = true) {
     CausalConv c;
     c.params = Conv2dParams::same(k);
     c.temporal = kt == 3;
@@ -124,7 +133,14 @@ class ParamLoader {
       // w: [out, in, kt, k, k] -> taps[j]: [keep, in, k, k] at t = j
       const float* src = w.data_as<const float>();
       const int64_t plane = int64_t{k} * k;
-      for (int j = 0; j < kt; ++j) {
+      const bool fused = fuse && kt == 3 && backend_.supports_conv3d_frames();
+      if (fused) {
+        // [keep, in, kt, k, k] -> [keep, in, kt * k, k]: the same values (rows are a prefix)
+        Tensor s = Tensor::empty({keep, in, kt * k, k}, DType::kF32);
+        std::copy(src, src + keep * in * kt * k * k, s.data_as<float>());
+        c.fused = upload(s, prefix + ".weight");
+      }
+      for (int j = fused ? kt - 1 : 0; j < kt; ++j) {
         Tensor s = Tensor::empty({keep, in, k, k}, DType::kF32);
         float* dst = s.data_as<float>();
         for (int64_t oi = 0; oi < keep * in; ++oi) {
@@ -269,7 +285,8 @@ struct Resample {
       params.pad_bottom = params.pad_right = 1;
       r.conv = p.conv2d(prefix + ".resample.1", dim, dim, 3, params);
       if (temporal) {
-        r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim, 1, 3);
+        // stride 2 in time: run per tap (no conv3d_frames)
+        r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim, 1, 3, 0, /*fuse=*/false);
         r.time_conv->slot = -1;  // not a padded causal conv: its input comes from `slot`
       }
     }
@@ -395,13 +412,41 @@ struct Encoder {
     return e;
   }
 
+  // Layers [0, first_temporal) of down_blocks see frames one at a time (causal convs, spatial
+  // resampling): with a cache, a chunk runs through them frame by frame, which is exact and cuts
+  // the full-resolution activations of a 4-frame chunk to one frame's.
+  size_t first_temporal() const {
+    for (size_t i = 0; i < down_blocks.size(); ++i) {
+      const Resample* r = std::get_if<Resample>(&down_blocks[i]);
+      if (r && r->time_conv) return i;
+    }
+    return down_blocks.size();
+  }
+
   // x: [T, 3, H, W] -> mean [T', z_dim, H/f, W/f] (T' = T / 4 after the first chunk)
   Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
-    LATENT_ASSIGN_OR_RETURN(Tensor h, conv_in.forward(b, x, cache));
-    for (const Layer& layer : down_blocks) {
+    const size_t split = cache && x.dim(0) > 1 ? first_temporal() : 0;
+    auto layer = [&](size_t i, const Tensor& h) {
+      return std::visit([&](const auto& l) { return l.forward(b, h, cache); }, down_blocks[i]);
+    };
+    Tensor h;
+    if (split > 0) {
+      std::vector<Tensor> frames;
+      for (int64_t t = 0; t < x.dim(0); ++t) {
+        // f: [1, C, H', W'] through conv_in and the per-frame levels
+        LATENT_ASSIGN_OR_RETURN(Tensor f, conv_in.forward(b, frame_view(x, t, 1), cache));
+        for (size_t i = 0; i < split; ++i) {
+          LATENT_ASSIGN_OR_RETURN(f, layer(i, f));
+        }
+        frames.push_back(std::move(f));
+      }
+      LATENT_ASSIGN_OR_RETURN(h, join_frames(b, frames));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, x, cache));
+    }
+    for (size_t i = split; i < down_blocks.size(); ++i) {
       // h: [T, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(
-          h, std::visit([&](const auto& l) { return l.forward(b, h, cache); }, layer));
+      LATENT_ASSIGN_OR_RETURN(h, layer(i, h));
     }
     LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
     LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
@@ -470,18 +515,43 @@ struct Decoder {
     return d;
   }
 
+  // Up blocks after the last temporal upsampler, and the head, see frames one at a time: with
+  // a cache, the frames of a chunk run through them one by one (exact; the full-resolution
+  // activations of 4 frames shrink to one frame's).
+  size_t after_last_temporal() const {
+    size_t k = 0;
+    for (size_t i = 0; i < up_blocks.size(); ++i)
+      if (up_blocks[i].upsampler && up_blocks[i].upsampler->time_conv) k = i + 1;
+    return k;
+  }
+
+  // h: [T, C, H', W'] from up block `from` on -> [T, 3, H, W]
+  Result<Tensor> tail(Backend& b, Tensor h, size_t from, CausalCache* cache) const {
+    for (size_t i = from; i < up_blocks.size(); ++i) {
+      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache));
+    }
+    LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
+    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h, cache));
+    return b.clamp(h, -1.f, 1.f);
+  }
+
   // z: [t, z_dim, h, w] -> [T, 3, h*f, w*f] in [-1, 1] (T = t, then 4t after the first chunk)
   Result<Tensor> forward(Backend& b, const Tensor& z, CausalCache* cache) const {
     LATENT_ASSIGN_OR_RETURN(Tensor h, post_quant_conv.forward(b, z, cache));
     LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, h, cache));
     LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
-    for (const auto& u : up_blocks) {
+    const size_t split = cache ? after_last_temporal() : 0;
+    for (size_t i = 0; i < split; ++i) {
       // h: [T, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(h, u.forward(b, h, cache));
+      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache));
     }
-    LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
-    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h, cache));
-    return b.clamp(h, -1.f, 1.f);
+    if (!cache || h.dim(0) == 1) return tail(b, h, split, cache);
+    std::vector<Tensor> frames;
+    for (int64_t t = 0; t < h.dim(0); ++t) {
+      LATENT_ASSIGN_OR_RETURN(Tensor f, tail(b, frame_view(h, t, 1), split, cache));
+      frames.push_back(std::move(f));
+    }
+    return join_frames(b, frames);
   }
 };
 
