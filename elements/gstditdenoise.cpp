@@ -581,29 +581,22 @@ static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend
 static gboolean gst_dit_denoise_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps*) {
   GstDitDenoise* self = GST_DIT_DENOISE(base);
   auto info = gst_latent_info_from_caps(incaps);
-  if (!info.ok()) {
-    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("ditdenoise: %s", info.status().message().c_str()),
-                      ("caps %" GST_PTR_FORMAT, incaps));
-    return FALSE;
-  }
-  if (info->latent_space != kLatentSpace || info->channels != kLatentChannels) {
-    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
-                      ("ditdenoise: latent space '%s' (%d channels) from upstream does not match "
-                       "the Qwen-Image transformer's latent space '%s' (%d channels); encode "
-                       "with the Qwen-Image VAE",
-                       info->latent_space.c_str(), info->channels, kLatentSpace, kLatentChannels),
-                      ("caps %" GST_PTR_FORMAT, incaps));
-    return FALSE;
-  }
-  if (info->width < 2 || info->height < 2 || info->width % 2 || info->height % 2) {
-    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
-                      ("ditdenoise: a %d x %d latent cannot be cut into the transformer's 2x2 "
-                       "patches; its width and height must be even (frames a multiple of 16 "
-                       "pixels)",
-                       info->width, info->height),
-                      ("caps %" GST_PTR_FORMAT, incaps));
-    return FALSE;
-  }
+  if (!info.ok())
+    return gst_latent_base_refuse_caps(base, incaps, "ditdenoise: " + info.status().message());
+  if (info->latent_space != kLatentSpace || info->channels != kLatentChannels)
+    return gst_latent_base_refuse_caps(
+        base, incaps,
+        latent::str_cat("ditdenoise: latent space '", info->latent_space, "' (", info->channels,
+                        " channels) from upstream does not match the Qwen-Image transformer's "
+                        "latent space '",
+                        kLatentSpace, "' (", kLatentChannels,
+                        " channels); encode with the Qwen-Image VAE"));
+  if (info->width < 2 || info->height < 2 || info->width % 2 || info->height % 2)
+    return gst_latent_base_refuse_caps(
+        base, incaps,
+        latent::str_cat("ditdenoise: a ", info->width, " x ", info->height,
+                        " latent cannot be cut into the transformer's 2x2 patches; its width and "
+                        "height must be even (frames a multiple of 16 pixels)"));
   auto* impl = self->impl;
   std::lock_guard<std::mutex> lock(impl->state_lock);
   if (!impl->state.have_info || impl->state.info.width != info->width ||

@@ -193,6 +193,8 @@ struct GstLatentBasePrivate {
     LatencyStats latency;
     GstLatentCuda cuda;
     GstLatentStage* stage = nullptr;  // the subclass's, deleted in finalize
+    std::mutex refusal_lock;
+    std::string last_refusal;  // posted once (gst_latent_base_refuse_caps) until new caps or stop
   };
   Impl* impl;
 };
@@ -399,7 +401,24 @@ static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
   // The last user frees the weights here, outside the state lock.
   dropped = State();
   gst_latent_base_reset_latency(self);
+  {
+    std::lock_guard<std::mutex> lock(impl->refusal_lock);
+    impl->last_refusal.clear();
+  }
   return TRUE;
+}
+
+gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps, const std::string& message) {
+  auto* impl = impl_of(self);
+  GST_WARNING_OBJECT(self, "refusing %" GST_PTR_FORMAT ": %s", caps, message.c_str());
+  {
+    std::lock_guard<std::mutex> lock(impl->refusal_lock);
+    if (impl->last_refusal == message) return FALSE;
+    impl->last_refusal = message;
+  }
+  GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("%s", message.c_str()),
+                    ("caps %" GST_PTR_FORMAT, caps));
+  return FALSE;
 }
 
 static GstClockTime own_latency(const LatencyStats& l, guint /*depth*/) {
@@ -461,6 +480,11 @@ static gboolean gst_latent_base_set_caps(GstBaseTransform* trans, GstCaps* incap
   GstLatentBase* self = GST_LATENT_BASE(trans);
   GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
   if (klass->set_info && !klass->set_info(self, incaps, outcaps)) return FALSE;
+  {
+    auto* impl = impl_of(self);
+    std::lock_guard<std::mutex> lock(impl->refusal_lock);
+    impl->last_refusal.clear();
+  }
   // Video and latent caps both carry the frame rate.
   gint fps_n = 0, fps_d = 1;
   if (!gst_structure_get_fraction(gst_caps_get_structure(incaps, 0), "framerate", &fps_n, &fps_d))

@@ -75,6 +75,13 @@ void gst_latent_base_set_stage(GstLatentBase* self, GstLatentStage* stage);
 // its own gets the base class's handlers).
 void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass);
 
+// Refuses the caps set_info was given: posts `message` (naming the stage and both sides, e.g.
+// "vaedecode: latent space 'flux1' from upstream does not match model 'sd' in /models/x") as a
+// negotiation error once, however often upstream retries the same caps (it resends them with
+// every buffer), and returns FALSE. Called from set_info only, on the streaming thread: never
+// from a caps or accept-caps query, which answer with FALSE alone.
+gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps, const std::string& message);
+
 // Debug categories and the engine's log callback (pointed at gst_debug_log under
 // "latent-engine"). Idempotent; every element registration calls it.
 void gst_latent_element_init(GstPlugin* plugin);

@@ -3,7 +3,10 @@
 // device validation when the property is set.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "tests/elements/gst_test_util.h"
 
@@ -145,6 +148,119 @@ TEST(LatentBase, ModelDeviceAndDtypeAreRefusedWhilePlaying) {
   EXPECT_EQ(string_property(h->element, "model"), flux_model());
   EXPECT_EQ(pop_warning(bw), "");
   gst_harness_teardown(h);
+}
+
+// ---- refusals in whole pipelines (issue 9: gst-launch-1.0 hung in preroll) -------------------
+//
+// The issue's launch lines, run in-process the way gst-launch-1.0 builds them (gst_parse_launch),
+// to PAUSED and on to the end, under a 30 s limit: the pipeline ends with an error, our refusal
+// is posted exactly once (from the streaming thread, at caps negotiation) and nothing hangs.
+// (gst-launch-1.0 1.22 itself can still hang on ANY error posted before its main loop runs: its
+// bus sync handler quits a GMainLoop that is not running yet; the same line with no element
+// error at all, only the source's not-negotiated, hangs as often. That race is gst-launch's.)
+
+struct Launch {
+  bool ended = false;           // an ERROR or EOS arrived within the limit
+  std::vector<std::string> errors;  // "element: message" of every ERROR
+};
+
+Launch run_line(const std::string& line) {
+  Launch out;
+  GError* err = nullptr;
+  GstElement* pipeline = gst_parse_launch(line.c_str(), &err);
+  EXPECT_NE(pipeline, nullptr) << (err ? err->message : "");
+  g_clear_error(&err);
+  if (!pipeline) return out;
+  GstBus* bus = gst_element_get_bus(pipeline);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  const gint64 deadline = g_get_monotonic_time() + 30 * G_USEC_PER_SEC;
+  while (g_get_monotonic_time() < deadline) {
+    GstMessage* m = gst_bus_timed_pop_filtered(
+        bus, 200 * GST_MSECOND, static_cast<GstMessageType>(GST_MESSAGE_ERROR | GST_MESSAGE_EOS));
+    if (!m) {
+      if (out.ended) break;  // nothing more after the first error: done
+      continue;
+    }
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+      GError* e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      out.errors.push_back(std::string(GST_MESSAGE_SRC_NAME(m)) + ": " + (e ? e->message : ""));
+      g_clear_error(&e);
+    }
+    out.ended = true;
+    gst_message_unref(m);
+  }
+  EXPECT_EQ(gst_element_set_state(pipeline, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
+  gst_object_unref(bus);
+  gst_object_unref(pipeline);
+  return out;
+}
+
+int count(const std::vector<std::string>& errors, const std::string& needle) {
+  int n = 0;
+  for (const auto& e : errors) n += e.find(needle) != std::string::npos;
+  return n;
+}
+
+std::string joined(const std::vector<std::string>& errors) {
+  std::string out;
+  for (const auto& e : errors) out += e + "\n";
+  return out;
+}
+
+// The launch lines of the issue, each run several times (the hang came 7 times in 10 with both
+// cores busy).
+TEST(LatentBaseLaunch, ALatentThatDoesNotFitTheFrameEndsWithOneError) {
+  const std::string line =
+      "fakesrc num-buffers=1 sizetype=fixed sizemax=1024 ! "
+      "application/x-latent,format=fp32,channels=4,width=2000,height=2000,latent-space=sd,"
+      "frame-width=8,frame-height=8,size-policy=pad,framerate=30/1 ! vaedecode model=\"" +
+      fixture_model("kl_tiny") + "\" ! fakesink";
+  for (int run = 0; run < 6; ++run) {
+    SCOPED_TRACE(run);
+    const Launch l = run_line(line);
+    ASSERT_TRUE(l.ended) << "the pipeline hung";
+    EXPECT_EQ(count(l.errors, "vaedecode: a 2000x2000 latent does not fit a 8x8 frame"), 1)
+        << joined(l.errors);
+  }
+}
+
+TEST(LatentBaseLaunch, MismatchedModelsEndWithOneErrorNamingBoth) {
+  const std::string line = "videotestsrc num-buffers=2 ! video/x-raw,width=64,height=64 ! "
+                           "vaeencode model=\"" +
+                           flux_model() + "\" ! vaedecode model=\"" + taesd_model() +
+                           "\" ! fakesink";
+  for (int run = 0; run < 6; ++run) {
+    SCOPED_TRACE(run);
+    const Launch l = run_line(line);
+    ASSERT_TRUE(l.ended) << "the pipeline hung";
+    EXPECT_EQ(count(l.errors, "vaedecode: latent space 'flux1' from upstream does not match "
+                              "model 'sd'"),
+              1)
+        << joined(l.errors);
+  }
+}
+
+TEST(LatentBaseLaunch, DitDenoiseRefusesAnotherSpaceOnce) {
+  const std::string prompt = latent::test::temp_dir() + "/launch_prompt.safetensors";
+  const std::string make = "python3 \"" + std::string(getenv("LATENT_SOURCE_DIR") ?: ".") +
+                           "/tools/compute_prompt_embeds.py\" --from-fixture \"" +
+                           latent::test::fixtures_dir() +
+                           "/dit_qwen_image_tiny/io_denoise.safetensors\" --case t2i_cfg --out \"" +
+                           prompt + "\" > /dev/null";
+  ASSERT_EQ(system(make.c_str()), 0) << make;
+  const std::string line =
+      "fakesrc num-buffers=3 sizetype=fixed sizemax=6144 ! "
+      "application/x-latent,format=fp32,channels=16,width=12,height=8,latent-space=flux1,"
+      "frame-width=96,frame-height=64,size-policy=pad,framerate=30/1 ! ditdenoise model=\"" +
+      latent::test::fixtures_dir() + "/dit_qwen_image_tiny\" prompt-embeds=\"" + prompt +
+      "\" ! fakesink";
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    const Launch l = run_line(line);
+    ASSERT_TRUE(l.ended) << "the pipeline hung";
+    EXPECT_EQ(count(l.errors, "ditdenoise: latent space 'flux1'"), 1) << joined(l.errors);
+  }
 }
 
 }  // namespace
