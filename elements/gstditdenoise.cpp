@@ -854,7 +854,5 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
 static void gst_dit_denoise_init(GstDitDenoise* self) {
   self->impl = new _GstDitDenoise::Impl();
   gst_latent_base_set_stage(GST_LATENT_BASE(self), self->impl);
-  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
-  // Late frames are dropped (with a QoS message) rather than denoised into a backlog.
-  gst_base_transform_set_qos_enabled(trans, TRUE);
+  // QoS (late frames dropped before they are denoised) is on: the base class enables it.
 }

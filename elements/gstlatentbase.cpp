@@ -576,6 +576,11 @@ static void gst_latent_base_init(GstLatentBase* self) {
   priv->impl = new GstLatentBasePrivate::Impl();
   gst_base_transform_set_in_place(GST_BASE_TRANSFORM(self), FALSE);
   gst_base_transform_set_passthrough(GST_BASE_TRANSFORM(self), FALSE);
+  // As core video filters do: in a live pipeline, a frame already later than downstream's QoS
+  // reports is dropped before it is computed (with a QoS message), so the stage does not build a
+  // backlog behind a source faster than itself. Property `qos`; without QoS events (a pipeline
+  // that is not synchronised to a clock) nothing is ever dropped.
+  gst_base_transform_set_qos_enabled(GST_BASE_TRANSFORM(self), TRUE);
 }
 
 void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass) {
