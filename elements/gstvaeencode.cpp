@@ -61,7 +61,7 @@ constexpr latent::SizePolicy kDefaultSizePolicy = latent::SizePolicy::kPad;
   "{ RGB, RGBA, BGRA, BGR, RGBx, BGRx, xRGB, xBGR, ARGB, ABGR, NV12, I420 }"
 #define VAE_ENCODE_VIDEO_FIELDS                                                      \
   " format = (string) " VAE_ENCODE_VIDEO_FORMATS                                     \
-  ", width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], framerate = (fraction) " \
+  ", width = (int) [ 1, 8192 ], height = (int) [ 1, 8192 ], framerate = (fraction) " \
   "[ 0/1, 2147483647/1 ]"
 #define VAE_ENCODE_SINK_CAPS "video/x-raw," VAE_ENCODE_VIDEO_FIELDS
 #ifdef LATENT_HAVE_GST_CUDA
@@ -136,6 +136,12 @@ GstStructure* video_to_latent(const GstStructure* s, const GstLatentModel* model
     int v = 0;
     if (model && gst_structure_get_int(s, a.video, &v)) {
       auto plan = latent::plan_axis(v, factor, policy);
+      if (!plan.ok() && policy == latent::SizePolicy::kCrop && v >= 1 && v <= kGstLatentMaxSide) {
+        // A side too small to crop to one block: set_caps refuses it with a sentence naming
+        // the side and the way out (pad or scale), instead of a bare not-negotiated here.
+        gst_structure_set(out, a.latent, G_TYPE_INT, 1, a.frame, G_TYPE_INT, v, nullptr);
+        continue;
+      }
       if (!plan.ok()) {
         GST_DEBUG("no latent for %s %d: %s", a.video, v, plan.status().message().c_str());
         gst_structure_free(out);
@@ -314,10 +320,7 @@ static gboolean gst_vae_encode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
                         " frame under size-policy ", latent::size_policy_name(info->size_policy),
                         " (latent ", geometry->latent_width(), "x", geometry->latent_height(), ")");
   }
-  if (!problem.empty()) {
-    GST_ERROR_OBJECT(self, "%s", problem.c_str());
-    return FALSE;
-  }
+  if (!problem.empty()) return gst_latent_base_refuse_caps(base, incaps, "vaeencode: " + problem);
   n.geometry = *geometry;
   n.cuda_in = gst_latent_caps_is_cuda(incaps);
   n.cuda_out = gst_latent_caps_is_cuda(outcaps);
