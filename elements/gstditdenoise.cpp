@@ -651,6 +651,7 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
     prompt = impl->prompt;
     negative = impl->negative;
   }
+  const gint64 started_us = g_get_monotonic_time();
   std::lock_guard<std::mutex> lock(impl->state_lock);
   State& st = impl->state;
   if (!st.model || !st.have_info || !prompt) {
@@ -758,6 +759,9 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
                       (nullptr));
     return GST_FLOW_ERROR;
   }
+  // Statistics and LATENCY answers (the base class).
+  gst_latent_base_frame_done(GST_LATENT_BASE(self),
+                             (g_get_monotonic_time() - started_us) * GST_USECOND);
   return GST_FLOW_OK;
 }
 
@@ -842,6 +846,7 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->debug_category = gst_dit_denoise_debug;
   base_class->parts = 0;  // the transformer is loaded by open()
   base_class->open = gst_dit_denoise_open;
   base_class->close = gst_dit_denoise_close;

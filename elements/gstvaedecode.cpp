@@ -592,6 +592,7 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_decode_generate_output);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->debug_category = gst_vae_decode_debug;
   gst_latent_base_class_install_plan_properties(base_class);
   base_class->parts = GST_LATENT_PART_DECODER;
   base_class->drain_held = drain_staging;

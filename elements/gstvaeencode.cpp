@@ -673,6 +673,7 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_encode_generate_output);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->debug_category = gst_vae_encode_debug;
   gst_latent_base_class_install_plan_properties(base_class);
   base_class->parts = GST_LATENT_PART_ENCODER;
   base_class->drain_held = drain_prefetch;

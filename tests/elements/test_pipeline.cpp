@@ -223,7 +223,9 @@ struct LogCapture {
 
 void capture_log(GstDebugCategory* category, GstDebugLevel, const gchar*, const gchar*, gint,
                  GObject*, GstDebugMessage* message, gpointer user_data) {
-  if (std::string(gst_debug_category_get_name(category)) != "latentbase") return;
+  // What the base class logs for a stage goes to the stage's own category.
+  const std::string name = gst_debug_category_get_name(category);
+  if (name != "vaeencode" && name != "vaedecode") return;
   auto* cap = static_cast<LogCapture*>(user_data);
   std::lock_guard<std::mutex> lock(cap->lock);
   cap->lines.push_back(gst_debug_message_get(message));
@@ -240,7 +242,8 @@ TEST(Pipeline, ElementsOfOneModelShareItsWeights) {
   LogCapture cap;
   const gboolean was_active = gst_debug_is_active();
   gst_debug_set_active(TRUE);
-  gst_debug_set_threshold_for_name("latentbase", GST_LEVEL_INFO);
+  gst_debug_set_threshold_for_name("vaeencode", GST_LEVEL_INFO);
+  gst_debug_set_threshold_for_name("vaedecode", GST_LEVEL_INFO);
   gst_debug_add_log_function(capture_log, &cap, nullptr);
 
   GstHarness* a = harness_for("vaeencode", {{"model", taesd_model()}});
@@ -261,7 +264,8 @@ TEST(Pipeline, ElementsOfOneModelShareItsWeights) {
   gst_harness_teardown(c);
 
   gst_debug_remove_log_function(capture_log);
-  gst_debug_set_threshold_for_name("latentbase", GST_LEVEL_WARNING);
+  gst_debug_set_threshold_for_name("vaeencode", GST_LEVEL_WARNING);
+  gst_debug_set_threshold_for_name("vaedecode", GST_LEVEL_WARNING);
   gst_debug_set_active(was_active);
 }
 
