@@ -833,7 +833,11 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
   gst_element_class_set_static_metadata(
       element_class, "Qwen-Image DiT denoiser", "Filter/Effect/Video",
       "Restyles or edits latent frames with the Qwen-Image diffusion transformer under a text "
-      "prompt",
+      "prompt. Example (pipelines/restyle.sh): gst-launch-1.0 videotestsrc num-buffers=30 ! "
+      "video/x-raw,width=512,height=512,framerate=30/1 ! vaeencode model=/models/Qwen-Image ! "
+      "ditdenoise model=/models/Qwen-Image prompt-embeds=prompt.safetensors steps=30 "
+      "strength=0.6 ! vaedecode model=/models/Qwen-Image ! videoconvert ! vp8enc ! webmmux ! "
+      "filesink location=restyle.webm",
       "gst-latent developers");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   gst_element_class_add_static_pad_template(element_class, &src_template);

@@ -580,7 +580,10 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
 
   gst_element_class_set_static_metadata(
       element_class, "VAE decoder", "Filter/Converter/Video",
-      "Decodes a diffusion model's latents into video frames with its VAE decoder",
+      "Decodes a diffusion model's latents into video frames with its VAE decoder. "
+      "Example (pipelines/encode_decode.sh): gst-launch-1.0 videotestsrc num-buffers=30 ! "
+      "video/x-raw,width=320,height=240 ! vaeencode ! vaedecode ! videoconvert ! vp8enc ! "
+      "webmmux ! filesink location=out.webm",
       "gst-latent developers");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   gst_element_class_add_static_pad_template(element_class, &src_template);

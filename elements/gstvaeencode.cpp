@@ -659,7 +659,10 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
 
   gst_element_class_set_static_metadata(
       element_class, "VAE encoder", "Filter/Converter/Video",
-      "Encodes video frames into a diffusion model's latent space with its VAE encoder",
+      "Encodes video frames into a diffusion model's latent space with its VAE encoder. "
+      "Example (pipelines/encode_decode.sh): gst-launch-1.0 videotestsrc num-buffers=30 ! "
+      "video/x-raw,width=320,height=240 ! vaeencode ! vaedecode ! videoconvert ! vp8enc ! "
+      "webmmux ! filesink location=out.webm",
       "gst-latent developers");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   gst_element_class_add_static_pad_template(element_class, &src_template);

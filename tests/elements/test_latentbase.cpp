@@ -77,6 +77,26 @@ TEST(LatentBase, ModelDeviceAndDtypeAreTheBasesProperties) {
   }
 }
 
+// gst-inspect-1.0 shows each element's description: it carries an example launch line, and the
+// script in pipelines/ that runs it (a test) exists.
+TEST(LatentBase, DescriptionsCarryAnExampleLaunchLine) {
+  const std::string source = getenv("LATENT_SOURCE_DIR") ? getenv("LATENT_SOURCE_DIR") : ".";
+  for (const char* stage : kStages) {
+    SCOPED_TRACE(stage);
+    GstElementFactory* f = gst_element_factory_find(stage);
+    ASSERT_NE(f, nullptr);
+    const std::string d = gst_element_factory_get_metadata(f, GST_ELEMENT_METADATA_DESCRIPTION);
+    gst_object_unref(f);
+    EXPECT_TRUE(contains(d, "gst-launch-1.0 ")) << d;
+    EXPECT_TRUE(contains(d, std::string(" ") + stage + " ") || contains(d, std::string(" ") + stage))
+        << d;
+    const size_t at = d.find("pipelines/");
+    ASSERT_NE(at, std::string::npos) << d;
+    const std::string script = d.substr(at, d.find(".sh", at) + 3 - at);
+    EXPECT_TRUE(latent::test::file_exists(source + "/" + script)) << script;
+  }
+}
+
 // dtype is an enum (gst-inspect lists its values; a typo is refused when set, not at start).
 TEST(LatentBase, DtypeIsAnEnum) {
   for (const char* stage : kStages) {
