@@ -23,7 +23,16 @@ Phases, each optional, in an order that keeps at most one 41 GB copy of the weig
      upcasts each block just before it runs (exact, since bf16 -> fp32 -> bf16 is lossless; 41 GB
      + one block), `auto` picks full when the GPU has >= 120 GB. The JSON says which (`ref_mode`).
   5. ours: `latent-tool run --part transformer` on the same folder and inputs (--skip-ours skips).
+  6. --lora-rank R (e.g. 64): a random rank-R LoRA on every linear layer of the 60 blocks
+     (ComfyUI layout, bf16, written once to --workdir), then ours again with it applied at run
+     time (`--lora FILE:1 --lora-mode runtime`: the low-rank products added to each linear's
+     output every step) and merged (`--lora-mode merged`: no cost per step). The JSON gets
+     `ours_lora_runtime_ms`, `ours_lora_merged_ms`, `lora_runtime_cost` (runtime / plain - 1;
+     target <= 0.07 at rank 64) and the two outputs' relative L2 (runtime vs merged, bf16).
 Each phase prints its time; the JSON is rewritten after every phase.
+
+  python3 bench/bench_dit.py --tool ... --cases t2i,edit --skip-torch --lora-rank 64 \
+      --out bench/results/dit_lora.json
 """
 import argparse
 import concurrent.futures
@@ -189,6 +198,33 @@ def write_shards(m, folder, stamp, shard_bytes, writers):
     return total
 
 
+BLOCK_LINEARS = ["img_mod.1", "txt_mod.1", "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                 "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+                 "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2"]
+
+
+def write_lora(m, rank, path, seed):
+    """A random rank-`rank` LoRA on every linear layer of the blocks, ComfyUI layout
+    (diffusion_model.<m>.lora_down/up.weight + .alpha), bf16; small values so the output stays
+    in range (the cost, not the image, is measured)."""
+    if os.path.exists(path):
+        return os.path.getsize(path)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    mods = dict(m.named_modules())
+    t = {}
+    for i in range(len(m.transformer_blocks)):
+        for name in BLOCK_LINEARS:
+            full = f"transformer_blocks.{i}.{name}"
+            out_f, in_f = mods[full].weight.shape
+            k = f"diffusion_model.{full}"
+            t[k + ".lora_down.weight"] = (torch.randn((rank, in_f), generator=g) / in_f ** 0.5).to(torch.bfloat16)
+            t[k + ".lora_up.weight"] = (torch.randn((out_f, rank), generator=g) * 0.01).to(torch.bfloat16)
+            t[k + ".alpha"] = torch.tensor(float(rank), dtype=torch.bfloat16)
+    save_file(t, path + ".tmp", metadata={"generator": "bench/bench_dit.py", "rank": str(rank)})
+    os.replace(path + ".tmp", path)
+    return os.path.getsize(path)
+
+
 def case_inputs(case, args, g):
     h = w = args.latent_grid  # 64: latent 128x128 / 2x2 patches = 4096 tokens (1024x1024 image)
     n_img = 1 if case == "t2i" else 2
@@ -276,6 +312,9 @@ def main():
     ap.add_argument("--ours-device", default=None, help="latent-tool --device (default: --device)")
     ap.add_argument("--ours-dtype", default="bf16")
     ap.add_argument("--smoke", action="store_true", help="tiny config (2 layers, 8x8 grid, 8 text tokens)")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="also time ours with a random LoRA of this rank on every block linear, "
+                         "at run time and merged (0: off)")
     args = ap.parse_args()
     if args.smoke:
         if args.layers == 60:
@@ -421,6 +460,15 @@ def main():
                 log(f"{row['case']}: fp32 reference ({mode}) in {secs} s; torch bf16 vs fp32 "
                     f"{row['torch_bf16_vs_fp32_rel_l2']:.2e}")
             dump()
+    lora_path = None
+    if args.lora_rank > 0 and not args.skip_ours:
+        lora_path = os.path.join(workdir, f"lora-r{args.lora_rank}-{args.layers}"
+                                          f"{'-smoke' if args.smoke else ''}.safetensors")
+        t0 = time.time()
+        size = write_lora(m, args.lora_rank, lora_path, args.seed + 7)
+        env["lora"] = {"path": lora_path, "rank": args.lora_rank, "bytes": size,
+                       "modules": len(m.transformer_blocks) * len(BLOCK_LINEARS)}
+        log(f"LoRA rank {args.lora_rank}: {size / 1e9:.2f} GB in {time.time() - t0:.1f} s")
     # 5. ours: free PyTorch's copy of the weights first (41 GB each)
     del m
     gc.collect()
@@ -436,29 +484,47 @@ def main():
             save_file({"hidden_states": ci["x"], "encoder_hidden_states": ci["txt"],
                        "encoder_hidden_states_mask": ci["mask"], "timestep": ci["t"],
                        "img_shapes": torch.tensor(ci["shapes"], dtype=torch.float32)}, inp)
-            t0 = time.time()
-            cmd = [args.tool, "run", "--part", "transformer", "--model", folder, "--inputs", inp,
-                   "--outputs", outp, "--device", args.ours_device or args.device, "--dtype", args.ours_dtype,
-                   "--warmup", str(args.warmup), "--repeat", str(args.repeat), "--json"]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ours_timeout)
-                ok = p.returncode == 0
-                err = (p.stderr or p.stdout)[-600:]
-            except subprocess.TimeoutExpired:
-                ok, err = False, f"timed out after {args.ours_timeout} s"
-            row["ours_wall_s"] = round(time.time() - t0, 1)
-            if not ok:
-                row["ours_error"] = err
-                log(f"{case}: ours failed: {err[-200:]}")
-            else:
+            variants = [("", [])]
+            if lora_path:
+                variants += [("_lora_runtime", ["--lora", f"{lora_path}:1", "--lora-mode", "runtime"]),
+                             ("_lora_merged", ["--lora", f"{lora_path}:1", "--lora-mode", "merged"])]
+            lora_outs = {}
+            for suffix, extra in variants:
+                t0 = time.time()
+                outp_v = outp.replace(".safetensors", f"{suffix}.safetensors")
+                cmd = [args.tool, "run", "--part", "transformer", "--model", folder, "--inputs", inp,
+                       "--outputs", outp_v, "--device", args.ours_device or args.device,
+                       "--dtype", args.ours_dtype, "--warmup", str(args.warmup),
+                       "--repeat", str(args.repeat), "--json"] + extra
+                try:
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ours_timeout)
+                    ok = p.returncode == 0
+                    err = (p.stderr or p.stdout)[-600:]
+                except subprocess.TimeoutExpired:
+                    ok, err = False, f"timed out after {args.ours_timeout} s"
+                key = "ours" + suffix
+                row[key + "_wall_s"] = round(time.time() - t0, 1)
+                if not ok:
+                    row[key + "_error"] = err
+                    log(f"{case}: {key} failed: {err[-200:]}")
+                    continue
                 j = json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
-                row["ours_ms"], row["ours_peak_bytes"] = j["median_ms"], j.get("peak_bytes")
-                out = next(iter(load_file(outp).values())).float()
-                if case in outs_bf16:
+                row[key + "_ms"], row[key + "_peak_bytes"] = j["median_ms"], j.get("peak_bytes")
+                out = next(iter(load_file(outp_v).values())).float()
+                if suffix:
+                    lora_outs[suffix] = out
+                elif case in outs_bf16:
                     row["ours_vs_torch_rel_l2"] = rel_l2(out, outs_bf16[case])
-                if case in outs_fp32:
+                if not suffix and case in outs_fp32:
                     row["ours_vs_fp32_rel_l2"] = rel_l2(out, outs_fp32[case])
-                log(f"{case}: ours {row['ours_ms']:.1f} ms (call {row['ours_wall_s']} s)")
+                log(f"{case}: {key} {row[key + '_ms']:.1f} ms (call {row[key + '_wall_s']} s)")
+            if "ours_ms" in row and "ours_lora_runtime_ms" in row:
+                row["lora_runtime_cost"] = row["ours_lora_runtime_ms"] / row["ours_ms"] - 1
+                log(f"{case}: runtime LoRA rank {args.lora_rank} costs "
+                    f"{100 * row['lora_runtime_cost']:.1f} % a step (target <= 7 %)")
+            if len(lora_outs) == 2:
+                row["lora_runtime_vs_merged_rel_l2"] = rel_l2(lora_outs["_lora_runtime"],
+                                                              lora_outs["_lora_merged"])
             dump()
     env["total_s"] = round(time.time() - T0, 1)
     dump()
@@ -471,6 +537,11 @@ def main():
               f"{r.get('torch_bf16_vs_fp32_rel_l2', nan):10.2e} {r.get('ours_vs_fp32_rel_l2', nan):10.2e}")
         if "ours_error" in r:
             print("  ours failed:", r["ours_error"][-300:])
+        if "ours_lora_runtime_ms" in r or "ours_lora_merged_ms" in r:
+            print(f"  LoRA rank {args.lora_rank}: runtime {r.get('ours_lora_runtime_ms', nan):.1f} ms "
+                  f"(+{100 * r.get('lora_runtime_cost', nan):.1f} %, target <= 7 %), merged "
+                  f"{r.get('ours_lora_merged_ms', nan):.1f} ms; runtime vs merged "
+                  f"{r.get('lora_runtime_vs_merged_rel_l2', nan):.2e}")
     print(f"(rel. L2; fp32 reference: {env.get('ref_mode', 'not run')}; compile: {args.compile}; "
           f"weights: {env.get('weights')}; {env['total_s']} s)")
     print(f"wrote {args.out}")

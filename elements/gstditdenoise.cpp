@@ -57,6 +57,7 @@
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/models/dit/denoise.h"
+#include "engine/models/dit/pipeline_inputs.h"
 #include "engine/models/dit/flow_match_scheduler.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/config.h"
@@ -126,63 +127,11 @@ struct State {
   guint64 frames = 0;  // frames denoised since start (fresh noise: seed + frames)
 };
 
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
-std::string parent_dir(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const size_t slash = p.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : p.substr(0, slash);
-}
-
-// Reads `<name>` and optional `<name>_mask` of `path` (`name` = prompt_embeds, or for a
-// negative file also negative_prompt_embeds) and checks them against the transformer's text
-// width. Copies the values so the file is not kept open.
+// Reads the prompt embeddings of `path`, checked against the transformer's text width (shared
+// with latent-tool denoise).
 latent::Result<latent::PromptEmbeds> load_embeds(const std::string& path, bool negative,
                                                  int64_t joint_dim) {
-  LATENT_ASSIGN_OR_RETURN(auto file, latent::SafetensorsFile::open(path));
-  std::string name = "prompt_embeds";
-  if (negative && !file->find(name) && file->find("negative_prompt_embeds"))
-    name = "negative_prompt_embeds";
-  if (!file->find(name))
-    return latent::Status::errorf(path, " has no tensor '", name,
-                                  "' (a [1, T, D] prompt embedding, as "
-                                  "tools/compute_prompt_embeds.py writes it)");
-  LATENT_ASSIGN_OR_RETURN(latent::Tensor e, file->tensor(name));
-  if (e.rank() != 3 || e.dim(0) != 1 || e.dim(1) < 1)
-    return latent::Status::errorf(path, ": tensor '", name, "' has shape ",
-                                  latent::shape_str(e.shape()), ", expected [1, T, ", joint_dim,
-                                  "]");
-  if (joint_dim > 0 && e.dim(2) != joint_dim)
-    return latent::Status::errorf(path, ": tensor '", name, "' has shape ",
-                                  latent::shape_str(e.shape()), " but the transformer expects ",
-                                  joint_dim, " features per token (joint_attention_dim)");
-  latent::PromptEmbeds p;
-  p.embeds = e.to_dtype(latent::DType::kF32);
-  const std::string mask_name = name + "_mask";
-  if (!file->find(mask_name)) {
-    // Present in a dtype the engine skips (diffusers' masks are int64): say so, never ignore it.
-    auto m = file->tensor(mask_name);
-    if (!m.ok() && m.status().message().rfind("unsupported dtype", 0) == 0)
-      return latent::Status::errorf(m.status().message(),
-                                    "; store the mask as float32 1 / 0 "
-                                    "(tools/compute_prompt_embeds.py does)");
-  } else {
-    LATENT_ASSIGN_OR_RETURN(latent::Tensor m, file->tensor(mask_name));
-    if (m.numel() != e.dim(1) || (m.rank() == 2 && m.dim(0) != 1) || m.rank() > 2)
-      return latent::Status::errorf(path, ": tensor '", mask_name, "' has shape ",
-                                    latent::shape_str(m.shape()), ", expected [1, ", e.dim(1),
-                                    "] to match '", name, "'");
-    p.mask = m.to_floats();
-    bool any = false;
-    for (float v : p.mask) any = any || v != 0.f;
-    if (!any) return latent::Status::errorf(path, ": tensor '", mask_name, "' masks every token");
-  }
-  return p;
+  return latent::load_prompt_embeds(path, negative, joint_dim);
 }
 
 }  // namespace
@@ -370,23 +319,20 @@ static void gst_dit_denoise_get_property(GObject* object, guint prop_id, GValue*
   }
 }
 
-// The scheduler config of `model`: a pipeline root's scheduler/, the scheduler/ beside a
-// transformer folder, else Qwen-Image's published config.
+// The scheduler config of `model` (engine/models/dit/pipeline_inputs.h, shared with latent-tool
+// denoise): a pipeline root's scheduler/, the scheduler/ beside a transformer folder, else
+// Qwen-Image's published config.
 static latent::Result<latent::FlowMatchSchedulerConfig> scheduler_for(GstDitDenoise* self,
                                                                       const std::string& model) {
-  std::string root = model;
-  if (!file_exists(model + "/model_index.json")) root = parent_dir(model);
-  const std::string path = root + "/scheduler/scheduler_config.json";
-  if (!file_exists(path)) {
+  LATENT_ASSIGN_OR_RETURN(latent::ResolvedScheduler r, latent::resolve_flow_match_scheduler(model));
+  if (r.path.empty())
     GST_INFO_OBJECT(self,
                     "no scheduler/scheduler_config.json for '%s': using Qwen-Image's default "
                     "scheduler config",
                     model.c_str());
-    return latent::qwen_image_scheduler_config();
-  }
-  LATENT_ASSIGN_OR_RETURN(latent::Config cfg, latent::Config::load(path));
-  GST_INFO_OBJECT(self, "scheduler config from %s", path.c_str());
-  return latent::parse_flow_match_scheduler_config(cfg);
+  else
+    GST_INFO_OBJECT(self, "scheduler config from %s", r.path.c_str());
+  return r.config;
 }
 
 // start(), on the backend of the `device` and `dtype` settings.

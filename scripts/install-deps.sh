@@ -9,10 +9,14 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev libgstreamer-plugins-bad1.0-dev
   gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good
-  libdnnl-dev nlohmann-json3-dev libgtest-dev
+  libdnnl-dev nlohmann-json3-dev libgtest-dev libcli11-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   meson
 )
+# --- Python side: the precompute job (python/gst_latent, scripts/latent-precompute) ----------
+# PyGObject and GStreamer's introspection data from Debian; Ray goes into a venv (below).
+PKGS+=(python3-gi gir1.2-gstreamer-1.0 python3-tqdm python3-venv)
+# --- end of the Python side's packages ------------------------------------------------------
 # Extras for the test command: clang + sanitizer/fuzzer runtimes.
 if [ "${1:-}" = "--test" ]; then
   PKGS+=(clang libclang-rt-14-dev)
@@ -46,6 +50,10 @@ FE_WHEEL=nvidia_cudnn_frontend-1.32.0-cp311-cp311-manylinux_2_27_x86_64.manylinu
 FE_WHEEL_SHA256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
 install_cudnn_frontend() {
   local nvcc cudnn_h="" dir="" d
+  if [ "${LATENT_CUDA:-AUTO}" = OFF ]; then
+    echo "install-deps: LATENT_CUDA=OFF, cudnn-frontend not needed"
+    return 0
+  fi
   nvcc=$(command -v nvcc || true)
   [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
   for d in /usr/local/cuda/include /usr/include /usr/include/x86_64-linux-gnu /usr/local/include; do
@@ -114,3 +122,29 @@ PY
 # Optional: without it the build uses our own attention kernels (no network: a warning, not a failure).
 install_cudnn_frontend ||
   echo "install-deps: warning: cudnn-frontend not installed; the DiT attention will use our own kernels" >&2
+
+# --- Python side: the precompute job's environment -----------------------------------------
+# A venv made with Debian's /usr/bin/python3 (3.11 on Debian 12) and --system-site-packages, so it
+# sees python3-gi and python3-tqdm, with the pinned Ray (Ray Data), safetensors and pytest from
+# PyPI (about 1 minute and 600 MB: Ray, pyarrow, pandas, numpy). $LATENT_VENV picks the folder
+# (default ~/.cache/gst-latent/venv); scripts/latent-precompute and the Python tests use it.
+LATENT_PY_PINS=("ray[data]==2.60.0" "safetensors==0.8.0" "pytest==9.2.0")
+install_python_env() {
+  local venv="${LATENT_VENV:-$HOME/.cache/gst-latent/venv}"
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" - "${LATENT_PY_PINS[@]}" <<'PY' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    if version(name.split("[")[0]) != want:
+        sys.exit(1)
+import gi, tqdm  # Debian's, through --system-site-packages
+PY
+    echo "install-deps: Python environment present in $venv"
+    return 0
+  fi
+  echo "install-deps: making the Python environment in $venv (${LATENT_PY_PINS[*]})"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${LATENT_PY_PINS[@]}"
+}
+install_python_env

@@ -5,29 +5,84 @@
 #  2. an AddressSanitizer + UndefinedBehaviorSanitizer build (CPU) + ctest -LE slow;
 #  3. the meson build in meson_compat/ (same plugin), checked with gst-inspect;
 #  4. libFuzzer targets for the safetensors and config parsers, run briefly.
-# LATENT_TEST_QUICK=1 skips 2-4.
+# LATENT_TEST_QUICK=1 skips 2-4. LATENT_CUDA=OFF forces a CPU main build (scripts/configure.sh).
+# Runs before or after scripts/setup.sh (it turns the tests on in the build folder setup made).
+# The last line says what ran: "tests: N passed, N failed, N skipped (...)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+trap 'echo "test.sh: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
+. scripts/configure.sh
 bash scripts/install-deps.sh --test
 J=$(nproc)
 log() { printf '\n=== %s ===\n' "$*"; }
 
-log "main build"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j"$J"
-ctest --test-dir build --output-on-failure -j"$J" 2>&1 | tee build/ctest.log
+# "N passed N failed N skipped" of a ctest log (ctest prints "N% tests passed, F tests failed out
+# of T" and "***Skipped" for each skipped test); nothing when no test ran.
+counts() {
+  local f t s
+  read -r f t < <(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' "$1")
+  [ -n "${t:-}" ] || return 0
+  s=$(grep -c '\*\*\*Skipped' "$1" || true)
+  echo "$((t - f - s)) $f $s"
+}
+# ctest in $1 with the rest of the arguments, logged to $1/ctest.log; fails when a test failed
+# or when no test was found (a build folder configured without tests).
+run_ctest() {
+  local dir=$1 rc=0
+  shift
+  ctest --test-dir "$dir" --output-on-failure -j"$J" "$@" 2>&1 | tee "$dir/ctest.log"
+  rc=${PIPESTATUS[0]}
+  if grep -q "No tests were found" "$dir/ctest.log" || [ -z "$(counts "$dir/ctest.log")" ]; then
+    echo "test.sh: no tests ran in $dir (was it configured with -DLATENT_BUILD_TESTS=OFF?)" >&2
+    return 1
+  fi
+  return $rc
+}
+ran=()
+passed=0 failed=0 skipped=0
+add_counts() {
+  local p=0 f=0 s=0
+  read -r p f s < <(counts "$2") || true
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  ran+=("$1")
+}
+summary() {
+  local IFS=", "
+  echo "tests: $passed passed, $failed failed, $skipped skipped (${ran[*]})"
+}
 
-if [ "${LATENT_TEST_QUICK:-0}" = 1 ]; then exit 0; fi
+log "main build"
+latent_configure_main ON
+cmake --build build -j"$J"
+main_rc=0
+run_ctest build || main_rc=$?
+add_counts "main ctest" build/ctest.log
+if [ "$main_rc" -ne 0 ]; then
+  summary
+  exit "$main_rc"
+fi
+
+if [ "${LATENT_TEST_QUICK:-0}" = 1 ]; then
+  log "LATENT_TEST_QUICK=1: sanitizer build, meson build and fuzzers skipped"
+  summary
+  exit 0
+fi
 
 log "sanitizer build (address,undefined)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLATENT_CUDA=OFF \
+mapfile -t common < <(latent_cmake_common_args)
+cmake -S . -B build-asan "${common[@]}" -DCMAKE_BUILD_TYPE=Debug -DLATENT_CUDA=OFF \
   -DLATENT_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS=-O1
 cmake --build build-asan -j"$J"
 # GStreamer's plugin scanner is not built with ASan: scan in-process, no leak check of glib's
 # intentional one-off allocations.
+asan_rc=0
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  GST_REGISTRY_FORK=no ctest --test-dir build-asan --output-on-failure -LE "slow|pipeline" -j"$J" \
-  2>&1 | tee build-asan/ctest.log
+  GST_REGISTRY_FORK=no run_ctest build-asan -LE "slow|pipeline" || asan_rc=$?
+add_counts "sanitizer ctest" build-asan/ctest.log
+if [ "$asan_rc" -ne 0 ]; then
+  summary
+  exit "$asan_rc"
+fi
 
 log "meson build (meson_compat/)"
 meson setup build-meson meson_compat --reconfigure >/dev/null 2>&1 || meson setup build-meson meson_compat
@@ -35,9 +90,10 @@ meson compile -C build-meson
 GST_PLUGIN_PATH_1_0="$PWD/build-meson" GST_REGISTRY_1_0="$PWD/build-meson/registry.bin" \
   gst-inspect-1.0 latent | tee build-meson/inspect.txt | head -20
 grep -q vaeencode build-meson/inspect.txt && grep -q vaedecode build-meson/inspect.txt
+ran+=("meson build")
 
 log "fuzzers"
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+CC=clang CXX=clang++ cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DLATENT_CUDA=OFF -DLATENT_BUILD_FUZZERS=ON -DLATENT_BUILD_TESTS=OFF -DLATENT_BUILD_PLUGIN=OFF \
   -DLATENT_SANITIZE=address,undefined
 cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_config
@@ -48,15 +104,12 @@ for f in safetensors config; do
       build-fuzz/corpus-$f tests/fuzz/corpus/$f > build-fuzz/fuzz_$f.log 2>&1; then
     tail -60 build-fuzz/fuzz_$f.log
     echo "fuzz_$f found a problem (log: build-fuzz/fuzz_$f.log)"
+    summary
     exit 1
   fi
   tail -2 build-fuzz/fuzz_$f.log
 done
 
-# One closing line over both test runs (ctest prints "N% tests passed, F tests failed out of T").
-summary() { sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' "$1"; }
-read -r f1 t1 < <(summary build/ctest.log)
-read -r f2 t2 < <(summary build-asan/ctest.log)
-skipped=$(cat build/ctest.log build-asan/ctest.log | grep -c "\*\*\*Skipped" || true)
+ran+=("fuzzers")
 log "all tests passed"
-echo "tests: $((t1 + t2 - f1 - f2 - skipped)) passed, $((f1 + f2)) failed, $skipped skipped"
+summary

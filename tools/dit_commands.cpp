@@ -12,6 +12,7 @@
 #include "engine/backends/registry.h"
 #include "engine/models/dit/denoise.h"
 #include "engine/models/dit/flow_match_scheduler.h"
+#include "engine/models/dit/pipeline_inputs.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/models/vae/vae.h"
 #include "engine/weights/config.h"
@@ -229,19 +230,6 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-Result<latent::PromptEmbeds> embeds_of(const latent::SafetensorsFile& f, const std::string& pre,
-                                       const std::string& name, bool optional) {
-  latent::PromptEmbeds p;
-  LATENT_ASSIGN_OR_RETURN(p.embeds, tensor_of(f, pre, name, optional));
-  LATENT_ASSIGN_OR_RETURN(Tensor mask, tensor_of(f, pre, name + "_mask", true));
-  if (mask.defined()) {
-    if (!p.embeds.defined())
-      return Status::errorf(f.path(), " has '", pre, name, "_mask' without '", pre, name, "'");
-    p.mask = mask.to_floats();
-  }
-  return p;
-}
-
 #if LATENT_TOOL_OPENCV
 Status write_image(const std::string& path, const Tensor& t) {  // [1, 3, H, W] in [-1, 1]
   const int h = static_cast<int>(t.dim(2)), w = static_cast<int>(t.dim(3));
@@ -312,13 +300,27 @@ int cmd_denoise(const Options& o, const std::vector<std::string>& positional) {
   req.width = *width / 8;
   req.height = *height / 8;
 
+  // The transformer first: the prompt embeddings are checked against its text width.
+  auto model = latent::QwenImageMmdit::load(get(o, "transformer", root), *backend);
+  if (!model.ok()) return fail(model.status());
+  const int64_t joint_dim = (*model)->config().joint_attention_dim;
+  // The scheduler as ditdenoise finds it (engine/models/dit/pipeline_inputs.h), or --scheduler.
+  auto sched_r = latent::resolve_flow_match_scheduler(root, get(o, "scheduler"));
+  if (!sched_r.ok()) return fail(sched_r.status().with_context("denoise: reading the scheduler"));
+  if (sched_r->path.empty())
+    std::fprintf(stderr,
+                 "latent-tool: note: no scheduler/scheduler_config.json in %s: using Qwen-Image's "
+                 "published scheduler config\n",
+                 root.c_str());
+  const latent::FlowMatchSchedulerConfig sched = sched_r->config;
+
   const std::string io = get(o, "inputs");
   if (!io.empty()) {  // every input from one file: NAME.prompt_embeds, NAME.noise, ...
     auto file = latent::SafetensorsFile::open(io);
     if (!file.ok()) return fail(file.status());
     const std::string pre = prefix_of(o);
-    auto p = embeds_of(**file, pre, "prompt_embeds", false);
-    auto n = embeds_of(**file, pre, "negative_prompt_embeds", true);
+    auto p = latent::read_prompt_embeds(**file, pre + "prompt_embeds", joint_dim);
+    auto n = latent::read_prompt_embeds(**file, pre + "negative_prompt_embeds", joint_dim, true);
     auto noise = tensor_of(**file, pre, "noise", true);
     auto init = tensor_of(**file, pre, "image_latents", true);
     if (!p.ok()) return fail(p.status());
@@ -339,8 +341,8 @@ int cmd_denoise(const Options& o, const std::vector<std::string>& positional) {
   if (o.count("embeds")) {
     auto file = latent::SafetensorsFile::open(get(o, "embeds"));
     if (!file.ok()) return fail(file.status());
-    auto p = embeds_of(**file, "", "prompt_embeds", false);
-    auto n = embeds_of(**file, "", "negative_prompt_embeds", true);
+    auto p = latent::read_prompt_embeds(**file, "prompt_embeds", joint_dim);
+    auto n = latent::read_prompt_embeds(**file, "negative_prompt_embeds", joint_dim, true);
     if (!p.ok()) return fail(p.status());
     if (!n.ok()) return fail(n.status());
     req.prompt = *p;
@@ -369,18 +371,6 @@ int cmd_denoise(const Options& o, const std::vector<std::string>& positional) {
   if (req.height == 0 && !req.noise.defined() && !req.init_latents.defined())
     return fail(Status::error("denoise: give --width and --height, --noise or --init"));
 
-  // Models.
-  auto model = latent::QwenImageMmdit::load(get(o, "transformer", root), *backend);
-  if (!model.ok()) return fail(model.status());
-  latent::FlowMatchSchedulerConfig sched;
-  {
-    // A pipeline root's scheduler/scheduler_config.json, or --scheduler FILE.
-    auto cfg = latent::Config::load(get(o, "scheduler", root + "/scheduler/scheduler_config.json"));
-    if (!cfg.ok()) return fail(cfg.status().with_context("denoise: reading the scheduler"));
-    auto parsed = latent::parse_flow_match_scheduler_config(*cfg);
-    if (!parsed.ok()) return fail(parsed.status());
-    sched = *parsed;
-  }
   std::unique_ptr<latent::VaeModel> vae;
   if (!out_image.empty() || !out_sample.empty()) {
     auto v = latent::load_vae(get(o, "vae", root), *backend, {false, true});

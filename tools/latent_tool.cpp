@@ -7,29 +7,44 @@
 //                       --outputs OUT.safetensors [--warmup N] [--repeat N]
 //   latent-tool compare IMAGE_A IMAGE_B     (PSNR and SSIM)
 //   latent-tool stream  [--model M] --size WxH ...  (tools/stream_command.h)
-// Common options: --device auto|cpu|cuda[:N]  --dtype fp32|bf16|fp16
+//   latent-tool denoise --model ROOT --embeds E.safetensors ...  (tools/dit_commands.h)
+// Common options: --device auto|cpu|cuda[:N]  --dtype fp32|bf16|fp16  --verbose
 // MODEL is a diffusers folder, a pipeline root (its vae/), a single .safetensors file, or
 // empty for the built-in default model.
+//
+// The command line is parsed by CLI11 (make_cli below): each command is a subcommand with its
+// own --help, typed and range-checked options, and unknown options or stray arguments are
+// refused. The command functions read the parsed values as text from Args::options, as before,
+// so a command's new option is one line in make_cli.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <list>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "engine/backends/registry.h"
 #include "engine/core/log.h"
 #include "engine/models/vae/planned_vae.h"  // plans: --graph
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
+#include "tools/latent_file_commands.h"
 #include "tools/dit_commands.h"
 #include "tools/stream_command.h"
 
 #if LATENT_TOOL_OPENCV
 #include <opencv2/core.hpp>
+#include <opencv2/core/utils/logger.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #endif
@@ -49,51 +64,6 @@ struct Args {
     return it == options.end() ? def : it->second;
   }
 };
-
-const char* kUsage =
-    "usage: latent-tool COMMAND [options]\n"
-    "  inspect [MODEL]                          architecture, parts, parameters, latent space\n"
-    "  encode  [--model M] --input IMG --output LAT.safetensors\n"
-    "                                           image -> normalised latents (+ frame size)\n"
-    "  decode  [--model M] --input LAT.safetensors --output IMG\n"
-    "  run     [--model M] --part encoder|decoder --inputs IN.safetensors --outputs OUT.safetensors\n"
-    "          [--warmup N] [--repeat N] [--json]  one model part on raw tensors, timed\n"
-    "          [--graph 1|0]  plan the part for the input shape and replay it as a CUDA graph\n"
-    "          (default 1 on CUDA; the plan is built before the timed runs)\n"
-    "          encoder: `sample` [N,3,H,W] in [-1,1] -> `latent_mean` (TAESD family: `latents`)\n"
-    "          decoder: `latent` (un-normalised) -> `sample` in [-1,1]\n"
-    "  compare IMG_A IMG_B                      PSNR (dB) and SSIM of two images\n"
-    "options: --device auto|cpu|cuda|cuda:N (default auto)  --dtype fp32|bf16|fp16\n"
-    "         --verbose  (engine log to stderr)\n"
-    "MODEL: diffusers folder, pipeline root (uses vae/), single .safetensors file;\n"
-    "       omitted = the built-in default model\n";
-
-Result<Args> parse_args(int argc, char** argv) {
-  Args a;
-  if (argc < 2) return Status::error("no command given");
-  a.command = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) == 0) {
-      std::string key = s.substr(2), value;
-      auto eq = key.find('=');
-      if (eq != std::string::npos) {
-        value = key.substr(eq + 1);
-        key = key.substr(0, eq);
-      } else if (key == "verbose" || key == "help" || key == "json") {
-        value = "1";
-      } else if (i + 1 < argc) {
-        value = argv[++i];
-      } else {
-        return Status::errorf("option --", key, " needs a value");
-      }
-      a.options[key] = value;
-    } else {
-      a.positional.push_back(s);
-    }
-  }
-  return a;
-}
 
 Result<std::shared_ptr<latent::Backend>> backend_for(const Args& a) {
   latent::BackendOptions o;
@@ -123,6 +93,10 @@ int fail(const Status& s) {
 
 // --- inspect ---------------------------------------------------------------------------
 int cmd_inspect(const Args& a) {
+  if (a.positional.size() == 1 && is_latent_file(a.positional[0])) return inspect_latent_file(a.positional[0]);
+  if (a.options.count("model") && !a.positional.empty())
+    return fail(Status::errorf("inspect: give the model once, as --model or as MODEL (got --model ",
+                               a.get("model"), " and ", a.positional[0], ")"));
   auto model = model_for(a, true, true);
   if (!model.ok()) return fail(model.status());
   const latent::ModelInfo& info = (*model)->info();
@@ -196,9 +170,36 @@ cv::Mat tensor_to_image(const Tensor& t) {  // [1, 3, H, W] fp32 host -> RGB8
   return rgb;
 }
 
+// Keeps stderr closed while it lives: the image codecs under OpenCV (libpng's "iCCP: known
+// incorrect sRGB profile", ...) print warnings of their own that OpenCV's log level does not
+// reach; our messages name the file and the problem instead.
+class QuietStderr {
+ public:
+  QuietStderr() {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (saved_ >= 0 && null >= 0) ::dup2(null, 2);
+    if (null >= 0) ::close(null);
+  }
+  ~QuietStderr() {
+    std::fflush(stderr);
+    if (saved_ >= 0) {
+      ::dup2(saved_, 2);
+      ::close(saved_);
+    }
+  }
+  QuietStderr(const QuietStderr&) = delete;
+  QuietStderr& operator=(const QuietStderr&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
 Result<cv::Mat> read_rgb(const std::string& path) {
   cv::Mat bgr;
   try {
+    QuietStderr quiet;
     bgr = cv::imread(path, cv::IMREAD_COLOR);
   } catch (const cv::Exception& e) {
     return Status::errorf("cannot read image '", path, "': ", e.what());
@@ -263,7 +264,7 @@ int cmd_decode(const Args& a) {
   auto& m = **model;
   auto file = latent::SafetensorsFile::open(in);
   if (!file.ok()) return fail(file.status());
-  auto lat = (*file)->tensor("latent");
+  auto lat = (*file)->find("latent") ? (*file)->tensor("latent") : latent_file_images(**file);
   if (!lat.ok()) return fail(lat.status());
   const auto& meta = (*file)->metadata();
   auto space = meta.find("latent_space");
@@ -399,7 +400,11 @@ int cmd_compare(const Args& a) {
   if (!y.ok()) return fail(y.status());
   if (x->size() != y->size())
     return fail(Status::errorf("images differ in size: ", x->cols, "x", x->rows, " vs ", y->cols, "x", y->rows));
-  double psnr = cv::PSNR(*x, *y);
+  // PSNR over all channels; identical images have no error: +inf (cv::PSNR would clamp the
+  // error to print 361.20 dB).
+  const double sq = cv::norm(*x, *y, cv::NORM_L2SQR);
+  const double mse = sq / (static_cast<double>(x->total()) * x->channels());
+  const double psnr = mse > 0 ? 10.0 * std::log10(255.0 * 255.0 / mse) : HUGE_VAL;
   cv::Mat xf, yf;
   x->convertTo(xf, CV_64F);
   y->convertTo(yf, CV_64F);
@@ -408,7 +413,10 @@ int cmd_compare(const Args& a) {
   cv::split(yf, yc);
   double ssim = 0;
   for (int c = 0; c < 3; ++c) ssim += ssim_channel(xc[c], yc[c]) / 3;
-  std::printf("PSNR %.2f dB  SSIM %.4f\n", psnr, ssim);
+  if (std::isinf(psnr))
+    std::printf("PSNR inf dB  SSIM %.4f\n", ssim);
+  else
+    std::printf("PSNR %.2f dB  SSIM %.4f\n", psnr, ssim);
   return 0;
 }
 
@@ -425,20 +433,216 @@ void log_to_stderr(latent::LogLevel level, const char*, int, const char* msg, vo
   std::fprintf(stderr, "[latent %d] %s\n", static_cast<int>(level), msg);
 }
 
+
+// ---- The command line ------------------------------------------------------------------------
+
+// One subcommand's options, kept as text in Args::options under their long name (without
+// "--"): CLI11 checks the names, that each option has its value (an option's value never
+// swallows the next option), its type and range; the commands read them as before.
+class CommandOptions {
+ public:
+  // CLI11 takes the next argument as an option's value whatever it is: `--dtype --input x`
+  // would read "--input" as the dtype. A value that is an option is a missing value.
+  static CLI::Validator not_an_option() {
+    return CLI::Validator(
+        [](std::string& v) {
+          return v.rfind("--", 0) == 0 ? "needs a value, but the next argument is the option " + v
+                                       : std::string();
+        },
+        "");
+  }
+
+  CommandOptions(CLI::App* app, Args* args) : app_(app), args_(args) {}
+  // --key VALUE
+  CLI::Option* text(const std::string& key, const std::string& help) {
+    CLI::Option* o = app_->add_option("--" + key, values_[key], help)->check(not_an_option());
+    options_.emplace_back(key, o);
+    return o;
+  }
+  // --key N, an integer in [lo, hi]
+  CLI::Option* integer(const std::string& key, const std::string& help, int64_t lo, int64_t hi) {
+    return text(key, help)->check(CLI::Range(lo, hi))->type_name("INT");
+  }
+  // --key X, a finite number
+  CLI::Option* number(const std::string& key, const std::string& help) {
+    return text(key, help)->check(CLI::Number)->type_name("FLOAT");
+  }
+  // --key VALUE, one of `choices`
+  CLI::Option* choice(const std::string& key, const std::string& help,
+                      const std::vector<std::string>& choices) {
+    return text(key, help)->check(CLI::IsMember(choices));
+  }
+  // --key (no value)
+  CLI::Option* flag(const std::string& key, const std::string& help) {
+    CLI::Option* o = app_->add_flag("--" + key, help);
+    options_.emplace_back(key, o);
+    flags_.insert(key);
+    return o;
+  }
+  // What was given, into `args` (once CLI11 has parsed this subcommand).
+  void collect() const {
+    args_->command = app_->get_name();
+    for (const auto& [key, o] : options_)
+      if (o->count() > 0) args_->options[key] = flags_.count(key) ? "1" : values_.at(key);
+  }
+
+ private:
+  CLI::App* app_;
+  Args* args_;
+  std::map<std::string, std::string> values_;  // node-based: the references CLI11 holds stay valid
+  std::vector<std::pair<std::string, CLI::Option*>> options_;
+  std::set<std::string> flags_;
+};
+
+const char* kModelHelp =
+    "diffusers folder, pipeline root (its vae/; model_index.json optional), or single "
+    ".safetensors file; omitted: the built-in default model";
+
+struct Cli {
+  CLI::App app{"latent-tool: inspect models and run their parts outside GStreamer", "latent-tool"};
+  std::list<CommandOptions> commands;
+  std::vector<std::string> positional;
+};
+
+// The options every command takes.
+void add_common(CommandOptions& c) {
+  c.text("device", "auto (first GPU, else the CPU), cpu, cuda, cuda:N (default auto)");
+  c.choice("dtype", "compute dtype (default: fp32 on the CPU, bf16 on CUDA)",
+           {"fp32", "bf16", "fp16"});
+  c.flag("verbose", "engine log to stderr");
+}
+
+// The lines of dit_usage() about `command` ("run" or "denoise").
+std::string dit_usage_part(const std::string& command) {
+  const std::string all = dit_usage();
+  const size_t denoise = all.find("  denoise ");
+  if (denoise == std::string::npos) return all;
+  return command == "denoise" ? all.substr(denoise) : all.substr(0, denoise);
+}
+
+void make_cli(Cli& cli, Args& args) {
+  CLI::App& app = cli.app;
+  app.require_subcommand(1);
+  app.footer(std::string("MODEL: ") + kModelHelp +
+             ".\nlatent-tool COMMAND --help describes each command.");
+  auto add = [&](const char* name, const char* help) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    cli.commands.emplace_back(sub, &args);
+    CommandOptions& c = cli.commands.back();
+    add_common(c);
+    sub->final_callback([&c] { c.collect(); });
+    return std::make_pair(sub, &c);
+  };
+
+  {
+    auto [sub, c] = add("inspect", "architecture, parts, parameters and latent space of a model");
+    c->text("model", kModelHelp);
+    sub->add_option("MODEL", cli.positional, kModelHelp)->expected(0, 1);
+  }
+  {
+    auto [sub, c] = add("encode", "image -> normalised latents (+ frame size) in a safetensors file");
+    c->text("model", kModelHelp);
+    c->text("input", "image to encode")->required();
+    c->text("output", "latents file (.safetensors) to write")->required();
+    (void)sub;
+  }
+  {
+    auto [sub, c] = add("decode", "latents file (from encode) -> image");
+    c->text("model", kModelHelp);
+    c->text("input", "latents file (.safetensors, tensor 'latent')")->required();
+    c->text("output", "image to write")->required();
+    (void)sub;
+  }
+  {
+    auto [sub, c] = add("run", "one model part on raw tensors, timed");
+    c->text("model", kModelHelp);
+    c->choice("part", "encoder, decoder or transformer", {"encoder", "decoder", "transformer"})
+        ->required();
+    c->text("inputs", "input tensors (.safetensors)")->required();
+    c->text("outputs", "output tensors (.safetensors) to write")->required();
+    c->text("case", "transformer: read the inputs NAME.<tensor>");
+    c->integer("warmup", "untimed runs first (default 1)", 0, 1000);
+    c->integer("repeat", "timed runs (default 1)", 1, 100000);
+    c->choice("graph", "VAE parts: plan the part and replay it as a CUDA graph (default 1 on CUDA)",
+              {"0", "1"});
+    c->flag("json", "also print one JSON line of timings");
+    sub->footer(
+        "encoder: `sample` [N,3,H,W] in [-1,1] -> `latent_mean` (TAESD family: `latents`)\n"
+        "decoder: `latent` (un-normalised) -> `sample` in [-1,1]\n" +
+        dit_usage_part("run"));
+  }
+  {
+    auto [sub, c] = add("denoise", "the Qwen-Image denoising loop (text-to-image, img2img, edit)");
+    c->text("model", "Qwen-Image pipeline root (transformer/, scheduler/, vae/)")->required();
+    c->text("embeds", "prompt embeddings (.safetensors from tools/compute_prompt_embeds.py)");
+    c->integer("steps", "steps of the schedule (default 50)", 1, 10000);
+    c->number("true-cfg-scale", "true classifier-free guidance scale (default 4)");
+    c->integer("seed", "noise seed (default 0)", 0, INT64_MAX);
+    c->integer("width", "target width in pixels (a multiple of 16)", 0, 1 << 16);
+    c->integer("height", "target height in pixels (a multiple of 16)", 0, 1 << 16);
+    c->text("noise", "initial noise, a latents file");
+    c->text("init", "img2img: initial latents file");
+    c->number("strength", "img2img strength (default 1)");
+    c->text("reference", "edit: reference latents files, comma-separated");
+    c->choice("batch-cfg", "run the CFG pair as one batch (default 1)", {"0", "1"});
+    c->text("output-latents", "latents file to write");
+    c->text("output", "image to write (decoded with the VAE)");
+    c->text("output-sample", "decoded image tensor (.safetensors) to write");
+    c->text("transformer", "transformer folder (default: ROOT's transformer/)");
+    c->text("vae", "VAE (default: ROOT's vae/)");
+    c->text("scheduler", "scheduler_config.json (default: ROOT's scheduler/)");
+    c->text("inputs", "every input from one file of NAME.<tensor> entries (with --case)");
+    c->text("case", "the NAME of --inputs");
+    sub->footer(dit_usage_part("denoise"));
+  }
+  {
+    auto [sub, c] = add("stream", "vaeencode ! vaedecode's engine loop on host frames, timed");
+    c->text("model", kModelHelp);
+    c->text("size", "frame size WxH (default 1920x1080)");
+    c->text("format", "frame format (default RGBx)");
+    c->integer("frames", "frames a mode (default 100)", 1, 1000000);
+    c->integer("prefetch-depth", "staging depth (default 2)", 0, 64);
+    c->integer("warmup", "untimed frames first (default 3)", 0, 1000000);
+    c->choice("graph", "replay the planned parts as CUDA graphs (default 1)", {"0", "1"});
+    c->flag("json", "also print one JSON line");
+    sub->footer(stream_usage());
+  }
+  {
+    auto [sub, c] = add("compare", "PSNR (dB; inf for identical images) and SSIM of two images");
+    sub->add_option("IMAGES", cli.positional, "two images of one size")->expected(2)->required();
+    (void)c;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto args = parse_args(argc, argv);
-  if (!args.ok()) {
-    std::fprintf(stderr, "latent-tool: %s\n%s", args.status().message().c_str(), kUsage);
-    return 2;
-  }
-  const Args& a = *args;
-  if (a.options.count("verbose")) latent::set_log_callback(log_to_stderr, nullptr);
-  if (a.command == "help" || a.command == "--help" || a.command == "-h" || a.options.count("help")) {
-    std::printf("%s%s%s", kUsage, stream_usage(), dit_usage());
+#if LATENT_TOOL_OPENCV
+  // Our own messages name the file and the problem; OpenCV's warnings would only repeat them.
+  cv::utils::logging::setLogLevel(cv::utils::logging::LOG_LEVEL_SILENT);
+#endif
+  Args args;
+  Cli cli;
+  make_cli(cli, args);
+  // `latent-tool help` (used by bench/bench_pipelines.py) is `latent-tool --help`.
+  if (argc == 2 && std::strcmp(argv[1], "help") == 0) {
+    std::printf("%s", cli.app.help().c_str());
     return 0;
   }
+  try {
+    cli.app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return cli.app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return cli.app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "latent-tool: error: %s\nRun with --help for more information.\n",
+                 e.what());
+    return 2;
+  }
+  args.positional = cli.positional;
+  const Args& a = args;
+  if (a.options.count("verbose")) latent::set_log_callback(log_to_stderr, nullptr);
   if (a.command == "inspect") return cmd_inspect(a);
   if (a.command == "encode") return cmd_encode(a);
   if (a.command == "decode") return cmd_decode(a);
@@ -446,6 +650,6 @@ int main(int argc, char** argv) {
   if (a.command == "denoise") return cmd_denoise(a.options, a.positional);
   if (a.command == "stream") return cmd_stream(a.options);
   if (a.command == "compare") return cmd_compare(a);
-  std::fprintf(stderr, "latent-tool: unknown command '%s'\n%s", a.command.c_str(), kUsage);
+  std::fprintf(stderr, "latent-tool: error: unknown command '%s'\n", a.command.c_str());
   return 2;
 }

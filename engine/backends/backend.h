@@ -180,6 +180,21 @@ class Backend {
   virtual Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            int heads) = 0;
 
+  // === Video clips (causal video VAEs; engine/models/vae/qwen_image.cpp) ======================
+  // A clip [1, C, T, H, W] (row-major, e.g. one clip of an upload()ed [N, C, T, H, W]: slice()
+  // on dim 0) -> its frames [T, C, H, W] in this backend's image layout (what conv2d() takes),
+  // and back. Frames of one clip then move along dim 0 with concat(parts, 0) and views.
+  // Values move unchanged. The defaults: not supported.
+  virtual Result<Tensor> clip_to_frames(const Tensor& clip) {
+    (void)clip;
+    return Status::errorf("clip_to_frames is not supported by backend ", name());
+  }
+  virtual Result<Tensor> frames_to_clip(const Tensor& frames) {
+    (void)frames;
+    return Status::errorf("frames_to_clip is not supported by backend ", name());
+  }
+  // === end of video clips ===================================================================
+
   // === Graph capture and plan persistence (plans) ===========================================
   // A backend that supports capture records the device work that the ops called by this thread
   // between begin_capture() and end_capture() queue, instead of running it; replay() runs it
@@ -316,7 +331,8 @@ class Backend {
     (void)cond, (void)uncond, (void)scale;
     return dit_unsupported(DitOp::kCfgCombine);
   }
-  // Concatenation along `dim` (e.g. 1: tokens of [B, T, D]); other dims must match.
+  // Concatenation along `dim` (e.g. 1: tokens of [B, T, D]); other dims must match. Also
+  // image-layout [N, C, H, W] tensors along dim 0 (frames of a clip; the layout is kept).
   virtual Result<Tensor> concat(const std::vector<Tensor>& parts, int dim) {
     (void)parts, (void)dim;
     return dit_unsupported(DitOp::kConcat);

@@ -156,6 +156,30 @@ Result<ModelSource> resolve_path(const std::string& given, const std::string& pa
     return src;
   }
 
+  // A pipeline root without model_index.json (a partial download: only the parts fetched, e.g.
+  // `huggingface-cli download ... --include "vae/*" "transformer/*"`): the subfolder with its
+  // config.json is enough.
+  const std::string sub = join(path, subfolder);
+  if (is_regular_file(join(sub, "config.json"))) {
+    auto src = resolve_diffusers_folder(given, sub);
+    if (!src.ok()) return src;
+    src->form = "diffusers pipeline (" + subfolder + "/)";
+    return src;
+  }
+  // Other pipeline parts but not this one: name what is missing.
+  std::vector<std::string> parts;
+  for (const char* part : {"vae", "transformer", "unet", "scheduler", "text_encoder"})
+    if (subfolder != part && is_directory(join(path, part))) parts.push_back(part);
+  if (!parts.empty()) {
+    std::string list;
+    for (const auto& p : parts) list += (list.empty() ? "" : ", ") + p + "/";
+    if (is_directory(sub))
+      return Status::errorf(path, " looks like a diffusers pipeline (", list, "), but ", sub,
+                            " has no config.json");
+    return Status::errorf(path, " looks like a diffusers pipeline (", list, ") without a '",
+                          subfolder, "' subfolder");
+  }
+
   std::vector<std::string> safetensors;
   std::error_code ec;
   for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {

@@ -23,6 +23,8 @@ struct ModelSource {
 //  - a folder with config.json and diffusion_pytorch_model(.safetensors|.safetensors.index.json)
 //    or model(...): a diffusers folder;
 //  - a folder with model_index.json and a `subfolder` (default "vae"): a pipeline root;
+//  - a folder without model_index.json whose `subfolder` has a config.json: a pipeline root as a
+//    partial download leaves it (only vae/, transformer/, scheduler/ fetched);
 //  - anything else: an error naming what was looked for.
 Result<ModelSource> resolve_model_source(const std::string& path,
                                          const std::string& subfolder = "vae");

@@ -68,12 +68,36 @@ bool unsupported_dtype_bits(const std::string& s, uint64_t* bits) {
   return true;
 }
 
-// Rejects nesting deeper than kMaxHeaderDepth without building anything.
-bool nesting_within_limit(const char* p, size_t n) {
+// Checks JSON text before the parser sees it, without building anything: nesting deeper than
+// kMaxHeaderDepth, raw control bytes (JSON allows none outside whitespace, so they mean binary
+// data) and anything but trailing spaces after the top-level value. The last two name the real
+// fault of a safetensors header whose length field runs into the tensor data, which the depth
+// limit or the parser would otherwise report first as something else.
+Status check_json_text(const char* p, size_t n, const std::string& what, const std::string& kind) {
   int depth = 0;
-  bool in_string = false, escaped = false;
+  bool in_string = false, escaped = false, opened = false;
   for (size_t i = 0; i < n; ++i) {
-    char c = p[i];
+    const unsigned char c = static_cast<unsigned char>(p[i]);
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      return Status::errorf(what, ": ", kind, " holds a binary byte (", hex, ") at byte ", i,
+                            " of its ", n, " bytes",
+                            kind == "safetensors header"
+                                ? ": the header length runs into the tensor data (the file "
+                                  "is damaged or not a safetensors file)"
+                                : ": not a text file");
+    }
+    if (opened && depth == 0) {
+      // After the top-level value: safetensors pads with spaces, text files end in newlines.
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+      return Status::errorf(what, ": ", kind, " goes on after its JSON value ends (at byte ", i,
+                            " of ", n, ")",
+                            kind == "safetensors header"
+                                ? ": the header length runs into the tensor data (the file "
+                                  "is damaged or not a safetensors file)"
+                                : "");
+    }
     if (in_string) {
       if (escaped)
         escaped = false;
@@ -83,15 +107,18 @@ bool nesting_within_limit(const char* p, size_t n) {
         in_string = false;
       continue;
     }
-    if (c == '"')
+    if (c == '"') {
       in_string = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > kMaxHeaderDepth) return false;
+    } else if (c == '{' || c == '[') {
+      opened = true;
+      if (++depth > kMaxHeaderDepth)
+        return Status::errorf(what, ": ", kind, " nests deeper than ", kMaxHeaderDepth,
+                              " levels");
     } else if (c == '}' || c == ']') {
       --depth;
     }
   }
-  return true;
+  return ok_status();
 }
 
 // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> "parse error at ...".
@@ -107,8 +134,7 @@ std::string strip_json_exception_prefix(const std::string& what) {
 // parser would otherwise keep only the last), reported through `duplicate`.
 Status parse_json_object(const char* text, size_t n, const std::string& what,
                          const std::string& kind, json* out) {
-  if (!nesting_within_limit(text, n))
-    return Status::errorf(what, ": ", kind, " nests deeper than ", kMaxHeaderDepth, " levels");
+  LATENT_TRY(check_json_text(text, n, what, kind));
   std::set<std::string> keys;
   std::string duplicate;
   auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
@@ -422,6 +448,206 @@ Status write_safetensors(const std::string& path, const std::map<std::string, Te
     err = errno;
     std::remove(tmp.c_str());
     return Status::errorf("cannot rename ", tmp, " to ", path, ": ", errno_text(err));
+  }
+  return ok_status();
+}
+
+// --- SafetensorsStreamWriter --------------------------------------------------------------
+
+namespace {
+
+// pwrite of all `n` bytes (short writes and EINTR retried); errno is left set on failure.
+bool pwrite_all(int fd, const void* data, size_t n, uint64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (w == 0) {
+      errno = EIO;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return true;
+}
+
+bool pread_all(int fd, void* data, size_t n, uint64_t offset) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (r == 0) {
+      errno = EIO;  // the file is shorter than what was written to it
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+// Moves `n` bytes inside the file from `from` to `to` (overlapping ranges allowed).
+bool move_range(int fd, uint64_t from, uint64_t to, uint64_t n) {
+  if (from == to || n == 0) return true;
+  constexpr uint64_t kChunk = 4u << 20;
+  std::vector<char> buf(static_cast<size_t>(std::min(kChunk, n)));
+  if (to < from) {  // forward walk
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t k = std::min<uint64_t>(buf.size(), n - done);
+      if (!pread_all(fd, buf.data(), k, from + done) || !pwrite_all(fd, buf.data(), k, to + done))
+        return false;
+      done += k;
+    }
+  } else {  // backward walk: the destination overlaps the source's tail
+    for (uint64_t left = n; left > 0;) {
+      const uint64_t k = std::min<uint64_t>(buf.size(), left);
+      left -= k;
+      if (!pread_all(fd, buf.data(), k, from + left) || !pwrite_all(fd, buf.data(), k, to + left))
+        return false;
+    }
+  }
+  return true;
+}
+
+std::string parent_dir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create(
+    const std::string& path, const std::string& tensor_name, DType dtype, const Shape& frame_shape,
+    const Options& options) {
+  if (path.empty()) return Status::error("writing a safetensors file: no path given");
+  if (tensor_name.empty() || tensor_name == "__metadata__")
+    return Status::errorf("writing ", path, ": invalid tensor name '", tensor_name, "'");
+  if (options.header_reserve < 16 || options.header_reserve % 8 != 0)
+    return Status::errorf("writing ", path, ": header reserve ", options.header_reserve,
+                          " is not a multiple of 8 of at least 16");
+  int64_t numel = 1;
+  for (int64_t d : frame_shape) {
+    if (d <= 0 || d > (int64_t(1) << 32))
+      return Status::errorf("writing ", path, ": invalid frame shape ", shape_str(frame_shape));
+    numel *= d;
+    if (numel > (int64_t(1) << 40))
+      return Status::errorf("writing ", path, ": frame shape ", shape_str(frame_shape), " is too large");
+  }
+  std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
+  w->path_ = path;
+  w->partial_ = path + ".partial";
+  w->tensor_name_ = tensor_name;
+  w->dtype_ = dtype;
+  w->frame_shape_ = frame_shape;
+  w->frame_bytes_ = static_cast<size_t>(numel) * dtype_size(dtype);
+  w->options_ = options;
+  w->fd_ = ::open(w->partial_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w->fd_ < 0)
+    return Status::errorf("cannot create ", w->partial_, ": ", errno_text(errno));
+  return w;
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() { abort(); }
+
+void SafetensorsStreamWriter::abort() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  fd_ = -1;
+  ::unlink(partial_.c_str());
+}
+
+Status SafetensorsStreamWriter::fail(Status status) {
+  abort();
+  return status;
+}
+
+Status SafetensorsStreamWriter::append(const void* data, size_t bytes) {
+  if (fd_ < 0) return Status::errorf("writing ", path_, ": the file is already closed");
+  if (bytes != frame_bytes_)
+    return Status::errorf("writing ", path_, ": a frame of ", bytes, " bytes, expected ",
+                          frame_bytes_, " (", shape_str(frame_shape_), " ", dtype_name(dtype_), ")");
+  const uint64_t at = options_.header_reserve + static_cast<uint64_t>(frames_) * frame_bytes_;
+  if (!pwrite_all(fd_, data, bytes, at)) {
+    const int err = errno;
+    return fail(Status::errorf("writing ", partial_, " (frame ", frames_, ", ", at + bytes,
+                               " bytes in): ", errno_text(err)));
+  }
+  ++frames_;
+  return ok_status();
+}
+
+Status SafetensorsStreamWriter::finish(const std::map<std::string, std::string>& metadata) {
+  if (fd_ < 0) return Status::errorf("writing ", path_, ": the file is already closed");
+  if (frames_ == 0) return fail(Status::errorf("writing ", path_, ": no frames were written"));
+  const uint64_t data_bytes = static_cast<uint64_t>(frames_) * frame_bytes_;
+  Shape shape;
+  shape.push_back(frames_);
+  shape.insert(shape.end(), frame_shape_.begin(), frame_shape_.end());
+  json header = json::object();
+  header[tensor_name_] = {{"dtype", safetensors_dtype_name(dtype_)},
+                          {"shape", shape},
+                          {"data_offsets", {uint64_t(0), data_bytes}}};
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text;
+  try {
+    text = header.dump(-1, ' ', false, json::error_handler_t::strict);
+  } catch (const std::exception& e) {  // metadata that is not UTF-8
+    return fail(Status::errorf("writing ", path_, ": invalid metadata: ", e.what()));
+  }
+  while (text.size() % 8 != 0) text.push_back(' ');
+  const uint64_t exact = 8 + text.size();
+  const uint64_t reserve = options_.header_reserve;
+  uint64_t data_start = exact;
+  if (exact <= reserve && (reserve - exact) * 16 <= data_bytes) {
+    text.append(reserve - exact, ' ');  // pad: the data stays where it is
+    data_start = reserve;
+  } else if (!move_range(fd_, reserve, exact, data_bytes)) {
+    const int err = errno;
+    return fail(Status::errorf("writing ", partial_, " (moving the data after the header): ",
+                               errno_text(err)));
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(data_start + data_bytes)) != 0) {
+    const int err = errno;
+    return fail(Status::errorf("writing ", partial_, ": ", errno_text(err)));
+  }
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  if (!pwrite_all(fd_, len, 8, 0) || !pwrite_all(fd_, text.data(), text.size(), 8)) {
+    const int err = errno;
+    return fail(Status::errorf("writing the header of ", partial_, ": ", errno_text(err)));
+  }
+  if (options_.sync && ::fsync(fd_) != 0) {
+    const int err = errno;
+    return fail(Status::errorf("syncing ", partial_, ": ", errno_text(err)));
+  }
+  if (::close(fd_) != 0) {
+    const int err = errno;
+    fd_ = -1;
+    ::unlink(partial_.c_str());
+    return Status::errorf("closing ", partial_, ": ", errno_text(err));
+  }
+  fd_ = -1;
+  if (std::rename(partial_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(partial_.c_str());
+    return Status::errorf("cannot rename ", partial_, " to ", path_, ": ", errno_text(err));
+  }
+  if (options_.sync) {  // the rename itself is durable once the folder is synced
+    int dir = ::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+      ::fsync(dir);
+      ::close(dir);
+    }
   }
   return ok_status();
 }

@@ -57,6 +57,65 @@ class SafetensorsFile {
 Status write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
+// Streams one tensor [T, frame...] to a safetensors file a frame at a time, for files whose
+// frame count is only known at the end (a clip's latents). Nothing but the counts is kept in
+// memory. The data goes to `<path>.partial` from a reserved offset as frames arrive; finish()
+// writes the header (tensor record + `__metadata__`), fsyncs, renames the file to `path` and
+// fsyncs the folder, so `path` only ever appears complete. A writer destroyed (or abort()ed)
+// before finish() removes its partial file. The bytes written depend only on the frames and the
+// metadata: the same input gives the same file.
+class SafetensorsStreamWriter {
+ public:
+  struct Options {
+    // Bytes reserved before the data for the 8-byte length and the header (a multiple of 8).
+    // At finish() a header that fits is padded with spaces up to it when the padding is under
+    // 1/16 of the data; otherwise the data is moved to just after the exact header (one copy
+    // at the end, for small files or headers that outgrew the reservation).
+    uint64_t header_reserve = 4096;
+    bool sync = true;  // fsync the file and its folder before/after the rename
+  };
+
+  static Result<std::unique_ptr<SafetensorsStreamWriter>> create(const std::string& path,
+                                                                 const std::string& tensor_name,
+                                                                 DType dtype,
+                                                                 const Shape& frame_shape,
+                                                                 const Options& options);
+  static Result<std::unique_ptr<SafetensorsStreamWriter>> create(const std::string& path,
+                                                                 const std::string& tensor_name,
+                                                                 DType dtype,
+                                                                 const Shape& frame_shape) {
+    return create(path, tensor_name, dtype, frame_shape, Options());
+  }
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+  // One frame: exactly frame_bytes() bytes of the dtype's elements.
+  Status append(const void* data, size_t bytes);
+  // Writes the header with `metadata` (string values, as safetensors requires), syncs and
+  // renames. An error (no frames, a failed write, rename or sync) removes the partial file.
+  Status finish(const std::map<std::string, std::string>& metadata);
+  // Drops the partial file; nothing appears at path(). Idempotent.
+  void abort();
+
+  int64_t frames() const { return frames_; }
+  size_t frame_bytes() const { return frame_bytes_; }
+  const std::string& path() const { return path_; }
+  const std::string& partial_path() const { return partial_; }
+
+ private:
+  SafetensorsStreamWriter() = default;
+  Status fail(Status status);
+
+  std::string path_, partial_, tensor_name_;
+  DType dtype_ = DType::kF32;
+  Shape frame_shape_;
+  size_t frame_bytes_ = 0;
+  Options options_;
+  int fd_ = -1;
+  int64_t frames_ = 0;
+};
+
 // All weights of one model part: a single .safetensors file, or the shards named by a
 // *.safetensors.index.json ({"weight_map": {name: shard file}}).
 class WeightStore {

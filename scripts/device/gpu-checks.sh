@@ -15,6 +15,7 @@
 #   pipelines     bench_pipelines.py: default + Qwen VAE, 1024^2 and 1080p, system/CUDA memory,
 #                 prefetch-depth default/0, cuda-graphs true/false if the property exists  ~5 min
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
+#   nvdec         bench_stream_nvdec.py: H.264 file ! nvh264dec ! vaeencode ! vaedecode at 1080p vs the kernel bound  ~2 min
 #   attention     /tmp/dev/bin/bench_attention (ATTN_ARGS), skipped if absent  ~1-3 min
 #   dit           bench_dit.py: full-size DiT step, eager + regional compile + ours, DIT_CASES  ~5-7 min
 #                 (DIT_ACCURACY=1: also the fp32 reference in the same run, one weight write and one ours load)
@@ -132,6 +133,14 @@ if has stream; then
     --models $PWD/models/default,qwen --qwen-dir /tmp/latent-bench/qwen --out $OUT/bench-stream.json > $OUT/stream.log 2>&1
   rc=$?; tail -12 $OUT/stream.log
   end stream $rc "$(table $OUT/stream.log 'stream model')" "$(grep 'stream: skipped' $OUT/stream.log)"
+fi
+
+if has nvdec; then
+  begin nvdec; pyenv
+  timeout ${NVDEC_TIMEOUT:-300} python3 bench/bench_stream_nvdec.py --models ${NVDEC_MODELS:-$PWD/models/default} \
+    --qwen-dir /tmp/latent-bench/qwen --tool /tmp/dev/bin/latent-tool --out $OUT/bench-nvdec.json > $OUT/nvdec.log 2>&1
+  rc=$?; tail -8 $OUT/nvdec.log
+  end nvdec $rc "$(table $OUT/nvdec.log 'pipeline ')"
 fi
 
 if has attention; then

@@ -2,8 +2,13 @@
 // kl_flux_tiny*) hold tiny random models and diffusers' outputs for one input each.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -212,7 +217,57 @@ TEST(AutoencoderKL, ExtraTensorIsNamed) {
 
 TEST(AutoencoderKL, ConfigThatDisagreesWithTheWeights) {
   std::string msg = config_error("kl_tiny", "kl_lpb", "layers_per_block", 2);
-  EXPECT_NE(msg.find("encoder.down_blocks.0.resnets.1.norm1.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'layers_per_block' is 2 but the weights"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("have 1"), std::string::npos) << msg;
+  msg = config_error("kl_tiny", "kl_lat", "latent_channels", 8);
+  EXPECT_NE(msg.find("'latent_channels' is 8 but the weights"), std::string::npos) << msg;
+  msg = config_error("kl_tiny", "kl_boc", "block_out_channels", {8, 8, 16, 32});
+  EXPECT_NE(msg.find("'block_out_channels' is [8, 8, 16, 32] but the weights"), std::string::npos) << msg;
+  msg = config_error("kl_tiny", "kl_in", "in_channels", 4);
+  EXPECT_NE(msg.find("'in_channels' is 4"), std::string::npos) << msg;
+}
+
+// A huge size in config.json is refused before anything is sized from it: under a 4 GiB address
+// space limit the load fails with a message (it used to allocate ~16 GB for the latent
+// statistics, or die of std::bad_alloc under such a limit).
+TEST(AutoencoderKLDeathTest, HugeLatentChannelsRefusedBeforeAllocating) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  for (int64_t huge : {int64_t{1000000000}, int64_t{100000}}) {
+    auto cfg = read_json(fixture("kl_tiny") + "/config.json");
+    cfg["latent_channels"] = huge;
+    const std::string dir = folder_with(
+        "kl_huge", read_all(fixture("kl_tiny") + "/diffusion_pytorch_model.safetensors"), cfg);
+    EXPECT_EXIT(
+        {
+          struct rlimit lim {};
+          lim.rlim_cur = lim.rlim_max = rlim_t{4} << 30;
+          setrlimit(RLIMIT_AS, &lim);
+          auto vae = load_vae(dir, test::cpu_backend());
+          const bool named =
+              !vae.ok() && vae.status().message().find("latent_channels") != std::string::npos;
+          if (!named) std::fprintf(stderr, "%s\n", vae.ok() ? "loaded" : vae.status().message().c_str());
+          std::exit(named ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "")
+        << "latent_channels " << huge;
+  }
+}
+
+// A tensor the configuration is read from, stored as I32: named as an unsupported dtype, not as
+// a missing tensor.
+TEST(AutoencoderKL, UnsupportedDtypeIsNotCalledMissing) {
+  std::ifstream in(fixture("kl_tiny_single") + "/vae_single.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = R"("decoder.conv_in.weight":{"dtype":"F32")";
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, from.size(), R"("decoder.conv_in.weight":{"dtype":"I32")");
+  const std::string path = test::temp_dir() + "/kl_i32.safetensors";
+  std::ofstream(path, std::ios::binary) << bytes;
+  std::string msg = load_error(path);
+  EXPECT_NE(msg.find("unsupported dtype I32"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("decoder.conv_in.weight"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("is missing"), std::string::npos) << msg;
 }
 
 TEST(AutoencoderKL, UnsupportedClassName) {

@@ -182,6 +182,18 @@ TEST(AutoencoderTiny, UnsupportedConfigValues) {
   EXPECT_NE(msg.find("num_encoder_blocks"), std::string::npos) << msg;
 }
 
+// Every size of a config.json is checked against the weights' shapes before loading.
+TEST(AutoencoderTiny, ConfigSizesCheckedAgainstTheWeights) {
+  std::string msg = config_error("tiny_taesd", "tiny_lat", "latent_channels", 1000000000);
+  EXPECT_NE(msg.find("latent_channels"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("bad_alloc"), std::string::npos) << msg;
+  msg = config_error("tiny_taesd", "tiny_lat16", "latent_channels", 16);
+  EXPECT_NE(msg.find("'latent_channels' is 16 but the weights"), std::string::npos) << msg;
+  msg = config_error("tiny_taesd", "tiny_enc_ch", "encoder_block_out_channels", {32, 32, 32, 32});
+  EXPECT_NE(msg.find("'encoder_block_out_channels' is [32, 32, 32, 32]"), std::string::npos)
+      << msg;
+}
+
 TEST(AutoencoderTiny, LatentSpaceKey) {
   auto sd = read_all(fixture("tiny_taesd") + "/diffusion_pytorch_model.safetensors");
   auto cfg = read_json(fixture("tiny_taesd") + "/config.json");

@@ -90,6 +90,37 @@ TEST(ModelSource, PipelineRoot) {
   EXPECT_EQ(dit->form, "diffusers pipeline (transformer/)");
 }
 
+// A partial download of a pipeline: vae/, transformer/ and scheduler/ without model_index.json.
+TEST(ModelSource, PartialPipelineRootWithoutModelIndex) {
+  const std::string dir =
+      make_dir("partial", {"vae/config.json", "vae/diffusion_pytorch_model.safetensors",
+                           "transformer/config.json",
+                           "transformer/diffusion_pytorch_model.safetensors",
+                           "scheduler/scheduler_config.json"});
+  auto src = resolve_model_source(dir);
+  ASSERT_TRUE(src.ok()) << src.status().message();
+  EXPECT_EQ(src->root, dir + "/vae");
+  EXPECT_EQ(src->weights_path, dir + "/vae/diffusion_pytorch_model.safetensors");
+  EXPECT_EQ(src->form, "diffusers pipeline (vae/)");
+  auto dit = resolve_model_source(dir, "transformer");
+  ASSERT_TRUE(dit.ok()) << dit.status().message();
+  EXPECT_EQ(dit->config_path, dir + "/transformer/config.json");
+  EXPECT_EQ(dit->form, "diffusers pipeline (transformer/)");
+}
+
+// Only transformer/ was fetched: asking for the VAE names what is missing.
+TEST(ModelSource, PartialPipelineRootWithoutVae) {
+  const std::string dir =
+      make_dir("partial_novae", {"transformer/config.json",
+                                 "transformer/diffusion_pytorch_model.safetensors",
+                                 "scheduler/scheduler_config.json"});
+  auto src = resolve_model_source(dir);
+  ASSERT_FALSE(src.ok());
+  EXPECT_TRUE(has_substr(src.status().message(), "without a 'vae' subfolder"))
+      << src.status().message();
+  EXPECT_TRUE(has_substr(src.status().message(), "transformer/")) << src.status().message();
+}
+
 TEST(ModelSource, PipelineRootWithoutSubfolder) {
   const std::string dir = make_dir("pipeline_novae", {"model_index.json", "unet/config.json"});
   auto src = resolve_model_source(dir);

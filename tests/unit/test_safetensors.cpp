@@ -224,6 +224,45 @@ TEST(SafetensorsBad, DeeplyNestedHeader) {
   EXPECT_TRUE(has_substr(e, "nests deeper"));
 }
 
+// A header length field larger than the JSON header: the "header" runs into the tensor data.
+// Whatever the data bytes are, the message names the length, not nesting or JSON syntax.
+std::string header_into_data(const std::string& name, const std::string& data) {
+  const std::string header = R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  const std::string path = tmp_path(name);
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = header.size() + data.size() / 2;  // half the data counted as header
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+  out << header << data;
+  return path;
+}
+
+TEST(SafetensorsBad, HeaderLengthRunsIntoBinaryData) {
+  // Data full of '[' and control bytes: the old depth check said "nests deeper than 16 levels".
+  std::string data;
+  for (int i = 0; i < 64; ++i) data += (i % 2 ? '[' : '\x01');
+  const std::string path = header_into_data("into_binary.safetensors", data);
+  std::string e = open_error(path);
+  EXPECT_TRUE(has_substr(e, path));
+  EXPECT_TRUE(has_substr(e, "header length runs into the tensor data")) << e;
+  EXPECT_FALSE(has_substr(e, "nests deeper")) << e;
+}
+
+TEST(SafetensorsBad, HeaderLengthRunsIntoPrintableData) {
+  const std::string path = header_into_data("into_text.safetensors", std::string(64, '['));
+  std::string e = open_error(path);
+  EXPECT_TRUE(has_substr(e, "goes on after its JSON value ends")) << e;
+  EXPECT_TRUE(has_substr(e, "header length runs into the tensor data")) << e;
+}
+
+TEST(Safetensors, HeaderPaddedWithSpacesOpens) {
+  const std::string path = write_raw(
+      "padded.safetensors",
+      std::string(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})") + "       ", 16);
+  auto f = SafetensorsFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_NE((*f)->find("w"), nullptr);
+}
+
 TEST(SafetensorsBad, OffsetsPastEnd) {
   const std::string path = write_raw(
       "pastend.safetensors", R"({"enc.w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 12);

@@ -291,4 +291,24 @@ Result<Tensor> CpuBackend::spatial_attention(const Tensor& q, const Tensor& k, c
   });
 }
 
+Result<Tensor> CpuBackend::clip_to_frames(const Tensor& clip) {
+  return guarded("clip_to_frames", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("clip_to_frames", "clip", clip, dtype_, 5, "[1, C, T, H, W]"));
+    if (clip.dim(0) != 1)
+      return Status::errorf("clip_to_frames: expected one clip [1, C, T, H, W], got ",
+                            shape_str(clip.shape()));
+    // [1, C, T, H, W] -> [T, C, H, W]
+    return cpu::swap_clip_planes(clip, {clip.dim(2), clip.dim(1), clip.dim(3), clip.dim(4)});
+  });
+}
+
+Result<Tensor> CpuBackend::frames_to_clip(const Tensor& frames) {
+  return guarded("frames_to_clip", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("frames_to_clip", "frames", frames, dtype_, 4, "[T, C, H, W]"));
+    // [T, C, H, W] -> [1, C, T, H, W]
+    return cpu::swap_clip_planes(
+        frames, {1, frames.dim(1), frames.dim(0), frames.dim(2), frames.dim(3)});
+  });
+}
+
 }  // namespace latent

@@ -49,6 +49,8 @@ class CpuBackend final : public Backend {
   Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override;
   Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                    int heads) override;
+  Result<Tensor> clip_to_frames(const Tensor& clip) override;
+  Result<Tensor> frames_to_clip(const Tensor& frames) override;
 
   // === DiT ops: defined in dit_ops.cpp (kernels in dit_kernels.cpp, see dit_ops.h) ===========
   bool supports_dit(DitOp op, DType dtype) const override;

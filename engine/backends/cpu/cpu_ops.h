@@ -116,6 +116,9 @@ Tensor clamp(const Tensor& x, float lo, float hi);
 Tensor upsample_nearest2x(const Tensor& x);
 // Any element type: channels [start, start + count) of [N, C, H, W].
 Tensor slice_channels(const Tensor& x, int64_t start, int64_t count);
+// Any element type: [1, C, T, H, W] <-> [T, C, H, W] (a clip and its frames; the same
+// transposition of the C and T planes both ways).
+Tensor swap_clip_planes(const Tensor& x, const Shape& out_shape);
 // Parallel dtype conversion of a whole tensor (a copy, also when the dtype matches).
 Tensor convert(const Tensor& x, DType dtype);
 

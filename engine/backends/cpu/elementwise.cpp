@@ -182,6 +182,31 @@ Tensor slice_channels(const Tensor& x, int64_t start, int64_t count) {
   return y;
 }
 
+Tensor swap_clip_planes(const Tensor& x, const Shape& out_shape) {
+  // x: [1, A, B, H, W] or [B, A, H, W] read as A x B planes of H*W -> B x A planes
+  const bool clip = x.rank() == 5;
+  const int64_t a = x.dim(1), b = clip ? x.dim(2) : x.dim(0);
+  const int64_t hw = x.dim(-1) * x.dim(-2);
+  Tensor y = Tensor::empty(out_shape, x.dtype());
+  const size_t plane = static_cast<size_t>(hw) * dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.data());
+  char* dst = static_cast<char*>(y.data());
+  if (clip) {  // [A = C][B = T] -> [T][C]
+#pragma omp parallel for schedule(static) if (a * b * static_cast<int64_t>(plane) > kGrain)
+    for (int64_t i = 0; i < a * b; ++i) {
+      const int64_t c = i / b, t = i % b;
+      std::memcpy(dst + (t * a + c) * plane, src + i * plane, plane);
+    }
+  } else {  // [B = T][A = C] -> [C][T]
+#pragma omp parallel for schedule(static) if (a * b * static_cast<int64_t>(plane) > kGrain)
+    for (int64_t i = 0; i < a * b; ++i) {
+      const int64_t t = i / a, c = i % a;
+      std::memcpy(dst + (c * b + t) * plane, src + i * plane, plane);
+    }
+  }
+  return y;
+}
+
 namespace {
 // bf16 <-> fp32 as branch-free bit operations the compiler vectorises; the same rounding
 // (nearest even, NaN kept quiet) as f32_to_bf16 in engine/core/dtype.cpp.

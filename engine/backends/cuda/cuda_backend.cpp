@@ -142,6 +142,9 @@ class CudaBackend final : public Backend {
   Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override;
   Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                    int heads) override;
+  // video: clips <-> frames (launch_transpose), frames joined along dim 0 (concat below)
+  Result<Tensor> clip_to_frames(const Tensor& clip) override;
+  Result<Tensor> frames_to_clip(const Tensor& frames) override;
 
   // === plans: graph capture and the on-disk plan cache (graph.h) ===
   bool supports_capture() const override { return true; }
@@ -763,9 +766,61 @@ Result<Tensor> CudaBackend::cfg_combine(const Tensor& cond, const Tensor& uncond
 }
 
 Result<Tensor> CudaBackend::concat(const std::vector<Tensor>& parts, int dim) {
+  // video: NHWC images joined along dim 0 (frames of a clip) are whole blocks one after another.
+  if (dim == 0 && !parts.empty() && parts[0].rank() == 4 && parts[0].layout() == Layout::kNHWC) {
+    return run("concat", [&]() -> Result<Tensor> {
+      int64_t total = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const std::string what = str_cat("part ", i);
+        LATENT_TRY(check_tensor(what.c_str(), parts[i], 4));
+        if (parts[i].layout() != Layout::kNHWC || parts[i].dim(1) != parts[0].dim(1) ||
+            parts[i].dim(2) != parts[0].dim(2) || parts[i].dim(3) != parts[0].dim(3))
+          return Status::errorf("part ", i, " ", parts[i].describe(), " does not match part 0 ",
+                                parts[0].describe(), " outside dim 0 (NHWC images)");
+        total += parts[i].dim(0);
+      }
+      LATENT_ASSIGN_OR_RETURN(
+          Tensor y,
+          ctx_->empty({total, parts[0].dim(1), parts[0].dim(2), parts[0].dim(3)}, dtype_,
+                      Layout::kNHWC));
+      char* dst = static_cast<char*>(y.data());
+      for (const Tensor& p : parts) {
+        LATENT_CUDA_CHECK(cudaMemcpyAsync(dst, p.data(), p.nbytes(), cudaMemcpyDeviceToDevice,
+                                          ctx_->stream()));
+        dst += p.nbytes();
+      }
+      return y;
+    });
+  }
   return run("concat", [&] {
     cuda::DitEnv env = dit_env();
     return cuda::dit_concat(env, parts, dim);
+  });
+}
+
+Result<Tensor> CudaBackend::clip_to_frames(const Tensor& clip) {
+  return run("clip_to_frames", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("clip", clip, 5, "[1, C, T, H, W]"));
+    if (clip.dim(0) != 1 || clip.layout() != Layout::kContiguous)
+      return Status::errorf("expected one row-major clip [1, C, T, H, W], got ", clip.describe());
+    const int64_t c = clip.dim(1), t = clip.dim(2), h = clip.dim(3), w = clip.dim(4);
+    // [1][C][T*H*W] -> [T*H*W][C]: frames [T, C, H, W] in NHWC
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty({t, c, h, w}, dtype_, Layout::kNHWC));
+    LATENT_TRY(cuda::launch_transpose(clip.data(), dtype_, y.data(), dtype_, 1, c, t * h * w,
+                                      launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::frames_to_clip(const Tensor& frames) {
+  return run("frames_to_clip", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("frames", frames, 4, "[T, C, H, W]"));
+    const int64_t t = frames.dim(0), c = frames.dim(1), h = frames.dim(2), w = frames.dim(3);
+    // [T*H*W][C] -> [1][C][T*H*W]
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty({1, c, t, h, w}, dtype_, Layout::kContiguous));
+    LATENT_TRY(cuda::launch_transpose(frames.data(), dtype_, y.data(), dtype_, 1, t * h * w, c,
+                                      launch_));
+    return y;
   });
 }
 

@@ -23,18 +23,58 @@ std::string join(const std::vector<int64_t>& v) {
   return s;
 }
 
-// An nn.Linear: weight [out, in], bias [out].
+// The LoRAs of one linear layer at run time: the adapters' factors stacked, down [R, in] and up
+// [out, R] (R = the sum of their ranks), up's columns of adapter i scaled by strength_i *
+// alpha_i / rank_i; rebuilt when strengths change.
+struct LinearLora {
+  std::vector<size_t> which;  // index of each adapter's LoRA in the model's list
+  std::vector<Tensor> ups;    // [out, r_i] unscaled, on the backend
+  std::vector<float> scales;  // alpha_i / rank_i
+  Tensor down;                // [R, in]
+  Tensor up;                  // [out, R], scaled; undefined when every strength is 0
+
+  // Rebuilds `up` for `strengths` (one per LoRA of the model).
+  Status set_strengths(Backend& be, const std::vector<float>& strengths) {
+    std::vector<Tensor> parts;
+    bool any = false;
+    for (size_t i = 0; i < ups.size(); ++i) {
+      const float s = strengths[which[i]] * scales[i];
+      any = any || s != 0.f;
+      LATENT_ASSIGN_OR_RETURN(Tensor scaled, be.scaled_add(ups[i], ups[i], s, 0.f));
+      parts.push_back(scaled);
+    }
+    up = Tensor();
+    if (!any) return ok_status();
+    if (parts.size() == 1) {
+      up = parts[0];
+      return ok_status();
+    }
+    LATENT_ASSIGN_OR_RETURN(up, be.concat(parts, 1));
+    return ok_status();
+  }
+};
+
+// An nn.Linear: weight [out, in], bias [out]; optionally LoRAs applied at run time.
 struct Linear {
   Tensor w;
   Tensor b;
+  std::shared_ptr<LinearLora> lora;
 
   static Linear bind(WeightBinder& binder, const std::string& prefix, int64_t in, int64_t out) {
-    return Linear{binder.take(prefix + ".weight", {out, in}), binder.take(prefix + ".bias", {out})};
+    return Linear{binder.take(prefix + ".weight", {out, in}), binder.take(prefix + ".bias", {out}),
+                  nullptr};
   }
   // x: [..., in] -> [..., out]
   Result<Tensor> operator()(Backend& be, const Tensor& x,
                             DitActivation act = DitActivation::kNone) const {
-    return be.linear(x, w, b, act);
+    if (!lora || !lora->up.defined()) return be.linear(x, w, b, act);
+    // act(x W^T + b + (x down^T) up^T): the low-rank path, [..., in] -> [..., R] -> [..., out]
+    LATENT_ASSIGN_OR_RETURN(Tensor y, be.linear(x, w, b, DitActivation::kNone));
+    LATENT_ASSIGN_OR_RETURN(Tensor h, be.linear(x, lora->down, Tensor(), DitActivation::kNone));
+    LATENT_ASSIGN_OR_RETURN(Tensor d, be.linear(h, lora->up, Tensor(), DitActivation::kNone));
+    LATENT_ASSIGN_OR_RETURN(y, be.scaled_add(y, d, 1.f, 1.f));
+    if (act == DitActivation::kNone) return y;
+    return be.dit_activation(y, act);
   }
 };
 
@@ -87,7 +127,8 @@ Result<QwenImageMmditConfig> parse_qwen_image_mmdit_config(const Config& config)
                         {"num_attention_heads", c.num_attention_heads},
                         {"joint_attention_dim", c.joint_attention_dim}})
     if (v < 1 || v > (int64_t{1} << 20))
-      return Status::errorf(p, ": '", key, "' is ", v, ", expected a positive size");
+      return Status::errorf(p, ": '", key, "' is ", v, ", expected a size from 1 to ",
+                            int64_t{1} << 20);
   if (c.axes_dims_rope.size() != 3)
     return Status::errorf(p,
                           ": 'axes_dims_rope' must list 3 axis sizes (frame, height, width), "
@@ -267,16 +308,27 @@ struct QwenImageMmdit::Weights {
   Linear proj_out;  // [p*p*out, D]
 };
 
+struct QwenImageMmdit::RuntimeLora : LinearLora {};
+
 QwenImageMmdit::~QwenImageMmdit() = default;
 
+namespace {
+
+// Every linear layer of the weights by its diffusers module name (lora.h's targets).
+std::map<std::string, Linear*> linear_index(QwenImageMmdit::Weights& w);
+
+}  // namespace
+
 Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const std::string& path,
-                                                             std::shared_ptr<Backend> backend) {
+                                                             std::shared_ptr<Backend> backend,
+                                                             const MmditLoras& loras) {
   LATENT_ASSIGN_OR_RETURN(ModelSource source, resolve_model_source(path, "transformer"));
-  return load(source, std::move(backend));
+  return load(source, std::move(backend), loras);
 }
 
 Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& source,
-                                                             std::shared_ptr<Backend> backend) {
+                                                             std::shared_ptr<Backend> backend,
+                                                             const MmditLoras& loras) {
   const std::string where = source.given.empty() ? source.root : source.given;
   if (!backend) return Status::errorf("loading ", where, ": no backend");
   if (source.config_path.empty())
@@ -308,10 +360,137 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
       str_cat("loading QwenImageTransformer2DModel from ", source.weights_path)));
   m->parameters_ = binder.parameters_taken();
   m->storage_dtypes_ = binder.storage_dtypes();
+  LATENT_TRY(m->apply_loras(loras));
   LATENT_INFO("loaded QwenImageTransformer2DModel (", cfg.num_layers, " layers, ",
               cfg.num_attention_heads, " x ", cfg.attention_head_dim, " heads",
-              cfg.zero_cond_t ? ", zero_cond_t" : "", ") from ", where, " onto ", backend->name());
+              cfg.zero_cond_t ? ", zero_cond_t" : "", ") from ", where, " onto ", backend->name(),
+              loras.specs.empty() ? "" : str_cat(" with ", loras.specs.size(), " LoRA(s), ",
+                                                 lora_mode_name(loras.mode)));
   return m;
+}
+
+namespace {
+
+std::map<std::string, Linear*> linear_index(QwenImageMmdit::Weights& w) {
+  std::map<std::string, Linear*> index = {
+      {"img_in", &w.img_in},
+      {"txt_in", &w.txt_in},
+      {"time_text_embed.timestep_embedder.linear_1", &w.time_1},
+      {"time_text_embed.timestep_embedder.linear_2", &w.time_2},
+      {"norm_out.linear", &w.norm_out},
+      {"proj_out", &w.proj_out},
+  };
+  for (size_t i = 0; i < w.blocks.size(); ++i) {
+    Block& k = w.blocks[i];
+    const std::string p = str_cat("transformer_blocks.", i, ".");
+    for (auto [name, lin] : std::initializer_list<std::pair<const char*, Linear*>>{
+             {"img_mod.1", &k.img_mod},
+             {"txt_mod.1", &k.txt_mod},
+             {"attn.to_q", &k.to_q},
+             {"attn.to_k", &k.to_k},
+             {"attn.to_v", &k.to_v},
+             {"attn.to_out.0", &k.to_out},
+             {"attn.add_q_proj", &k.add_q},
+             {"attn.add_k_proj", &k.add_k},
+             {"attn.add_v_proj", &k.add_v},
+             {"attn.to_add_out", &k.to_add_out},
+             {"img_mlp.net.0.proj", &k.img_mlp_in},
+             {"img_mlp.net.2", &k.img_mlp_out},
+             {"txt_mlp.net.0.proj", &k.txt_mlp_in},
+             {"txt_mlp.net.2", &k.txt_mlp_out}})
+      index[p + name] = lin;
+  }
+  return index;
+}
+
+// A host matrix [r, c] fp32 -> its transpose [c, r].
+Tensor transposed(const Tensor& m) {
+  const int64_t r = m.dim(0), c = m.dim(1);
+  Tensor t = Tensor::empty({c, r}, DType::kF32);
+  const float* src = m.data_as<float>();
+  float* dst = t.data_as<float>();
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) dst[j * r + i] = src[i * c + j];
+  return t;
+}
+
+}  // namespace
+
+Status QwenImageMmdit::apply_loras(const MmditLoras& loras) {
+  loras_ = loras.specs;
+  lora_mode_ = loras.mode;
+  if (loras.specs.empty()) return ok_status();
+  Backend& be = *backend_;
+  auto index = linear_index(*w_);
+  const auto targets = qwen_image_lora_targets(config_);
+  if (index.size() != targets.size())
+    return Status::errorf("internal: ", index.size(), " linear layers indexed, ", targets.size(),
+                          " LoRA targets");
+  std::map<Linear*, std::shared_ptr<RuntimeLora>> runtime;
+  for (size_t li = 0; li < loras.specs.size(); ++li) {
+    const LoraSpec& spec = loras.specs[li];
+    const std::string what = str_cat("LoRA ", spec.path);
+    if (!std::isfinite(spec.strength))
+      return Status::errorf(what, ": strength ", spec.strength, " is not finite");
+    LATENT_ASSIGN_OR_RETURN(LoraFile file, load_lora_file(spec.path));
+    LATENT_TRY(check_lora_fits(file, config_));
+    for (const LoraModule& mod : file.modules) {
+      Linear* lin = index.at(mod.module);
+      if (loras.mode == LoraMode::kMerged) {
+        if (spec.strength == 0.f) continue;
+        // W' = W + strength * (alpha / rank) * up @ down; up @ down = linear(up, down^T).
+        LATENT_ASSIGN_OR_RETURN(Tensor up, be.upload(mod.up));
+        LATENT_ASSIGN_OR_RETURN(Tensor down_t, be.upload(transposed(mod.down)));
+        LATENT_ASSIGN_OR_RETURN(Tensor delta, be.linear(up, down_t, Tensor(), DitActivation::kNone));
+        LATENT_ASSIGN_OR_RETURN(lin->w,
+                                be.scaled_add(lin->w, delta, 1.f, spec.strength * mod.scale()));
+      } else {
+        auto& r = runtime[lin];
+        if (!r) r = std::make_shared<RuntimeLora>();
+        LATENT_ASSIGN_OR_RETURN(Tensor down, be.upload(mod.down));
+        LATENT_ASSIGN_OR_RETURN(Tensor up, be.upload(mod.up));
+        r->which.push_back(li);
+        r->ups.push_back(up);
+        r->scales.push_back(mod.scale());
+        if (r->down.defined()) {
+          LATENT_ASSIGN_OR_RETURN(r->down, be.concat({r->down, down}, 0));
+        } else {
+          r->down = down;
+        }
+      }
+    }
+    LATENT_INFO(what, ": ", lora_layout_name(file.layout), ", ", file.modules.size(),
+                " modules, rank ", file.rank_summary(), ", strength ", spec.strength, ", ",
+                lora_mode_name(loras.mode));
+  }
+  for (auto& [lin, r] : runtime) {
+    lin->lora = r;
+    runtime_loras_.push_back(r);
+  }
+  if (loras.mode == LoraMode::kRuntime) {
+    std::vector<float> strengths;
+    for (const auto& s : loras.specs) strengths.push_back(s.strength);
+    for (auto& r : runtime_loras_) LATENT_TRY(r->set_strengths(be, strengths));
+  }
+  return be.synchronize();
+}
+
+Status QwenImageMmdit::set_lora_strengths(const std::vector<float>& strengths) {
+  if (lora_mode_ != LoraMode::kRuntime)
+    return Status::error(
+        "LoRA strengths are merged into the weights (lora-mode merged); reload the model to "
+        "change them, or load with lora-mode runtime");
+  if (strengths.size() != loras_.size())
+    return Status::errorf(strengths.size(), " LoRA strengths given for ", loras_.size(),
+                          " LoRAs");
+  for (float s : strengths)
+    if (!std::isfinite(s)) return Status::errorf("LoRA strength ", s, " is not finite");
+  bool same = true;
+  for (size_t i = 0; i < strengths.size(); ++i) same = same && loras_[i].strength == strengths[i];
+  if (same) return ok_status();
+  for (auto& r : runtime_loras_) LATENT_TRY(r->set_strengths(*backend_, strengths));
+  for (size_t i = 0; i < strengths.size(); ++i) loras_[i].strength = strengths[i];
+  return ok_status();
 }
 
 std::string QwenImageMmdit::description() const {
@@ -319,6 +498,10 @@ std::string QwenImageMmdit::description() const {
   for (const auto& [dt, n] : storage_dtypes_)
     dtypes += str_cat(dtypes.empty() ? "" : ", ", dt, " x", n);
   const auto& c = config_;
+  std::string loras;
+  for (const auto& l : loras_)
+    loras += str_cat("lora: ", l.path, " strength ", l.strength, " (", lora_mode_name(lora_mode_),
+                     ")\n");
   return str_cat(
       "architecture: QwenImageTransformer2DModel\n", "weights: ", source_.weights_path, " (",
       dtypes, ")\n", "parameters: ", parameters_, "\n", "num_layers: ", c.num_layers, "\n",
@@ -326,7 +509,8 @@ std::string QwenImageMmdit::description() const {
       ")\n", "joint_attention_dim: ", c.joint_attention_dim, "\n",
       "in/out channels: ", c.in_channels, " / ", c.out_channels, ", patch ", c.patch_size, "\n",
       "axes_dims_rope: [", join(c.axes_dims_rope), "]\n",
-      "zero_cond_t: ", c.zero_cond_t ? "true (references modulated at t = 0)" : "false", "\n");
+      "zero_cond_t: ", c.zero_cond_t ? "true (references modulated at t = 0)" : "false", "\n",
+      loras);
 }
 
 // ---------------------------------------------------------------------------------------------

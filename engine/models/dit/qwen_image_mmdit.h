@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/backends/backend.h"
+#include "engine/models/dit/lora.h"
 #include "engine/weights/config.h"
 #include "engine/weights/model_source.h"
 #include "engine/weights/safetensors.h"
@@ -103,16 +104,26 @@ struct MmditInputs {
   bool trim_text_padding = true;
 };
 
+// The LoRAs a transformer loads with (lora.h), in order; they stack.
+struct MmditLoras {
+  std::vector<LoraSpec> specs;
+  LoraMode mode = LoraMode::kMerged;
+};
+
 // Holds the weights on its backend; forward() caches the rotary table of the last shapes, so one
 // model runs one forward at a time (callers serialise, as the denoising loop does).
 class QwenImageMmdit {
  public:
   // `source` as resolve_model_source(path, "transformer") gives it: a transformer/ folder with
   // config.json and (sharded) safetensors, or a pipeline root.
+  // `loras`: LoRA files to apply (merged into the weights, or kept for run time); any file that
+  // does not load or does not fit this transformer fails the load, naming the file and key.
   static Result<std::unique_ptr<QwenImageMmdit>> load(const ModelSource& source,
-                                                      std::shared_ptr<Backend> backend);
+                                                      std::shared_ptr<Backend> backend,
+                                                      const MmditLoras& loras = {});
   static Result<std::unique_ptr<QwenImageMmdit>> load(const std::string& path,
-                                                      std::shared_ptr<Backend> backend);
+                                                      std::shared_ptr<Backend> backend,
+                                                      const MmditLoras& loras = {});
   ~QwenImageMmdit();
 
   const QwenImageMmditConfig& config() const { return config_; }
@@ -121,6 +132,14 @@ class QwenImageMmdit {
   int64_t parameters() const { return parameters_; }
   // One line per config item (latent-tool).
   std::string description() const;
+
+  // The LoRAs loaded with the model, with their current strengths, and how they apply.
+  const std::vector<LoraSpec>& loras() const { return loras_; }
+  LoraMode lora_mode() const { return lora_mode_; }
+  // Runtime mode only: new strengths, one per LoRA in load order, used from the next forward()
+  // on (a few small backend ops per adapted layer, no file access). A LoRA at strength 0 costs
+  // nothing per step; all at 0 run the base model. Merged mode refuses (reload to change them).
+  Status set_lora_strengths(const std::vector<float>& strengths);
 
   // The transformer's forward: -> sample [B, T_img, patch_size^2 * out_channels] (diffusers'
   // output `sample`, flow velocity for every image token).
@@ -131,8 +150,11 @@ class QwenImageMmdit {
   // denoising loop over the same schedule, frame after frame), it uploads nothing.
   Result<Tensor> timestep_projections(const std::vector<float>& timesteps);
 
- private:
+ // Implementation details (qwen_image_mmdit.cpp).
   struct Weights;
+  struct RuntimeLora;
+
+ private:
   QwenImageMmdit() = default;
   // qwen_image_rope_table's rows in the attention's [image, text] order, on the backend.
   Result<Tensor> rope_table(const std::vector<ImageShape>& images, int64_t text_len);
@@ -143,6 +165,11 @@ class QwenImageMmdit {
   std::unique_ptr<Weights> w_;
   int64_t parameters_ = 0;
   std::map<std::string, int64_t> storage_dtypes_;
+  // LoRAs (lora.h): what was loaded, and in runtime mode the adapted layers' low-rank factors.
+  Status apply_loras(const MmditLoras& loras);
+  std::vector<LoraSpec> loras_;
+  LoraMode lora_mode_ = LoraMode::kMerged;
+  std::vector<std::shared_ptr<RuntimeLora>> runtime_loras_;
   // The rotary tables and joint key masks ([B, T_img + T_txt], the attention's [image, text]
   // order, T_txt as cut) of the last two forwards' inputs
   // on the backend: a denoising loop repeats them every step (with separate CFG passes it

@@ -26,10 +26,16 @@ Result<std::unique_ptr<VaeModel>> load_qwen_image_vae(const ModelSource& source,
                                                       const WeightStore& weights,
                                                       std::shared_ptr<Backend> backend,
                                                       const VaeLoadOptions& options);
+// The TAEHV family (taehv.h); single files only.
+Result<std::unique_ptr<VaeModel>> load_taehv(const ModelSource& source, const Config* config,
+                                             const WeightStore& weights,
+                                             std::shared_ptr<Backend> backend,
+                                             const VaeLoadOptions& options);
 
 // Single-file detection from key names.
 bool is_qwen_image_vae_checkpoint(const WeightStore& weights);
 bool is_autoencoder_tiny_checkpoint(const WeightStore& weights);
+bool is_taehv_checkpoint(const WeightStore& weights);  // taehv.h
 bool is_autoencoder_kl_checkpoint(const WeightStore& weights);
 
 }  // namespace latent

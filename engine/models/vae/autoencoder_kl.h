@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,5 +65,17 @@ std::string autoencoder_kl_latent_space_name(int64_t channels, double scaling, d
 // "flux1"); empty when the name says nothing. Checked in order: taesdxl, taesd3, taesd, taef1,
 // taef2, sdxl, sd3, flux.
 std::string latent_space_from_name(const std::string& path);
+
+// ---- Between the loader (autoencoder_kl_loader.cpp) and the network (autoencoder_kl.cpp) -----
+class WeightBinder;
+// The checks from_config() runs, for a configuration inferred from a single file.
+Status validate_autoencoder_kl_config(const AutoencoderKLConfig& cfg, const std::string& what);
+// Builds the network of `cfg` and takes its parameters (diffusers names, `rename`d to the
+// store's) from `binder`: the encoder (and quant_conv) and/or the decoder (and post_quant_conv).
+// `info` is completed (parameters per part, storage dtypes) and becomes the model's.
+Result<std::unique_ptr<VaeModel>> bind_autoencoder_kl(
+    std::shared_ptr<Backend> backend, const AutoencoderKLConfig& cfg, const WeightStore& weights,
+    WeightBinder& binder, const std::function<std::string(const std::string&)>& rename,
+    bool encoder, bool decoder, ModelInfo info);
 
 }  // namespace latent

@@ -9,7 +9,9 @@ namespace latent {
 
 namespace {
 
-constexpr char kSupported[] = "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny";
+constexpr char kSupported[] =
+    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan (Wan 2.1), AutoencoderTiny, TAEHV "
+    "(taew2_1, taew2_2 files)";
 
 // A few tensor names of an unrecognised checkpoint, for the error message.
 std::string sample_names(const WeightStore& weights) {
@@ -50,7 +52,7 @@ Result<std::unique_ptr<VaeModel>> load_vae(const ModelSource& source,
     const std::string cls = config->class_name();
     LATENT_DEBUG("load_vae: ", source.given, ": ", cls, " (", source.form, ")");
     if (cls == "AutoencoderKL") return load_autoencoder_kl(source, cfg, weights, backend, options);
-    if (cls == "AutoencoderKLQwenImage")
+    if (cls == "AutoencoderKLQwenImage" || cls == "AutoencoderKLWan")
       return load_qwen_image_vae(source, cfg, weights, backend, options);
     if (cls == "AutoencoderTiny")
       return load_autoencoder_tiny(source, cfg, weights, backend, options);
@@ -65,6 +67,8 @@ Result<std::unique_ptr<VaeModel>> load_vae(const ModelSource& source,
   LATENT_DEBUG("load_vae: ", source.given, ": detecting the architecture from tensor names");
   if (is_qwen_image_vae_checkpoint(weights))
     return load_qwen_image_vae(source, cfg, weights, backend, options);
+  // TAEHV before TAESD: both store taehv.py / taesd.py Sequentials as encoder.N / decoder.N.
+  if (is_taehv_checkpoint(weights)) return load_taehv(source, cfg, weights, backend, options);
   if (is_autoencoder_tiny_checkpoint(weights))
     return load_autoencoder_tiny(source, cfg, weights, backend, options);
   if (is_autoencoder_kl_checkpoint(weights))

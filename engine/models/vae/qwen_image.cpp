@@ -1,22 +1,25 @@
-// diffusers AutoencoderKLQwenImage on single frames; see qwen_image.h for why it is 2-D here.
+// diffusers AutoencoderKLQwenImage / AutoencoderKLWan (Wan 2.1) on images and video; see
+// qwen_image.h for how the causal 3-D network maps onto 2-D convolutions.
 //
-// What diffusers does with a 1-frame input [N, 3, 1, H, W] (autoencoder_kl_qwenimage.py):
-//  - _encode runs the encoder on frame 0 alone with an empty feat_cache; every
-//    QwenImageCausalConv3d then pads 2 zero frames in front (no cache yet), so of its 3 temporal
-//    taps only weight[:, :, -1] meets data. 1x1x1 convs (conv_shortcut, quant_conv) are plain.
-//  - QwenImageResample "downsample3d" stores the frame in the cache and skips time_conv when the
-//    cache slot is empty: it equals "downsample2d" (ZeroPad2d(0, 1, 0, 1) + 3x3 stride-2 conv).
-//  - _decode applies post_quant_conv, then the decoder on frame 0 with an empty cache;
-//    "upsample3d" marks its slot "Rep" and skips time_conv: it equals "upsample2d"
-//    (nearest-exact 2x, which for an exact factor 2 is plain nearest, then a 3x3 conv).
-//  - the decoded frame is clamped to [-1, 1]; encode's mean is the first z_dim channels of
-//    quant_conv's 2 * z_dim outputs, so only those rows of quant_conv are kept.
+// What diffusers does (autoencoder_kl_wan.py; autoencoder_kl_qwenimage.py is the same network):
+//  - WanCausalConv3d pads 2 frames in front: the cached last 2 input frames of the previous
+//    chunk where there are some, zeros otherwise (the cache of a one-frame chunk is that frame
+//    after the previous chunk's last one). Over a clip this is a causal convolution whose past
+//    starts with zeros, whatever the chunking: that is what CausalConv below computes, chunk by
+//    chunk, with a 2-frame cache per layer. 1x1x1 convolutions (conv_shortcut, quant_conv,
+//    post_quant_conv) have no temporal extent.
+//  - "downsample3d": spatial conv per frame, then on the first chunk only the cache is filled
+//    (time_conv skipped); later chunks run time_conv (3 taps, stride 2, no padding) over the last
+//    frame of the previous chunk followed by this chunk's frames.
+//  - "upsample3d": the first chunk marks its cache "Rep" and skips time_conv; later chunks run it
+//    as a causal convolution (zero past from the second chunk on) with 2C outputs, which
+//    interleave into 2T frames of C channels; then the spatial upsampling per frame.
+//  - _encode runs frame 0 alone, then chunks of 4 frames, and keeps the first z_dim channels of
+//    quant_conv (the mean); _decode runs post_quant_conv, then one latent frame at a time, and
+//    clamps to [-1, 1].
 #include "engine/models/vae/qwen_image.h"
 
-#include <algorithm>
-#include <cctype>
-#include <cmath>
-#include <numeric>
+#include <array>
 #include <optional>
 #include <variant>
 
@@ -29,52 +32,107 @@ namespace latent {
 
 namespace {
 
-using vae_common::starts_with;
+using vae_common::Conv;
 
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+// ---------------------------------------------------------------------------------------------
+// Frames: a chunk of one clip is [T, C, H, W] in the backend's image layout, frames along dim 0
+// (outermost in NCHW and NHWC alike, so a run of frames is one block of memory).
+
+// Frames [start, start + count) of x, sharing its storage.
+Tensor frame_view(const Tensor& x, int64_t start, int64_t count) {
+  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
+  return Tensor::from_storage(x.storage(), x.byte_offset() + frame * static_cast<size_t>(start),
+                              {count, x.dim(1), x.dim(2), x.dim(3)}, x.dtype(), x.layout());
 }
+
+// The frames of `parts` one after another, in new storage (also for a single part: a copy that
+// lets the part's larger storage go).
+Result<Tensor> join_frames(Backend& b, const std::vector<Tensor>& parts) {
+  return b.concat(parts, 0);
+}
+
+// n zero frames shaped like the frames of x.
+Result<Tensor> zero_frames(Backend& b, int64_t n, const Tensor& x) {
+  return b.upload(Tensor::zeros({n, x.dim(1), x.dim(2), x.dim(3)}, DType::kF32));
+}
+
+// What a stream keeps between chunks, one slot per causal layer (diffusers' feat_cache).
+struct CausalCache {
+  std::vector<Tensor> frames;  // a causal conv's last 2 input frames; a downsampler's last frame
+  std::vector<char> started;   // resamplers: a chunk has passed (diffusers' non-None slot)
+  explicit CausalCache(int slots) : frames(slots), started(slots, 0) {}
+};
 
 // ---------------------------------------------------------------------------------------------
 // Parameters
 
-// A 2-D convolution: an nn.Conv2d, or the last temporal tap of a QwenImageCausalConv3d.
-struct Conv {
-  Tensor weight;  // [Cout, Cin, k, k]
-  Tensor bias;    // [Cout]
+// A WanCausalConv3d with a k x k spatial kernel (k = 3, or 1 for a time_conv) and 3 temporal
+// taps, as three 2-D convolutions; or one with a single tap (1x1x1).
+struct CausalConv {
+  std::array<Tensor, 3> taps;  // [Cout, Cin, k, k] for time t - 2, t - 1, t (taps[2] only: 1 tap)
+  Tensor bias;                 // [Cout]
   Conv2dParams params;
+  bool temporal = false;  // 3 taps
+  int slot = -1;          // its CausalCache slot
 
-  // x: [N, Cin, H, W] -> [N, Cout, Ho, Wo]; y = act(conv(x) + bias + residual)
-  Result<Tensor> forward(Backend& b, const Tensor& x, const Tensor& residual = Tensor(),
+  // x: [T, Cin, H, W] -> [T, Cout, H, W]; y = act(conv3d(x) + bias + residual). `cache` null:
+  // image mode (every frame a clip of its own).
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache,
+                         const Tensor& residual = Tensor(),
                          Activation act = Activation::kNone) const {
-    return b.conv2d(x, weight, bias, params, residual, act);
+    const Tensor& last = temporal ? taps[2] : taps[0];
+    if (!temporal || !cache) return b.conv2d(x, last, bias, params, residual, act);
+    Tensor& past = cache->frames[slot];
+    const int64_t t = x.dim(0);
+    if (!past.defined() && t == 1) {
+      // Zero past: only the last tap meets data.
+      LATENT_ASSIGN_OR_RETURN(Tensor zero, zero_frames(b, 1, x));
+      LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {zero, x}));
+      return b.conv2d(x, last, bias, params, residual, act);
+    }
+    if (!past.defined()) {
+      LATENT_ASSIGN_OR_RETURN(past, zero_frames(b, 2, x));
+    }
+    // xx: [T + 2, Cin, H, W], the 2 past frames then x
+    LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, {past, x}));
+    LATENT_ASSIGN_OR_RETURN(Tensor y,
+                            b.conv2d(frame_view(xx, 0, t), taps[0], Tensor(), params, residual));
+    LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));
+    LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 2, t), taps[2], bias, params, y, act));
+    LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(xx, t, 2)}));
+    return y;
   }
 };
 
-// Takes parameters through the binder; slices 3-D kernels on the host before uploading them.
+// Takes parameters through the binder; splits 3-D kernels into their temporal taps on the host.
 class ParamLoader {
  public:
   ParamLoader(WeightBinder& binder, Backend& backend) : binder_(binder), backend_(backend) {}
 
-  // QwenImageCausalConv3d(in, out, k, padding=k/2): weight [out, in, k, k, k] -> its last
-  // temporal slice [out, in, k, k]. `rows` keeps only output channels [0, rows) (0: all).
-  Conv causal_conv(const std::string& prefix, int64_t in, int64_t out, int k, int64_t rows = 0) {
-    Conv c;
+  // WanCausalConv3d(in, out, (kt, k, k)) with kt = 3 (padding k/2 in space) or kt = k = 1.
+  // `rows` keeps only output channels [0, rows) (0: all). Cached convs get a slot.
+  CausalConv causal_conv(const std::string& prefix, int64_t in, int64_t out, int k, int kt,
+                         int64_t rows = 0) {
+    CausalConv c;
     c.params = Conv2dParams::same(k);
+    c.temporal = kt == 3;
+    if (c.temporal) c.slot = slots_++;
     const int64_t keep = rows > 0 ? rows : out;
-    Tensor w = binder_.take_host(prefix + ".weight", {out, in, k, k, k});
+    Tensor w = binder_.take_host(prefix + ".weight", {out, in, kt, k, k});
     Tensor b = binder_.take_host(prefix + ".bias", {out});
     if (w.defined()) {
-      // w: [out, in, k, k, k] -> [keep, in, k, k] at t = k - 1
-      Tensor s = Tensor::empty({keep, in, k, k}, DType::kF32);
+      // w: [out, in, kt, k, k] -> taps[j]: [keep, in, k, k] at t = j
       const float* src = w.data_as<const float>();
-      float* dst = s.data_as<float>();
       const int64_t plane = int64_t{k} * k;
-      for (int64_t oi = 0; oi < keep * in; ++oi) {
-        const float* tap = src + (oi * k + (k - 1)) * plane;
-        std::copy(tap, tap + plane, dst + oi * plane);
+      for (int j = 0; j < kt; ++j) {
+        Tensor s = Tensor::empty({keep, in, k, k}, DType::kF32);
+        float* dst = s.data_as<float>();
+        for (int64_t oi = 0; oi < keep * in; ++oi) {
+          const float* tap = src + (oi * kt + j) * plane;
+          std::copy(tap, tap + plane, dst + oi * plane);
+        }
+        c.taps[j] = upload(s, prefix + ".weight");
       }
-      c.weight = upload(s, prefix + ".weight");
     }
     if (b.defined()) {
       // b: [out] -> [keep]
@@ -87,14 +145,10 @@ class ParamLoader {
 
   // nn.Conv2d(in, out, k) with explicit padding/stride.
   Conv conv2d(const std::string& prefix, int64_t in, int64_t out, int k, Conv2dParams params) {
-    Conv c;
-    c.params = params;
-    c.weight = binder_.take(prefix + ".weight", {out, in, k, k});
-    c.bias = binder_.take(prefix + ".bias", {out});
-    return c;
+    return vae_common::load_conv(binder_, prefix, out, in, k, /*bias=*/true, params);
   }
 
-  // QwenImageRMS_norm gamma: [C, 1, 1, 1] (images=False) or [C, 1, 1] (images=True) -> [C].
+  // WanRMS_norm gamma: [C, 1, 1, 1] (images=False) or [C, 1, 1] (images=True) -> [C].
   Tensor norm_gamma(const std::string& name, int64_t channels, bool images) {
     Shape shape = images ? Shape{channels, 1, 1} : Shape{channels, 1, 1, 1};
     Tensor g = binder_.take_host(name, shape);
@@ -107,13 +161,8 @@ class ParamLoader {
     return upload(*flat, name);
   }
 
-  // The temporal convolution of a 3-D resampler: checked and marked as used, never run on a
-  // single frame (diffusers skips it for the first chunk).
-  void unused_time_conv(const std::string& prefix, int64_t in, int64_t out) {
-    binder_.take_host(prefix + ".weight", {out, in, 3, 1, 1});
-    binder_.take_host(prefix + ".bias", {out});
-  }
-
+  int new_slot() { return slots_++; }
+  int slots() const { return slots_; }
   Status status() const { return status_; }
 
  private:
@@ -132,42 +181,43 @@ class ParamLoader {
   WeightBinder& binder_;
   Backend& backend_;
   Status status_;
+  int slots_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
-// Blocks
+// Blocks. Every forward takes a chunk x: [T, C, H, W] and the stream's cache (null: images).
 
-// QwenImageResidualBlock: norm1 -> SiLU -> conv1 -> norm2 -> SiLU -> conv2, + shortcut(x).
+// WanResidualBlock: norm1 -> SiLU -> conv1 -> norm2 -> SiLU -> conv2, + shortcut(x).
 struct ResidualBlock {
   Tensor norm1, norm2;
-  Conv conv1, conv2;
-  std::optional<Conv> conv_shortcut;  // 1x1x1 when in != out
+  CausalConv conv1, conv2;
+  std::optional<CausalConv> conv_shortcut;  // 1x1x1 when in != out
 
   static ResidualBlock load(ParamLoader& p, const std::string& prefix, int64_t in, int64_t out) {
     ResidualBlock r;
     r.norm1 = p.norm_gamma(prefix + ".norm1.gamma", in, /*images=*/false);
-    r.conv1 = p.causal_conv(prefix + ".conv1", in, out, 3);
+    r.conv1 = p.causal_conv(prefix + ".conv1", in, out, 3, 3);
     r.norm2 = p.norm_gamma(prefix + ".norm2.gamma", out, /*images=*/false);
-    r.conv2 = p.causal_conv(prefix + ".conv2", out, out, 3);
-    if (in != out) r.conv_shortcut = p.causal_conv(prefix + ".conv_shortcut", in, out, 1);
+    r.conv2 = p.causal_conv(prefix + ".conv2", out, out, 3, 3);
+    if (in != out) r.conv_shortcut = p.causal_conv(prefix + ".conv_shortcut", in, out, 1, 1);
     return r;
   }
 
-  // x: [N, Cin, H, W] -> [N, Cout, H, W]
-  Result<Tensor> forward(Backend& b, const Tensor& x) const {
+  // x: [T, Cin, H, W] -> [T, Cout, H, W]
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
     Tensor h = x;
     if (conv_shortcut) {
-      LATENT_ASSIGN_OR_RETURN(h, conv_shortcut->forward(b, x));
+      LATENT_ASSIGN_OR_RETURN(h, conv_shortcut->forward(b, x, cache));
     }
     LATENT_ASSIGN_OR_RETURN(Tensor y, b.rms_norm_channels(x, norm1, Tensor(), Activation::kSiLU));
-    LATENT_ASSIGN_OR_RETURN(y, conv1.forward(b, y));
+    LATENT_ASSIGN_OR_RETURN(y, conv1.forward(b, y, cache));
     LATENT_ASSIGN_OR_RETURN(y, b.rms_norm_channels(y, norm2, Tensor(), Activation::kSiLU));
     // dropout is the identity at inference
-    return conv2.forward(b, y, h);
+    return conv2.forward(b, y, cache, h);
   }
 };
 
-// QwenImageAttentionBlock: single-head self-attention over the pixels of each frame.
+// WanAttentionBlock: single-head self-attention over the pixels of each frame.
 struct AttentionBlock {
   Tensor norm;
   Conv to_qkv, proj;
@@ -182,51 +232,107 @@ struct AttentionBlock {
     return a;
   }
 
-  // x: [N, C, H, W] -> [N, C, H, W]
+  // x: [T, C, H, W] -> [T, C, H, W]
   Result<Tensor> forward(Backend& b, const Tensor& x) const {
     LATENT_ASSIGN_OR_RETURN(Tensor h, b.rms_norm_channels(x, norm, Tensor()));
-    // qkv: [N, 3C, H, W]; diffusers chunks the 3C channels of each pixel into q, k, v.
-    LATENT_ASSIGN_OR_RETURN(Tensor qkv, to_qkv.forward(b, h));
+    // qkv: [T, 3C, H, W]; diffusers chunks the 3C channels of each pixel into q, k, v.
+    LATENT_ASSIGN_OR_RETURN(Tensor qkv, to_qkv(b, h));
     LATENT_ASSIGN_OR_RETURN(Tensor q, b.slice_channels(qkv, 0, dim));
     LATENT_ASSIGN_OR_RETURN(Tensor k, b.slice_channels(qkv, dim, dim));
     LATENT_ASSIGN_OR_RETURN(Tensor v, b.slice_channels(qkv, 2 * dim, dim));
     LATENT_ASSIGN_OR_RETURN(Tensor o, b.spatial_attention(q, k, v, /*heads=*/1));
-    return proj.forward(b, o, x);
+    return proj(b, o, x);
   }
 };
 
-// QwenImageResample in its 2-D form (the 3-D modes equal it on the first frame).
+// WanResample: "upsample2d"/"upsample3d" (nearest 2x + 3x3 conv to `out` channels) or
+// "downsample2d"/"downsample3d" (ZeroPad2d(0, 1, 0, 1) + 3x3 stride-2 conv); the 3-D modes add
+// a time_conv (see the top of this file).
 struct Resample {
   bool up = false;
   Conv conv;
+  std::optional<CausalConv> time_conv;  // upsample: (3,1,1) C -> 2C; downsample: C -> C, stride 2
+  int slot = -1;                        // the "started" flag (and the downsampler's last frame)
+  int64_t dim = 0;
 
   static Resample load(ParamLoader& p, const std::string& prefix, int64_t dim, bool up,
                        bool temporal) {
     Resample r;
     r.up = up;
+    r.dim = dim;
     if (up) {
       r.conv = p.conv2d(prefix + ".resample.1", dim, dim / 2, 3, Conv2dParams::same(3));
-      if (temporal) p.unused_time_conv(prefix + ".time_conv", dim, dim * 2);
+      if (temporal) r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim * 2, 1, 3);
     } else {
-      // ZeroPad2d((0, 1, 0, 1)) then a 3x3 stride-2 conv without padding.
       Conv2dParams params;
       params.stride = 2;
       params.pad_bottom = params.pad_right = 1;
       r.conv = p.conv2d(prefix + ".resample.1", dim, dim, 3, params);
-      if (temporal) p.unused_time_conv(prefix + ".time_conv", dim, dim);
+      if (temporal) {
+        r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim, 1, 3);
+        r.time_conv->slot = -1;  // not a padded causal conv: its input comes from `slot`
+      }
     }
+    if (temporal) r.slot = p.new_slot();
     return r;
   }
 
-  // x: [N, C, H, W] -> up: [N, C/2, 2H, 2W]; down: [N, C, H/2, W/2]
-  Result<Tensor> forward(Backend& b, const Tensor& x) const {
-    if (!up) return conv.forward(b, x);
-    LATENT_ASSIGN_OR_RETURN(Tensor u, b.upsample_nearest2x(x));
-    return conv.forward(b, u);
+  // x: [T, C, H, W] -> up: [T (*2 after the first chunk), C/2, 2H, 2W];
+  //                    down: [T (/2 after the first chunk), C, H/2, W/2]
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
+    if (up) {
+      Tensor h = x;
+      if (time_conv && cache) {
+        if (!cache->started[slot]) {
+          cache->started[slot] = 1;  // diffusers' "Rep": the first chunk skips time_conv
+        } else {
+          // y: [T, 2C, H, W] -> frames 2t, 2t + 1 = channels [0, C), [C, 2C) of frame t
+          LATENT_ASSIGN_OR_RETURN(Tensor y, time_conv->forward(b, x, cache));
+          LATENT_ASSIGN_OR_RETURN(Tensor first, b.slice_channels(y, 0, dim));
+          LATENT_ASSIGN_OR_RETURN(Tensor second, b.slice_channels(y, dim, dim));
+          std::vector<Tensor> frames;
+          for (int64_t t = 0; t < x.dim(0); ++t) {
+            frames.push_back(frame_view(first, t, 1));
+            frames.push_back(frame_view(second, t, 1));
+          }
+          LATENT_ASSIGN_OR_RETURN(h, join_frames(b, frames));
+        }
+      }
+      LATENT_ASSIGN_OR_RETURN(Tensor u, b.upsample_nearest2x(h));
+      return conv(b, u);
+    }
+    LATENT_ASSIGN_OR_RETURN(Tensor h, conv(b, x));
+    if (!time_conv || !cache) return h;
+    Tensor& last = cache->frames[slot];
+    const int64_t t = h.dim(0);
+    if (!cache->started[slot]) {
+      cache->started[slot] = 1;
+      LATENT_ASSIGN_OR_RETURN(last, join_frames(b, {frame_view(h, t - 1, 1)}));
+      return h;
+    }
+    if (t % 2 != 0)
+      return Status::errorf("temporal downsampling of ", t,
+                            " frames: chunks after the first must have an even frame count");
+    // xx: [T + 1, C, h, w]; output frame j = taps over xx[2j], xx[2j + 1], xx[2j + 2]
+    LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, {last, h}));
+    Tensor y;
+    for (int j = 0; j < 3; ++j) {
+      std::vector<Tensor> picked;
+      for (int64_t o = 0; o < t / 2; ++o) picked.push_back(frame_view(xx, 2 * o + j, 1));
+      Tensor in = picked[0];
+      if (picked.size() > 1) {
+        LATENT_ASSIGN_OR_RETURN(in, join_frames(b, picked));
+      }
+      LATENT_ASSIGN_OR_RETURN(y,
+                              b.conv2d(in, time_conv->taps[j], j == 2 ? time_conv->bias : Tensor(),
+                                       time_conv->params, y));
+    }
+    LATENT_ASSIGN_OR_RETURN(last, join_frames(b, {frame_view(h, t - 1, 1)}));
+    return y;
   }
 };
 
-// QwenImageMidBlock with num_layers = 1: resnet, attention, resnet.
+// WanMidBlock with num_layers = 1: resnet, attention, resnet.
 struct MidBlock {
   ResidualBlock res0, res1;
   AttentionBlock attn;
@@ -239,31 +345,33 @@ struct MidBlock {
     return m;
   }
 
-  // x: [N, C, H, W] -> [N, C, H, W]
-  Result<Tensor> forward(Backend& b, const Tensor& x) const {
-    LATENT_ASSIGN_OR_RETURN(Tensor h, res0.forward(b, x));
+  // x: [T, C, H, W] -> [T, C, H, W]
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
+    LATENT_ASSIGN_OR_RETURN(Tensor h, res0.forward(b, x, cache));
     LATENT_ASSIGN_OR_RETURN(h, attn.forward(b, h));
-    return res1.forward(b, h);
+    return res1.forward(b, h, cache);
   }
 };
 
-// QwenImageEncoder3d followed by the mean half of quant_conv.
+// WanEncoder3d followed by the mean half of quant_conv.
 struct Encoder {
   // attn_scales would add attention blocks here; validate_config() refuses them (see there).
   using Layer = std::variant<ResidualBlock, Resample>;
-  Conv conv_in;
+  CausalConv conv_in;
   std::vector<Layer> down_blocks;
   MidBlock mid_block;
   Tensor norm_out;
-  Conv conv_out;
-  Conv quant_mean;  // quant_conv rows [0, z_dim)
+  CausalConv conv_out;
+  CausalConv quant_mean;  // quant_conv rows [0, z_dim)
+  int slots = 0;
 
   static Encoder load(ParamLoader& p, const QwenImageVaeConfig& c) {
     Encoder e;
+    const int first_slot = p.slots();
     const auto& m = c.dim_mult;
     std::vector<int64_t> dims{c.base_dim};
     for (int64_t u : m) dims.push_back(c.base_dim * u);
-    e.conv_in = p.causal_conv("encoder.conv_in", c.input_channels, dims[0], 3);
+    e.conv_in = p.causal_conv("encoder.conv_in", c.input_channels, dims[0], 3, 3);
     int64_t out_dim = dims[0];
     for (size_t i = 0; i < m.size(); ++i) {
       int64_t in_dim = dims[i];
@@ -281,57 +389,62 @@ struct Encoder {
     }
     e.mid_block = MidBlock::load(p, "encoder.mid_block", out_dim);
     e.norm_out = p.norm_gamma("encoder.norm_out.gamma", out_dim, /*images=*/false);
-    e.conv_out = p.causal_conv("encoder.conv_out", out_dim, 2 * c.z_dim, 3);
-    e.quant_mean = p.causal_conv("quant_conv", 2 * c.z_dim, 2 * c.z_dim, 1, /*rows=*/c.z_dim);
+    e.conv_out = p.causal_conv("encoder.conv_out", out_dim, 2 * c.z_dim, 3, 3);
+    e.quant_mean = p.causal_conv("quant_conv", 2 * c.z_dim, 2 * c.z_dim, 1, 1, /*rows=*/c.z_dim);
+    e.slots = p.slots() - first_slot;
     return e;
   }
 
-  // x: [N, 3, H, W] -> mean [N, z_dim, H/f, W/f]
-  Result<Tensor> forward(Backend& b, const Tensor& x) const {
-    LATENT_ASSIGN_OR_RETURN(Tensor h, conv_in.forward(b, x));
+  // x: [T, 3, H, W] -> mean [T', z_dim, H/f, W/f] (T' = T / 4 after the first chunk)
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
+    LATENT_ASSIGN_OR_RETURN(Tensor h, conv_in.forward(b, x, cache));
     for (const Layer& layer : down_blocks) {
-      // h: [N, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(h, std::visit([&](const auto& l) { return l.forward(b, h); }, layer));
+      // h: [T, C, H', W']
+      LATENT_ASSIGN_OR_RETURN(
+          h, std::visit([&](const auto& l) { return l.forward(b, h, cache); }, layer));
     }
-    LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h));
+    LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
     LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
-    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h));
-    return quant_mean.forward(b, h);
+    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h, cache));
+    return quant_mean.forward(b, h, cache);
   }
 };
 
-// QwenImageUpBlock: num_res_blocks + 1 resnets and an optional upsampler.
+// WanUpBlock: num_res_blocks + 1 resnets and an optional upsampler.
 struct UpBlock {
   std::vector<ResidualBlock> resnets;
   std::optional<Resample> upsampler;
 
-  // x: [N, Cin, H, W] -> [N, Cout (/2 when upsampling), H (*2), W (*2)]
-  Result<Tensor> forward(Backend& b, const Tensor& x) const {
+  // x: [T, Cin, H, W] -> [T (*2), Cout (/2 when upsampling), H (*2), W (*2)]
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
     Tensor h = x;
     for (const auto& r : resnets) {
-      LATENT_ASSIGN_OR_RETURN(h, r.forward(b, h));
+      LATENT_ASSIGN_OR_RETURN(h, r.forward(b, h, cache));
     }
-    if (upsampler) return upsampler->forward(b, h);
+    if (upsampler) return upsampler->forward(b, h, cache);
     return h;
   }
 };
 
-// post_quant_conv followed by QwenImageDecoder3d.
+// post_quant_conv followed by WanDecoder3d.
 struct Decoder {
-  Conv post_quant_conv;
-  Conv conv_in;
+  CausalConv post_quant_conv;
+  CausalConv conv_in;
   MidBlock mid_block;
   std::vector<UpBlock> up_blocks;
   Tensor norm_out;
-  Conv conv_out;
+  CausalConv conv_out;
+  int slots = 0;
 
   static Decoder load(ParamLoader& p, const QwenImageVaeConfig& c) {
     Decoder d;
+    const int first_slot = p.slots();
     const auto& m = c.dim_mult;
-    std::vector<int64_t> dims{c.base_dim * m.back()};
-    for (auto it = m.rbegin(); it != m.rend(); ++it) dims.push_back(c.base_dim * *it);
-    d.post_quant_conv = p.causal_conv("post_quant_conv", c.z_dim, c.z_dim, 1);
-    d.conv_in = p.causal_conv("decoder.conv_in", c.z_dim, dims[0], 3);
+    const int64_t base = c.decoder_dim();
+    std::vector<int64_t> dims{base * m.back()};
+    for (auto it = m.rbegin(); it != m.rend(); ++it) dims.push_back(base * *it);
+    d.post_quant_conv = p.causal_conv("post_quant_conv", c.z_dim, c.z_dim, 1, 1);
+    d.conv_in = p.causal_conv("decoder.conv_in", c.z_dim, dims[0], 3, 3);
     d.mid_block = MidBlock::load(p, "decoder.mid_block", dims[0]);
     int64_t out_dim = dims[0];
     for (size_t i = 0; i < m.size(); ++i) {
@@ -352,27 +465,66 @@ struct Decoder {
       d.up_blocks.push_back(std::move(u));
     }
     d.norm_out = p.norm_gamma("decoder.norm_out.gamma", out_dim, /*images=*/false);
-    d.conv_out = p.causal_conv("decoder.conv_out", out_dim, c.input_channels, 3);
+    d.conv_out = p.causal_conv("decoder.conv_out", out_dim, c.input_channels, 3, 3);
+    d.slots = p.slots() - first_slot;
     return d;
   }
 
-  // z: [N, z_dim, h, w] -> [N, 3, h*f, w*f] in [-1, 1]
-  Result<Tensor> forward(Backend& b, const Tensor& z) const {
-    LATENT_ASSIGN_OR_RETURN(Tensor h, post_quant_conv.forward(b, z));
-    LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, h));
-    LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h));
+  // z: [t, z_dim, h, w] -> [T, 3, h*f, w*f] in [-1, 1] (T = t, then 4t after the first chunk)
+  Result<Tensor> forward(Backend& b, const Tensor& z, CausalCache* cache) const {
+    LATENT_ASSIGN_OR_RETURN(Tensor h, post_quant_conv.forward(b, z, cache));
+    LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, h, cache));
+    LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
     for (const auto& u : up_blocks) {
-      // h: [N, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(h, u.forward(b, h));
+      // h: [T, C, H', W']
+      LATENT_ASSIGN_OR_RETURN(h, u.forward(b, h, cache));
     }
     LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
-    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h));
+    LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h, cache));
     return b.clamp(h, -1.f, 1.f);
   }
 };
 
 // ---------------------------------------------------------------------------------------------
 // The model
+
+class QwenImageVae;
+
+// One clip through the encoder or the decoder. Each clip of a batch has its own causal cache
+// and is run on its own (frames of one clip along the batch axis of the 2-D ops).
+class WanStream final : public VaeStream {
+ public:
+  WanStream(QwenImageVae& model, bool encoder) : model_(model), encoder_(encoder) {}
+
+  Result<Tensor> push(const Tensor& x) override;
+  Result<Tensor> finish(int* padded_frames) override;
+  void reset() override {
+    clips_.clear();
+    seen_ = 0;
+    buffered_ = 0;
+    shape_.clear();
+  }
+  int frames_buffered() const override { return buffered_; }
+  int64_t frames_seen() const override { return seen_; }
+
+ private:
+  struct Clip {
+    CausalCache cache;
+    Tensor pending;  // encoder: frames [n, 3, H, W] waiting for a complete chunk
+    int64_t chunks = 0;
+    explicit Clip(int slots) : cache(slots) {}
+  };
+  // Runs the complete chunks of clip i's pending frames (encoder) or every latent frame of
+  // `frames` (decoder); returns the output frames [T', C', H', W'] (undefined: none).
+  Result<Tensor> run_clip(Clip& clip, const Tensor& frames);
+
+  QwenImageVae& model_;
+  bool encoder_;
+  std::vector<Clip> clips_;
+  Shape shape_;  // [N, C, -, H, W] of the first push
+  int64_t seen_ = 0;
+  int buffered_ = 0;
+};
 
 class QwenImageVae : public VaeModel {
  public:
@@ -388,45 +540,51 @@ class QwenImageVae : public VaeModel {
   const ModelInfo& info() const override { return info_; }
   bool has_encoder() const override { return encoder_.has_value(); }
   bool has_decoder() const override { return decoder_.has_value(); }
+  int temporal_factor() const override {
+    // diffusers encodes 4 frames a chunk: only a factor of 4 maps chunks to latent frames.
+    return config_.temporal_factor() == 4 ? 4 : 1;
+  }
 
   // sample: [N, 3, H, W] -> raw latent mean [N, z_dim, H/f, W/f]
   Result<Tensor> encode(const Tensor& sample) override {
-    if (!encoder_)
-      return Status::errorf("qwen-image vae from ", info_.source.given,
-                            " was loaded without its encoder");
-    LATENT_TRY(
-        check_input(sample, "encode", config_.input_channels, config_.downsample(), "image"));
-    auto r = encoder_->forward(*backend_, sample);
+    LATENT_TRY(require(true));
+    LATENT_TRY(vae_common::check_encode_sample(*backend_, sample, config_.input_channels,
+                                               config_.downsample())
+                   .with_context("qwen-image vae"));
+    auto r = encoder_->forward(*backend_, sample, nullptr);
     if (!r.ok()) return r.status().with_context("qwen-image vae encode");
     return r;
   }
 
   // latent: raw [N, z_dim, h, w] -> [N, 3, h*f, w*f]
   Result<Tensor> decode(const Tensor& latent) override {
-    if (!decoder_)
-      return Status::errorf("qwen-image vae from ", info_.source.given,
-                            " was loaded without its decoder");
-    LATENT_TRY(check_input(latent, "decode", config_.z_dim, 1, "latent"));
-    auto r = decoder_->forward(*backend_, latent);
+    LATENT_TRY(require(false));
+    LATENT_TRY(vae_common::check_decode_latent(*backend_, latent, config_.z_dim)
+                   .with_context("qwen-image vae"));
+    auto r = decoder_->forward(*backend_, latent, nullptr);
     if (!r.ok()) return r.status().with_context("qwen-image vae decode");
     return r;
   }
 
+  Result<std::unique_ptr<VaeStream>> open_stream(bool encoder) override {
+    if (temporal_factor() != 4)
+      return Status::errorf(info_.architecture, " from ", info_.source.given,
+                            " has no video mode: its temperal_downsample gives a temporal factor "
+                            "of ",
+                            config_.temporal_factor(), ", diffusers' 4-frame chunks need 4");
+    LATENT_TRY(require(encoder));
+    return std::unique_ptr<VaeStream>(new WanStream(*this, encoder));
+  }
+
+  const QwenImageVaeConfig& config() const { return config_; }
+  const Encoder& encoder_net() const { return *encoder_; }
+  const Decoder& decoder_net() const { return *decoder_; }
+
  private:
-  Status check_input(const Tensor& x, const char* what, int64_t channels, int multiple,
-                     const char* kind) const {
-    if (!x.defined()) return Status::errorf("qwen-image vae ", what, ": no input tensor");
-    if (x.rank() != 4 || x.dim(1) != channels)
-      return Status::errorf("qwen-image vae ", what, ": expected an ", kind, " of shape [N, ",
-                            channels, ", H, W], got ", shape_str(x.shape()));
-    if (x.dim(0) < 1 || x.dim(2) < 1 || x.dim(3) < 1)
-      return Status::errorf("qwen-image vae ", what, ": empty input ", shape_str(x.shape()));
-    if (x.dim(2) % multiple != 0 || x.dim(3) % multiple != 0)
-      return Status::errorf("qwen-image vae ", what, ": height and width must be multiples of ",
-                            multiple, ", got ", shape_str(x.shape()));
-    if (x.device() != backend_->device())
-      return Status::errorf("qwen-image vae ", what, ": input is on ", x.device().to_string(),
-                            ", the model on ", backend_->name());
+  Status require(bool encoder) const {
+    if (encoder ? !encoder_ : !decoder_)
+      return Status::errorf(info_.architecture, " from ", info_.source.given,
+                            " was loaded without its ", encoder ? "encoder" : "decoder");
     return ok_status();
   }
 
@@ -436,442 +594,124 @@ class QwenImageVae : public VaeModel {
   std::optional<Decoder> decoder_;
 };
 
-// ---------------------------------------------------------------------------------------------
-// Checkpoint layouts
-
-// Original (Wan-Video) names of the pieces of a residual block.
-std::string original_resnet_leaf(const std::string& leaf) {
-  static const std::pair<const char*, const char*> kTable[] = {
-      {"norm1.", "residual.0."}, {"conv1.", "residual.2."},       {"norm2.", "residual.3."},
-      {"conv2.", "residual.6."}, {"conv_shortcut.", "shortcut."},
-  };
-  for (const auto& [from, to] : kTable) {
-    if (starts_with(leaf, from)) return to + leaf.substr(std::char_traits<char>::length(from));
-  }
-  return leaf;
-}
-
-// If `s` starts with `head` followed by "<digits>.", strips both and returns the number.
-bool strip_index(std::string* s, const std::string& head, int64_t* index) {
-  if (!starts_with(*s, head)) return false;
-  size_t pos = head.size(), end = pos;
-  while (end < s->size() && end - pos < 9 && std::isdigit(static_cast<unsigned char>((*s)[end])))
-    ++end;
-  if (end == pos || end >= s->size() || (*s)[end] != '.') return false;
-  *index = std::stoll(s->substr(pos, end - pos));
-  *s = s->substr(end + 1);
-  return true;
-}
-
-Shape stored_shape(const WeightStore& w, const std::string& name) {
-  const TensorRecord* r = w.find(name);
-  return r ? r->shape : Shape{};
-}
-
-const std::vector<std::string>& original_markers() {
-  static const std::vector<std::string> k = {"decoder.middle.0.residual.0.gamma",
-                                             "encoder.middle.0.residual.0.gamma"};
-  return k;
-}
-const std::vector<std::string>& diffusers_markers() {
-  static const std::vector<std::string> k = {"decoder.mid_block.resnets.0.norm1.gamma",
-                                             "encoder.mid_block.resnets.0.norm1.gamma"};
-  return k;
-}
-
-bool nearly_equal(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::fabs(a[i] - b[i]) > 1e-6 * std::max(1.0, std::fabs(b[i]))) return false;
-  }
-  return true;
-}
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-// One entry of a flattened down/up sequence read from the weights.
-struct ScannedLayer {
-  enum Kind { kResidual, kAttention, kResample } kind;
-  int64_t out = 0;        // residual blocks: output channels
-  bool temporal = false;  // resamplers: has time_conv
-};
-
-// Groups a scanned sequence into levels separated by resamplers.
-struct ScannedLevel {
-  int64_t resnets = 0;
-  int64_t out = 0;
-  bool attention = false;
-  bool resample = false;
-  bool temporal = false;
-};
-
-Result<std::vector<ScannedLevel>> group_levels(const std::vector<ScannedLayer>& seq,
-                                               const std::string& what) {
-  std::vector<ScannedLevel> levels(1);
-  for (const auto& l : seq) {
-    ScannedLevel& cur = levels.back();
-    switch (l.kind) {
-      case ScannedLayer::kResidual:
-        if (cur.resnets > 0 && cur.out != l.out)
-          return Status::errorf(what, ": residual blocks of one level have ", cur.out, " and ",
-                                l.out, " output channels");
-        cur.out = l.out;
-        ++cur.resnets;
-        break;
-      case ScannedLayer::kAttention:
-        cur.attention = true;
-        break;
-      case ScannedLayer::kResample:
-        cur.resample = true;
-        cur.temporal = l.temporal;
-        levels.emplace_back();
-        break;
+Result<Tensor> WanStream::run_clip(Clip& clip, const Tensor& frames) {
+  Backend& b = model_.backend();
+  std::vector<Tensor> outs;
+  if (encoder_) {
+    const Encoder& net = model_.encoder_net();
+    Tensor pending = frames;
+    if (clip.pending.defined()) {
+      LATENT_ASSIGN_OR_RETURN(pending, join_frames(b, {clip.pending, frames}));
+    }
+    int64_t at = 0;
+    for (;;) {
+      const int64_t need = clip.chunks == 0 ? 1 : 4;  // frame 0 alone, then 4 frames a chunk
+      if (pending.dim(0) - at < need) break;
+      LATENT_ASSIGN_OR_RETURN(Tensor y, net.forward(b, frame_view(pending, at, need), &clip.cache));
+      outs.push_back(std::move(y));
+      at += need;
+      ++clip.chunks;
+    }
+    clip.pending = Tensor();
+    if (at < pending.dim(0)) {
+      // the rest (at most 3 frames) in storage of its own
+      LATENT_ASSIGN_OR_RETURN(clip.pending,
+                              join_frames(b, {frame_view(pending, at, pending.dim(0) - at)}));
+    }
+  } else {
+    const Decoder& net = model_.decoder_net();
+    for (int64_t t = 0; t < frames.dim(0); ++t) {  // one latent frame a chunk
+      LATENT_ASSIGN_OR_RETURN(Tensor y, net.forward(b, frame_view(frames, t, 1), &clip.cache));
+      outs.push_back(std::move(y));
+      ++clip.chunks;
     }
   }
-  for (size_t i = 0; i < levels.size(); ++i) {
-    if (levels[i].resnets == 0)
-      return Status::errorf(what, ": level ", i, " has no residual blocks");
-    if (levels[i].resnets != levels[0].resnets)
-      return Status::errorf(what, ": levels have ", levels[0].resnets, " and ", levels[i].resnets,
-                            " residual blocks");
+  if (outs.empty()) return Tensor();
+  if (outs.size() == 1) return outs[0];
+  return join_frames(b, outs);
+}
+
+Result<Tensor> WanStream::push(const Tensor& x) {
+  const char* what = encoder_ ? "encoder stream" : "decoder stream";
+  const QwenImageVaeConfig& c = model_.config();
+  Backend& b = model_.backend();
+  const int64_t channels = encoder_ ? c.input_channels : c.z_dim;
+  if (!x.defined() || x.rank() != 5 || x.dim(1) != channels || x.dim(0) < 1 || x.dim(2) < 1 ||
+      x.dim(3) < 1 || x.dim(4) < 1)
+    return Status::errorf(what, ": expected [N, ", channels, ", T, H, W], got ",
+                          x.defined() ? shape_str(x.shape()) : "an undefined tensor");
+  if (x.device() != b.device())
+    return Status::errorf(what, ": input is on ", x.device().to_string(), ", the model on ",
+                          b.name());
+  if (encoder_ && (x.dim(3) % c.downsample() != 0 || x.dim(4) % c.downsample() != 0))
+    return Status::errorf(what, ": frame size ", x.dim(4), "x", x.dim(3), " is not a multiple of ",
+                          c.downsample(), " (the VAE's downsampling factor)");
+  if (!shape_.empty() && (x.dim(0) != shape_[0] || x.dim(3) != shape_[3] || x.dim(4) != shape_[4]))
+    return Status::errorf(what, ": this push is ", shape_str(x.shape()),
+                          " but the clip began with ", shape_str(shape_),
+                          " (batch, height and width must stay; reset() starts a new clip)");
+  if (shape_.empty()) {
+    shape_ = x.shape();
+    const int slots = encoder_ ? model_.encoder_net().slots : model_.decoder_net().slots;
+    for (int64_t n = 0; n < x.dim(0); ++n) clips_.emplace_back(slots);
   }
-  return levels;
+  std::vector<Tensor> outs;
+  for (int64_t n = 0; n < x.dim(0); ++n) {
+    Tensor clip = x;
+    if (x.dim(0) > 1) {
+      LATENT_ASSIGN_OR_RETURN(clip, b.slice(x, 0, n, 1));
+    }
+    // frames: [T, C, H, W]
+    LATENT_ASSIGN_OR_RETURN(Tensor frames, b.clip_to_frames(clip));
+    auto y = run_clip(clips_[n], frames);
+    if (!y.ok()) {
+      reset();  // the caches are half-updated: the clip cannot go on
+      return y.status().with_context(str_cat(what, " of ", model_.info().architecture));
+    }
+    if (!y->defined()) continue;
+    LATENT_ASSIGN_OR_RETURN(Tensor out, b.frames_to_clip(*y));
+    outs.push_back(std::move(out));
+  }
+  seen_ += x.dim(2);
+  buffered_ =
+      encoder_ && clips_[0].pending.defined() ? static_cast<int>(clips_[0].pending.dim(0)) : 0;
+  if (outs.empty()) return Tensor();
+  if (outs.size() == 1) return outs[0];
+  return b.concat(outs, 0);
+}
+
+Result<Tensor> WanStream::finish(int* padded_frames) {
+  if (padded_frames) *padded_frames = 0;
+  if (!encoder_ || buffered_ == 0) {
+    reset();
+    return Tensor();
+  }
+  // Complete the partial chunk by repeating its last frame.
+  Backend& b = model_.backend();
+  const int pad = 4 - buffered_;
+  std::vector<Tensor> outs;
+  for (Clip& clip : clips_) {
+    std::vector<Tensor> parts{clip.pending};
+    const Tensor last = frame_view(clip.pending, clip.pending.dim(0) - 1, 1);
+    for (int i = 0; i < pad; ++i) parts.push_back(last);
+    LATENT_ASSIGN_OR_RETURN(Tensor chunk, join_frames(b, parts));
+    clip.pending = Tensor();
+    auto y = run_clip(clip, chunk);
+    if (!y.ok()) {
+      reset();
+      return y.status().with_context(
+          str_cat("finishing the encoder stream of ", model_.info().architecture));
+    }
+    LATENT_ASSIGN_OR_RETURN(Tensor out, b.frames_to_clip(*y));
+    outs.push_back(std::move(out));
+  }
+  reset();
+  if (padded_frames) *padded_frames = pad;
+  if (outs.size() == 1) return outs[0];
+  return b.concat(outs, 0);
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Config
-
-const std::vector<double>& qwen_image_latents_mean() {
-  static const std::vector<double> k = {-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653,
-                                        -0.1517, 1.5508,  0.4134,  -0.0715, 0.5517,  -0.3632,
-                                        -0.1922, -0.9497, 0.2503,  -0.2921};
-  return k;
-}
-
-const std::vector<double>& qwen_image_latents_std() {
-  static const std::vector<double> k = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708,
-                                        2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
-                                        1.6382, 1.1253, 2.8251, 1.9160};
-  return k;
-}
-
-std::string qwen_image_latent_space_name(const std::vector<double>& mean,
-                                         const std::vector<double>& std) {
-  if (nearly_equal(mean, qwen_image_latents_mean()) && nearly_equal(std, qwen_image_latents_std()))
-    return "qwen-image";
-  return "qwen-image-vae-custom";
-}
-
-namespace {
-
-// Checks a config for the structure the model builder relies on.
-Status validate_config(const QwenImageVaeConfig& c, const std::string& what) {
-  auto bad = [&](auto&&... args) { return Status::errorf(what, ": ", args...); };
-  if (c.base_dim < 1) return bad("'base_dim' must be positive, got ", c.base_dim);
-  if (c.z_dim < 1) return bad("'z_dim' must be positive, got ", c.z_dim);
-  if (c.dim_mult.empty() || c.dim_mult.size() > 8)
-    return bad("'dim_mult' must have 1 to 8 entries, got ", c.dim_mult.size());
-  for (int64_t m : c.dim_mult)
-    if (m < 1) return bad("'dim_mult' entries must be positive, got ", join(c.dim_mult));
-  if (c.num_res_blocks < 1) return bad("'num_res_blocks' must be positive, got ", c.num_res_blocks);
-  if (c.temperal_downsample.size() + 1 < c.dim_mult.size())
-    return bad("'temperal_downsample' has ", c.temperal_downsample.size(), " entries, ",
-               c.dim_mult.size() - 1, " needed for dim_mult ", join(c.dim_mult));
-  if (c.input_channels < 1) return bad("'input_channels' must be positive");
-  // diffusers (and the original Wan code) put an attention block after each residual block of a
-  // down level whose scale is in attn_scales, then call it with the causal cache arguments it
-  // does not take: such a model cannot encode there, so there is nothing to match.
-  double scale = 1.0;
-  for (size_t i = 0; i < c.dim_mult.size(); ++i, scale /= 2.0) {
-    if (std::find(c.attn_scales.begin(), c.attn_scales.end(), scale) != c.attn_scales.end())
-      return bad("'attn_scales' puts attention blocks in encoder level ", i, " (scale ", scale,
-                 "); AutoencoderKLQwenImage cannot run those (QwenImageAttentionBlock.forward "
-                 "takes no feature cache), so they are not supported");
-  }
-  if (c.latents_mean.size() != static_cast<size_t>(c.z_dim) ||
-      c.latents_std.size() != static_cast<size_t>(c.z_dim))
-    return bad("'latents_mean' and 'latents_std' must have z_dim = ", c.z_dim, " entries, got ",
-               c.latents_mean.size(), " and ", c.latents_std.size());
-  for (double s : c.latents_std)
-    if (!(s > 0.0) || !std::isfinite(s)) return bad("'latents_std' entries must be positive");
-  for (double m : c.latents_mean)
-    if (!std::isfinite(m)) return bad("'latents_mean' entries must be finite");
-  return ok_status();
-}
-
-}  // namespace
-
-Result<QwenImageVaeConfig> parse_qwen_image_vae_config(const Config& config) {
-  const std::string what = config.path().empty() ? "config.json" : config.path();
-  QwenImageVaeConfig c;
-  const std::string cls = config.class_name();
-  const bool wan = cls == "AutoencoderKLWan";
-  if (!cls.empty() && cls != "AutoencoderKLQwenImage" && !wan)
-    return Status::errorf(what, ": _class_name '", cls,
-                          "' is not AutoencoderKLQwenImage or AutoencoderKLWan");
-  if (wan) {
-    // The Wan 2.2 VAE shares the class but patchifies its input and has residual down blocks.
-    LATENT_ASSIGN_OR_RETURN(bool residual, config.get_bool("is_residual", false));
-    if (residual || (config.has("patch_size") && !config.json()["patch_size"].is_null()))
-      return Status::errorf(what,
-                            ": AutoencoderKLWan with is_residual/patch_size (the Wan 2.2 "
-                            "VAE) is not supported, only the Wan 2.1 layout");
-  }
-  LATENT_ASSIGN_OR_RETURN(c.base_dim, config.get_int("base_dim", c.base_dim));
-  LATENT_ASSIGN_OR_RETURN(c.z_dim, config.get_int("z_dim", c.z_dim));
-  LATENT_ASSIGN_OR_RETURN(c.dim_mult, config.get_int_list("dim_mult", c.dim_mult));
-  LATENT_ASSIGN_OR_RETURN(c.num_res_blocks, config.get_int("num_res_blocks", c.num_res_blocks));
-  LATENT_ASSIGN_OR_RETURN(c.attn_scales, config.get_float_list("attn_scales", {}));
-  LATENT_ASSIGN_OR_RETURN(c.input_channels,
-                          config.get_int(wan ? "in_channels" : "input_channels", 3));
-  LATENT_ASSIGN_OR_RETURN(double dropout, config.get_float("dropout", 0.0));
-  (void)dropout;  // identity at inference; read so that a malformed value is reported
-  if (config.has("temperal_downsample")) {
-    const auto& j = config.json()["temperal_downsample"];
-    if (!j.is_array())
-      return Status::errorf(what, ": 'temperal_downsample' must be a list of booleans");
-    c.temperal_downsample.clear();
-    for (const auto& e : j) {
-      if (!e.is_boolean())
-        return Status::errorf(what, ": 'temperal_downsample' must be a list of booleans");
-      c.temperal_downsample.push_back(e.get<bool>());
-    }
-  }
-  LATENT_ASSIGN_OR_RETURN(c.latents_mean,
-                          config.get_float_list("latents_mean", qwen_image_latents_mean()));
-  LATENT_ASSIGN_OR_RETURN(c.latents_std,
-                          config.get_float_list("latents_std", qwen_image_latents_std()));
-  LATENT_TRY(validate_config(c, what));
-  return c;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Layouts and single files
-
-std::string qwen_image_vae_original_name(const std::string& name, int64_t num_res_blocks) {
-  if (starts_with(name, "quant_conv.")) return "conv1." + name.substr(11);
-  if (starts_with(name, "post_quant_conv.")) return "conv2." + name.substr(16);
-  for (const std::string part : {"encoder.", "decoder."}) {
-    if (!starts_with(name, part)) continue;
-    std::string r = name.substr(part.size());
-    int64_t i = 0, j = 0;
-    if (starts_with(r, "conv_in.")) return part + "conv1." + r.substr(8);
-    if (starts_with(r, "norm_out.")) return part + "head.0." + r.substr(9);
-    if (starts_with(r, "conv_out.")) return part + "head.2." + r.substr(9);
-    if (strip_index(&r, "mid_block.resnets.", &j))
-      return str_cat(part, "middle.", 2 * j, ".", original_resnet_leaf(r));
-    if (strip_index(&r, "mid_block.attentions.", &j))
-      return str_cat(part, "middle.", 2 * j + 1, ".", r);
-    if (strip_index(&r, "down_blocks.", &i))
-      return str_cat(part, "downsamples.", i, ".", original_resnet_leaf(r));
-    if (strip_index(&r, "up_blocks.", &i)) {
-      // Each up level is num_res_blocks + 1 residual blocks and one resampler, flattened.
-      const int64_t base = i * (num_res_blocks + 2);
-      if (strip_index(&r, "resnets.", &j))
-        return str_cat(part, "upsamples.", base + j, ".", original_resnet_leaf(r));
-      if (strip_index(&r, "upsamplers.", &j))
-        return str_cat(part, "upsamples.", base + num_res_blocks + 1, ".", r);
-    }
-    return name;
-  }
-  return name;
-}
-
-Result<QwenImageVaeLayout> detect_qwen_image_vae_layout(const WeightStore& weights) {
-  std::optional<QwenImageVaeLayout> found;
-  for (const std::string& n : weights.names()) {
-    for (int original = 1; original >= 0; --original) {
-      for (const auto& marker : original ? original_markers() : diffusers_markers()) {
-        if (!ends_with(n, marker)) continue;
-        std::string prefix = n.substr(0, n.size() - marker.size());
-        if (!prefix.empty() && prefix.back() != '.') continue;
-        if (!found || prefix.size() < found->prefix.size())
-          found = QwenImageVaeLayout{original == 1, prefix};
-      }
-    }
-  }
-  if (!found)
-    return Status::errorf(weights.path(),
-                          ": no Qwen-Image / Wan VAE tensors (looked for "
-                          "'decoder.middle.0.residual.0.gamma' or "
-                          "'decoder.mid_block.resnets.0.norm1.gamma')");
-  const std::string& p = found->prefix;
-  // The Wan 2.2 VAE nests residual blocks in its down/up levels and patchifies the input.
-  for (const char* wan22 :
-       {"encoder.downsamples.0.downsamples.", "decoder.upsamples.0.upsamples.",
-        "encoder.down_blocks.0.resnets.", "decoder.up_blocks.0.resnets.0.avg"}) {
-    for (const std::string& n : weights.names()) {
-      if (starts_with(n, p + wan22))
-        return Status::errorf(weights.path(), ": '", n,
-                              "' belongs to the Wan 2.2 VAE (residual down/up blocks), which is "
-                              "not supported; use the Wan 2.1 / Qwen-Image VAE");
-    }
-  }
-  return *found;
-}
-
-Result<QwenImageVaeConfig> infer_qwen_image_vae_config(const WeightStore& weights,
-                                                       const QwenImageVaeLayout& layout) {
-  const std::string what =
-      str_cat(weights.path(), " (", layout.original ? "Wan-Video" : "diffusers", " key names)");
-  // Encoder names do not depend on num_res_blocks.
-  auto stored = [&](const std::string& n) {
-    return layout.prefix + (layout.original ? qwen_image_vae_original_name(n, 2) : n);
-  };
-  auto shape_of = [&](const std::string& n) { return stored_shape(weights, stored(n)); };
-  auto has = [&](const std::string& n) { return weights.contains(stored(n)); };
-  auto need = [&](const std::string& n, size_t rank) -> Result<Shape> {
-    Shape s = shape_of(n);
-    if (s.empty())
-      return Status::errorf(what, ": missing tensor '", stored(n),
-                            "' needed to read the model size");
-    if (s.size() != rank)
-      return Status::errorf(what, ": tensor '", stored(n), "' has shape ", shape_str(s),
-                            ", expected ", rank, " dimensions");
-    return s;
-  };
-
-  QwenImageVaeConfig c;
-  c.attn_scales.clear();
-  if (has("encoder.conv_in.weight")) {
-    LATENT_ASSIGN_OR_RETURN(Shape conv_in, need("encoder.conv_in.weight", 5));
-    LATENT_ASSIGN_OR_RETURN(Shape conv_out, need("encoder.conv_out.weight", 5));
-    c.base_dim = conv_in[0];
-    c.input_channels = conv_in[1];
-    if (conv_out[0] % 2 != 0)
-      return Status::errorf(what, ": encoder output has ", conv_out[0],
-                            " channels, expected 2 * z_dim");
-    c.z_dim = conv_out[0] / 2;
-    std::vector<ScannedLayer> seq;
-    for (int64_t k = 0;; ++k) {
-      const std::string p = str_cat("encoder.down_blocks.", k);
-      if (has(p + ".norm1.gamma")) {
-        LATENT_ASSIGN_OR_RETURN(Shape w, need(p + ".conv1.weight", 5));
-        seq.push_back({ScannedLayer::kResidual, w[0], false});
-      } else if (has(p + ".to_qkv.weight")) {
-        seq.push_back({ScannedLayer::kAttention, 0, false});
-      } else if (has(p + ".resample.1.weight")) {
-        // Either time_conv tensor marks a 3-D resampler, so that a missing one is reported.
-        seq.push_back({ScannedLayer::kResample, 0,
-                       has(p + ".time_conv.weight") || has(p + ".time_conv.bias")});
-      } else {
-        break;
-      }
-    }
-    LATENT_ASSIGN_OR_RETURN(auto levels, group_levels(seq, what + " encoder"));
-    c.num_res_blocks = levels[0].resnets;
-    c.dim_mult.clear();
-    c.temperal_downsample.clear();
-    double scale = 1.0;
-    for (const auto& l : levels) {
-      if (l.out % c.base_dim != 0)
-        return Status::errorf(what, ": encoder level width ", l.out,
-                              " is not a multiple of base_dim ", c.base_dim);
-      c.dim_mult.push_back(l.out / c.base_dim);
-      if (l.attention) c.attn_scales.push_back(scale);
-      if (l.resample) c.temperal_downsample.push_back(l.temporal);
-      scale /= 2.0;
-    }
-  } else if (has("decoder.conv_in.weight")) {
-    LATENT_ASSIGN_OR_RETURN(Shape conv_in, need("decoder.conv_in.weight", 5));
-    LATENT_ASSIGN_OR_RETURN(Shape conv_out, need("decoder.conv_out.weight", 5));
-    c.z_dim = conv_in[1];
-    c.input_channels = conv_out[0];
-    std::vector<ScannedLayer> seq;
-    const std::string p = layout.prefix;
-    if (layout.original) {
-      for (int64_t n = 0;; ++n) {
-        const std::string q = str_cat(p, "decoder.upsamples.", n);
-        if (weights.contains(q + ".residual.0.gamma")) {
-          Shape w = stored_shape(weights, q + ".residual.2.weight");
-          if (w.size() != 5)
-            return Status::errorf(what, ": missing or misshaped '", q, ".residual.2.weight'");
-          seq.push_back({ScannedLayer::kResidual, w[0], false});
-        } else if (weights.contains(q + ".to_qkv.weight")) {
-          seq.push_back({ScannedLayer::kAttention, 0, false});
-        } else if (weights.contains(q + ".resample.1.weight")) {
-          seq.push_back({ScannedLayer::kResample, 0,
-                         weights.contains(q + ".time_conv.weight") ||
-                             weights.contains(q + ".time_conv.bias")});
-        } else {
-          break;
-        }
-      }
-    } else {
-      for (int64_t i = 0;; ++i) {
-        const std::string q = str_cat(p, "decoder.up_blocks.", i);
-        int64_t j = 0;
-        for (;; ++j) {
-          Shape w = stored_shape(weights, str_cat(q, ".resnets.", j, ".conv1.weight"));
-          if (w.size() != 5) break;
-          seq.push_back({ScannedLayer::kResidual, w[0], false});
-        }
-        if (j == 0) break;
-        if (weights.contains(q + ".upsamplers.0.resample.1.weight"))
-          seq.push_back({ScannedLayer::kResample, 0,
-                         weights.contains(q + ".upsamplers.0.time_conv.weight") ||
-                             weights.contains(q + ".upsamplers.0.time_conv.bias")});
-      }
-    }
-    LATENT_ASSIGN_OR_RETURN(auto levels, group_levels(seq, what + " decoder"));
-    for (const auto& l : levels) {
-      if (l.attention)
-        return Status::errorf(what,
-                              ": attention blocks in the decoder's up levels are not "
-                              "supported (diffusers' AutoencoderKLQwenImage has none)");
-    }
-    if (levels[0].resnets < 2)
-      return Status::errorf(what, ": decoder levels have ", levels[0].resnets,
-                            " residual blocks, expected num_res_blocks + 1 >= 2");
-    c.num_res_blocks = levels[0].resnets - 1;
-    // Level i of the decoder has base_dim * dim_mult[L-1-i] channels; only the products are
-    // known, so base_dim is their greatest common divisor.
-    int64_t g = 0;
-    for (const auto& l : levels) g = std::gcd(g, l.out);
-    c.base_dim = g;
-    c.dim_mult.clear();
-    c.temperal_downsample.clear();
-    for (auto it = levels.rbegin(); it != levels.rend(); ++it) {
-      c.dim_mult.push_back(it->out / g);
-      if (it->resample) c.temperal_downsample.push_back(it->temporal);
-    }
-  } else {
-    return Status::errorf(what,
-                          ": neither 'encoder.conv_in.weight' nor 'decoder.conv_in.weight' "
-                          "found (as '",
-                          stored("encoder.conv_in.weight"), "' / '",
-                          stored("decoder.conv_in.weight"), "')");
-  }
-  if (c.z_dim == 16) {
-    c.latents_mean = qwen_image_latents_mean();
-    c.latents_std = qwen_image_latents_std();
-  } else {
-    // Unknown statistics: the identity normalisation, under a custom latent space name.
-    c.latents_mean.assign(static_cast<size_t>(c.z_dim), 0.0);
-    c.latents_std.assign(static_cast<size_t>(c.z_dim), 1.0);
-  }
-  LATENT_TRY(validate_config(c, what));
-  return c;
-}
-
-bool is_qwen_image_vae_checkpoint(const WeightStore& weights) {
-  for (const std::string& n : weights.names()) {
-    for (const auto* markers : {&original_markers(), &diffusers_markers()}) {
-      for (const auto& m : *markers) {
-        if (!ends_with(n, m)) continue;
-        const size_t plen = n.size() - m.size();
-        if (plen == 0 || n[plen - 1] == '.') return true;
-      }
-    }
-  }
-  return false;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Loading
@@ -899,55 +739,47 @@ Result<std::unique_ptr<VaeModel>> load_qwen_image_vae(const ModelSource& source,
   };
 
   WeightBinder binder(weights, *backend, rename);
-  ParamLoader params(binder, *backend);
   ModelInfo info;
   std::optional<Encoder> encoder;
   std::optional<Decoder> decoder;
+  Status param_status;
   if (options.encoder) {
+    ParamLoader params(binder, *backend);
     const int64_t before = binder.parameters_taken();
     encoder = Encoder::load(params, cfg);
     info.parts.push_back({"encoder", binder.parameters_taken() - before});
+    param_status = params.status();
   } else {
     binder.ignore_prefix(rename("encoder."));
     binder.ignore_prefix(rename("quant_conv.weight"));
     binder.ignore_prefix(rename("quant_conv.bias"));
   }
   if (options.decoder) {
+    ParamLoader params(binder, *backend);
     const int64_t before = binder.parameters_taken();
     decoder = Decoder::load(params, cfg);
     info.parts.push_back({"decoder", binder.parameters_taken() - before});
+    if (param_status.ok()) param_status = params.status();
   } else {
     binder.ignore_prefix(rename("decoder."));
     binder.ignore_prefix(rename("post_quant_conv.weight"));
     binder.ignore_prefix(rename("post_quant_conv.bias"));
   }
-  const std::string context = str_cat("loading AutoencoderKLQwenImage from ", where);
+  const std::string cls =
+      config && !config->class_name().empty() ? config->class_name() : "AutoencoderKLQwenImage";
+  const std::string context = str_cat("loading ", cls, " from ", where);
   LATENT_TRY(binder.finish().with_context(context));
-  LATENT_TRY(params.status().with_context(context));
+  LATENT_TRY(param_status.with_context(context));
 
   const std::string space = qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std);
-  info.architecture = "AutoencoderKLQwenImage";
+  info.architecture = cls;
   info.variant = str_cat(space, " (base_dim ", cfg.base_dim, ", z_dim ", cfg.z_dim, ")");
   info.source = source;
   info.storage_dtypes = binder.storage_dtypes();
   info.latent_space = LatentSpace::from_mean_std(
       space, static_cast<int>(cfg.z_dim), cfg.downsample(), cfg.latents_mean, cfg.latents_std);
-  std::string temporal;
-  for (bool t : cfg.temperal_downsample)
-    temporal += str_cat(temporal.empty() ? "" : ", ", t ? "true" : "false");
-  std::string attn;
-  for (double s : cfg.attn_scales) attn += str_cat(attn.empty() ? "" : ", ", s);
-  info.description = str_cat(
-      "key names: ", layout.original ? "Wan-Video / ComfyUI" : "diffusers",
-      layout.prefix.empty() ? "" : str_cat(" under '", layout.prefix, "'"), "\n",
-      "config: ", config ? config->path() : "inferred from the weights", "\n",
-      "base_dim: ", cfg.base_dim, "\n", "z_dim: ", cfg.z_dim, "\n",
-      "dim_mult: ", join(cfg.dim_mult), "\n", "num_res_blocks: ", cfg.num_res_blocks, "\n",
-      "attn_scales: [", attn, "]\n", "temperal_downsample: [", temporal, "] (unused for images)\n",
-      "input_channels: ", cfg.input_channels, "\n", "spatial downsample: ", cfg.downsample(), "\n",
-      "latent space: ", space, " (normalised = (raw - latents_mean) / latents_std)");
-  LATENT_INFO("loaded AutoencoderKLQwenImage (", info.variant, ") from ", where, " onto ",
-              backend->name());
+  info.description = describe_qwen_image_vae(cfg, layout, config ? config->path() : "");
+  LATENT_INFO("loaded ", cls, " (", info.variant, ") from ", where, " onto ", backend->name());
 
   return std::unique_ptr<VaeModel>(new QwenImageVae(
       std::move(backend), std::move(cfg), std::move(info), std::move(encoder), std::move(decoder)));

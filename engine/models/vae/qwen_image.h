@@ -1,13 +1,20 @@
-// diffusers AutoencoderKLQwenImage (the Wan 2.1 causal 3-D VAE, fine-tuned for Qwen-Image) run on
-// single images.
+// diffusers AutoencoderKLQwenImage / AutoencoderKLWan (the Wan 2.1 causal 3-D VAE; Qwen-Image
+// fine-tuned it): images and video.
 //
-// On one frame every causal 3-D convolution (zero padding of 2 frames in front of a 3-tap
-// kernel) meets data only through its last temporal tap, and the temporal resamplers
-// (time_conv) are skipped for the first chunk, so the model is an ordinary 2-D network whose
-// 3x3 kernels are weight[:, :, -1]. The loader takes diffusers folders (config.json) and the
-// original Wan-Video / ComfyUI single files (`Wan2.1_VAE.safetensors`,
-// `qwen_image_vae.safetensors`), whose key names it maps and whose configuration it reads from the
-// weight shapes.
+// Video mode (qwen_image.cpp): every causal 3-D convolution is three 2-D convolutions, one per
+// temporal tap, accumulated through conv2d's residual input over the frames of a chunk
+// ([T, C, H, W], frames along the batch axis) with the last two input frames of the previous
+// chunk in front (the per-layer cache; zeros at the start of a clip, as diffusers' causal
+// padding). The temporal resamplers' time_conv runs from the second chunk on, as in diffusers.
+// Chunks are diffusers': encode frame 0 alone, then 4 frames per latent frame; decode one
+// latent frame at a time (1 frame, then 4).
+//
+// Image mode (encode()/decode() on [N, C, H, W]): each image is a one-frame clip, so every
+// causal convolution meets data only through its last temporal tap and no time_conv runs.
+//
+// The loader (qwen_image_loader.cpp) takes diffusers folders (config.json) and the original
+// Wan-Video / ComfyUI single files (`Wan2.1_VAE.safetensors`, `qwen_image_vae.safetensors`), whose
+// key names it maps and whose configuration it reads from the weight shapes.
 #pragma once
 
 #include <string>
@@ -22,6 +29,7 @@ namespace latent {
 // The diffusers config of AutoencoderKLQwenImage (defaults: Qwen-Image / Wan 2.1).
 struct QwenImageVaeConfig {
   int64_t base_dim = 96;
+  int64_t decoder_base_dim = 0;  // AutoencoderKLWan's decoder width; 0: base_dim
   int64_t z_dim = 16;
   std::vector<int64_t> dim_mult = {1, 2, 4, 4};
   int64_t num_res_blocks = 2;
@@ -35,6 +43,14 @@ struct QwenImageVaeConfig {
 
   // Spatial reduction: 2 ^ (len(dim_mult) - 1).
   int downsample() const { return 1 << (dim_mult.size() - 1); }
+  int64_t decoder_dim() const { return decoder_base_dim > 0 ? decoder_base_dim : base_dim; }
+  // Frames per latent frame: 2 ^ (temporal resamplers among the len(dim_mult) - 1 levels).
+  int temporal_factor() const {
+    int f = 1;
+    for (size_t i = 0; i + 1 < dim_mult.size() && i < temperal_downsample.size(); ++i)
+      if (temperal_downsample[i]) f *= 2;
+    return f;
+  }
 };
 
 // The published Qwen-Image (= Wan 2.1) latent statistics, 16 channels each.
@@ -70,5 +86,10 @@ std::string qwen_image_vae_original_name(const std::string& name, int64_t num_re
 // for z_dim 16, else identity.
 Result<QwenImageVaeConfig> infer_qwen_image_vae_config(const WeightStore& weights,
                                                        const QwenImageVaeLayout& layout);
+
+// `latent-tool inspect`'s description of a loaded model (one config item a line).
+std::string describe_qwen_image_vae(const QwenImageVaeConfig& config,
+                                    const QwenImageVaeLayout& layout,
+                                    const std::string& config_path);
 
 }  // namespace latent

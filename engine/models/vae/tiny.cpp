@@ -269,8 +269,13 @@ Status validate(const AutoencoderTinyConfig& c, const std::string& what) {
                          "num_encoder_blocks", c.num_encoder_blocks));
   LATENT_TRY(check_lists("decoder_block_out_channels", c.decoder_block_out_channels,
                          "num_decoder_blocks", c.num_decoder_blocks));
-  if (c.latent_channels < 1 || c.in_channels < 1 || c.out_channels < 1)
-    return Status::errorf(what, ": in_channels, out_channels and latent_channels must be positive");
+  // Bounds far above any real VAE: sizes past them are typos and must not reach an allocation.
+  constexpr int64_t kMaxChannels = 1 << 16;
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"in_channels", c.in_channels},
+                        {"out_channels", c.out_channels},
+                        {"latent_channels", c.latent_channels}})
+    if (v < 1 || v > kMaxChannels)
+      return Status::errorf(what, ": '", key, "' is ", v, ", expected 1 to ", kMaxChannels);
   if (c.act_fn != "relu" && c.act_fn != "silu" && c.act_fn != "swish")
     return Status::errorf(what, ": act_fn '", c.act_fn,
                           "' is not supported (AutoencoderTiny: relu, silu)");
@@ -388,9 +393,13 @@ Status infer_autoencoder_tiny_encoder(const WeightStore& weights, const TinyPart
                                       AutoencoderTinyConfig* cfg) {
   const std::vector<std::string> names = weights.names();
   const TensorRecord* first = conv_record(weights, part, 0);
-  if (!first)
+  if (!first) {
+    auto probe = weights.get(layer_name(part, 0, "weight"));
+    if (!probe.ok() && probe.status().message().rfind("unsupported dtype", 0) == 0)
+      return probe.status();
     return Status::errorf(weights.path(), ": TAESD encoder layer '", layer_name(part, 0, "weight"),
                           "' is missing or not a conv");
+  }
   cfg->in_channels = first->shape[1];
   std::vector<int64_t> ch{first->shape[0]}, nb{0};
   int k = 1;
@@ -420,9 +429,13 @@ Status infer_autoencoder_tiny_encoder(const WeightStore& weights, const TinyPart
 Status infer_autoencoder_tiny_decoder(const WeightStore& weights, const TinyPartLayout& part,
                                       AutoencoderTinyConfig* cfg) {
   const TensorRecord* first = conv_record(weights, part, 0);
-  if (!first)
+  if (!first) {
+    auto probe = weights.get(layer_name(part, 0, "weight"));
+    if (!probe.ok() && probe.status().message().rfind("unsupported dtype", 0) == 0)
+      return probe.status();
     return Status::errorf(weights.path(), ": TAESD decoder layer '", layer_name(part, 0, "weight"),
                           "' is missing or not a conv");
+  }
   cfg->latent_channels = first->shape[1];
   std::vector<int64_t> ch{first->shape[0]}, nb{0};
   int k = 2;  // layer 1 is the activation
@@ -453,219 +466,41 @@ Status infer_autoencoder_tiny_decoder(const WeightStore& weights, const TinyPart
 // ---------------------------------------------------------------------------------------------
 // Loader.
 
-namespace {
+// ---------------------------------------------------------------------------------------------
+// The network side of load_autoencoder_tiny (tiny_loader.cpp).
 
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+Status validate_autoencoder_tiny_config(const AutoencoderTinyConfig& cfg, const std::string& what) {
+  return validate(cfg, what);
 }
 
-// "…/taesd_decoder.safetensors" -> "…/taesd_encoder.safetensors" (the last occurrence in the
-// file name); empty when the name has no `from`.
-std::string sibling_path(const std::string& path, const std::string& from, const std::string& to) {
-  size_t slash = path.find_last_of('/');
-  size_t base = slash == std::string::npos ? 0 : slash + 1;
-  size_t pos = path.rfind(from);
-  if (pos == std::string::npos || pos < base) return "";
-  return path.substr(0, pos) + to + path.substr(pos + from.size());
+bool autoencoder_tiny_part_has_pool(const WeightStore& weights, const TinyPartLayout& part) {
+  return part_has_pool(weights, part);
 }
 
-struct TinySpace {
-  const char* name;
-  int64_t channels;
-};
-
-// TAESD latents live in the big model's normalised space.
-std::string tiny_space_name(const ModelSource& source, const std::vector<std::string>& paths,
-                            const AutoencoderTinyConfig& cfg) {
-  static const TinySpace kSpaces[] = {
-      {"sd", 4}, {"sdxl", 4}, {"sd3", 16}, {"flux1", 16}, {"flux2", 32}};
-  std::vector<std::string> candidates = paths;
-  candidates.push_back(source.given);
-  candidates.push_back(source.root);
-  for (const auto& p : candidates) {
-    if (p.empty()) continue;
-    std::string trimmed = p;
-    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-    const std::string hint = latent_space_from_name(trimmed);
-    for (const auto& s : kSpaces)
-      if (hint == s.name && s.channels == cfg.latent_channels) return s.name;
-  }
-  const bool pool = cfg.encoder_pool || cfg.decoder_pool;
-  if (cfg.latent_channels == 4) return "sd";
-  if (cfg.latent_channels == 16 && !pool) return "flux1";
-  if (cfg.latent_channels == 32 && pool) return "flux2";
-  return str_cat("autoencoder-tiny-", cfg.latent_channels, "ch");
-}
-
-std::string list_str(const std::vector<int64_t>& v) {
-  std::string s;
-  for (int64_t x : v) s += (s.empty() ? "" : ", ") + str_cat(x);
-  return "[" + s + "]";
-}
-
-std::function<std::string(const std::string&)> make_rename(const AutoencoderTinyLayout& layout) {
-  return [layout](const std::string& n) -> std::string {
-    // "encoder.layers.K.rest" / "decoder.layers.K.rest" -> prefix + (K + offset) + ".rest"
-    for (int part = 0; part < 2; ++part) {
-      const std::string head = part == 0 ? "encoder.layers." : "decoder.layers.";
-      const TinyPartLayout& l = part == 0 ? layout.encoder : layout.decoder;
-      if (!starts_with(n, head)) continue;
-      size_t dot = n.find('.', head.size());
-      if (dot == std::string::npos) return n;
-      const std::string idx = n.substr(head.size(), dot - head.size());
-      if (idx.empty() || idx.size() > 4 || !std::all_of(idx.begin(), idx.end(), ::isdigit))
-        return n;
-      return str_cat(l.prefix, std::stoi(idx) + l.offset, n.substr(dot));
-    }
-    return n;
-  };
-}
-
-}  // namespace
-
-Result<std::unique_ptr<VaeModel>> load_autoencoder_tiny(const ModelSource& source,
-                                                        const Config* config,
-                                                        const WeightStore& weights,
-                                                        std::shared_ptr<Backend> backend,
-                                                        const VaeLoadOptions& options) {
-  if (!backend) return Status::error("load_autoencoder_tiny: no backend");
-  AutoencoderTinyLayout layout;
-  if (!detect_autoencoder_tiny_layout(weights, &layout))
-    return Status::errorf(
-        weights.path(), ": no AutoencoderTiny tensors found (looked for ",
-        "'encoder.layers.0.weight', 'decoder.layers.0.weight', ",
-        "'taesd_encoder.0.weight', 'taesd_decoder.1.weight', 'encoder.0.weight', ",
-        "'decoder.1.weight', or a bare '0.weight' / '1.weight' layer list)");
-
-  // TAESD ships its encoder and decoder as two files; find the other half beside the given one.
-  std::optional<WeightStore> sibling;
-  AutoencoderTinyLayout sibling_layout;
-  const bool bare = layout.form == "TAESD encoder file" || layout.form == "TAESD decoder file";
-  if (bare) {
-    const bool have_enc = layout.encoder.present;
-    const bool need_other = have_enc ? options.decoder : options.encoder;
-    const std::string other = have_enc ? sibling_path(weights.path(), "encoder", "decoder")
-                                       : sibling_path(weights.path(), "decoder", "encoder");
-    if (need_other && !other.empty() && file_exists(other)) {
-      LATENT_ASSIGN_OR_RETURN(WeightStore s, WeightStore::open(other));
-      AutoencoderTinyLayout sl;
-      if (detect_autoencoder_tiny_layout(s, &sl) &&
-          (have_enc ? sl.decoder.present : sl.encoder.present)) {
-        sibling = std::move(s);
-        sibling_layout = sl;
-        LATENT_DEBUG("TAESD: using ", other, " for the ", have_enc ? "decoder" : "encoder");
-      }
-    }
-  }
-  const WeightStore& enc_store = layout.encoder.present || !sibling ? weights : *sibling;
-  const WeightStore& dec_store = layout.decoder.present || !sibling ? weights : *sibling;
-  AutoencoderTinyLayout full = layout;
-  if (sibling) {
-    if (!full.encoder.present) full.encoder = sibling_layout.encoder;
-    if (!full.decoder.present) full.decoder = sibling_layout.decoder;
-  }
-
-  const bool want_enc = options.encoder && full.encoder.present;
-  const bool want_dec = options.decoder && full.decoder.present;
-  if (!want_enc && !want_dec) {
-    if (!options.encoder && !options.decoder)
-      return Status::errorf(weights.path(), ": no part was requested");
-    return Status::errorf(
-        weights.path(), " holds only a TAESD ", full.encoder.present ? "encoder" : "decoder",
-        "; the ", options.encoder ? "encoder" : "decoder", " is a separate file (e.g. taesd_",
-        options.encoder ? "encoder" : "decoder", ".safetensors)");
-  }
-
-  // A diffusers folder's config.json is the whole configuration; single files are read from
-  // their weights, with the keys of an "x.json" beside the file (if any) merged over that.
-  AutoencoderTinyConfig cfg;
-  if (config && !source.single_file) {
-    LATENT_ASSIGN_OR_RETURN(cfg, AutoencoderTinyConfig::from_config(*config));
-  } else {
-    int64_t enc_latent = -1;
-    if (full.encoder.present) {
-      LATENT_TRY(infer_autoencoder_tiny_encoder(enc_store, full.encoder, &cfg));
-      enc_latent = cfg.latent_channels;
-    }
-    if (full.decoder.present) {
-      LATENT_TRY(infer_autoencoder_tiny_decoder(dec_store, full.decoder, &cfg));
-      if (enc_latent >= 0 && enc_latent != cfg.latent_channels)
-        return Status::errorf("TAESD encoder (", enc_store.path(), ") makes ", enc_latent,
-                              "-channel latents, the decoder (", dec_store.path(), ") reads ",
-                              cfg.latent_channels);
-    }
-    if (config) {
-      nlohmann::json merged = cfg.to_json();
-      for (const auto& [key, value] : config->json().items())
-        if (!value.is_null()) merged[key] = value;
-      LATENT_ASSIGN_OR_RETURN(cfg,
-                              AutoencoderTinyConfig::from_config(Config(merged, config->path())));
-    } else {
-      LATENT_TRY(validate(cfg, weights.path()));
-    }
-  }
-  cfg.encoder_pool = full.encoder.present && part_has_pool(enc_store, full.encoder);
-  cfg.decoder_pool = full.decoder.present && part_has_pool(dec_store, full.decoder);
-
-  // One binder per file so that every file is checked for unexpected tensors.
-  auto rename = make_rename(full);
-  WeightBinder enc_binder(enc_store, *backend, rename);
-  WeightBinder dec_binder(dec_store, *backend, rename);
-  const bool same_store = &enc_store == &dec_store;
-  WeightBinder& eb = enc_binder;
-  WeightBinder& db = same_store ? enc_binder : dec_binder;
-  if (!want_enc && full.encoder.present) eb.ignore_prefix(full.encoder.prefix);
-  if (!want_dec && full.decoder.present) db.ignore_prefix(full.decoder.prefix);
-
+Result<std::unique_ptr<VaeModel>> bind_autoencoder_tiny(std::shared_ptr<Backend> backend,
+                                                        const AutoencoderTinyConfig& cfg,
+                                                        WeightBinder* encoder,
+                                                        WeightBinder* decoder, ModelInfo info) {
   auto model = std::make_unique<AutoencoderTiny>(backend, cfg);
-  ModelInfo info;
-  info.architecture = "AutoencoderTiny";
-  info.source = source;
-  if (want_enc) {
-    const int64_t before = eb.parameters_taken();
-    model->encoder_ = TinyEncoder::load(eb, cfg);
-    info.parts.push_back({"encoder", eb.parameters_taken() - before});
+  if (encoder) {
+    const int64_t before = encoder->parameters_taken();
+    model->encoder_ = TinyEncoder::load(*encoder, cfg);
+    info.parts.push_back({"encoder", encoder->parameters_taken() - before});
   }
-  if (want_dec) {
-    const int64_t before = db.parameters_taken();
-    model->decoder_ = TinyDecoder::load(db, cfg);
-    info.parts.push_back({"decoder", db.parameters_taken() - before});
+  if (decoder) {
+    const int64_t before = decoder->parameters_taken();
+    model->decoder_ = TinyDecoder::load(*decoder, cfg);
+    info.parts.push_back({"decoder", decoder->parameters_taken() - before});
   }
-  LATENT_TRY(eb.finish());
-  if (!same_store) LATENT_TRY(db.finish());
-  info.storage_dtypes = eb.storage_dtypes();
-  if (!same_store)
-    for (const auto& [k, v] : db.storage_dtypes()) info.storage_dtypes[k] += v;
-
-  const int f = full.encoder.present ? cfg.encoder_downsample() : cfg.decoder_upsample();
-  if (full.encoder.present && full.decoder.present &&
-      cfg.encoder_downsample() != cfg.decoder_upsample())
-    return Status::errorf(weights.path(), ": the TAESD encoder downsamples by ",
-                          cfg.encoder_downsample(), " but the decoder upsamples by ",
-                          cfg.decoder_upsample());
-  std::string name = cfg.latent_space;
-  if (name.empty()) name = tiny_space_name(source, {enc_store.path(), dec_store.path()}, cfg);
-  info.latent_space = LatentSpace::from_scalars(name, static_cast<int>(cfg.latent_channels), f,
-                                                cfg.scaling_factor, cfg.shift_factor);
-  const bool pool = cfg.encoder_pool || cfg.decoder_pool;
-  info.variant = name + (pool ? " (mid-block group norm)" : "");
-  info.description =
-      str_cat("layout: ", config ? "diffusers folder" : layout.form,
-              sibling ? str_cat(" + ", sibling->path()) : std::string(), "\n",
-              "in_channels: ", cfg.in_channels, "\n", "out_channels: ", cfg.out_channels, "\n",
-              "latent_channels: ", cfg.latent_channels, "\n",
-              "encoder_block_out_channels: ", list_str(cfg.encoder_block_out_channels), "\n",
-              "num_encoder_blocks: ", list_str(cfg.num_encoder_blocks), "\n",
-              "decoder_block_out_channels: ", list_str(cfg.decoder_block_out_channels), "\n",
-              "num_decoder_blocks: ", list_str(cfg.num_decoder_blocks), "\n",
-              "act_fn: ", cfg.act_fn, "\n", "mid-block group norm: ", pool ? "yes" : "no", "\n",
-              "scaling_factor: ", fmt_g(cfg.scaling_factor), "\n",
-              "shift_factor: ", fmt_g(cfg.shift_factor), "\n", "downsample: ", f, "\n",
-              "latent_space: ", name);
+  // One binder per file, so that every file is checked for unexpected tensors.
+  std::vector<WeightBinder*> binders;
+  for (WeightBinder* b : {encoder, decoder})
+    if (b && std::find(binders.begin(), binders.end(), b) == binders.end()) binders.push_back(b);
+  for (WeightBinder* b : binders) {
+    LATENT_TRY(b->finish());
+    for (const auto& [k, v] : b->storage_dtypes()) info.storage_dtypes[k] += v;
+  }
   model->info_ = std::move(info);
-  LATENT_INFO("loaded AutoencoderTiny from ", source.given.empty() ? weights.path() : source.given,
-              " (", model->info_.variant, ")");
   return std::unique_ptr<VaeModel>(std::move(model));
 }
 

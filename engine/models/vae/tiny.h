@@ -10,10 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/backends/backend.h"
+#include "engine/models/vae/vae.h"
 #include "engine/weights/config.h"
 #include "engine/weights/safetensors.h"
 
@@ -65,5 +67,20 @@ Status infer_autoencoder_tiny_encoder(const WeightStore& weights, const TinyPart
                                       AutoencoderTinyConfig* cfg);
 Status infer_autoencoder_tiny_decoder(const WeightStore& weights, const TinyPartLayout& part,
                                       AutoencoderTinyConfig* cfg);
+
+// ---- Between the loader (tiny_loader.cpp) and the network (tiny.cpp) ------------------------
+class WeightBinder;
+// The checks from_config() runs, for a configuration read off single files.
+Status validate_autoencoder_tiny_config(const AutoencoderTinyConfig& cfg, const std::string& what);
+// Whether a part holds taef2's mid-block group norm ("pool") tensors.
+bool autoencoder_tiny_part_has_pool(const WeightStore& weights, const TinyPartLayout& part);
+// Builds the network of `cfg` and takes the encoder's parameters from `encoder` and the
+// decoder's from `decoder` (either may be null: that part is not loaded; both may be the same
+// binder), then checks each binder for missing and unexpected tensors. `info` is completed
+// (parameters per part, storage dtypes) and becomes the model's.
+Result<std::unique_ptr<VaeModel>> bind_autoencoder_tiny(std::shared_ptr<Backend> backend,
+                                                        const AutoencoderTinyConfig& cfg,
+                                                        WeightBinder* encoder,
+                                                        WeightBinder* decoder, ModelInfo info);
 
 }  // namespace latent

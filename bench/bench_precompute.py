@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Dataset precompute throughput on the GPU machine (issue 11 item 4).
+
+On a set of 720p H.264 clips (generated here when --clips-dir has none), for each model:
+
+  ray      scripts/latent-precompute --engine ray --workers NGPU --gpus-per-worker 1
+           (filesrc ! decodebin ! videoconvert ! vaeencode ! latentsink per actor; decodebin
+           picks nvh264dec when GStreamer's nvcodec plugin is there)
+  encoder  the encoder alone: videotestsrc 1280x720 ! vaeencode ! fakesink, start-up removed by
+           two frame counts (the "standalone frames/s" the target compares with)
+  torch    a plain PyTorch + diffusers loop over the same clips: decode (PyAV, else torchvision,
+           else GStreamer through appsink), encode with the model's diffusers class (video mode:
+           the whole clip [1, 3, T, H, W] for AutoencoderKLWan / AutoencoderKLQwenImage; per-frame
+           batches otherwise), latents to the host, saved with safetensors.torch
+
+Each row: clips/s, video frames/s and latent frames/s per GPU, the GPU's busy fraction
+(nvidia-smi utilization.gpu sampled every 100 ms while the row runs; mean over the GPUs used),
+wall seconds. The Ray row's time is the whole job's, Ray's start-up and model loading included
+(use enough clips that they do not matter). JSON after every row, a table at the end.
+
+  python3 bench/bench_precompute.py --models /models/Wan2.1-VAE,models/default \\
+      --clips 32 --frames 81 --out bench/results/precompute-h100.json \\
+      [--encoder-prop video-mode=true] [--dtype bf16] [--skip-torch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from gst_latent.latentfile import read_header  # noqa: E402
+
+W, H = 1280, 720
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def have_element(name: str) -> bool:
+    return subprocess.run(["gst-inspect-1.0", "--exists", name]).returncode == 0
+
+
+def make_clips(folder: str, count: int, frames: int, fps: int) -> list[str]:
+    os.makedirs(folder, exist_ok=True)
+    enc = next((e for e in ("nvh264enc", "x264enc", "openh264enc", "avenc_h264_omx") if have_element(e)), None)
+    if enc is None:
+        raise SystemExit("bench_precompute: no H.264 encoder (nvh264enc, x264enc, openh264enc); "
+                         "give --clips-dir with clips")
+    mux = "mp4mux" if have_element("mp4mux") else "matroskamux"
+    ext = "mp4" if mux == "mp4mux" else "mkv"
+    patterns = ["ball", "smpte", "snow", "circular", "pinwheel", "spokes", "gamut", "zone-plate"]
+    paths = []
+    for i in range(count):
+        path = os.path.join(folder, f"clip_{i:04d}.{ext}")
+        paths.append(path)
+        if os.path.exists(path):
+            continue
+        desc = (f"videotestsrc num-buffers={frames} pattern={patterns[i % len(patterns)]} ! "
+                f"video/x-raw,width={W},height={H},framerate={fps}/1 ! videoconvert ! {enc} ! "
+                f"h264parse ! {mux} ! filesink location={path}.tmp")
+        subprocess.run(["gst-launch-1.0", "-q"] + desc.split(), check=True, timeout=600)
+        os.rename(path + ".tmp", path)
+    return paths
+
+
+class GpuSampler:
+    """nvidia-smi utilization.gpu every 100 ms in the background."""
+
+    def __init__(self, gpus: list[int]):
+        self.gpus = gpus
+        self.samples: list[float] = []
+        self.proc = None
+        self.thread = None
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi") is None:
+            return self
+        ids = ",".join(str(g) for g in self.gpus)
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", f"--id={ids}", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+             "-lms", "100"], stdout=subprocess.PIPE, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.samples.append(float(line.strip()) / 100.0)
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def busy(self):
+        return round(sum(self.samples) / len(self.samples), 3) if self.samples else None
+
+
+def gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
+        return max(1, sum(1 for l in out.splitlines() if l.startswith("GPU ")))
+    except (OSError, subprocess.CalledProcessError):
+        return 1
+
+
+# ---- rows ---------------------------------------------------------------------------------------
+
+
+def run_ray(model, clips_dir, out_dir, gpus, args) -> dict:
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", "ray", "--workers", str(gpus),
+           "--gpus-per-worker", "1", "--model", model, "--input", clips_dir, "--output", out_dir,
+           "--no-progress"]
+    if args.dtype:
+        cmd += ["--dtype", args.dtype]
+    for p in args.encoder_prop:
+        cmd += ["--encoder-prop", p]
+    with GpuSampler(list(range(gpus))) as gpu:
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        wall = time.perf_counter() - t0
+    if p.returncode not in (0, 3):
+        raise RuntimeError(p.stderr[-1500:])
+    files = [os.path.join(d, f) for d, _, fs in os.walk(out_dir) for f in fs if f.endswith(".safetensors")]
+    frames = latents = 0
+    for f in files:
+        _, meta = read_header(f)
+        frames += meta["frame_count"]
+        latents += meta["latent_frames"]
+    failed = 0
+    fpath = os.path.join(out_dir, "failures.jsonl")
+    if os.path.exists(fpath):
+        failed = sum(1 for _ in open(fpath))
+    return {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
+            "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus,
+            "log_tail": p.stderr.strip().splitlines()[-1:] if p.stderr else []}
+
+
+def run_encoder_alone(model, args) -> dict:
+    props = " ".join(f"{p}" for p in args.encoder_prop)
+    dtype = f"dtype={args.dtype}" if args.dtype else ""
+
+    def once(n):
+        desc = (f"videotestsrc num-buffers={n} pattern=ball ! video/x-raw,format=RGBA,width={W},height={H},"
+                f"framerate=30/1 ! vaeencode model={model} device=cuda {dtype} {props} ! fakesink")
+        t0 = time.perf_counter()
+        subprocess.run(["gst-launch-1.0", "-q"] + desc.split(), check=True, timeout=args.timeout,
+                       capture_output=True)
+        return time.perf_counter() - t0
+
+    n1, n2 = args.frames, args.frames * 3
+    with GpuSampler([0]) as gpu:
+        t1, t2 = once(n1), once(n2)
+    return {"frames": n2 - n1, "seconds": round(t2 - t1, 3), "gpu_busy": gpu.busy(), "gpus": 1}
+
+
+def run_torch(model, clip_paths, args) -> dict:
+    import numpy as np
+    import torch
+    import diffusers
+    from safetensors.torch import save_file
+
+    cfg_dir = model if os.path.exists(os.path.join(model, "config.json")) else os.path.join(model, "vae")
+    cls_name = json.load(open(os.path.join(cfg_dir, "config.json")))["_class_name"]
+    cls = getattr(diffusers, cls_name)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype or "bf16"]
+    vae = cls.from_pretrained(cfg_dir, torch_dtype=dtype).to("cuda").eval()
+    video = cls_name in ("AutoencoderKLWan", "AutoencoderKLQwenImage")
+
+    def frames_of(path):
+        try:
+            import av
+
+            with av.open(path) as c:
+                return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+        except ImportError:
+            pass
+        try:
+            import torchvision
+
+            v, _, _ = torchvision.io.read_video(path, pts_unit="sec", output_format="THWC")
+            return v.numpy()
+        except Exception:  # torchvision without video support
+            pass
+        import gi
+
+        gi.require_version("Gst", "1.0")
+        from gi.repository import Gst
+
+        Gst.init(None)
+        pipe = Gst.parse_launch(f"filesrc location={path} ! decodebin ! videoconvert ! "
+                                "video/x-raw,format=RGB ! appsink name=s sync=false")
+        sink = pipe.get_by_name("s")
+        pipe.set_state(Gst.State.PLAYING)
+        out = []
+        while True:
+            sample = sink.emit("pull-sample")
+            if sample is None:
+                break
+            buf = sample.get_buffer()
+            s = sample.get_caps().get_structure(0)
+            w, h = s.get_value("width"), s.get_value("height")
+            ok, info = buf.map(Gst.MapFlags.READ)
+            out.append(np.frombuffer(info.data, np.uint8)[: w * h * 3].reshape(h, w, 3).copy())
+            buf.unmap(info)
+        pipe.set_state(Gst.State.NULL)
+        return np.stack(out)
+
+    out_dir = os.path.join(args.work, "torch-out")
+    os.makedirs(out_dir, exist_ok=True)
+    frames = latents = 0
+    with GpuSampler([0]) as gpu, torch.inference_mode():
+        t0 = time.perf_counter()
+        for i, path in enumerate(clip_paths):
+            rgb = frames_of(path)  # [T, H, W, 3] uint8
+            x = torch.from_numpy(rgb).to("cuda").permute(0, 3, 1, 2).to(dtype) / 127.5 - 1.0
+            if video:
+                z = vae.encode(x.permute(1, 0, 2, 3).unsqueeze(0)).latent_dist.mode()  # [1, C, t, h, w]
+                z = z[0].permute(1, 0, 2, 3)
+            else:
+                enc = vae.encode(x)
+                z = enc.latents if hasattr(enc, "latents") else enc.latent_dist.mode()
+            save_file({"latents": z.contiguous().cpu()}, os.path.join(out_dir, f"{i:04d}.safetensors"))
+            frames += rgb.shape[0]
+            latents += z.shape[0]
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    return {"clips": len(clip_paths), "frames": frames, "latent_frames": latents, "seconds": round(wall, 3),
+            "gpu_busy": gpu.busy(), "gpus": 1, "decoder": "pyav/torchvision/gstreamer (first available)",
+            "diffusers_class": cls_name, "video_mode": video}
+
+
+def rates(row: dict) -> dict:
+    s, g = row.get("seconds") or 0, row.get("gpus", 1)
+    if s > 0:
+        if "clips" in row:
+            row["clips_per_s_per_gpu"] = round(row["clips"] / s / g, 3)
+        row["frames_per_s_per_gpu"] = round(row["frames"] / s / g, 2)
+        if "latent_frames" in row:
+            row["latent_frames_per_s_per_gpu"] = round(row["latent_frames"] / s / g, 2)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", required=True, help="comma-separated model paths")
+    ap.add_argument("--clips", type=int, default=32)
+    ap.add_argument("--frames", type=int, default=81, help="frames per clip")
+    ap.add_argument("--fps", type=int, default=24)
+    ap.add_argument("--clips-dir", default="", help="default: WORK/clips (generated when missing)")
+    ap.add_argument("--work", default="/tmp/bench-precompute")
+    ap.add_argument("--gpus", type=int, default=0, help="Ray workers (default: every GPU)")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--encoder-prop", action="append", default=[], help="NAME=VALUE for vaeencode")
+    ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--skip-encoder", action="store_true")
+    ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    clips_dir = args.clips_dir or os.path.join(args.work, "clips")
+    clip_paths = make_clips(clips_dir, args.clips, args.frames, args.fps)
+    gpus = args.gpus or gpu_count()
+    results = {"size": f"{W}x{H}", "clips": args.clips, "frames_per_clip": args.frames,
+               "dtype": args.dtype, "encoder_props": args.encoder_prop, "rows": []}
+
+    def save():
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+
+    for model in [m for m in args.models.split(",") if m]:
+        jobs = [("ray", lambda: run_ray(model, clips_dir, os.path.join(args.work, "ray-out"), gpus, args))]
+        if not args.skip_encoder:
+            jobs.append(("encoder", lambda: run_encoder_alone(model, args)))
+        if not args.skip_torch:
+            jobs.append(("torch", lambda: run_torch(model, clip_paths, args)))
+        for name, fn in jobs:
+            try:
+                row = rates(fn())
+            except Exception as e:  # a row that failed says why; the others still run
+                row = {"error": str(e)[-1500:]}
+            row.update({"model": model, "run": name})
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            save()
+
+    print(f"\n{'model':40} {'run':8} {'clips/s/GPU':>11} {'frames/s/GPU':>12} {'latents/s/GPU':>13} {'GPU busy':>8}")
+    for r in results["rows"]:
+        if "error" in r:
+            print(f"{os.path.basename(r['model'].rstrip('/')):40} {r['run']:8} error: {r['error'][:80]}")
+            continue
+        busy = f"{100 * r['gpu_busy']:.0f} %" if r.get("gpu_busy") is not None else "-"
+        print(f"{os.path.basename(r['model'].rstrip('/')):40} {r['run']:8} {r.get('clips_per_s_per_gpu', '-'):>11} "
+              f"{r.get('frames_per_s_per_gpu', '-'):>12} {r.get('latent_frames_per_s_per_gpu', '-'):>13} {busy:>8}")
+
+
+if __name__ == "__main__":
+    main()

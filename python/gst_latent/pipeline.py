@@ -1,0 +1,179 @@
+"""One encoding pipeline on one device, reused clip after clip.
+
+    filesrc ! decodebin ! videoconvert ! vaeencode device=D ! latentsink
+
+decodebin picks the decoder (nvh264dec / nvh265dec on a GPU machine when GStreamer's nvcodec
+plugin is installed, so frames stay in GPU memory up to vaeencode). The model is loaded once: an
+idle `vaeencode` with the same model, device and dtype stays started for the encoder's lifetime,
+and the stages of one process share a loaded model, so each clip's pipeline start finds it in
+memory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+_GST = None
+
+
+def gst():
+    """Gst, initialised once (PyGObject from Debian's python3-gi)."""
+    global _GST
+    if _GST is None:
+        import gi
+
+        gi.require_version("Gst", "1.0")
+        from gi.repository import Gst
+
+        Gst.init(None)
+        _GST = Gst
+    return _GST
+
+
+class PipelineError(RuntimeError):
+    """The first ERROR a pipeline posted, with its debug string."""
+
+
+@dataclass
+class ClipResult:
+    path: str  # relative path of the clip (the job's key)
+    output: str = ""
+    frames: int = 0  # video frames encoded
+    latent_frames: int = 0
+    seconds: float = 0.0
+    error: str = ""  # empty on success
+
+
+def _bus_error(msg) -> str:
+    err, debug = msg.parse_error()
+    src = msg.src.get_name() if msg.src else "pipeline"
+    text = f"{src}: {err.message}"
+    if debug:
+        text += f" ({debug})"
+    return text
+
+
+def _wait(pipeline, timeout_s: float) -> str:
+    """Waits for EOS or ERROR; returns the error text ('' at EOS)."""
+    Gst = gst()
+    bus = pipeline.get_bus()
+    timeout = int(timeout_s * Gst.SECOND) if timeout_s > 0 else Gst.CLOCK_TIME_NONE
+    msg = bus.timed_pop_filtered(timeout, Gst.MessageType.EOS | Gst.MessageType.ERROR)
+    if msg is None:
+        return f"timed out after {timeout_s:g} s"
+    if msg.type == Gst.MessageType.ERROR:
+        return _bus_error(msg)
+    return ""
+
+
+class ClipEncoder:
+    """Encodes clips to latent files, one after another, with one loaded model."""
+
+    def __init__(self, model: str = "", device: str = "auto", dtype: str = "",
+                 clip_timeout: float = 0.0, extra_encoder_props: dict | None = None):
+        """`extra_encoder_props`: more vaeencode properties, values as gst-launch strings."""
+        Gst = gst()
+        self.timeout = clip_timeout
+        props = {"model": model, "device": device}
+        if dtype:
+            props["dtype"] = dtype
+        props.update(extra_encoder_props or {})
+        self.extra = dict(extra_encoder_props or {})
+        self.model = model
+
+        # The model holder: started once, never fed.
+        self._holder = Gst.Pipeline.new("model-holder")
+        holder = self._make("vaeencode", "holder", props)
+        self._holder.add(holder)
+        if self._holder.set_state(Gst.State.PAUSED) == Gst.StateChangeReturn.FAILURE:
+            msg = self._holder.get_bus().pop_filtered(Gst.MessageType.ERROR)
+            text = _bus_error(msg) if msg else "vaeencode could not start"
+            self._holder.set_state(Gst.State.NULL)
+            raise PipelineError(f"loading model '{model or 'default'}' on {device}: {text}")
+
+        self._pipeline = Gst.Pipeline.new("precompute")
+        self._src = self._make("filesrc", "src", {})
+        self._decode = self._make("decodebin", "decode", {})
+        self._convert = self._make("videoconvert", "convert", {})
+        self._encode = self._make("vaeencode", "encode", props)
+        self._sink = self._make("latentsink", "sink", {"model": model or "default"})
+        for el in (self._src, self._decode, self._convert, self._encode, self._sink):
+            self._pipeline.add(el)
+        if not (self._src.link(self._decode) and self._convert.link(self._encode)
+                and self._encode.link(self._sink)):
+            raise PipelineError("cannot link filesrc ! decodebin, videoconvert ! vaeencode ! latentsink")
+        self._decode.connect("pad-added", self._on_pad_added)
+
+    @staticmethod
+    def _make(factory: str, name: str, props: dict):
+        Gst = gst()
+        el = Gst.ElementFactory.make(factory, name)
+        if el is None:
+            raise PipelineError(
+                f"GStreamer element '{factory}' not found (is the latent plugin on GST_PLUGIN_PATH?)")
+        for k, v in props.items():
+            if el.find_property(k) is None:
+                raise PipelineError(f"{factory} has no property '{k}' (see gst-inspect-1.0 {factory})")
+            if isinstance(v, str) and el.find_property(k).value_type.name != "gchararray":
+                Gst.util_set_object_arg(el, k, v)  # parsed like gst-launch (ints, booleans, enums)
+            else:
+                el.set_property(k, v)
+        return el
+
+    def _on_pad_added(self, _decodebin, pad):
+        caps = pad.get_current_caps() or pad.query_caps(None)
+        if caps is None or caps.is_empty() or not caps.get_structure(0).get_name().startswith("video/"):
+            return  # audio and other streams stay unlinked
+        sink = self._convert.get_static_pad("sink")
+        if not sink.is_linked():
+            pad.link(sink)
+
+    def encode(self, clip: str, output: str, source: str) -> ClipResult:
+        """Encodes `clip` into `output` (its folder must exist); `source` is recorded in the file.
+
+        Never raises for a bad clip: the error is in the result.
+        """
+        from gst_latent.latentfile import LatentFileError, read_header
+
+        Gst = gst()
+        res = ClipResult(path=source, output=output)
+        t0 = time.monotonic()
+        self._src.set_property("location", clip)
+        self._sink.set_property("location", output)
+        self._sink.set_property("source", source)
+        try:
+            if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
+                msg = self._pipeline.get_bus().pop_filtered(Gst.MessageType.ERROR)
+                res.error = _bus_error(msg) if msg else "the pipeline could not start"
+            else:
+                res.error = _wait(self._pipeline, self.timeout)
+        finally:
+            self._pipeline.set_state(Gst.State.NULL)
+            self._pipeline.get_bus().set_flushing(True)  # drop what is left of this clip
+            self._pipeline.get_bus().set_flushing(False)
+        res.seconds = time.monotonic() - t0
+        if not res.error:
+            try:
+                _, meta = read_header(output)
+                res.frames = meta["frame_count"]
+                res.latent_frames = meta["latent_frames"]
+            except (LatentFileError, OSError, KeyError) as e:
+                res.error = f"latentsink reported success but {output} does not read back: {e}"
+        return res
+
+    def close(self):
+        Gst = gst()
+        self._pipeline.set_state(Gst.State.NULL)
+        self._holder.set_state(Gst.State.NULL)
+
+
+def plugin_env(root: str | None = None) -> dict:
+    """GST_PLUGIN_PATH for a build tree (`root`/build/plugin) when it exists and none is set."""
+    env = {}
+    if not (os.environ.get("GST_PLUGIN_PATH") or os.environ.get("GST_PLUGIN_PATH_1_0")) and root:
+        plugin = os.path.join(root, "build", "plugin")
+        if os.path.isdir(plugin):
+            env["GST_PLUGIN_PATH"] = plugin
+    return env

@@ -1,0 +1,239 @@
+"""The precompute job on tiny generated clips (CPU): local and Ray engines give the same files,
+failures are rows, --resume, unwritable output, a full disk; latent files through safetensors.
+
+Run from ctest (tests/CMakeLists.txt: python_precompute) with the venv of
+scripts/install-deps.sh; needs the plugin on GST_PLUGIN_PATH(_1_0) and LATENT_FIXTURES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+ROOT = os.path.dirname(PYTHON_DIR)
+sys.path.insert(0, PYTHON_DIR)
+
+from gst_latent.latentfile import LatentFileError, is_complete, read_header, read_latents  # noqa: E402
+
+FIXTURES = os.environ.get("LATENT_FIXTURES", os.path.join(ROOT, "tests", "fixtures"))
+MODEL = os.path.join(FIXTURES, "tiny_taesd")
+
+
+def gst_launch(*args: str) -> None:
+    subprocess.run(["gst-launch-1.0", "-q", *args], check=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """A folder of tiny inputs: two WebM clips, a PNG, a corrupt file, and a text file."""
+    d = tmp_path_factory.mktemp("clips")
+    (d / "sub").mkdir()
+    gst_launch("videotestsrc", "num-buffers=6", "pattern=ball", "!",
+               "video/x-raw,width=64,height=48,framerate=10/1", "!", "vp8enc", "!", "webmmux", "!",
+               "filesink", f"location={d / 'a.webm'}")
+    gst_launch("videotestsrc", "num-buffers=4", "pattern=smpte", "!",
+               "video/x-raw,width=40,height=36,framerate=25/1", "!", "vp8enc", "!", "webmmux", "!",
+               "filesink", f"location={d / 'sub' / 'b.webm'}")
+    gst_launch("videotestsrc", "num-buffers=1", "pattern=snow", "!", "video/x-raw,width=40,height=32",
+               "!", "pngenc", "!", "filesink", f"location={d / 'sub' / 'img.png'}")
+    (d / "sub" / "corrupt.mp4").write_bytes(bytes(range(256)) * 8)
+    (d / "notes.txt").write_text("not a clip\n")
+    return d
+
+
+GOOD = ["a.webm", "sub/b.webm", "sub/img.png"]
+
+
+def run_job(*args: str, env_extra=None, preexec=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    # CPU results depend on the thread count (oneDNN's reductions); Ray gives an actor
+    # OMP_NUM_THREADS = its CPUs (1). Byte-identical files need the same count everywhere.
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "gst_latent.precompute", "--model", MODEL,
+                           "--no-progress", *args], env=env, capture_output=True, text=True,
+                          timeout=600, preexec_fn=preexec)
+
+
+def outputs(out) -> dict[str, bytes]:
+    return {rel: (out / (rel + ".safetensors")).read_bytes() for rel in GOOD}
+
+
+def failures(out) -> list[dict]:
+    with open(out / "failures.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def local_out(clips, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local")
+    r = run_job("--input", str(clips), "--output", str(out))
+    assert r.returncode == 3, r.stderr  # the corrupt clip failed, the job went on
+    return out
+
+
+def test_local_engine_writes_every_good_clip_and_records_the_bad_one(local_out):
+    for rel in GOOD:
+        assert is_complete(str(local_out / (rel + ".safetensors"))), rel
+    rows = failures(local_out)
+    assert [r["path"] for r in rows] == ["sub/corrupt.mp4"]
+    assert "Could not determine type of stream" in rows[0]["error"]
+    assert not (local_out / "notes.txt.safetensors").exists()
+    assert not list(local_out.rglob("*.partial"))
+
+
+def test_metadata_describes_the_clip(local_out):
+    _, meta = read_header(str(local_out / "a.webm.safetensors"))
+    assert meta["latent_space"] == "sd"
+    assert meta["model"] == MODEL
+    assert len(meta["model_config_sha256"]) == 64
+    assert meta["source"] == "a.webm"
+    assert (meta["frame_width"], meta["frame_height"]) == (64, 48)
+    assert meta["framerate"] == "10/1"
+    assert meta["frame_count"] == 6 and meta["latent_frames"] == 6
+    assert meta["pts"] == [i * 100_000_000 for i in range(6)]
+    assert len(meta["offsets"]) == len(meta["offset_ends"]) == 6  # as vaeencode set them
+    _, img = read_header(str(local_out / "sub/img.png.safetensors"))
+    assert img["latent_frames"] == 1 and img["source"] == "sub/img.png"
+
+
+def test_the_file_round_trips_through_safetensors(local_out):
+    pytest.importorskip("safetensors")
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    path = str(local_out / "sub/b.webm.safetensors")
+    latents, meta = read_latents(path)
+    assert latents.shape == (4, 4, 5, 5)  # [T, C, h, w]: 40x36 frames padded to 40x40, /8
+    assert str(latents.dtype) == "float32"
+    with safe_open(path, framework="np") as f:
+        assert list(f.keys()) == ["latents"]
+        raw_meta = f.metadata()
+    assert all(isinstance(v, str) for v in raw_meta.values())
+    # Written back by safetensors itself, the file is still a latent file latentsrc can play.
+    again = str(local_out / "resaved.safetensors")
+    save_file({"latents": latents}, again, metadata=raw_meta)
+    assert read_header(again)[1]["latent_frames"] == 4
+    gst_launch("latentsrc", f"location={again}", "!", "vaedecode", f"model={MODEL}", "!", "fakesink")
+
+
+def test_a_worker_loads_the_model_once(clips, tmp_path):
+    # The stages log each model load and each share of a loaded one (GST_DEBUG=latentbase:5).
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "o"),
+                env_extra={"GST_DEBUG": "latentbase:5", "GST_DEBUG_NO_COLOR": "1"})
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert r.stderr.count("> loaded model") == 1, r.stderr[-2000:]
+    assert r.stderr.count("sharing the loaded model") >= len(GOOD)
+
+
+def test_local_workers_give_the_same_bytes(clips, local_out, tmp_path):
+    out = tmp_path / "local2"
+    r = run_job("--input", str(clips), "--output", str(out), "--workers", "2", "--device", "cpu,cpu")
+    assert r.returncode == 3, r.stderr
+    assert outputs(out) == outputs(local_out)
+
+
+def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "ray"
+    env = {"RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
+    r = run_job("--input", str(clips), "--output", str(out), "--engine", "ray", "--workers", "2",
+                "--ray-cpus", "2", "--gpus-per-worker", "0", env_extra=env)
+    assert r.returncode == 3, r.stderr
+    assert outputs(out) == outputs(local_out)
+    assert [row["path"] for row in failures(out)] == ["sub/corrupt.mp4"]
+
+
+def test_ray_refuses_a_pool_it_cannot_place(clips, tmp_path):
+    pytest.importorskip("ray")
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "o"), "--engine", "ray",
+                "--workers", "1", "--ray-cpus", "1", "--gpus-per-worker", "1",
+                env_extra={"RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2, r.stderr
+    assert "need 1 GPUs; the Ray cluster has 0" in r.stderr
+
+
+def test_a_list_file_and_resume(clips, local_out, tmp_path):
+    lst = clips / "list.txt"
+    lst.write_text("# two clips\na.webm\nsub/img.png\n")
+    out = tmp_path / "listed"
+    r = run_job("--input", str(lst), "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    assert not (out / "failures.jsonl").exists()
+    assert (out / "a.webm.safetensors").read_bytes() == outputs(local_out)["a.webm"]
+    # --resume skips complete outputs and redoes a truncated one (a foreign writer's leftovers).
+    data = (out / "sub/img.png.safetensors").read_bytes()
+    (out / "sub/img.png.safetensors").write_bytes(data[:-10])
+    stamp = os.stat(out / "a.webm.safetensors").st_mtime_ns
+    r = run_job("--input", str(lst), "--output", str(out), "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "1 written, 0 failed, 1 skipped" in r.stderr
+    assert os.stat(out / "a.webm.safetensors").st_mtime_ns == stamp
+    assert (out / "sub/img.png.safetensors").read_bytes() == data
+
+
+def test_an_unwritable_output_is_a_clear_error(clips, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run_job("--input", str(clips), "--output", str(blocker / "out"))
+    assert r.returncode == 2
+    assert "cannot write to output folder" in r.stderr and str(blocker) in r.stderr
+    # A sub-folder that cannot be made fails its clips only.
+    out = tmp_path / "partly"
+    out.mkdir()
+    (out / "sub").write_text("in the way")
+    r = run_job("--input", str(clips), "--output", str(out))
+    assert r.returncode == 3, r.stderr
+    assert is_complete(str(out / "a.webm.safetensors"))
+    bad = {row["path"]: row["error"] for row in failures(out)}
+    assert set(bad) == {"sub/b.webm", "sub/img.png", "sub/corrupt.mp4"}
+    assert "cannot make" in bad["sub/b.webm"]
+
+
+def test_a_full_disk_fails_the_clips_and_keeps_finished_files(clips, local_out, tmp_path):
+    out = tmp_path / "full"
+    out.mkdir()
+    shutil.copy(local_out / "a.webm.safetensors", out / "a.webm.safetensors")
+    before = (out / "a.webm.safetensors").read_bytes()
+
+    def small_disk():
+        # Writes past 2 KiB fail with EFBIG (SIGXFSZ ignored): the latents of the clips do not
+        # fit, the job's own small files do.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    r = run_job("--input", str(clips), "--output", str(out), "--resume", preexec=small_disk)
+    assert r.returncode == 3, r.stderr
+    bad = {row["path"]: row["error"] for row in failures(out)}
+    assert "sub/b.webm" in bad and "File too large" in bad["sub/b.webm"], bad
+    assert (out / "a.webm.safetensors").read_bytes() == before
+    assert not (out / "sub/b.webm.safetensors").exists()
+    assert not list(out.rglob("*.partial"))
+
+
+def test_reader_names_what_is_wrong(tmp_path):
+    p = tmp_path / "short.safetensors"
+    p.write_bytes(b"\x01\x02")
+    with pytest.raises(LatentFileError, match="too short"):
+        read_header(str(p))
+    p.write_bytes((16).to_bytes(8, "little") + b'{"x": 1}        ')
+    with pytest.raises(LatentFileError, match="not a latent file"):
+        read_header(str(p))
+    assert not is_complete(str(tmp_path / "missing.safetensors"))
+
+
+def test_bad_arguments(tmp_path):
+    r = run_job("--input", str(tmp_path / "nothing"), "--output", str(tmp_path / "o"))
+    assert r.returncode == 2 and "no such folder or list file" in r.stderr
+    r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--workers", "0")
+    assert r.returncode == 2 and "--workers must be at least 1" in r.stderr

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Golden fixtures for the video mode of the causal video VAEs (Wan 2.1 / Qwen-Image).
+
+Same conventions as scripts/make_fixtures.py (whose helpers this script reuses): tiny random
+configurations written in the layout a user downloads, an io.safetensors with inputs and
+diffusers' outputs, fp32 with TF32 off, weights and inputs drawn on the CPU from fixed seeds.
+See tests/fixtures/README.md ("Video cases").
+
+  python3 scripts/make_video_fixtures.py --out tests/fixtures
+  python3 scripts/make_video_fixtures.py --out tests/fixtures --check [--device cuda]
+
+Each case stores (all [N, C, T, H, W], diffusers' order):
+  sample        [1, 3, 9, 24, 40]   a clip in [-1, 1], T = 1 + 4*2
+  latent_mean   [1, C, 3, 3, 5]     encode(sample).latent_dist.mean (raw)
+  latent        [1, C, 3, 3, 5]     a random raw latent, N(0, 1)
+  decoded       [1, 3, 9, 24, 40]   decode(latent).sample (clamped to [-1, 1] by diffusers)
+  sample_odd    [1, 3, 7, 24, 40]   a clip whose T is not 1 + 4k
+  latent_mean_odd [1, C, 3, 3, 5]   encode of sample_odd padded to 9 frames by repeating its
+                                    last frame (what VaeStream::finish() promises)
+  *_bf16                            the same reference runs in bf16 (weights and inputs cast)
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import make_fixtures as mf  # noqa: E402  (sets CUBLAS_WORKSPACE_CONFIG before torch is used)
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from diffusers import AutoencoderKLQwenImage, AutoencoderKLWan  # noqa: E402
+from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers  # noqa: E402
+
+CLIP_FRAMES = 9  # 1 + 4 * 2: three latent frames
+ODD_FRAMES = 7  # padded to 9 by repeating the last frame
+
+CASES = [
+    "wan_vae_video_tiny",
+    "wan_vae_video_tiny_single",
+    "qwen_image_vae_video_tiny",
+]
+
+# AutoencoderKLWan (Wan 2.1 layout): the real dim_mult / num_res_blocks / temperal_downsample,
+# narrowed channels, and a decoder width differing from the encoder's (decoder_base_dim).
+WAN_VIDEO_TINY_CONFIG = dict(
+    base_dim=2,
+    decoder_base_dim=3,
+    z_dim=16,
+    dim_mult=[1, 2, 4, 4],
+    num_res_blocks=2,
+    attn_scales=[],
+    temperal_downsample=[False, True, True],
+    dropout=0.0,
+    latents_mean=mf.QWEN_TINY_CONFIG["latents_mean"],
+    latents_std=mf.QWEN_TINY_CONFIG["latents_std"],
+    is_residual=False,
+    in_channels=3,
+    out_channels=3,
+    patch_size=None,
+    scale_factor_temporal=4,
+    scale_factor_spatial=8,
+)
+
+# AutoencoderKLQwenImage: the Qwen-Image layout, temporal downsampling in the first levels
+# ([true, true, false], the WanEncoder3d default order) so the resamplers sit elsewhere.
+QWEN_VIDEO_TINY_CONFIG = dict(mf.QWEN_TINY_CONFIG, base_dim=3,
+                              temperal_downsample=[True, True, False])
+
+SEEDS = {"wan_vae_video_tiny": 2001, "qwen_image_vae_video_tiny": 2002}
+
+
+def build(cls, config, seed):
+    torch.manual_seed(seed)
+    model = cls(**config)
+    mf.randomize_norms(model, mf.cpu_generator(seed + 1))
+    return model.eval()
+
+
+def pad_clip(x, frames):
+    """Repeats the last frame of x [N, C, T, H, W] until T == frames."""
+    if x.shape[2] >= frames:
+        return x
+    tail = x[:, :, -1:].expand(-1, -1, frames - x.shape[2], -1, -1)
+    return torch.cat([x, tail], dim=2)
+
+
+def run(model, sample, latent, sample_odd, device):
+    model = model.to(device)
+    with mf.reference_context():
+        mean = model.encode(sample.to(device)).latent_dist.mean
+        decoded = model.decode(latent.to(device)).sample
+        mean_odd = model.encode(pad_clip(sample_odd, CLIP_FRAMES).to(device)).latent_dist.mean
+    return mean.cpu(), decoded.cpu(), mean_odd.cpu()
+
+
+def make_inputs(seed, z_dim):
+    g = mf.cpu_generator(seed + 500)
+    h, w = mf.IMAGE_HW
+    sample = torch.rand((1, 3, CLIP_FRAMES, h, w), generator=g) * 2 - 1
+    latent = torch.randn((1, z_dim, 1 + (CLIP_FRAMES - 1) // 4, h // 8, w // 8), generator=g)
+    sample_odd = torch.rand((1, 3, ODD_FRAMES, h, w), generator=g) * 2 - 1
+    return sample, latent, sample_odd
+
+
+def wan_from_original(wan_sd, config):
+    sd = convert_wan_vae_to_diffusers(dict(wan_sd))
+    model = AutoencoderKLWan(**config)
+    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+    return model.eval(), sd
+
+
+def write_io(folder, case, args, tensors, extra):
+    mf.save_io(folder, case, args, tensors, extra)
+    print(f"  {case}: " + "; ".join(mf.summarize(n, tensors[n])
+                                     for n in ("latent_mean", "decoded", "latent_mean_odd")))
+
+
+def generate(args, out):
+    h, w = mf.IMAGE_HW
+    common = {"generator": "scripts/make_video_fixtures.py", "image_hw": f"{h}x{w}", "downsample": 8, "temporal_factor": 4,
+              "frames": CLIP_FRAMES, "odd_frames": f"{ODD_FRAMES} (padded to {CLIP_FRAMES})"}
+    for case, cls, cfg in (("wan_vae_video_tiny", AutoencoderKLWan, WAN_VIDEO_TINY_CONFIG),
+                           ("qwen_image_vae_video_tiny", AutoencoderKLQwenImage,
+                            QWEN_VIDEO_TINY_CONFIG)):
+        single = case + "_single"
+        if case not in args.cases and single not in args.cases:
+            continue
+        seed = SEEDS[case]
+        model = build(cls, cfg, seed)
+        sample, latent, sample_odd = make_inputs(seed, cfg["z_dim"])
+        mean, decoded, mean_odd = run(model, sample, latent, sample_odd, args.device)
+        tensors = {"sample": sample, "latent": latent, "sample_odd": sample_odd,
+                   "latent_mean": mean, "decoded": decoded, "latent_mean_odd": mean_odd}
+        sd = mf.state_dict_fp32(model)
+        meta = dict(common, architecture=cls.__name__)
+        if case in args.cases:
+            d = mf.fresh_dir(out / case)
+            mf.save_config(model, d)
+            mf.save_weights(d / "diffusion_pytorch_model.safetensors", sd, case, args, "diffusers")
+            write_io(d, case, args, tensors, meta)
+        if single in CASES and single in args.cases:
+            d = mf.fresh_dir(out / single)
+            wan = mf.qwen_to_wan(sd, cfg)
+            _, back = wan_from_original(wan, cfg)
+            mf.assert_same_sd(back, sd, single)
+            mf.save_weights(d / "vae_single.safetensors", wan, single, args,
+                            "Wan 2.1 VAE single file")
+            write_io(d, single, args, tensors, dict(meta, weights=f"same as {case}"))
+
+
+def load_reference(case, folder):
+    if case == "wan_vae_video_tiny":
+        return AutoencoderKLWan.from_pretrained(str(folder), torch_dtype=torch.float32,
+                                                low_cpu_mem_usage=False).eval()
+    if case == "qwen_image_vae_video_tiny":
+        return AutoencoderKLQwenImage.from_pretrained(str(folder), torch_dtype=torch.float32,
+                                                      low_cpu_mem_usage=False).eval()
+    if case == "wan_vae_video_tiny_single":
+        m, _ = wan_from_original(load_file(str(folder / "vae_single.safetensors")),
+                                 WAN_VIDEO_TINY_CONFIG)
+        return m
+    raise SystemExit(f"unknown case {case}")
+
+
+OUTPUTS = ("latent_mean", "decoded", "latent_mean_odd")
+
+
+def add_bf16_references(args, out):
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    for case in args.cases:
+        folder = out / case
+        m = load_reference(case, folder).to(torch.bfloat16)
+        io = mf.load_io(folder)
+        got = run(m, io["sample"].bfloat16(), io["latent"].bfloat16(),
+                  io["sample_odd"].bfloat16(), args.device)
+        for name, t in zip(OUTPUTS, got):
+            io[name + "_bf16"] = t.float().contiguous()
+        mf.save_file(io, str(folder / "io.safetensors"), mf.io_metadata(folder))
+        print(f"  {case}: reference bf16 rel L2 " +
+              ", ".join(f"{n} {rel(io[n + '_bf16'], io[n]):.2e}" for n in OUTPUTS))
+
+
+def check(args, out):
+    failures = 0
+    for case in args.cases:
+        folder = out / case
+        io = mf.load_io(folder)
+        got = run(load_reference(case, folder), io["sample"], io["latent"], io["sample_odd"],
+                  args.device)
+        notes = []
+        for name, t in zip(OUTPUTS, got):
+            ref = io[name]
+            err = (t - ref).abs().max().item() if t.shape == ref.shape else float("inf")
+            tol = args.tolerance * max(1.0, ref.abs().max().item())
+            notes.append(f"{name} max|diff| {err:.3g} (tol {tol:.3g})" + ("" if err <= tol else " FAIL"))
+            failures += 0 if err <= tol else 1
+        print(f"  {case}: " + "; ".join(notes))
+    print(f"{'all passed' if not failures else f'{failures} failed'}")
+    return failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="tests/fixtures", help="fixtures folder (default: tests/fixtures)")
+    ap.add_argument("--device", default="cpu", help="torch device for the reference outputs")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of: " + ", ".join(CASES))
+    ap.add_argument("--check", action="store_true", help="compare the existing fixtures instead of writing")
+    ap.add_argument("--tolerance", type=float, default=1e-4,
+                    help="--check: max |diff| allowed, relative to max(1, max|reference|)")
+    args = ap.parse_args()
+    args.cases = [c for c in args.cases.split(",") if c]
+    for c in args.cases:
+        if c not in CASES:
+            ap.error(f"unknown case {c}")
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but torch sees no CUDA device")
+    mf.setup_determinism()
+    out = Path(args.out)
+    print(f"diffusers {mf.diffusers.__version__}, torch {torch.__version__}, device {args.device}")
+    if args.check:
+        sys.exit(1 if check(args, out) else 0)
+    out.mkdir(parents=True, exist_ok=True)
+    generate(args, out)
+    add_bf16_references(args, out)
+
+
+if __name__ == "__main__":
+    main()

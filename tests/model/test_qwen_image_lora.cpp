@@ -1,0 +1,314 @@
+// LoRAs on the Qwen-Image transformer against diffusers' own LoRA loader
+// (scripts/make_dit_lora_fixtures.py: tests/fixtures/dit_lora): every file layout, merged and at
+// run time, stacking, strength changes at run time, and the errors for bad files.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "engine/models/dit/lora.h"
+#include "engine/models/dit/qwen_image_mmdit.h"
+#include "engine/weights/safetensors.h"
+#include "tests/util/test_util.h"
+
+namespace latent {
+namespace {
+
+constexpr double kTolerance = 1e-3;  // relative L2 vs diffusers, fp32
+
+std::string fixture(const std::string& name) { return test::fixtures_dir() + "/" + name; }
+std::string lora_path(const std::string& file) {
+  return fixture("dit_lora/" + file + ".safetensors");
+}
+std::string tiny_root() { return fixture("dit_qwen_image_tiny"); }
+
+nlohmann::json cases() {
+  std::ifstream in(fixture("dit_lora/cases.json"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+// The "masked_batch" transformer case's inputs (B = 2, padded text).
+MmditInputs inputs(Backend& b) {
+  auto io = SafetensorsFile::open(tiny_root() + "/io_transformer.safetensors");
+  EXPECT_TRUE(io.ok());
+  auto get = [&](const char* k) { return *(*io)->tensor(std::string("masked_batch.") + k); };
+  MmditInputs in;
+  in.hidden_states = *b.upload(get("hidden_states"));
+  in.encoder_hidden_states = *b.upload(get("encoder_hidden_states"));
+  in.encoder_hidden_states_mask = get("encoder_hidden_states_mask").to_floats();
+  in.timestep = get("timestep").to_floats();
+  std::vector<float> s = get("img_shapes").to_floats();
+  for (size_t i = 0; i + 2 < s.size(); i += 3)
+    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
+                             static_cast<int64_t>(s[i + 2])});
+  return in;
+}
+
+Tensor base_sample() {
+  auto io = SafetensorsFile::open(tiny_root() + "/io_transformer.safetensors");
+  return *(*io)->tensor("masked_batch.sample");
+}
+
+Tensor reference(const std::string& c) {
+  auto io = SafetensorsFile::open(fixture("dit_lora/io_lora.safetensors"));
+  EXPECT_TRUE(io.ok()) << io.status().message();
+  auto t = (*io)->tensor(c + ".sample");
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return t.ok() ? *t : Tensor();
+}
+
+MmditLoras specs_of(const nlohmann::json& list, LoraMode mode) {
+  MmditLoras l;
+  l.mode = mode;
+  for (const auto& e : list) l.specs.push_back({lora_path(e[0]), e[1].get<float>()});
+  return l;
+}
+
+Tensor run(QwenImageMmdit& m) {
+  auto y = m.forward(inputs(m.backend()));
+  EXPECT_TRUE(y.ok()) << y.status().message();
+  if (!y.ok()) return Tensor();
+  return *m.backend().download(*y);
+}
+
+std::unique_ptr<QwenImageMmdit> load(const MmditLoras& loras) {
+  auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), loras);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+TEST(QwenImageLora, EveryLayoutMatchesDiffusersMergedAndAtRunTime) {
+  const nlohmann::json all = cases()["transformer"];
+  ASSERT_GE(all.size(), 6u);
+  const Tensor base = base_sample();
+  for (const auto& [name, list] : all.items()) {
+    const Tensor ref = reference(name);
+    ASSERT_TRUE(ref.defined());
+    // The fixture moves the output: a loader that ignored the LoRA would fail.
+    EXPECT_GT(relative_l2(base, ref), 0.1) << name;
+    for (LoraMode mode : {LoraMode::kMerged, LoraMode::kRuntime}) {
+      SCOPED_TRACE(name + " " + lora_mode_name(mode));
+      auto m = load(specs_of(list, mode));
+      ASSERT_TRUE(m);
+      const Tensor y = run(*m);
+      ASSERT_EQ(y.shape(), ref.shape());
+      const double err = relative_l2(y, ref);
+      EXPECT_LT(err, kTolerance) << "relative L2 " << err;
+      std::printf("%s (%s): relative L2 %.2e\n", name.c_str(), lora_mode_name(mode), err);
+    }
+  }
+}
+
+TEST(QwenImageLora, RuntimeStrengthChangeEqualsMergedAtThatStrength) {
+  auto rt = load({{{lora_path("lora_comfyui"), 1.5f}}, LoraMode::kRuntime});
+  ASSERT_TRUE(rt);
+  EXPECT_LT(relative_l2(run(*rt), reference("comfyui_s1_5")), kTolerance);
+  ASSERT_TRUE(rt->set_lora_strengths({0.7f}).ok());
+  EXPECT_FLOAT_EQ(rt->loras()[0].strength, 0.7f);
+  const Tensor at07 = run(*rt);
+  EXPECT_LT(relative_l2(at07, reference("comfyui")), kTolerance);
+  auto merged = load({{{lora_path("lora_comfyui"), 0.7f}}, LoraMode::kMerged});
+  ASSERT_TRUE(merged);
+  EXPECT_LT(relative_l2(at07, run(*merged)), 1e-5);
+  // Strength 0: the base model.
+  ASSERT_TRUE(rt->set_lora_strengths({0.f}).ok());
+  EXPECT_LT(relative_l2(run(*rt), base_sample()), kTolerance);
+  // Merged strengths are fixed.
+  auto st = merged->set_lora_strengths({1.f});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("reload"), std::string::npos) << st.message();
+  // One strength per LoRA.
+  st = rt->set_lora_strengths({1.f, 2.f});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("2 LoRA strengths given for 1"), std::string::npos) << st.message();
+}
+
+TEST(QwenImageLora, StackedStrengthsChangeIndependently) {
+  // "stack" is comfyui 0.7 + kohya -0.5; at (1.5, 0) it is comfyui alone at 1.5.
+  auto rt = load(specs_of(cases()["transformer"]["stack"], LoraMode::kRuntime));
+  ASSERT_TRUE(rt);
+  ASSERT_EQ(rt->loras().size(), 2u);
+  EXPECT_LT(relative_l2(run(*rt), reference("stack")), kTolerance);
+  ASSERT_TRUE(rt->set_lora_strengths({1.5f, 0.f}).ok());
+  EXPECT_LT(relative_l2(run(*rt), reference("comfyui_s1_5")), kTolerance);
+  ASSERT_TRUE(rt->set_lora_strengths({0.f, 1.f}).ok());
+  EXPECT_LT(relative_l2(run(*rt), reference("kohya")), kTolerance);
+  EXPECT_NE(rt->description().find("lora_kohya.safetensors strength 1 (runtime)"),
+            std::string::npos)
+      << rt->description();
+}
+
+TEST(QwenImageLora, ReadsLayoutsRanksAndAlphas) {
+  struct Want {
+    const char* file;
+    LoraLayout layout;
+    const char* rank;
+    size_t modules;
+  };
+  for (const Want& w : {Want{"lora_diffusers", LoraLayout::kDiffusers, "4", 9},
+                        Want{"lora_comfyui", LoraLayout::kComfyUI, "8", 9},
+                        Want{"lora_kohya", LoraLayout::kKohya, "2", 8},
+                        Want{"lora_lightning", LoraLayout::kBare, "4", 28}}) {
+    SCOPED_TRACE(w.file);
+    auto f = load_lora_file(lora_path(w.file));
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(f->layout, w.layout);
+    EXPECT_EQ(f->rank_summary(), w.rank);
+    EXPECT_EQ(f->modules.size(), w.modules);
+    EXPECT_EQ(f->inner_dim(), 32);
+    EXPECT_EQ(f->blocks_touched(), 2);
+    const std::string d = describe_lora(*f);
+    EXPECT_NE(d.find(std::string("layout: ") + lora_layout_name(w.layout)), std::string::npos)
+        << d;
+    EXPECT_NE(d.find("fits: the Qwen-Image family"), std::string::npos) << d;
+  }
+  // diffusers: alpha 8 from the adapter metadata, alpha_pattern 2 for one module.
+  auto f = load_lora_file(lora_path("lora_diffusers"));
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->alpha_source, "adapter metadata");
+  for (const auto& m : f->modules)
+    EXPECT_FLOAT_EQ(m.alpha, m.module == "transformer_blocks.1.img_mlp.net.2" ? 2.f : 8.f)
+        << m.module;
+  // kohya: proj_out has no .alpha: alpha = rank.
+  f = load_lora_file(lora_path("lora_kohya"));
+  ASSERT_TRUE(f.ok());
+  for (const auto& m : f->modules)
+    EXPECT_FLOAT_EQ(m.alpha, m.module == "proj_out" ? 2.f : 1.f) << m.module;
+  EXPECT_EQ(f->alpha_source, ".alpha tensors, none (alpha = rank)");
+}
+
+// A LoRA file written for one error case.
+std::string write_lora(const std::string& name, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& meta = {}) {
+  const std::string path = test::temp_dir() + "/" + name + ".safetensors";
+  EXPECT_TRUE(write_safetensors(path, tensors, meta).ok());
+  return path;
+}
+
+Tensor rnd(const Shape& s, uint64_t seed = 1) { return test::random_tensor(s, seed); }
+
+void expect_load_error(const std::string& path, const std::string& part) {
+  auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(),
+                                {{{path, 1.f}}, LoraMode::kRuntime});
+  ASSERT_FALSE(m.ok()) << path;
+  EXPECT_NE(m.status().message().find(part), std::string::npos) << m.status().message();
+}
+
+TEST(QwenImageLora, BadFilesAreRefusedNamingTheKey) {
+  const std::string q = "diffusion_model.transformer_blocks.0.attn.to_q";
+  // An unknown tensor kind, and a module that is not a linear layer of the model.
+  expect_load_error(write_lora("unknown_kind", {{q + ".lora_down.weight", rnd({4, 32})},
+                                                {q + ".lora_up.weight", rnd({32, 4})},
+                                                {q + ".lora_mid.weight", rnd({4, 4})}}),
+                    "LoRA key '" + q + ".lora_mid.weight' is not a LoRA tensor");
+  expect_load_error(
+      write_lora("unknown_module",
+                 {{q + ".lora_down.weight", rnd({4, 32})},
+                  {q + ".lora_up.weight", rnd({32, 4})},
+                  {"diffusion_model.transformer_blocks.0.attn.norm_q.lora_down.weight",
+                   rnd({4, 16})},
+                  {"diffusion_model.transformer_blocks.0.attn.norm_q.lora_up.weight",
+                   rnd({16, 4})}}),
+      "'diffusion_model.transformer_blocks.0.attn.norm_q.lora_down.weight' names no linear "
+      "layer");
+  // Misshaped: wrong input width, wrong output width, ranks that differ.
+  expect_load_error(write_lora("misshaped_in", {{q + ".lora_down.weight", rnd({4, 31})},
+                                                {q + ".lora_up.weight", rnd({32, 4})}}),
+                    "'" + q + ".lora_down.weight' is [4, 31] but transformer_blocks.0.attn.to_q "
+                              "takes 32 inputs");
+  expect_load_error(write_lora("misshaped_out",
+                               {{"diffusion_model.img_in.lora_down.weight", rnd({4, 64})},
+                                {"diffusion_model.img_in.lora_up.weight", rnd({33, 4})}}),
+                    "'diffusion_model.img_in.lora_up.weight' is [33, 4] but img_in has 32 "
+                    "outputs");
+  expect_load_error(write_lora("ranks", {{q + ".lora_down.weight", rnd({4, 32})},
+                                         {q + ".lora_up.weight", rnd({32, 3})}}),
+                    "the ranks differ");
+  expect_load_error(write_lora("no_up", {{q + ".lora_down.weight", rnd({4, 32})},
+                                         {q + ".alpha", Tensor::from_floats({}, {4.f})}}),
+                    "has no matching up");
+  // Deeper than the model.
+  expect_load_error(
+      write_lora("deep",
+                 {{"diffusion_model.transformer_blocks.7.attn.to_q.lora_down.weight",
+                   rnd({4, 32})},
+                  {"diffusion_model.transformer_blocks.7.attn.to_q.lora_up.weight",
+                   rnd({32, 4})}}),
+      "adapts transformer_blocks.7.attn.to_q, which this transformer (2 blocks) does not have");
+  // A Qwen-Image 20B LoRA on the tiny model: one sentence.
+  expect_load_error(write_lora("big", {{q + ".lora_down.weight", rnd({4, 3072})},
+                                       {q + ".lora_up.weight", rnd({3072, 4})}}),
+                    "is a LoRA for a Qwen-Image transformer of inner dim 3072");
+  // Other models.
+  expect_load_error(
+      write_lora("flux",
+                 {{"transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight",
+                   rnd({4, 32})},
+                  {"transformer.single_transformer_blocks.0.attn.to_q.lora_B.weight",
+                   rnd({32, 4})}}),
+      "is not a LoRA for Qwen-Image (QwenImageTransformer2DModel): its keys (e.g. "
+      "'transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight') are for FLUX.1");
+  expect_load_error(write_lora("sdxl", {{"lora_unet_input_blocks_1_1_proj_in.lora_down.weight",
+                                         rnd({4, 32})},
+                                        {"lora_unet_input_blocks_1_1_proj_in.lora_up.weight",
+                                         rnd({32, 4})},
+                                        {"lora_unet_input_blocks_1_1_proj_in.alpha",
+                                         Tensor::from_floats({}, {4.f})}}),
+                    "are for a Stable Diffusion / SDXL UNet");
+  expect_load_error(write_lora("wan", {{"diffusion_model.blocks.0.self_attn.q.lora_A.weight",
+                                        rnd({4, 32})},
+                                       {"diffusion_model.blocks.0.self_attn.q.lora_B.weight",
+                                        rnd({32, 4})}}),
+                    "are for Wan 2.x");
+  // Not a LoRA at all: the model's own weights.
+  auto f = load_lora_file(tiny_root() + "/io_transformer.safetensors");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("is not a LoRA file"), std::string::npos)
+      << f.status().message();
+  // DoRA in the adapter metadata.
+  expect_load_error(
+      write_lora("dora",
+                 {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", rnd({4, 32})},
+                  {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", rnd({32, 4})}},
+                 {{"lora_adapter_metadata", R"({"transformer.use_dora": true})"}}),
+      "use_dora");
+  // Missing file.
+  expect_load_error(test::temp_dir() + "/absent.safetensors", "absent.safetensors");
+}
+
+TEST(QwenImageLora, SpecsParse) {
+  auto s = parse_lora_spec("style.safetensors:0.8");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->path, "style.safetensors");
+  EXPECT_FLOAT_EQ(s->strength, 0.8f);
+  s = parse_lora_spec("/a/b.safetensors");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->path, "/a/b.safetensors");
+  EXPECT_FLOAT_EQ(s->strength, 1.f);
+  s = parse_lora_spec("C:/x.safetensors:-0.5");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->path, "C:/x.safetensors");
+  EXPECT_FLOAT_EQ(s->strength, -0.5f);
+  EXPECT_FALSE(parse_lora_spec(":0.5").ok());
+  EXPECT_FALSE(parse_lora_spec("a.safetensors:nan").ok());
+  auto l = parse_lora_list("style.safetensors:0.8, lightning.safetensors:1.0");
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 2u);
+  EXPECT_EQ((*l)[1].path, "lightning.safetensors");
+  EXPECT_EQ(format_lora_list(*l), "style.safetensors:0.8,lightning.safetensors:1");
+  l = parse_lora_list("");
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(l->empty());
+  EXPECT_FALSE(parse_lora_list("a.safetensors,,b.safetensors").ok());
+  EXPECT_TRUE(parse_lora_mode("runtime").ok());
+  EXPECT_FALSE(parse_lora_mode("fused").ok());
+}
+
+}  // namespace
+}  // namespace latent
