@@ -431,6 +431,10 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
                     r.model->vae->info().architecture.c_str(), r.model->backend->name().c_str());
     model = std::move(r.model);
   }
+  // The context first: until the state holds the backend, caps queries offer CUDA memory (as
+  // before start()); from then on they ask whether the context is active.
+  if (!impl->cuda.start(GST_ELEMENT(self), (*backend)->device()))
+    GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: buffers stay in system memory");
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
     impl->state.backend = *backend;
@@ -438,14 +442,15 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
     impl->state.model = std::move(model);
   }
   if (klass->open && !klass->open(self, *backend)) {
-    std::shared_ptr<GstLatentModel> dropped;
-    std::lock_guard<std::mutex> lock(impl->state_lock);
-    dropped = std::move(impl->state.model);
-    impl->state = State();
+    State dropped;  // freed after the state lock is released
+    {
+      std::lock_guard<std::mutex> lock(impl->state_lock);
+      dropped = std::move(impl->state);
+      impl->state = State();
+    }
+    impl->cuda.stop();
     return FALSE;
   }
-  if (!impl->cuda.start(GST_ELEMENT(self), (*backend)->device()))
-    GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: buffers stay in system memory");
   return TRUE;
 }
 
