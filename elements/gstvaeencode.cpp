@@ -102,6 +102,7 @@ struct Prefetch {
   std::deque<Pending> pending;
   bool draining = false;
   bool has_current = false;  // transform() converts `current` from the stager
+  bool current_converted = false;  // it did (QoS may drop the frame before transform())
   Pending current;
 };
 
@@ -478,6 +479,7 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
   Prefetch& pf = self->impl->prefetch;
   if (pf.has_current) {
     std::lock_guard<std::mutex> lock(*model->run_lock);
+    pf.current_converted = true;
     sample = pf.stager->convert(pf.current.ticket, n.geometry);
   } else {
     sample = read_frame(self, n, inbuf, *model);
@@ -603,6 +605,26 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
   return GST_FLOW_OK;
 }
 
+// A staged frame that transform() never converted (QoS dropped it as late, or the base class
+// refused it before transform()) still holds its slot of the stager's ring: convert it and drop
+// the result, so the slot is free for the frame `depth` + 1 later (stage() refuses a busy slot).
+static void release_staged(GstVaeEncode* self, uint64_t ticket) {
+  Prefetch& pf = self->impl->prefetch;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
+  latent::FrameGeometry geometry;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    geometry = self->impl->stream.geometry;
+  }
+  if (!model || !pf.stager) return;
+  std::lock_guard<std::mutex> run(*model->run_lock);  // the discarded tensor is freed under it
+  auto discarded = pf.stager->convert(ticket, geometry);
+  if (!discarded.ok())
+    GST_DEBUG_OBJECT(self, "releasing a dropped frame's upload: %s",
+                     discarded.status().message().c_str());
+  GST_LOG_OBJECT(self, "released the upload of a frame dropped before encoding");
+}
+
 static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, GstBuffer** outbuf) {
   GstVaeEncode* self = GST_VAE_ENCODE(trans);
   Prefetch& pf = self->impl->prefetch;
@@ -614,8 +636,10 @@ static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, Gst
   pf.current = pf.pending.front();
   pf.pending.pop_front();
   pf.has_current = true;
+  pf.current_converted = false;
   trans->queued_buf = pf.current.buffer;  // the base class takes it over
   const GstFlowReturn ret = GST_BASE_TRANSFORM_CLASS(parent_class)->generate_output(trans, outbuf);
+  if (!pf.current_converted) release_staged(self, pf.current.ticket);
   pf.has_current = false;
   return ret;
 }
