@@ -661,29 +661,22 @@ static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend
 static gboolean gst_dit_denoise_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps*) {
   GstDitDenoise* self = GST_DIT_DENOISE(base);
   auto info = gst_latent_info_from_caps(incaps);
-  if (!info.ok()) {
-    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("ditdenoise: %s", info.status().message().c_str()),
-                      ("caps %" GST_PTR_FORMAT, incaps));
-    return FALSE;
-  }
-  if (info->latent_space != kLatentSpace || info->channels != kLatentChannels) {
-    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
-                      ("ditdenoise: latent space '%s' (%d channels) from upstream does not match "
-                       "the Qwen-Image transformer's latent space '%s' (%d channels); encode "
-                       "with the Qwen-Image VAE",
-                       info->latent_space.c_str(), info->channels, kLatentSpace, kLatentChannels),
-                      ("caps %" GST_PTR_FORMAT, incaps));
-    return FALSE;
-  }
-  if (info->width < 2 || info->height < 2 || info->width % 2 || info->height % 2) {
-    GST_ELEMENT_ERROR(self, STREAM, FORMAT,
-                      ("ditdenoise: a %d x %d latent cannot be cut into the transformer's 2x2 "
-                       "patches; its width and height must be even (frames a multiple of 16 "
-                       "pixels)",
-                       info->width, info->height),
-                      ("caps %" GST_PTR_FORMAT, incaps));
-    return FALSE;
-  }
+  if (!info.ok())
+    return gst_latent_base_refuse_caps(base, incaps, "ditdenoise: " + info.status().message());
+  if (info->latent_space != kLatentSpace || info->channels != kLatentChannels)
+    return gst_latent_base_refuse_caps(
+        base, incaps,
+        latent::str_cat("ditdenoise: latent space '", info->latent_space, "' (", info->channels,
+                        " channels) from upstream does not match the Qwen-Image transformer's "
+                        "latent space '",
+                        kLatentSpace, "' (", kLatentChannels,
+                        " channels); encode with the Qwen-Image VAE"));
+  if (info->width < 2 || info->height < 2 || info->width % 2 || info->height % 2)
+    return gst_latent_base_refuse_caps(
+        base, incaps,
+        latent::str_cat("ditdenoise: a ", info->width, " x ", info->height,
+                        " latent cannot be cut into the transformer's 2x2 patches; its width and "
+                        "height must be even (frames a multiple of 16 pixels)"));
   auto* impl = self->impl;
   std::lock_guard<std::mutex> lock(impl->state_lock);
   if (!impl->state.have_info || impl->state.info.width != info->width ||
@@ -738,6 +731,7 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
     prompt = impl->prompt;
     negative = impl->negative;
   }
+  const gint64 started_us = g_get_monotonic_time();
   std::lock_guard<std::mutex> lock(impl->state_lock);
   State& st = impl->state;
   if (!st.model || !st.have_info || !prompt) {
@@ -865,6 +859,9 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
                       (nullptr));
     return GST_FLOW_ERROR;
   }
+  // Statistics and LATENCY answers (the base class).
+  gst_latent_base_frame_done(GST_LATENT_BASE(self),
+                             (g_get_monotonic_time() - started_us) * GST_USECOND);
   return GST_FLOW_OK;
 }
 
@@ -964,7 +961,11 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
   gst_element_class_set_static_metadata(
       element_class, "Qwen-Image DiT denoiser", "Filter/Effect/Video",
       "Restyles or edits latent frames with the Qwen-Image diffusion transformer under a text "
-      "prompt",
+      "prompt. Example (pipelines/restyle.sh): gst-launch-1.0 videotestsrc num-buffers=30 ! "
+      "video/x-raw,width=512,height=512,framerate=30/1 ! vaeencode model=/models/Qwen-Image ! "
+      "ditdenoise model=/models/Qwen-Image prompt-embeds=prompt.safetensors steps=30 "
+      "strength=0.6 ! vaedecode model=/models/Qwen-Image ! videoconvert ! vp8enc ! webmmux ! "
+      "filesink location=restyle.webm",
       "gst-latent developers");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   gst_element_class_add_static_pad_template(element_class, &src_template);
@@ -977,6 +978,7 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_dit_denoise_transform);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->debug_category = gst_dit_denoise_debug;
   base_class->parts = 0;  // the transformer is loaded by open()
   base_class->open = gst_dit_denoise_open;
   base_class->close = gst_dit_denoise_close;
@@ -990,7 +992,5 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
 static void gst_dit_denoise_init(GstDitDenoise* self) {
   self->impl = new _GstDitDenoise::Impl();
   gst_latent_base_set_stage(GST_LATENT_BASE(self), self->impl);
-  GstBaseTransform* trans = GST_BASE_TRANSFORM(self);
-  // Late frames are dropped (with a QoS message) rather than denoised into a backlog.
-  gst_base_transform_set_qos_enabled(trans, TRUE);
+  // QoS (late frames dropped before they are denoised) is on: the base class enables it.
 }

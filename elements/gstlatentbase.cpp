@@ -28,7 +28,15 @@ namespace {
 
 constexpr const char* kDefaultDevice = "auto";
 
-enum { PROP_0, PROP_MODEL, PROP_DEVICE, PROP_DTYPE };
+enum {
+  PROP_0,
+  PROP_MODEL,
+  PROP_DEVICE,
+  PROP_DTYPE,
+  PROP_FRAMES_PROCESSED,
+  PROP_FRAMES_DROPPED,
+  PROP_MEAN_FRAME_MS
+};
 // Installed on the VAE stages' classes (gst_latent_base_class_install_plan_properties), with ids
 // their own properties leave free; their set/get_property chain up to ours for them.
 enum { PROP_PREFETCH_DEPTH = 100, PROP_CUDA_GRAPHS };
@@ -39,9 +47,16 @@ constexpr guint kMaxPrefetchDepth = 16;
 struct Settings {
   std::string model;                    // empty: the built-in default model (VAE stages)
   std::string device = kDefaultDevice;  // auto (or empty), cpu, cuda, cuda:N
-  std::string dtype;                    // empty/auto: the device's default
+  GstLatentDtype dtype = GST_LATENT_DTYPE_AUTO;
   guint prefetch_depth = kDefaultPrefetchDepth;
   bool cuda_graphs = kDefaultCudaGraphs;
+};
+
+// Counters behind the statistics properties (since start()).
+struct Stats {
+  guint64 processed = 0;
+  guint64 dropped = 0;
+  GstClockTime total = 0;  // processing time of the processed frames
 };
 
 // Per-frame processing times for LATENCY answers.
@@ -191,8 +206,11 @@ struct GstLatentBasePrivate {
     State state;
     std::mutex latency_lock;
     LatencyStats latency;
+    Stats stats;  // under latency_lock
     GstLatentCuda cuda;
     GstLatentStage* stage = nullptr;  // the subclass's, deleted in finalize
+    std::mutex refusal_lock;
+    std::string last_refusal;  // posted once (gst_latent_base_refuse_caps) until new caps or stop
   };
   Impl* impl;
 };
@@ -204,6 +222,15 @@ static GstLatentBasePrivate::Impl* impl_of(GstLatentBase* self) {
   return static_cast<GstLatentBasePrivate*>(gst_latent_base_get_instance_private(self))->impl;
 }
 
+// What the base class logs about a stage goes to the stage's own category ("vaeencode", ...), so
+// GST_DEBUG=vaeencode:6 shows all of it; "latentbase" only for a class that set none.
+static GstDebugCategory* stage_category(gpointer self) {
+  GstDebugCategory* c = GST_LATENT_BASE_GET_CLASS(self)->debug_category;
+  return c ? c : gst_latent_base_debug;
+}
+#undef GST_CAT_DEFAULT
+#define GST_CAT_DEFAULT stage_category(self)
+
 void gst_latent_element_init(GstPlugin*) {
   static gsize done = 0;
   if (g_once_init_enter(&done)) {
@@ -212,6 +239,28 @@ void gst_latent_element_init(GstPlugin*) {
     latent::set_log_callback(engine_log, nullptr);
     g_once_init_leave(&done, 1);
   }
+}
+
+GType gst_latent_dtype_get_type(void) {
+  static gsize type = 0;
+  static const GEnumValue values[] = {
+      {GST_LATENT_DTYPE_AUTO, "The device's default (fp32 on the CPU, bf16 on CUDA)", "auto"},
+      {GST_LATENT_DTYPE_FP32, "32-bit float (TF32 matrix units on CUDA)", "fp32"},
+      {GST_LATENT_DTYPE_BF16, "bfloat16", "bf16"},
+      {GST_LATENT_DTYPE_FP16, "IEEE half precision", "fp16"},
+      {0, nullptr, nullptr},
+  };
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstLatentDtype", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+// The engine's name of a `dtype` value ("auto" for the device's default).
+static const char* dtype_nick(GstLatentDtype dtype) {
+  GEnumValue* v = g_enum_get_value(G_ENUM_CLASS(g_type_class_peek(GST_TYPE_LATENT_DTYPE)), dtype);
+  return v ? v->value_nick : "auto";
 }
 
 // Whether the element is (or is going) past READY, where `model`, `device` and `dtype` are in
@@ -247,7 +296,9 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
     {
       std::lock_guard<std::mutex> lock(impl->settings_lock);
       const Settings& st = impl->settings;
-      current = prop_id == PROP_MODEL ? st.model : prop_id == PROP_DEVICE ? st.device : st.dtype;
+      current = prop_id == PROP_MODEL    ? st.model
+                : prop_id == PROP_DEVICE ? st.device
+                                         : dtype_nick(st.dtype);
     }
     if (refuse_while_running(self, pspec, current)) return;
   }
@@ -274,8 +325,7 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
       impl->settings.device = s ? s : "";
       break;
     case PROP_DTYPE:
-      s = g_value_get_string(value);
-      impl->settings.dtype = s ? s : "";
+      impl->settings.dtype = static_cast<GstLatentDtype>(g_value_get_enum(value));
       break;
     case PROP_PREFETCH_DEPTH:
       impl->settings.prefetch_depth = g_value_get_uint(value);
@@ -292,6 +342,19 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
 static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue* value,
                                          GParamSpec* pspec) {
   auto* impl = impl_of(GST_LATENT_BASE(object));
+  if (prop_id == PROP_FRAMES_PROCESSED || prop_id == PROP_FRAMES_DROPPED ||
+      prop_id == PROP_MEAN_FRAME_MS) {
+    std::lock_guard<std::mutex> lock(impl->latency_lock);
+    const Stats& st = impl->stats;
+    if (prop_id == PROP_FRAMES_PROCESSED)
+      g_value_set_uint64(value, st.processed);
+    else if (prop_id == PROP_FRAMES_DROPPED)
+      g_value_set_uint64(value, st.dropped);
+    else
+      g_value_set_double(value, st.processed ? GST_TIME_AS_USECONDS(st.total) / 1000.0 / st.processed
+                                             : 0.0);
+    return;
+  }
   std::lock_guard<std::mutex> lock(impl->settings_lock);
   switch (prop_id) {
     case PROP_MODEL:
@@ -301,7 +364,7 @@ static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue*
       g_value_set_string(value, impl->settings.device.c_str());
       break;
     case PROP_DTYPE:
-      g_value_set_string(value, impl->settings.dtype.c_str());
+      g_value_set_enum(value, impl->settings.dtype);
       break;
     case PROP_PREFETCH_DEPTH:
       g_value_set_uint(value, impl->settings.prefetch_depth);
@@ -334,14 +397,18 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
     settings = impl->settings;
   }
   const char* stage = gst_latent_base_stage_name(self);
+  {
+    std::lock_guard<std::mutex> lock(impl->latency_lock);
+    impl->stats = Stats();
+  }
   latent::BackendOptions bo;
   bo.device = settings.device;
-  bo.dtype = settings.dtype;
+  bo.dtype = dtype_nick(settings.dtype);
   auto backend = latent::get_backend(bo);
   if (!backend.ok()) {
     // The message names the device or dtype at fault.
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s: %s", stage, backend.status().message().c_str()),
-                      ("device=%s dtype=%s", settings.device.c_str(), settings.dtype.c_str()));
+                      ("device=%s dtype=%s", settings.device.c_str(), dtype_nick(settings.dtype)));
     return FALSE;
   }
   std::shared_ptr<GstLatentModel> model;
@@ -364,6 +431,10 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
                     r.model->vae->info().architecture.c_str(), r.model->backend->name().c_str());
     model = std::move(r.model);
   }
+  // The context first: until the state holds the backend, caps queries offer CUDA memory (as
+  // before start()); from then on they ask whether the context is active.
+  if (!impl->cuda.start(GST_ELEMENT(self), (*backend)->device()))
+    GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: buffers stay in system memory");
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
     impl->state.backend = *backend;
@@ -371,14 +442,15 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
     impl->state.model = std::move(model);
   }
   if (klass->open && !klass->open(self, *backend)) {
-    std::shared_ptr<GstLatentModel> dropped;
-    std::lock_guard<std::mutex> lock(impl->state_lock);
-    dropped = std::move(impl->state.model);
-    impl->state = State();
+    State dropped;  // freed after the state lock is released
+    {
+      std::lock_guard<std::mutex> lock(impl->state_lock);
+      dropped = std::move(impl->state);
+      impl->state = State();
+    }
+    impl->cuda.stop();
     return FALSE;
   }
-  if (!impl->cuda.start(GST_ELEMENT(self), (*backend)->device()))
-    GST_WARNING_OBJECT(self, "no CUDA context for GStreamer: buffers stay in system memory");
   return TRUE;
 }
 
@@ -399,7 +471,24 @@ static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
   // The last user frees the weights here, outside the state lock.
   dropped = State();
   gst_latent_base_reset_latency(self);
+  {
+    std::lock_guard<std::mutex> lock(impl->refusal_lock);
+    impl->last_refusal.clear();
+  }
   return TRUE;
+}
+
+gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps, const std::string& message) {
+  auto* impl = impl_of(self);
+  GST_WARNING_OBJECT(self, "refusing %" GST_PTR_FORMAT ": %s", caps, message.c_str());
+  {
+    std::lock_guard<std::mutex> lock(impl->refusal_lock);
+    if (impl->last_refusal == message) return FALSE;
+    impl->last_refusal = message;
+  }
+  GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("%s", message.c_str()),
+                    ("caps %" GST_PTR_FORMAT, caps));
+  return FALSE;
 }
 
 static GstClockTime own_latency(const LatencyStats& l, guint /*depth*/) {
@@ -461,6 +550,11 @@ static gboolean gst_latent_base_set_caps(GstBaseTransform* trans, GstCaps* incap
   GstLatentBase* self = GST_LATENT_BASE(trans);
   GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
   if (klass->set_info && !klass->set_info(self, incaps, outcaps)) return FALSE;
+  {
+    auto* impl = impl_of(self);
+    std::lock_guard<std::mutex> lock(impl->refusal_lock);
+    impl->last_refusal.clear();
+  }
   // Video and latent caps both carry the frame rate.
   gint fps_n = 0, fps_d = 1;
   if (!gst_structure_get_fraction(gst_caps_get_structure(incaps, 0), "framerate", &fps_n, &fps_d))
@@ -504,6 +598,22 @@ static gboolean gst_latent_base_sink_event(GstBaseTransform* trans, GstEvent* ev
   return GST_BASE_TRANSFORM_CLASS(parent_class)->sink_event(trans, event);
 }
 
+// Counts the frames GstBaseTransform's QoS handling dropped, from the QoS messages it posts.
+static gboolean gst_latent_base_post_message(GstElement* element, GstMessage* message) {
+  if (GST_MESSAGE_TYPE(message) == GST_MESSAGE_QOS &&
+      GST_MESSAGE_SRC(message) == GST_OBJECT_CAST(element)) {
+    GstFormat format;
+    guint64 processed = 0, dropped = 0;
+    gst_message_parse_qos_stats(message, &format, &processed, &dropped);
+    GstLatentBase* self = GST_LATENT_BASE(element);
+    GST_DEBUG_OBJECT(self, "QoS: dropped a late frame (%" G_GUINT64_FORMAT " so far)", dropped);
+    auto* impl = impl_of(self);
+    std::lock_guard<std::mutex> lock(impl->latency_lock);
+    impl->stats.dropped++;
+  }
+  return GST_ELEMENT_CLASS(parent_class)->post_message(element, message);
+}
+
 static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
   GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
   GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
@@ -530,11 +640,30 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
                           kDefaultDevice, flags));
   g_object_class_install_property(
       gobject_class, PROP_DTYPE,
-      g_param_spec_string("dtype", "Compute dtype",
-                          "fp32, bf16 or fp16; empty or auto for the device's default "
-                          "(fp32 on the CPU, bf16 on CUDA)",
-                          "", flags));
+      g_param_spec_enum("dtype", "Compute dtype",
+                        "The compute dtype; auto: the device's default (fp32 on the CPU, bf16 on "
+                        "CUDA)",
+                        GST_TYPE_LATENT_DTYPE, GST_LATENT_DTYPE_AUTO, flags));
+  const auto stat = static_cast<GParamFlags>(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      gobject_class, PROP_FRAMES_PROCESSED,
+      g_param_spec_uint64("frames-processed", "Frames processed",
+                          "Frames computed since the element started", 0, G_MAXUINT64, 0, stat));
+  g_object_class_install_property(
+      gobject_class, PROP_FRAMES_DROPPED,
+      g_param_spec_uint64("frames-dropped", "Frames dropped",
+                          "Late frames dropped by QoS before they were computed, since the "
+                          "element started",
+                          0, G_MAXUINT64, 0, stat));
+  g_object_class_install_property(
+      gobject_class, PROP_MEAN_FRAME_MS,
+      g_param_spec_double("mean-frame-ms", "Mean milliseconds per frame",
+                          "Mean processing time of the frames computed since the element started "
+                          "(from receiving a frame to its result being ready)",
+                          0.0, G_MAXDOUBLE, 0.0, stat));
+
   GST_ELEMENT_CLASS(klass)->set_context = GST_DEBUG_FUNCPTR(gst_latent_base_set_context);
+  GST_ELEMENT_CLASS(klass)->post_message = GST_DEBUG_FUNCPTR(gst_latent_base_post_message);
   trans_class->passthrough_on_same_caps = FALSE;
   trans_class->query = GST_DEBUG_FUNCPTR(gst_latent_base_query);
   trans_class->start = GST_DEBUG_FUNCPTR(gst_latent_base_start);
@@ -545,6 +674,7 @@ static void gst_latent_base_class_init(GstLatentBaseClass* klass) {
   trans_class->sink_event = GST_DEBUG_FUNCPTR(gst_latent_base_sink_event);
 
   gst_type_mark_as_plugin_api(GST_TYPE_LATENT_BASE, static_cast<GstPluginAPIFlags>(0));
+  gst_type_mark_as_plugin_api(GST_TYPE_LATENT_DTYPE, static_cast<GstPluginAPIFlags>(0));
 }
 
 static void gst_latent_base_init(GstLatentBase* self) {
@@ -552,6 +682,11 @@ static void gst_latent_base_init(GstLatentBase* self) {
   priv->impl = new GstLatentBasePrivate::Impl();
   gst_base_transform_set_in_place(GST_BASE_TRANSFORM(self), FALSE);
   gst_base_transform_set_passthrough(GST_BASE_TRANSFORM(self), FALSE);
+  // As core video filters do: in a live pipeline, a frame already later than downstream's QoS
+  // reports is dropped before it is computed (with a QoS message), so the stage does not build a
+  // backlog behind a source faster than itself. Property `qos`; without QoS events (a pipeline
+  // that is not synchronised to a clock) nothing is ever dropped.
+  gst_base_transform_set_qos_enabled(GST_BASE_TRANSFORM(self), TRUE);
 }
 
 void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass) {
@@ -622,6 +757,10 @@ void gst_latent_base_frame_done(GstLatentBase* self, GstClockTime processing) {
   bool post = false;
   {
     std::lock_guard<std::mutex> lock(impl->latency_lock);
+    impl->stats.processed++;
+    impl->stats.total += processing;
+    GST_LOG_OBJECT(self, "frame %" G_GUINT64_FORMAT " took %.2f ms", impl->stats.processed,
+                   GST_TIME_AS_USECONDS(processing) / 1000.0);
     LatencyStats& l = impl->latency;
     if (l.frames == 0)
       l.first = processing;

@@ -37,6 +37,10 @@ typedef enum {
 struct _GstLatentBaseClass {
   GstBaseTransformClass parent_class;
 
+  // The stage's own debug category ("vaeencode", ...), set in its class_init: the base class logs
+  // what it does for the stage (loading, planning, refusals, frame times) there.
+  GstDebugCategory* debug_category;
+
   // The GstLatentParts of a VAE this stage needs, loaded (or shared) by start() on the stage's
   // backend; 0 for a stage that loads its own model in `open` (ditdenoise).
   guint parts;
@@ -62,6 +66,16 @@ struct _GstLatentBaseClass {
   gpointer _gst_reserved[GST_PADDING];
 };
 
+// The `dtype` property: the compute dtype, or the device's default.
+typedef enum {
+  GST_LATENT_DTYPE_AUTO = 0,
+  GST_LATENT_DTYPE_FP32,
+  GST_LATENT_DTYPE_BF16,
+  GST_LATENT_DTYPE_FP16,
+} GstLatentDtype;
+#define GST_TYPE_LATENT_DTYPE (gst_latent_dtype_get_type())
+GType gst_latent_dtype_get_type(void);
+
 // A stage's own C++ state, hung on the instance by its init (gst_latent_base_set_stage); the
 // base class's finalize deletes it.
 struct GstLatentStage {
@@ -74,6 +88,13 @@ void gst_latent_base_set_stage(GstLatentBase* self, GstLatentStage* stage);
 // chain up to the base class's for property ids it does not know (a stage with no properties of
 // its own gets the base class's handlers).
 void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass);
+
+// Refuses the caps set_info was given: posts `message` (naming the stage and both sides, e.g.
+// "vaedecode: latent space 'flux1' from upstream does not match model 'sd' in /models/x") as a
+// negotiation error once, however often upstream retries the same caps (it resends them with
+// every buffer), and returns FALSE. Called from set_info only, on the streaming thread: never
+// from a caps or accept-caps query, which answer with FALSE alone.
+gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps, const std::string& message);
 
 // Debug categories and the engine's log callback (pointed at gst_debug_log under
 // "latent-engine"). Idempotent; every element registration calls it.
@@ -135,6 +156,10 @@ gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
                                         bool other_is_latent, gsize* othersize);
 
 // ---- latency --------------------------------------------------------------------------------
+// Statistics (read-only properties `frames-processed`, `frames-dropped` and `mean-frame-ms`, since
+// the last start()): every frame a stage finishes is reported with gst_latent_base_frame_done;
+// frames dropped by QoS are counted from the stage's own QoS messages.
+//
 // A stage reports how long each frame took (from receiving it to its result being ready);
 // LATENCY queries on the src pad add this stage's latency to upstream's: the longest steady
 // frame (the first frame, which includes warm-up such as cuDNN autotuning, counts only until a

@@ -26,16 +26,17 @@
 
 // Limits a caps field must respect; anything outside is refused with a message.
 constexpr int kGstLatentMaxChannels = 1024;
-constexpr int kGstLatentMaxSide = latent::kMaxFrameSide;  // latent and frame sides
+// Latent and frame sides: frames are video/x-raw of at most kGstLatentMaxVideoSide (below).
+constexpr int kGstLatentMaxSide = 8192;
 
 // Template caps for a pad carrying latents (every field's full range).
 #define GST_LATENT_CAPS_FIELDS                    \
   "format = (string) { fp32, bf16, fp16 }, "      \
   "channels = (int) [ 1, 1024 ], "                \
-  "width = (int) [ 1, 16384 ], "                  \
-  "height = (int) [ 1, 16384 ], "                 \
-  "frame-width = (int) [ 1, 16384 ], "            \
-  "frame-height = (int) [ 1, 16384 ], "           \
+  "width = (int) [ 1, 8192 ], "                   \
+  "height = (int) [ 1, 8192 ], "                  \
+  "frame-width = (int) [ 1, 8192 ], "             \
+  "frame-height = (int) [ 1, 8192 ], "            \
   "size-policy = (string) { pad, crop, scale }, " \
   "framerate = (fraction) [ 0/1, 2147483647/1 ]"
 #define GST_LATENT_CAPS_TEMPLATE GST_LATENT_MEDIA_TYPE ", " GST_LATENT_CAPS_FIELDS
@@ -79,17 +80,19 @@ void gst_latent_set_format_list(GstStructure* s, latent::DType preferred);
 
 // The packed 8-bit RGB formats the stages read and write, in the order vaedecode offers them.
 #define GST_LATENT_VIDEO_FORMATS "{ RGB, RGBA, BGRA, BGR, RGBx, BGRx, xRGB, xBGR, ARGB, ABGR }"
-constexpr int kGstLatentMinVideoSide = 8;
+// Any size: frames smaller than the model's downsampling factor are padded (or scaled) up to one
+// block; size-policy crop needs a block's worth of pixels per side.
+constexpr int kGstLatentMinVideoSide = 1;
 constexpr int kGstLatentMaxVideoSide = 8192;
 #define GST_LATENT_VIDEO_CAPS_TEMPLATE                       \
   "video/x-raw, format = (string) " GST_LATENT_VIDEO_FORMATS \
   ", "                                                       \
-  "width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], "  \
+  "width = (int) [ 1, 8192 ], height = (int) [ 1, 8192 ], "  \
   "framerate = (fraction) [ 0/1, 2147483647/1 ]"
 
 #define GST_LATENT_CUDA_VIDEO_CAPS_TEMPLATE                                     \
   "video/x-raw(memory:CUDAMemory), format = (string) " GST_LATENT_VIDEO_FORMATS \
-  ", width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], "                   \
+  ", width = (int) [ 1, 8192 ], height = (int) [ 1, 8192 ], "                   \
   "framerate = (fraction) [ 0/1, 2147483647/1 ]"
 
 // GstVideoFormat -> the engine's pixel format (an error for anything but the list above).

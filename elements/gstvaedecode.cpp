@@ -87,7 +87,6 @@ struct Impl : GstLatentStage {
   Staging staging;
   bool negotiated = false;
   Negotiated stream;
-  std::string last_refusal;  // the last caps refusal posted, so a repeated query posts once
 };
 
 // Empty when the latents described by `s` can be this model's; else a message for the user.
@@ -105,7 +104,7 @@ std::string model_mismatch(const GstStructure* s, const GstLatentModel& model) {
 }
 
 // Latent structure -> the video it decodes to. Another model's latents still transform (see
-// video_to_latent); accept-caps refuses them.
+// video_to_latent); set_caps refuses them.
 GstStructure* latent_to_video(const GstStructure* s) {
   GstStructure* out = gst_latent_video_structure_new();
   gst_latent_set_video_size(s, out);
@@ -114,8 +113,8 @@ GstStructure* latent_to_video(const GstStructure* s) {
 
 // Video structure (what downstream takes) -> the latents that would give it. The latent space
 // and channel count are deliberately left open: a caps query that hid the model's space would
-// make a mismatched upstream fail with a bare "not-negotiated"; accept-caps refuses it instead,
-// with an error naming both spaces.
+// make a mismatched upstream fail with a bare "not-negotiated"; set_caps refuses it instead, on
+// the streaming thread, with one error naming both spaces.
 GstStructure* video_to_latent(const GstStructure* s, latent::DType dtype) {
   GstStructure* out = gst_structure_new_empty(GST_LATENT_MEDIA_TYPE);
   gst_latent_set_format_list(out, dtype);
@@ -142,16 +141,6 @@ struct _GstVaeDecode {
 G_DEFINE_TYPE(GstVaeDecode, gst_vae_decode, GST_TYPE_LATENT_BASE)
 GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(vaedecode, "vaedecode", GST_RANK_NONE, GST_TYPE_VAE_DECODE,
                                       gst_latent_element_init(plugin));
-
-// Posts a negotiation error once per distinct message (accept-caps may be asked repeatedly).
-static void post_refusal(GstVaeDecode* self, const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(self->impl->lock);
-    if (self->impl->last_refusal == message) return;
-    self->impl->last_refusal = message;
-  }
-  GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("%s", message.c_str()), (nullptr));
-}
 
 static GstCaps* gst_vae_decode_transform_caps(GstBaseTransform* trans, GstPadDirection direction,
                                               GstCaps* caps, GstCaps* filter) {
@@ -195,22 +184,6 @@ static std::string check_input_caps(const GstCaps* caps, const GstLatentModel& m
   return std::string();
 }
 
-static gboolean gst_vae_decode_accept_caps(GstBaseTransform* trans, GstPadDirection direction,
-                                           GstCaps* caps) {
-  GstVaeDecode* self = GST_VAE_DECODE(trans);
-  if (!GST_BASE_TRANSFORM_CLASS(parent_class)->accept_caps(trans, direction, caps)) return FALSE;
-  if (direction != GST_PAD_SINK || !gst_caps_is_fixed(caps)) return TRUE;
-  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
-  if (!model) return TRUE;  // not started: nothing to check against yet
-  GstLatentInfo info;
-  latent::FrameGeometry geometry;
-  const std::string problem = check_input_caps(caps, *model, &info, &geometry);
-  if (problem.empty()) return TRUE;
-  GST_WARNING_OBJECT(self, "refusing %" GST_PTR_FORMAT ": %s", caps, problem.c_str());
-  post_refusal(self, problem);
-  return FALSE;
-}
-
 static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, GstCaps* outcaps) {
   GstVaeDecode* self = GST_VAE_DECODE(base);
   auto model = gst_latent_base_get_model(base);
@@ -220,10 +193,7 @@ static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
   }
   Negotiated n;
   const std::string problem = check_input_caps(incaps, *model, &n.in_info, &n.geometry);
-  if (!problem.empty()) {
-    post_refusal(self, problem);
-    return FALSE;
-  }
+  if (!problem.empty()) return gst_latent_base_refuse_caps(base, incaps, problem);
   if (!gst_video_info_from_caps(&n.out_info, outcaps)) {
     GST_ERROR_OBJECT(self, "invalid output caps %" GST_PTR_FORMAT, outcaps);
     return FALSE;
@@ -271,7 +241,6 @@ static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
   std::lock_guard<std::mutex> lock(self->impl->lock);
   self->impl->stream = n;
   self->impl->negotiated = true;
-  self->impl->last_refusal.clear();
   return TRUE;
 }
 
@@ -599,7 +568,6 @@ static void gst_vae_decode_close(GstLatentBase* base) {
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
-    self->impl->last_refusal.clear();
   }
 }
 
@@ -612,19 +580,22 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
 
   gst_element_class_set_static_metadata(
       element_class, "VAE decoder", "Filter/Converter/Video",
-      "Decodes a diffusion model's latents into video frames with its VAE decoder",
+      "Decodes a diffusion model's latents into video frames with its VAE decoder. "
+      "Example (pipelines/encode_decode.sh): gst-launch-1.0 videotestsrc num-buffers=30 ! "
+      "video/x-raw,width=320,height=240 ! vaeencode ! vaedecode ! videoconvert ! vp8enc ! "
+      "webmmux ! filesink location=out.webm",
       "gst-latent developers");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   gst_element_class_add_static_pad_template(element_class, &src_template);
 
   trans_class->transform_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_caps);
-  trans_class->accept_caps = GST_DEBUG_FUNCPTR(gst_vae_decode_accept_caps);
   trans_class->transform_size = GST_DEBUG_FUNCPTR(gst_vae_decode_transform_size);
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_decode_transform);
   trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_decide_allocation);
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_decode_generate_output);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->debug_category = gst_vae_decode_debug;
   gst_latent_base_class_install_plan_properties(base_class);
   base_class->parts = GST_LATENT_PART_DECODER;
   base_class->drain_held = drain_staging;

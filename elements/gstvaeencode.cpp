@@ -61,7 +61,7 @@ constexpr latent::SizePolicy kDefaultSizePolicy = latent::SizePolicy::kPad;
   "{ RGB, RGBA, BGRA, BGR, RGBx, BGRx, xRGB, xBGR, ARGB, ABGR, NV12, I420 }"
 #define VAE_ENCODE_VIDEO_FIELDS                                                      \
   " format = (string) " VAE_ENCODE_VIDEO_FORMATS                                     \
-  ", width = (int) [ 8, 8192 ], height = (int) [ 8, 8192 ], framerate = (fraction) " \
+  ", width = (int) [ 1, 8192 ], height = (int) [ 1, 8192 ], framerate = (fraction) " \
   "[ 0/1, 2147483647/1 ]"
 #define VAE_ENCODE_SINK_CAPS "video/x-raw," VAE_ENCODE_VIDEO_FIELDS
 #ifdef LATENT_HAVE_GST_CUDA
@@ -102,6 +102,7 @@ struct Prefetch {
   std::deque<Pending> pending;
   bool draining = false;
   bool has_current = false;  // transform() converts `current` from the stager
+  bool current_converted = false;  // it did (QoS may drop the frame before transform())
   Pending current;
 };
 
@@ -136,6 +137,12 @@ GstStructure* video_to_latent(const GstStructure* s, const GstLatentModel* model
     int v = 0;
     if (model && gst_structure_get_int(s, a.video, &v)) {
       auto plan = latent::plan_axis(v, factor, policy);
+      if (!plan.ok() && policy == latent::SizePolicy::kCrop && v >= 1 && v <= kGstLatentMaxSide) {
+        // A side too small to crop to one block: set_caps refuses it with a sentence naming
+        // the side and the way out (pad or scale), instead of a bare not-negotiated here.
+        gst_structure_set(out, a.latent, G_TYPE_INT, 1, a.frame, G_TYPE_INT, v, nullptr);
+        continue;
+      }
       if (!plan.ok()) {
         GST_DEBUG("no latent for %s %d: %s", a.video, v, plan.status().message().c_str());
         gst_structure_free(out);
@@ -314,10 +321,7 @@ static gboolean gst_vae_encode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
                         " frame under size-policy ", latent::size_policy_name(info->size_policy),
                         " (latent ", geometry->latent_width(), "x", geometry->latent_height(), ")");
   }
-  if (!problem.empty()) {
-    GST_ERROR_OBJECT(self, "%s", problem.c_str());
-    return FALSE;
-  }
+  if (!problem.empty()) return gst_latent_base_refuse_caps(base, incaps, "vaeencode: " + problem);
   n.geometry = *geometry;
   n.cuda_in = gst_latent_caps_is_cuda(incaps);
   n.cuda_out = gst_latent_caps_is_cuda(outcaps);
@@ -475,6 +479,7 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
   Prefetch& pf = self->impl->prefetch;
   if (pf.has_current) {
     std::lock_guard<std::mutex> lock(*model->run_lock);
+    pf.current_converted = true;
     sample = pf.stager->convert(pf.current.ticket, n.geometry);
   } else {
     sample = read_frame(self, n, inbuf, *model);
@@ -600,6 +605,26 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
   return GST_FLOW_OK;
 }
 
+// A staged frame that transform() never converted (QoS dropped it as late, or the base class
+// refused it before transform()) still holds its slot of the stager's ring: convert it and drop
+// the result, so the slot is free for the frame `depth` + 1 later (stage() refuses a busy slot).
+static void release_staged(GstVaeEncode* self, uint64_t ticket) {
+  Prefetch& pf = self->impl->prefetch;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
+  latent::FrameGeometry geometry;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    geometry = self->impl->stream.geometry;
+  }
+  if (!model || !pf.stager) return;
+  std::lock_guard<std::mutex> run(*model->run_lock);  // the discarded tensor is freed under it
+  auto discarded = pf.stager->convert(ticket, geometry);
+  if (!discarded.ok())
+    GST_DEBUG_OBJECT(self, "releasing a dropped frame's upload: %s",
+                     discarded.status().message().c_str());
+  GST_LOG_OBJECT(self, "released the upload of a frame dropped before encoding");
+}
+
 static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, GstBuffer** outbuf) {
   GstVaeEncode* self = GST_VAE_ENCODE(trans);
   Prefetch& pf = self->impl->prefetch;
@@ -611,8 +636,10 @@ static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, Gst
   pf.current = pf.pending.front();
   pf.pending.pop_front();
   pf.has_current = true;
+  pf.current_converted = false;
   trans->queued_buf = pf.current.buffer;  // the base class takes it over
   const GstFlowReturn ret = GST_BASE_TRANSFORM_CLASS(parent_class)->generate_output(trans, outbuf);
+  if (!pf.current_converted) release_staged(self, pf.current.ticket);
   pf.has_current = false;
   return ret;
 }
@@ -656,7 +683,10 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
 
   gst_element_class_set_static_metadata(
       element_class, "VAE encoder", "Filter/Converter/Video",
-      "Encodes video frames into a diffusion model's latent space with its VAE encoder",
+      "Encodes video frames into a diffusion model's latent space with its VAE encoder. "
+      "Example (pipelines/encode_decode.sh): gst-launch-1.0 videotestsrc num-buffers=30 ! "
+      "video/x-raw,width=320,height=240 ! vaeencode ! vaedecode ! videoconvert ! vp8enc ! "
+      "webmmux ! filesink location=out.webm",
       "gst-latent developers");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   gst_element_class_add_static_pad_template(element_class, &src_template);
@@ -670,6 +700,7 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_encode_generate_output);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
+  base_class->debug_category = gst_vae_encode_debug;
   gst_latent_base_class_install_plan_properties(base_class);
   base_class->parts = GST_LATENT_PART_ENCODER;
   base_class->drain_held = drain_prefetch;

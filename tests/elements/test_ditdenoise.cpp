@@ -476,12 +476,17 @@ TEST(DitDenoise, RefusesAnotherLatentSpace) {
     ASSERT_NE(h, nullptr);
     BusWatch bw(h->element);
     gst_harness_set_src_caps(h, latent_caps(kW, kH, c.space, c.channels));
-    EXPECT_NE(gst_harness_push(h, latent_buffer(random_latent(1, size_t(c.channels) * kH * kW))),
-              GST_FLOW_OK);
+    // Upstream resends the refused caps with every buffer: the error is posted once.
+    for (int i = 0; i < 4; ++i)
+      EXPECT_NE(
+          gst_harness_push(h, latent_buffer(random_latent(1, size_t(c.channels) * kH * kW))),
+          GST_FLOW_OK);
     const std::string err = bw.pop_error();
-    EXPECT_EQ(bw.last_domain(), GST_STREAM_ERROR) << err;
+    EXPECT_EQ(bw.last_domain(), GST_CORE_ERROR) << err;
+    EXPECT_EQ(bw.last_code(), GST_CORE_ERROR_NEGOTIATION) << err;
     EXPECT_TRUE(contains(err, std::string("'") + c.space + "'")) << err;
     EXPECT_TRUE(contains(err, "'qwen-image'")) << err;
+    EXPECT_EQ(bw.pop_error(), "") << "the refusal was posted more than once";
     gst_harness_teardown(h);
   }
 }

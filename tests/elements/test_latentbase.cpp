@@ -3,7 +3,13 @@
 // device validation when the property is set.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <iostream>
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "tests/elements/gst_test_util.h"
 
@@ -71,6 +77,50 @@ TEST(LatentBase, ModelDeviceAndDtypeAreTheBasesProperties) {
   }
 }
 
+// gst-inspect-1.0 shows each element's description: it carries an example launch line, and the
+// script in pipelines/ that runs it (a test) exists.
+TEST(LatentBase, DescriptionsCarryAnExampleLaunchLine) {
+  const std::string source = getenv("LATENT_SOURCE_DIR") ? getenv("LATENT_SOURCE_DIR") : ".";
+  for (const char* stage : kStages) {
+    SCOPED_TRACE(stage);
+    GstElementFactory* f = gst_element_factory_find(stage);
+    ASSERT_NE(f, nullptr);
+    const std::string d = gst_element_factory_get_metadata(f, GST_ELEMENT_METADATA_DESCRIPTION);
+    gst_object_unref(f);
+    EXPECT_TRUE(contains(d, "gst-launch-1.0 ")) << d;
+    EXPECT_TRUE(contains(d, std::string(" ") + stage + " ") || contains(d, std::string(" ") + stage))
+        << d;
+    const size_t at = d.find("pipelines/");
+    ASSERT_NE(at, std::string::npos) << d;
+    const std::string script = d.substr(at, d.find(".sh", at) + 3 - at);
+    EXPECT_TRUE(latent::test::file_exists(source + "/" + script)) << script;
+  }
+}
+
+// dtype is an enum (gst-inspect lists its values; a typo is refused when set, not at start).
+TEST(LatentBase, DtypeIsAnEnum) {
+  for (const char* stage : kStages) {
+    GstElement* e = gst_element_factory_make(stage, nullptr);
+    GParamSpec* p = g_object_class_find_property(G_OBJECT_GET_CLASS(e), "dtype");
+    ASSERT_TRUE(G_IS_PARAM_SPEC_ENUM(p)) << stage;
+    GEnumClass* values = G_PARAM_SPEC_ENUM(p)->enum_class;
+    for (const char* nick : {"auto", "fp32", "bf16", "fp16"})
+      EXPECT_NE(g_enum_get_value_by_nick(values, nick), nullptr) << nick;
+    EXPECT_EQ(g_enum_get_value(values, G_PARAM_SPEC_ENUM(p)->default_value)->value_nick,
+              std::string("auto"));
+    gst_util_set_object_arg(G_OBJECT(e), "dtype", "bf16");
+    gint v = 0;
+    g_object_get(e, "dtype", &v, nullptr);
+    EXPECT_EQ(std::string(g_enum_get_value(values, v)->value_nick), "bf16");
+    gst_object_unref(e);
+  }
+  // The size policy too.
+  GstElement* enc = gst_element_factory_make("vaeencode", nullptr);
+  EXPECT_TRUE(G_IS_PARAM_SPEC_ENUM(g_object_class_find_property(G_OBJECT_GET_CLASS(enc),
+                                                                "size-policy")));
+  gst_object_unref(enc);
+}
+
 TEST(LatentBase, PlanPropertiesBelongToTheVaeStagesOnly) {
   for (const char* stage : {"vaeencode", "vaedecode"}) {
     GstElement* e = gst_element_factory_make(stage, nullptr);
@@ -126,9 +176,12 @@ TEST(LatentBase, ModelDeviceAndDtypeAreRefusedWhilePlaying) {
   std::string w = pop_warning(bw);
   EXPECT_TRUE(contains(w, "`model` cannot change while PAUSED or PLAYING")) << w;
   EXPECT_TRUE(contains(w, taesd_model())) << w;
-  g_object_set(h->element, "device", "auto", "dtype", "bf16", nullptr);
+  g_object_set(h->element, "device", "auto", nullptr);
+  gst_util_set_object_arg(G_OBJECT(h->element), "dtype", "bf16");
   EXPECT_EQ(string_property(h->element, "device"), "cpu");
-  EXPECT_EQ(string_property(h->element, "dtype"), "");
+  gint dtype = -1;
+  g_object_get(h->element, "dtype", &dtype, nullptr);
+  EXPECT_EQ(dtype, 0);  // auto
   EXPECT_TRUE(contains(pop_warning(bw), "`device`"));
   EXPECT_TRUE(contains(pop_warning(bw), "`dtype`"));
   // The stage still runs the model it started with.
@@ -145,6 +198,299 @@ TEST(LatentBase, ModelDeviceAndDtypeAreRefusedWhilePlaying) {
   EXPECT_EQ(string_property(h->element, "model"), flux_model());
   EXPECT_EQ(pop_warning(bw), "");
   gst_harness_teardown(h);
+}
+
+// ---- statistics and logs ---------------------------------------------------------------------
+
+guint64 uint64_property(gpointer object, const char* name) {
+  guint64 v = 0;
+  g_object_get(object, name, &v, nullptr);
+  return v;
+}
+
+TEST(LatentBase, StatisticsCountProcessedAndDroppedFrames) {
+  for (const char* stage : kStages) {
+    GstElement* e = gst_element_factory_make(stage, nullptr);
+    for (const char* name : {"frames-processed", "frames-dropped", "mean-frame-ms"}) {
+      GParamSpec* p = g_object_class_find_property(G_OBJECT_GET_CLASS(e), name);
+      ASSERT_NE(p, nullptr) << stage << " " << name;
+      EXPECT_TRUE(p->flags & G_PARAM_READABLE);
+      EXPECT_FALSE(p->flags & G_PARAM_WRITABLE) << stage << " " << name;
+    }
+    gst_object_unref(e);
+  }
+  GstHarness* h = harness_for("vaeencode", {{"model", taesd_model()}, {"device", "cpu"}});
+  ASSERT_NE(h, nullptr);
+  gst_harness_set_src_caps(h, video_caps(32, 32));
+  for (int i = 0; i < 3; ++i) {
+    GstBuffer* in = make_frame(32, 32, "RGB", i);
+    GST_BUFFER_PTS(in) = i * GST_SECOND / 30;
+    GST_BUFFER_DURATION(in) = GST_SECOND / 30;
+    ASSERT_EQ(gst_harness_push(h, in), GST_FLOW_OK);
+    gst_buffer_unref(gst_harness_pull(h));
+  }
+  EXPECT_EQ(uint64_property(h->element, "frames-processed"), 3u);
+  EXPECT_EQ(uint64_property(h->element, "frames-dropped"), 0u);
+  double mean = 0;
+  g_object_get(h->element, "mean-frame-ms", &mean, nullptr);
+  EXPECT_GT(mean, 0.0);
+  // Downstream says everything before 5 s is too late: the next frame is dropped uncomputed.
+  ASSERT_TRUE(gst_harness_push_upstream_event(
+      h, gst_event_new_qos(GST_QOS_TYPE_UNDERFLOW, 2.0, 4 * GST_SECOND, GST_SECOND)));
+  GstBuffer* late = make_frame(32, 32);
+  GST_BUFFER_PTS(late) = 2 * GST_SECOND;
+  GST_BUFFER_DURATION(late) = GST_SECOND / 30;
+  EXPECT_EQ(gst_harness_push(h, late), GST_FLOW_OK);
+  EXPECT_EQ(gst_harness_buffers_in_queue(h), 0u) << "a late frame was encoded";
+  EXPECT_EQ(uint64_property(h->element, "frames-processed"), 3u);
+  EXPECT_EQ(uint64_property(h->element, "frames-dropped"), 1u);
+  // A restart starts counting again.
+  gst_element_set_state(h->element, GST_STATE_NULL);
+  gst_element_set_state(h->element, GST_STATE_PLAYING);
+  EXPECT_EQ(uint64_property(h->element, "frames-processed"), 0u);
+  gst_harness_teardown(h);
+}
+
+struct CategoryCapture {
+  std::mutex lock;
+  std::vector<std::pair<std::string, std::string>> lines;  // category, message
+};
+
+void capture_categories(GstDebugCategory* category, GstDebugLevel, const gchar*, const gchar*,
+                        gint, GObject*, GstDebugMessage* message, gpointer user_data) {
+  auto* cap = static_cast<CategoryCapture*>(user_data);
+  std::lock_guard<std::mutex> lock(cap->lock);
+  cap->lines.emplace_back(gst_debug_category_get_name(category), gst_debug_message_get(message));
+}
+
+// GST_DEBUG=vaeencode:6 shows what happens to each of vaeencode's frames, including what the
+// base class does for it (loading the model, frame times).
+TEST(LatentBase, PerFrameLogsAreUnderTheElementsCategory) {
+  CategoryCapture cap;
+  const gboolean was_active = gst_debug_is_active();
+  gst_debug_set_active(TRUE);
+  gst_debug_set_threshold_for_name("vaeencode", GST_LEVEL_LOG);
+  gst_debug_add_log_function(capture_categories, &cap, nullptr);
+  GstHarness* h = harness_for("vaeencode", {{"model", taesd_model()}, {"device", "cpu"}});
+  gst_harness_set_src_caps(h, video_caps(32, 32));
+  ASSERT_EQ(gst_harness_push(h, make_frame(32, 32)), GST_FLOW_OK);
+  gst_buffer_unref(gst_harness_pull(h));
+  gst_harness_teardown(h);
+  gst_debug_remove_log_function(capture_categories);
+  gst_debug_set_threshold_for_name("vaeencode", GST_LEVEL_WARNING);
+  gst_debug_set_active(was_active);
+  bool frame_line = false, load_line = false;
+  for (const auto& [category, message] : cap.lines) {
+    if (category != "vaeencode") continue;
+    frame_line |= message.rfind("frame 1 took ", 0) == 0;
+    load_line |= message.rfind("loaded model 'sd'", 0) == 0 || message.rfind("sharing", 0) == 0;
+  }
+  EXPECT_TRUE(frame_line) << "no per-frame line under vaeencode";
+  EXPECT_TRUE(load_line) << "the model load is not logged under vaeencode";
+}
+
+// ---- refusals in whole pipelines (issue 9: gst-launch-1.0 hung in preroll) -------------------
+//
+// The issue's launch lines, run in-process the way gst-launch-1.0 builds them (gst_parse_launch),
+// to PAUSED and on to the end, under a 30 s limit: the pipeline ends with an error, our refusal
+// is posted exactly once (from the streaming thread, at caps negotiation) and nothing hangs.
+// (gst-launch-1.0 1.22 itself can still hang on ANY error posted before its main loop runs: its
+// bus sync handler quits a GMainLoop that is not running yet; the same line with no element
+// error at all, only the source's not-negotiated, hangs as often. That race is gst-launch's.)
+
+struct Launch {
+  bool ended = false;           // an ERROR or EOS arrived within the limit
+  std::vector<std::string> errors;  // "element: message" of every ERROR
+};
+
+Launch run_line(const std::string& line) {
+  Launch out;
+  GError* err = nullptr;
+  GstElement* pipeline = gst_parse_launch(line.c_str(), &err);
+  EXPECT_NE(pipeline, nullptr) << (err ? err->message : "");
+  g_clear_error(&err);
+  if (!pipeline) return out;
+  GstBus* bus = gst_element_get_bus(pipeline);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  const gint64 deadline = g_get_monotonic_time() + 30 * G_USEC_PER_SEC;
+  while (g_get_monotonic_time() < deadline) {
+    GstMessage* m = gst_bus_timed_pop_filtered(
+        bus, 200 * GST_MSECOND, static_cast<GstMessageType>(GST_MESSAGE_ERROR | GST_MESSAGE_EOS));
+    if (!m) {
+      if (out.ended) break;  // nothing more after the first error: done
+      continue;
+    }
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+      GError* e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      out.errors.push_back(std::string(GST_MESSAGE_SRC_NAME(m)) + ": " + (e ? e->message : ""));
+      g_clear_error(&e);
+    }
+    out.ended = true;
+    gst_message_unref(m);
+  }
+  EXPECT_EQ(gst_element_set_state(pipeline, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
+  gst_object_unref(bus);
+  gst_object_unref(pipeline);
+  return out;
+}
+
+int count(const std::vector<std::string>& errors, const std::string& needle) {
+  int n = 0;
+  for (const auto& e : errors) n += e.find(needle) != std::string::npos;
+  return n;
+}
+
+std::string joined(const std::vector<std::string>& errors) {
+  std::string out;
+  for (const auto& e : errors) out += e + "\n";
+  return out;
+}
+
+// The launch lines of the issue, each run several times (the hang came 7 times in 10 with both
+// cores busy).
+TEST(LatentBaseLaunch, ALatentThatDoesNotFitTheFrameEndsWithOneError) {
+  const std::string line =
+      "fakesrc num-buffers=1 sizetype=fixed sizemax=1024 ! "
+      "application/x-latent,format=fp32,channels=4,width=2000,height=2000,latent-space=sd,"
+      "frame-width=8,frame-height=8,size-policy=pad,framerate=30/1 ! vaedecode model=\"" +
+      fixture_model("kl_tiny") + "\" ! fakesink";
+  for (int run = 0; run < 6; ++run) {
+    SCOPED_TRACE(run);
+    const Launch l = run_line(line);
+    ASSERT_TRUE(l.ended) << "the pipeline hung";
+    EXPECT_EQ(count(l.errors, "vaedecode: a 2000x2000 latent does not fit a 8x8 frame"), 1)
+        << joined(l.errors);
+  }
+}
+
+TEST(LatentBaseLaunch, MismatchedModelsEndWithOneErrorNamingBoth) {
+  const std::string line = "videotestsrc num-buffers=2 ! video/x-raw,width=64,height=64 ! "
+                           "vaeencode model=\"" +
+                           flux_model() + "\" ! vaedecode model=\"" + taesd_model() +
+                           "\" ! fakesink";
+  for (int run = 0; run < 6; ++run) {
+    SCOPED_TRACE(run);
+    const Launch l = run_line(line);
+    ASSERT_TRUE(l.ended) << "the pipeline hung";
+    EXPECT_EQ(count(l.errors, "vaedecode: latent space 'flux1' from upstream does not match "
+                              "model 'sd'"),
+              1)
+        << joined(l.errors);
+  }
+}
+
+TEST(LatentBaseLaunch, DitDenoiseRefusesAnotherSpaceOnce) {
+  const std::string prompt = latent::test::temp_dir() + "/launch_prompt.safetensors";
+  const std::string make = "python3 \"" + std::string(getenv("LATENT_SOURCE_DIR") ?: ".") +
+                           "/tools/compute_prompt_embeds.py\" --from-fixture \"" +
+                           latent::test::fixtures_dir() +
+                           "/dit_qwen_image_tiny/io_denoise.safetensors\" --case t2i_cfg --out \"" +
+                           prompt + "\" > /dev/null";
+  ASSERT_EQ(system(make.c_str()), 0) << make;
+  const std::string line =
+      "fakesrc num-buffers=3 sizetype=fixed sizemax=6144 ! "
+      "application/x-latent,format=fp32,channels=16,width=12,height=8,latent-space=flux1,"
+      "frame-width=96,frame-height=64,size-policy=pad,framerate=30/1 ! ditdenoise model=\"" +
+      latent::test::fixtures_dir() + "/dit_qwen_image_tiny\" prompt-embeds=\"" + prompt +
+      "\" ! fakesink";
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    const Launch l = run_line(line);
+    ASSERT_TRUE(l.ended) << "the pipeline hung";
+    EXPECT_EQ(count(l.errors, "ditdenoise: latent space 'flux1'"), 1) << joined(l.errors);
+  }
+}
+
+// ---- live pipelines: QoS ----------------------------------------------------------------------
+
+struct LagProbe {
+  std::mutex lock;
+  GstClockTime last_lag = 0;  // running time at render minus the frame's running time
+  GstClockTime early_lag = GST_CLOCK_TIME_NONE;  // the same for the first frame after 3 s
+  int rendered = 0;
+};
+
+void on_handoff(GstElement* sink, GstBuffer* buffer, GstPad*, gpointer user_data) {
+  auto* probe = static_cast<LagProbe*>(user_data);
+  GstClock* clock = gst_element_get_clock(sink);
+  if (!clock) return;
+  const GstClockTime now = gst_clock_get_time(clock) - gst_element_get_base_time(sink);
+  gst_object_unref(clock);
+  std::lock_guard<std::mutex> lock(probe->lock);
+  ++probe->rendered;
+  const GstClockTime pts = GST_BUFFER_PTS(buffer);  // segment from 0: running time == pts
+  probe->last_lag = now > pts ? now - pts : 0;
+  if (probe->early_lag == GST_CLOCK_TIME_NONE && now > 3 * GST_SECOND)
+    probe->early_lag = probe->last_lag;
+}
+
+// A live 30 fps source faster than the stages (the built-in model at 192x192 on the CPU runs
+// well below 30 fps): with default properties the lag behind the live source stays bounded,
+// because late frames are dropped before they are computed (QoS, on by default), and each drop
+// is reported in a QoS message. Without QoS the lag grows by most of a second every second, so
+// between 3 s and 10 s it would grow by several seconds.
+TEST(LatentBaseLive, LagStaysBoundedWithDefaultProperties) {
+  const std::string line =
+      "videotestsrc is-live=true pattern=ball ! video/x-raw,format=RGB,width=192,height=192,"
+      "framerate=30/1 ! vaeencode name=enc ! vaedecode name=dec ! fakesink name=sink sync=true "
+      "qos=true signal-handoffs=true";
+  GError* err = nullptr;
+  GstElement* pipeline = gst_parse_launch(line.c_str(), &err);
+  ASSERT_NE(pipeline, nullptr) << (err ? err->message : "");
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
+  LagProbe probe;
+  g_signal_connect(sink, "handoff", G_CALLBACK(on_handoff), &probe);
+  GstBus* bus = gst_element_get_bus(pipeline);
+  ASSERT_NE(gst_element_set_state(pipeline, GST_STATE_PLAYING), GST_STATE_CHANGE_FAILURE);
+  guint64 dropped_by_stages = 0;
+  int qos_messages = 0;
+  const gint64 end = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
+  while (g_get_monotonic_time() < end) {
+    GstMessage* m = gst_bus_timed_pop_filtered(
+        bus, 100 * GST_MSECOND, static_cast<GstMessageType>(GST_MESSAGE_ERROR | GST_MESSAGE_QOS));
+    if (!m) continue;
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+      GError* e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      ADD_FAILURE() << (e ? e->message : "error");
+      g_clear_error(&e);
+      gst_message_unref(m);
+      break;
+    }
+    const std::string src = GST_MESSAGE_SRC_NAME(m);
+    if (src == "enc" || src == "dec") {
+      ++qos_messages;
+      GstFormat format;
+      guint64 processed = 0, dropped = 0;
+      gst_message_parse_qos_stats(m, &format, &processed, &dropped);
+      dropped_by_stages = std::max<guint64>(dropped_by_stages, dropped);
+    }
+    gst_message_unref(m);
+  }
+  GstClockTime lag = 0, early = 0;
+  int rendered = 0;
+  {
+    std::lock_guard<std::mutex> lock(probe.lock);
+    lag = probe.last_lag;
+    early = probe.early_lag;
+    rendered = probe.rendered;
+  }
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(bus);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  std::cerr << "rendered " << rendered << " frames, lag " << GST_TIME_AS_MSECONDS(early)
+            << " ms at 3 s, " << GST_TIME_AS_MSECONDS(lag) << " ms at 10 s, " << qos_messages
+            << " QoS messages, " << dropped_by_stages << " dropped by a stage\n";
+  EXPECT_GE(rendered, 2);  // one before 3 s and more after (few on a loaded machine)
+  ASSERT_NE(early, GST_CLOCK_TIME_NONE) << "no frame rendered after 3 s";
+  // The lag (the stages' latency plus the frames in flight) does not grow with time.
+  EXPECT_LT(lag, early + 1500 * GST_MSECOND)
+      << "the lag grew from " << GST_TIME_AS_MSECONDS(early) << " ms at 3 s to "
+      << GST_TIME_AS_MSECONDS(lag) << " ms at 10 s";
+  EXPECT_GT(qos_messages, 0) << "no QoS message from vaeencode or vaedecode";
+  EXPECT_GT(dropped_by_stages, 0u);
 }
 
 }  // namespace

@@ -55,6 +55,73 @@ TEST(Pipeline, RoundTripRestoresTheFrameSizeUnderEveryPolicy) {
   }
 }
 
+// Frames smaller than the model's downsampling factor (8 here) and of odd sizes: padded (or
+// scaled) up to one block and restored exactly, in packed RGB and in I420.
+TEST(Pipeline, TinyAndOddFramesRoundTrip) {
+  struct Case {
+    int w, h;
+    const char* format;
+    const char* policy;
+  } cases[] = {{1, 1, "RGB", "pad"},  {7, 5, "RGB", "pad"},   {7, 5, "I420", "pad"},
+               {1, 1, "RGBx", "scale"}, {7, 5, "BGR", "scale"}, {9, 3, "I420", "scale"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.w) + "x" + std::to_string(c.h) + " " + c.format + " " +
+                 c.policy);
+    GstHarness* hs = round_trip_harness(taesd_model(), c.policy);
+    ASSERT_NE(hs, nullptr);
+    gst_harness_set_sink_caps_str(hs, "video/x-raw, format=RGB");
+    gst_harness_set_src_caps(hs, video_caps(c.w, c.h, c.format));
+    GstVideoInfo info;
+    gst_video_info_set_format(&info, gst_video_format_from_string(c.format), c.w, c.h);
+    GstBuffer* in = gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&info), nullptr);
+    gst_buffer_memset(in, 0, 128, GST_VIDEO_INFO_SIZE(&info));
+    ASSERT_EQ(gst_harness_push(hs, in), GST_FLOW_OK);
+    GstBuffer* out = gst_harness_pull(hs);
+    ASSERT_NE(out, nullptr);
+    GstVideoInfo out_info;
+    gst_video_info_set_format(&out_info, GST_VIDEO_FORMAT_RGB, c.w, c.h);
+    EXPECT_EQ(gst_buffer_get_size(out), GST_VIDEO_INFO_SIZE(&out_info));
+    gst_buffer_unref(out);
+    GstCaps* caps = output_caps(hs);
+    ASSERT_NE(caps, nullptr);
+    EXPECT_EQ(caps_int(gst_caps_get_structure(caps, 0), "width"), c.w);
+    EXPECT_EQ(caps_int(gst_caps_get_structure(caps, 0), "height"), c.h);
+    gst_caps_unref(caps);
+    gst_harness_teardown(hs);
+  }
+}
+
+// Cropping needs one block per side: a smaller frame is refused with one error saying so and
+// naming the way out, not a bare not-negotiated.
+TEST(Pipeline, CropOfAFrameSmallerThanABlockIsRefusedByName) {
+  GstHarness* hs = round_trip_harness(taesd_model(), "crop");
+  ASSERT_NE(hs, nullptr);
+  GstElement* enc = gst_bin_get_by_name(GST_BIN(hs->element), "vaeencode0");
+  if (!enc) {
+    GstIterator* it = gst_bin_iterate_elements(GST_BIN(hs->element));
+    GValue v = G_VALUE_INIT;
+    while (gst_iterator_next(it, &v) == GST_ITERATOR_OK) {
+      GstElement* e = GST_ELEMENT(g_value_get_object(&v));
+      if (g_str_has_prefix(GST_OBJECT_NAME(e), "vaeencode")) enc = GST_ELEMENT(gst_object_ref(e));
+      g_value_reset(&v);
+    }
+    g_value_unset(&v);
+    gst_iterator_free(it);
+  }
+  ASSERT_NE(enc, nullptr);
+  BusWatch bw(enc);
+  gst_harness_set_sink_caps_str(hs, "video/x-raw, format=RGB");
+  gst_harness_set_src_caps(hs, video_caps(7, 5));
+  for (int i = 0; i < 3; ++i) EXPECT_NE(gst_harness_push(hs, make_frame(7, 5)), GST_FLOW_OK);
+  const std::string err = bw.pop_error();
+  EXPECT_TRUE(contains(err, "vaeencode: ")) << err;
+  EXPECT_TRUE(contains(err, "cannot crop a side of 7 pixels")) << err;
+  EXPECT_TRUE(contains(err, "pad or scale")) << err;
+  EXPECT_EQ(bw.pop_error(), "");
+  gst_object_unref(enc);
+  gst_harness_teardown(hs);
+}
+
 TEST(Pipeline, RenegotiatesThroughBothStages) {
   GstHarness* hs = round_trip_harness(flux_model(), "pad");
   gst_harness_set_src_caps(hs, video_caps(100, 70));
@@ -156,7 +223,9 @@ struct LogCapture {
 
 void capture_log(GstDebugCategory* category, GstDebugLevel, const gchar*, const gchar*, gint,
                  GObject*, GstDebugMessage* message, gpointer user_data) {
-  if (std::string(gst_debug_category_get_name(category)) != "latentbase") return;
+  // What the base class logs for a stage goes to the stage's own category.
+  const std::string name = gst_debug_category_get_name(category);
+  if (name != "vaeencode" && name != "vaedecode") return;
   auto* cap = static_cast<LogCapture*>(user_data);
   std::lock_guard<std::mutex> lock(cap->lock);
   cap->lines.push_back(gst_debug_message_get(message));
@@ -173,7 +242,8 @@ TEST(Pipeline, ElementsOfOneModelShareItsWeights) {
   LogCapture cap;
   const gboolean was_active = gst_debug_is_active();
   gst_debug_set_active(TRUE);
-  gst_debug_set_threshold_for_name("latentbase", GST_LEVEL_INFO);
+  gst_debug_set_threshold_for_name("vaeencode", GST_LEVEL_INFO);
+  gst_debug_set_threshold_for_name("vaedecode", GST_LEVEL_INFO);
   gst_debug_add_log_function(capture_log, &cap, nullptr);
 
   GstHarness* a = harness_for("vaeencode", {{"model", taesd_model()}});
@@ -194,7 +264,8 @@ TEST(Pipeline, ElementsOfOneModelShareItsWeights) {
   gst_harness_teardown(c);
 
   gst_debug_remove_log_function(capture_log);
-  gst_debug_set_threshold_for_name("latentbase", GST_LEVEL_WARNING);
+  gst_debug_set_threshold_for_name("vaeencode", GST_LEVEL_WARNING);
+  gst_debug_set_threshold_for_name("vaedecode", GST_LEVEL_WARNING);
   gst_debug_set_active(was_active);
 }
 

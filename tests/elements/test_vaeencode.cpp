@@ -413,7 +413,6 @@ TEST(VaeEncode, CorruptModelFilesAreErrorsNamingThePath) {
 }
 
 TEST(VaeEncode, UnusableDeviceOrDtypeIsAnError) {
-  expect_start_failure({{"model", taesd_model()}, {"dtype", "int8"}}, {"vaeencode", "int8"});
   if (latent::cuda_device_count() == 0)
     expect_start_failure({{"model", taesd_model()}, {"device", "cuda:3"}}, {"cuda"});
 }
@@ -426,7 +425,6 @@ TEST(VaeEncode, AbsurdCapsAreRefused) {
       "video/x-raw, format=RGB, width=0, height=70, framerate=30/1",
       "video/x-raw, format=RGB, width=100000, height=100000, framerate=30/1",
       "video/x-raw, format=YUY2, width=64, height=64, framerate=30/1",
-      "video/x-raw, format=RGB, width=4, height=4, framerate=30/1",
       "application/x-latent, format=fp32, channels=4, width=8, height=8",
   };
   GstSegment segment;
@@ -445,7 +443,8 @@ TEST(VaeEncode, AbsurdCapsAreRefused) {
   gst_harness_teardown(hs);
 }
 
-// The smallest frame the template allows still leaves one latent block under crop.
+// A frame of exactly one block still leaves one latent block under crop (smaller ones: see
+// test_pipeline's TinyAndOddFramesRoundTrip and CropOfAFrameSmallerThanABlockIsRefusedByName).
 TEST(VaeEncode, CropKeepsOneBlockForTheSmallestFrames) {
   GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}, {"size-policy", "crop"}});
   gst_harness_set_src_caps(hs, video_caps(8, 15));

@@ -249,6 +249,64 @@ TEST(GstCuda, PrefetchingChangesNoByte) {
   EXPECT_EQ(a.frames, b.frames);
 }
 
+// QoS is on by default: a frame dropped as late after its upload was staged (prefetch-depth 2)
+// must free its slot of the staging ring, or the frame depth + 1 later is refused ("staged while
+// earlier frames wait for conversion"). Every frame after the first is declared late; the stream
+// still runs to EOS, frames are dropped, nothing fails.
+struct QosInjector {
+  GstPad* enc_src = nullptr;
+  int seen = 0;
+};
+
+GstPadProbeReturn declare_late(GstPad*, GstPadProbeInfo* info, gpointer user_data) {
+  auto* q = static_cast<QosInjector*>(user_data);
+  GstBuffer* b = GST_PAD_PROBE_INFO_BUFFER(info);
+  if (++q->seen >= 1 && GST_BUFFER_PTS_IS_VALID(b))
+    // The sink is 10 s behind: everything before PTS + 10 s is too late.
+    gst_pad_send_event(q->enc_src, gst_event_new_qos(GST_QOS_TYPE_UNDERFLOW, 0.5,
+                                                     10 * GST_SECOND, GST_BUFFER_PTS(b)));
+  return GST_PAD_PROBE_OK;
+}
+
+TEST(GstCuda, FramesDroppedByQosFreeTheirStagedUploads) {
+  const std::string line =
+      "videotestsrc num-buffers=24 ! video/x-raw,format=RGB,width=256,height=256,framerate=30/1 ! "
+      "vaeencode name=enc device=cuda prefetch-depth=2 ! fakesink name=out sync=false";
+  GstElement* pipeline = gst_parse_launch(line.c_str(), nullptr);
+  ASSERT_NE(pipeline, nullptr);
+  GstElement* enc = gst_bin_get_by_name(GST_BIN(pipeline), "enc");
+  GstElement* out = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+  QosInjector q;
+  q.enc_src = gst_element_get_static_pad(enc, "src");
+  GstPad* sink = gst_element_get_static_pad(out, "sink");
+  gst_pad_add_probe(sink, GST_PAD_PROBE_TYPE_BUFFER, declare_late, &q, nullptr);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  GstBus* bus = gst_element_get_bus(pipeline);
+  GstMessage* m = gst_bus_timed_pop_filtered(
+      bus, 120 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_ERROR | GST_MESSAGE_EOS));
+  ASSERT_NE(m, nullptr) << "no EOS or error in 120 s";
+  std::string error;
+  if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+    GError* e = nullptr;
+    gst_message_parse_error(m, &e, nullptr);
+    error = e ? e->message : "error";
+    g_clear_error(&e);
+  }
+  gst_message_unref(m);
+  guint64 processed = 0, dropped = 0;
+  g_object_get(enc, "frames-processed", &processed, "frames-dropped", &dropped, nullptr);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  EXPECT_EQ(error, "");
+  EXPECT_GT(dropped, 3u) << "the test dropped too few frames to wrap the staging ring";
+  EXPECT_EQ(processed + dropped, 24u);
+  gst_object_unref(bus);
+  gst_object_unref(sink);
+  gst_object_unref(q.enc_src);
+  gst_object_unref(out);
+  gst_object_unref(enc);
+  gst_object_unref(pipeline);
+}
+
 TEST(GstCuda, LatencyQueryCountsBothStages) {
   PipelineRun r = run_pipeline(round_trip("cuda", "RGB", "pad"));
   ASSERT_TRUE(r.ok) << r.error;

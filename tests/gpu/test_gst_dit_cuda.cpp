@@ -49,6 +49,30 @@ std::string dit_pipeline(bool cuda_frames, const char* latent_caps, const std::s
 constexpr const char* kCudaLatents = "application/x-latent(memory:CUDAMemory)";
 constexpr const char* kSystemLatents = "application/x-latent(memory:SystemMemory)";
 
+// Neighbours that change state before a stage (downstream ones) ask it for GStreamer's CUDA
+// context: every stage, ditdenoise included (it shares the VAE stages' base class), answers before
+// start() with the primary context of the device its `device` property names.
+TEST(GstDitCuda, EveryStageAnswersContextQueriesForItsPlannedDevice) {
+  for (const char* stage : {"vaeencode", "vaedecode", "ditdenoise"}) {
+    for (const char* device : {"cuda:0", "auto"}) {
+      GstElement* e = gst_element_factory_make(stage, nullptr);
+      ASSERT_NE(e, nullptr) << stage;
+      g_object_set(e, "device", device, nullptr);
+      for (const char* pad_name : {"sink", "src"}) {
+        GstPad* pad = gst_element_get_static_pad(e, pad_name);
+        GstQuery* q = gst_query_new_context("gst.cuda.context");
+        EXPECT_TRUE(gst_pad_query(pad, q)) << stage << " " << device << " " << pad_name;
+        GstContext* ctx = nullptr;
+        gst_query_parse_context(q, &ctx);
+        EXPECT_NE(ctx, nullptr) << stage << " " << device << " " << pad_name;
+        gst_query_unref(q);
+        gst_object_unref(pad);
+      }
+      gst_object_unref(e);
+    }
+  }
+}
+
 TEST(GstDitCuda, CudaLatentsGiveTheFramesOfSystemMemoryLatentsWithoutLatentCopies) {
   PipelineRun dev = run_counted(dit_pipeline(false, kCudaLatents, ""), "enc", "sink");
   PipelineRun sys = run_counted(dit_pipeline(false, kSystemLatents, ""), "enc", "sink");
