@@ -71,9 +71,9 @@ std::string prompt_file() {
   auto m = (*io)->tensor("t2i_cfg.prompt_embeds_mask");
   EXPECT_TRUE(e.ok() && m.ok());
   if (!e.ok() || !m.ok()) return path;
-  latent::Status s = latent::write_safetensors(
-      path, {{"prompt_embeds", e->to_dtype(latent::DType::kF32)},
-             {"prompt_embeds_mask", m->to_dtype(latent::DType::kF32)}});
+  latent::Status s =
+      latent::write_safetensors(path, {{"prompt_embeds", e->to_dtype(latent::DType::kF32)},
+                                       {"prompt_embeds_mask", m->to_dtype(latent::DType::kF32)}});
   EXPECT_TRUE(s.ok()) << s.message();
   return path;
 }
@@ -83,9 +83,11 @@ TEST(ModelRoots, PartialDownloadIsAPipelineRootForEveryElement) {
   ASSERT_FALSE(fs::exists(root + "/model_index.json"));
   const std::string line =
       "videotestsrc num-buffers=2 ! video/x-raw,width=32,height=32,framerate=10/1 ! "
-      "vaeencode device=cpu model=\"" + root + "\" ! ditdenoise device=cpu model=\"" + root +
-      "\" prompt-embeds=\"" + prompt_file() + "\" steps=2 strength=0.5 ! vaedecode device=cpu "
-      "model=\"" + root + "\" ! fakesink";
+      "vaeencode device=cpu model=\"" +
+      root + "\" ! ditdenoise device=cpu model=\"" + root + "\" prompt-embeds=\"" + prompt_file() +
+      "\" steps=2 strength=0.5 ! vaedecode device=cpu "
+      "model=\"" +
+      root + "\" ! fakesink";
   EXPECT_EQ(run_to_end(line), "");
 }
 
@@ -94,7 +96,8 @@ TEST(ModelRoots, PartialDownloadWithoutVaeIsNamed) {
   const std::string root = partial_root("roots_novae", {"transformer", "scheduler"});
   const std::string err = run_to_end(
       "videotestsrc num-buffers=1 ! video/x-raw,width=32,height=32 ! vaeencode device=cpu "
-      "model=\"" + root + "\" ! fakesink");
+      "model=\"" +
+      root + "\" ! fakesink");
   EXPECT_NE(err.find("without a 'vae' subfolder"), std::string::npos) << err;
 }
 

@@ -101,7 +101,8 @@ TEST_F(LatentToolCli, MissingValueDoesNotSwallowTheNextOption) {
 
 // Stray arguments are refused, never taken as the model.
 TEST_F(LatentToolCli, ExtraPositionalsAreRefused) {
-  ToolRun r = run_tool("encode " + kl + " --input " + photo + " --output " + out("pos.safetensors"));
+  ToolRun r =
+      run_tool("encode " + kl + " --input " + photo + " --output " + out("pos.safetensors"));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(has(r, kl)) << r.output;
   EXPECT_FALSE(std::filesystem::exists(out("pos.safetensors")));
@@ -138,8 +139,8 @@ TEST_F(LatentToolCli, EachCommandHasItsOwnHelp) {
 }
 
 TEST_F(LatentToolCli, OpenCvWarningsStayOut) {
-  ToolRun r = run_tool("encode --device cpu --model " + kl + " --input /nonexistent/x.png --output " +
-                       out("ocv.safetensors"));
+  ToolRun r = run_tool("encode --device cpu --model " + kl +
+                       " --input /nonexistent/x.png --output " + out("ocv.safetensors"));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(has(r, "cannot read image '/nonexistent/x.png'")) << r.output;
   EXPECT_FALSE(has(r, "WARN")) << r.output;

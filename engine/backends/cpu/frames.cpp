@@ -2,10 +2,11 @@
 // the checked wrappers of engine/backends/frames.h): the conversion of engine/core/pixels on
 // host memory. Staging, downloading and device latents keep the base class's answers (nothing
 // to stage; no device memory).
+#include "engine/backends/frames.h"
+
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
-#include "engine/backends/frames.h"
 
 namespace latent {
 

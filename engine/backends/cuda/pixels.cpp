@@ -51,7 +51,8 @@ FrameKernelSource kernel_source(const FrameDesc& f) {
 
 }  // namespace
 
-Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame, const FrameGeometry& g) {
+Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame,
+                               const FrameGeometry& g) {
   Backend& backend = io.backend;
   const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   DeviceGuard guard;
@@ -338,8 +339,7 @@ class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, Downl
     // The slot's last copy is done (fetch() waited for it); its buffers are free to reuse.
     LATENT_TRY(s.reserve(total));
     LATENT_TRY(launch_nhwc_to_frame(image.data(), image.dtype(), g, pf,
-                                    static_cast<uint8_t*>(s.device), row,
-                                    launch_));
+                                    static_cast<uint8_t*>(s.device), row, launch_));
     LATENT_CUDA_CHECK(cudaEventRecord(s.computed, ctx.stream()));
     LATENT_CUDA_CHECK(cudaStreamWaitEvent(ring_.copy_stream(), s.computed, 0));
     LATENT_TRY(ring_.copy(s, total, /*upload=*/false, ticket));
@@ -423,8 +423,7 @@ Result<Tensor> zero_tensor(const BackendIo& io, const Shape& shape) {
   const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx->device()));
-  LATENT_ASSIGN_OR_RETURN(Tensor out,
-                          ctx->empty(shape, io.backend.compute_dtype(), Layout::kNHWC));
+  LATENT_ASSIGN_OR_RETURN(Tensor out, ctx->empty(shape, io.backend.compute_dtype(), Layout::kNHWC));
   if (out.nbytes() > 0)
     LATENT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.nbytes(), ctx->stream()));
   return out;
