@@ -12,6 +12,8 @@ PKGS=(
   libdnnl-dev nlohmann-json3-dev libgtest-dev libcli11-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   meson
+  # The Python and RTSP examples in pipelines/ (Debian's /usr/bin/python3).
+  python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-rtsp-server-1.0
 )
 # --- Python side: the precompute job (python/gst_latent, scripts/latent-precompute) ----------
 # PyGObject and GStreamer's introspection data from Debian; Ray goes into a venv (below).

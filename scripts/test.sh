@@ -7,6 +7,7 @@
 #  4. libFuzzer targets for the safetensors and config parsers, run briefly.
 # LATENT_TEST_QUICK=1 skips 2-4. LATENT_CUDA=OFF forces a CPU main build (scripts/configure.sh).
 # Runs before or after scripts/setup.sh (it turns the tests on in the build folder setup made).
+# LATENT_CTEST_ARGS: extra ctest arguments for the main ctest (e.g. "-L unit" or "-R frames").
 # The last line says what ran: "tests: N passed, N failed, N skipped (...)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +56,8 @@ log "main build"
 latent_configure_main ON
 cmake --build build -j"$J"
 main_rc=0
-run_ctest build || main_rc=$?
+# shellcheck disable=SC2086  # LATENT_CTEST_ARGS is a list of arguments
+run_ctest build ${LATENT_CTEST_ARGS:-} || main_rc=$?
 add_counts "main ctest" build/ctest.log
 if [ "$main_rc" -ne 0 ]; then
   summary

@@ -346,6 +346,8 @@ int cmd_denoise(const Options& o, const std::vector<std::string>& positional) {
   const latent::FlowMatchSchedulerConfig sched = sched_r->config;
 
   const std::string io = get(o, "inputs");
+  if (io.empty() && o.count("case"))
+    return fail(Status::error("denoise: --case names the cases of --inputs FILE; give both"));
   if (!io.empty()) {  // every input from one file: NAME.prompt_embeds, NAME.noise, ...
     auto file = latent::SafetensorsFile::open(io);
     if (!file.ok()) return fail(file.status());

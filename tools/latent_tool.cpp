@@ -408,6 +408,11 @@ int run_video(const Args& a, latent::VaeModel& m, const Tensor& host_in, const T
 
 int cmd_run(const Args& a) {
   std::string part = a.get("part"), in = a.get("inputs"), out = a.get("outputs");
+  // Options of the other kind of part would be ignored: refuse them.
+  if (part == "transformer" && a.options.count("graph"))
+    return fail(Status::error("run: --graph applies to --part encoder or decoder"));
+  if (part != "transformer" && a.options.count("case"))
+    return fail(Status::error("run: --case applies to --part transformer"));
   if (part == "transformer") return cmd_run_transformer(a.options, a.positional);
   if (part != "encoder" && part != "decoder")
     return fail(Status::error("run needs --part encoder, decoder or transformer"));
@@ -652,11 +657,15 @@ void make_cli(Cli& cli, Args& args) {
   app.require_subcommand(1);
   app.footer(std::string("MODEL: ") + kModelHelp +
              ".\nlatent-tool COMMAND --help describes each command.");
-  auto add = [&](const char* name, const char* help) {
+  auto add = [&](const char* name, const char* help, bool on_a_backend = true) {
     CLI::App* sub = app.add_subcommand(name, help);
     cli.commands.emplace_back(sub, &args);
     CommandOptions& c = cli.commands.back();
-    add_common(c);
+    if (on_a_backend) {
+      add_common(c);
+    } else {
+      c.flag("verbose", "engine log to stderr");
+    }
     sub->final_callback([&c] { c.collect(); });
     return std::make_pair(sub, &c);
   };
@@ -748,7 +757,9 @@ void make_cli(Cli& cli, Args& args) {
     sub->footer(stream_usage());
   }
   {
-    auto [sub, c] = add("compare", "PSNR (dB; inf for identical images) and SSIM of two images");
+    // No model and no backend: --device / --dtype would be ignored, so they are refused.
+    auto [sub, c] = add("compare", "PSNR (dB; inf for identical images) and SSIM of two images",
+                        false);
     sub->add_option("IMAGES", cli.positional, "two images of one size")->expected(2)->required();
     (void)c;
   }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/backends/frame_types.h"
+#include "engine/core/pixels.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 
@@ -130,8 +132,13 @@ class Backend {
   virtual Device device() const = 0;
   // The dtype activations and weights are held in on this backend.
   virtual DType compute_dtype() const = 0;
-  // Whether `op` runs on this backend for `dtype` (shape limits are reported by the op itself).
+  // Whether `op` runs on this backend for `dtype`.
   virtual bool supports(OpKind op, DType dtype) const = 0;
+  // Whether `op` runs on this backend for `dtype` with `shape` its (first) input's logical
+  // shape ([N, C, H, W]). The default: supports(op, dtype), a rank-4 shape of positive
+  // dimensions; backends add their own limits. The op still reports a shape it refuses.
+  // (Derived classes that override one supports() say `using Backend::supports;`.)
+  virtual bool supports(OpKind op, DType dtype, const Shape& shape) const;
 
   // Host tensor (any dtype, contiguous) -> backend tensor in the compute dtype. Weights and
   // activations use the same entry point; a backend may re-layout 4-D tensors.
@@ -183,7 +190,7 @@ class Backend {
   virtual Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            int heads) = 0;
 
-  // === Video clips (causal video VAEs; engine/models/vae/qwen_image.cpp) ======================
+  // === Video clips (causal video VAEs; engine/models/vae/qwen_image.cpp) ===============
   // A clip [1, C, T, H, W] (row-major, e.g. one clip of an upload()ed [N, C, T, H, W]: slice()
   // on dim 0) -> its frames [T, C, H, W] in this backend's image layout (what conv2d() takes),
   // and back. Frames of one clip then move along dim 0 with concat(parts, 0) and views.
@@ -211,6 +218,34 @@ class Backend {
     return Status::errorf("conv3d_frames is not supported by backend ", name());
   }
   // === end of video clips ===================================================================
+=======
+  // === Frame, latent and staging I/O ========================================================
+  // Each backend converts frames and latents its own way (the CPU on the host, CUDA with its
+  // kernels on the device). Callers use the checked wrappers of engine/backends/frames.h, which
+  // validate the frame description, its device and the tensor's shape before calling these;
+  // the defaults report the operation unsupported (or, for the stager and downloader, that
+  // they buy nothing: null).
+
+  // frame (on the host or on this backend's device) -> image tensor [1, 3, g.model_height(),
+  // g.model_width()] in the compute dtype and this backend's layout, values in [-1, 1].
+  virtual Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g);
+  // image tensor [1, 3, g.model_height(), g.model_width()] -> packed `frame` (on the host or
+  // on this backend's device), undoing g.policy; the frame holds the result on return.
+  virtual Status tensor_to_frame(const Tensor& image, const FrameGeometry& g,
+                                 const FrameDesc& frame);
+  // Pinned staging of host frames both ways (frames.h's FrameStager / FrameDownloader); null
+  // where it buys nothing. `depth` is checked by the caller (0..64).
+  virtual Result<std::unique_ptr<FrameStager>> create_frame_stager(int depth);
+  virtual Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(int depth);
+  // A zero-filled tensor of logical `shape` ([N, C, H, W]) in the compute dtype and this
+  // backend's layout, made without a host transfer where the backend can.
+  virtual Result<Tensor> zeros(const Shape& shape);
+  // A latent [C, h, w] (contiguous, channel-major, `dtype`) in this backend's device memory
+  // <-> tensor [1, C, h, w]; device to device. Backends without device memory refuse.
+  virtual Result<Tensor> device_latent_to_tensor(const void* data, DType dtype, int channels,
+                                                 int height, int width);
+  virtual Status tensor_to_device_latent(const Tensor& latent, void* data, DType dtype);
+  // === end of frame, latent and staging I/O =================================================
 
   // === Graph capture and plan persistence (plans) ===========================================
   // A backend that supports capture records the device work that the ops called by this thread

@@ -3,10 +3,6 @@
 #include <atomic>
 #include <vector>
 
-#ifdef LATENT_HAVE_CUDA
-#include "engine/backends/cuda/pixels.cuh"
-#endif
-
 namespace latent {
 
 namespace {
@@ -111,28 +107,15 @@ Status yuv_to_rgb_host(const FrameDesc& f, uint8_t* rgb, size_t rgb_stride) {
   return ok_status();
 }
 
+// The checked entry points: what every backend may assume is checked here once, then the
+// backend's own operation runs (Backend::frame_to_tensor() and friends).
+
 Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g) {
   LATENT_TRY(check_frame_desc(frame, g));
   if (!frame.device.is_cpu() && frame.device != backend.device())
     return Status::errorf(frame_format_name(frame.format), " frame on ", frame.device.to_string(),
                           " cannot be read by backend ", backend.name());
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA) return cuda::frame_to_tensor(backend, frame, g);
-#endif
-  if (!frame.device.is_cpu())
-    return Status::errorf("backend ", backend.name(), " cannot read frames in device memory");
-  Result<Tensor> host = Status::error("unset");
-  if (frame_format_is_packed(frame.format)) {
-    host = frame_to_tensor(static_cast<const uint8_t*>(frame.planes[0]), frame.strides[0],
-                           frame_pixel_format(frame.format), g);
-  } else {
-    const size_t stride = static_cast<size_t>(frame.width) * 3;
-    std::vector<uint8_t> rgb(stride * frame.height);
-    LATENT_TRY(yuv_to_rgb_host(frame, rgb.data(), stride));
-    host = frame_to_tensor(rgb.data(), stride, PixelFormat::kRGB, g);
-  }
-  if (!host.ok()) return host.status();
-  return backend.upload(*host);
+  return backend.frame_to_tensor(frame, g);
 }
 
 Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometry& g,
@@ -149,55 +132,30 @@ Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometr
   if (image.shape() != want)
     return Status::errorf("expected an image of shape ", shape_str(want), ", got ",
                           image.describe());
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA)
-    return cuda::tensor_to_frame(backend, image, g, frame);
-#endif
-  if (!frame.device.is_cpu())
-    return Status::errorf("backend ", backend.name(), " cannot write frames in device memory");
-  LATENT_ASSIGN_OR_RETURN(Tensor host, backend.download(image));
-  return tensor_to_frame(host, g, frame_pixel_format(frame.format),
-                         static_cast<uint8_t*>(frame.planes[0]), frame.strides[0]);
+  return backend.tensor_to_frame(image, g, frame);
 }
 
 Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth) {
   if (depth < 0 || depth > 64) return Status::errorf("prefetch depth ", depth, " is outside 0..64");
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA) return cuda::create_frame_stager(backend, depth);
-#endif
-  (void)backend;
-  return std::unique_ptr<FrameStager>();
+  return backend.create_frame_stager(depth);
 }
 
 Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth) {
   if (depth < 0 || depth > 64) return Status::errorf("prefetch depth ", depth, " is outside 0..64");
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA)
-    return cuda::create_frame_downloader(backend, depth);
-#endif
-  (void)backend;
-  return std::unique_ptr<FrameDownloader>();
+  return backend.create_frame_downloader(depth);
 }
 
 Result<Tensor> zero_image_tensor(Backend& backend, const FrameGeometry& g) {
   if (g.model_width() <= 0 || g.model_height() <= 0)
     return Status::errorf("empty frame geometry (model ", g.model_width(), "x", g.model_height(),
                           ")");
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA)
-    return cuda::zero_tensor(backend, {1, 3, g.model_height(), g.model_width()});
-#endif
-  return backend.upload(Tensor::zeros({1, 3, g.model_height(), g.model_width()}, DType::kF32));
+  return backend.zeros({1, 3, g.model_height(), g.model_width()});
 }
 
 Result<Tensor> zero_latent_tensor(Backend& backend, int channels, int height, int width) {
   if (channels <= 0 || height <= 0 || width <= 0)
     return Status::errorf("latent of ", channels, "x", height, "x", width, " is empty");
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA)
-    return cuda::zero_tensor(backend, {1, channels, height, width});
-#endif
-  return backend.upload(Tensor::zeros({1, channels, height, width}, DType::kF32));
+  return backend.zeros({1, channels, height, width});
 }
 
 Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
@@ -205,12 +163,7 @@ Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType
   if (!data) return Status::error("device latent buffer is null");
   if (channels <= 0 || height <= 0 || width <= 0)
     return Status::errorf("device latent of ", channels, "x", height, "x", width, " is empty");
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA)
-    return cuda::device_latent_to_tensor(backend, data, dtype, channels, height, width);
-#endif
-  (void)dtype;
-  return Status::errorf("backend ", backend.name(), " cannot read latents in device memory");
+  return backend.device_latent_to_tensor(data, dtype, channels, height, width);
 }
 
 Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype) {
@@ -218,12 +171,7 @@ Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* dat
   if (!latent.defined() || latent.rank() != 4 || latent.dim(0) != 1)
     return Status::errorf("expected a latent [1, C, h, w], got ",
                           latent.defined() ? latent.describe() : std::string("an empty tensor"));
-#ifdef LATENT_HAVE_CUDA
-  if (backend.device().kind == DeviceKind::kCUDA)
-    return cuda::tensor_to_device_latent(backend, latent, data, dtype);
-#endif
-  (void)dtype;
-  return Status::errorf("backend ", backend.name(), " cannot write latents to device memory");
+  return backend.tensor_to_device_latent(latent, data, dtype);
 }
 
 TransferCounts transfer_counts() {

@@ -81,22 +81,20 @@ Status check_json_text(const char* p, size_t n, const std::string& what, const s
     if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", c);
-      return Status::errorf(what, ": ", kind, " holds a binary byte (", hex, ") at byte ", i,
-                            " of its ", n, " bytes",
-                            kind == "safetensors header"
-                                ? ": the header length runs into the tensor data (the file "
-                                  "is damaged or not a safetensors file)"
-                                : ": not a text file");
+      return Status::errorf(
+          what, ": ", kind, " holds a binary byte (", hex, ") at byte ", i, " of its ", n, " bytes",
+          kind == "safetensors header" ? ": the header length runs into the tensor data (the file "
+                                         "is damaged or not a safetensors file)"
+                                       : ": not a text file");
     }
     if (opened && depth == 0) {
       // After the top-level value: safetensors pads with spaces, text files end in newlines.
       if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
-      return Status::errorf(what, ": ", kind, " goes on after its JSON value ends (at byte ", i,
-                            " of ", n, ")",
-                            kind == "safetensors header"
-                                ? ": the header length runs into the tensor data (the file "
-                                  "is damaged or not a safetensors file)"
-                                : "");
+      return Status::errorf(
+          what, ": ", kind, " goes on after its JSON value ends (at byte ", i, " of ", n, ")",
+          kind == "safetensors header" ? ": the header length runs into the tensor data (the file "
+                                         "is damaged or not a safetensors file)"
+                                       : "");
     }
     if (in_string) {
       if (escaped)
@@ -112,8 +110,7 @@ Status check_json_text(const char* p, size_t n, const std::string& what, const s
     } else if (c == '{' || c == '[') {
       opened = true;
       if (++depth > kMaxHeaderDepth)
-        return Status::errorf(what, ": ", kind, " nests deeper than ", kMaxHeaderDepth,
-                              " levels");
+        return Status::errorf(what, ": ", kind, " nests deeper than ", kMaxHeaderDepth, " levels");
     } else if (c == '}' || c == ']') {
       --depth;
     }

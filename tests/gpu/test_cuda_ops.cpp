@@ -424,6 +424,12 @@ TEST_P(CudaOps, SupportsAndRejects) {
         << op_name(static_cast<OpKind>(op));
     EXPECT_FALSE(gpu_->supports(static_cast<OpKind>(op),
                                 dtype() == DType::kF32 ? DType::kBF16 : DType::kF32));
+    // With the shape: rank 4, positive sizes, each within the 32-bit sizes of cuDNN.
+    EXPECT_TRUE(gpu_->supports(static_cast<OpKind>(op), dtype(), Shape{1, 8, 16, 16}));
+    EXPECT_FALSE(gpu_->supports(static_cast<OpKind>(op), dtype(), Shape{1, 8, 0, 16}));
+    EXPECT_FALSE(gpu_->supports(static_cast<OpKind>(op), dtype(), Shape{8, 16, 16}));
+    EXPECT_FALSE(
+        gpu_->supports(static_cast<OpKind>(op), dtype(), Shape{1, 1, int64_t{1} << 32, 1}));
   }
   Tensor host = input({1, 8, 4, 4}, 1500);
   Result<Tensor> r = gpu_->activation(host, Activation::kSiLU);  // a host tensor

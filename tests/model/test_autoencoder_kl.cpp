@@ -1,7 +1,6 @@
 // AutoencoderKL against diffusers: the fixtures of scripts/make_fixtures.py (kl_tiny*,
 // kl_flux_tiny*) hold tiny random models and diffusers' outputs for one input each.
 #include <gtest/gtest.h>
-
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -222,7 +221,8 @@ TEST(AutoencoderKL, ConfigThatDisagreesWithTheWeights) {
   msg = config_error("kl_tiny", "kl_lat", "latent_channels", 8);
   EXPECT_NE(msg.find("'latent_channels' is 8 but the weights"), std::string::npos) << msg;
   msg = config_error("kl_tiny", "kl_boc", "block_out_channels", {8, 8, 16, 32});
-  EXPECT_NE(msg.find("'block_out_channels' is [8, 8, 16, 32] but the weights"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'block_out_channels' is [8, 8, 16, 32] but the weights"), std::string::npos)
+      << msg;
   msg = config_error("kl_tiny", "kl_in", "in_channels", 4);
   EXPECT_NE(msg.find("'in_channels' is 4"), std::string::npos) << msg;
 }
@@ -245,7 +245,8 @@ TEST(AutoencoderKLDeathTest, HugeLatentChannelsRefusedBeforeAllocating) {
           auto vae = load_vae(dir, test::cpu_backend());
           const bool named =
               !vae.ok() && vae.status().message().find("latent_channels") != std::string::npos;
-          if (!named) std::fprintf(stderr, "%s\n", vae.ok() ? "loaded" : vae.status().message().c_str());
+          if (!named)
+            std::fprintf(stderr, "%s\n", vae.ok() ? "loaded" : vae.status().message().c_str());
           std::exit(named ? 0 : 1);
         },
         ::testing::ExitedWithCode(0), "")

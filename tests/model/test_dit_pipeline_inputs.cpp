@@ -113,8 +113,9 @@ TEST(DitPromptEmbeds, ReadsEmbedsAndMask) {
 }
 
 TEST(DitPromptEmbeds, NegativeFileMayNameItsTensorNegative) {
-  const std::string path = embeds_file(
-      "pe_neg.safetensors", {{"negative_prompt_embeds", test::random_tensor({1, 2, kJointDim}, 2)}});
+  const std::string path =
+      embeds_file("pe_neg.safetensors",
+                  {{"negative_prompt_embeds", test::random_tensor({1, 2, kJointDim}, 2)}});
   auto n = load_prompt_embeds(path, true, kJointDim);
   ASSERT_TRUE(n.ok()) << n.status().message();
   EXPECT_EQ(n->embeds.dim(1), 2);
@@ -145,9 +146,10 @@ TEST(DitPromptEmbeds, BadMasks) {
   auto b = load_prompt_embeds(zero, false, kJointDim);
   ASSERT_FALSE(b.ok());
   EXPECT_TRUE(has_substr(b.status().message(), "masks every token"));
-  const std::string orphan = embeds_file(
-      "pe_orphan.safetensors", {{"prompt_embeds", test::random_tensor({1, 2, kJointDim}, 6)},
-                                {"negative_prompt_embeds_mask", Tensor::from_floats({1, 2}, {1, 1})}});
+  const std::string orphan =
+      embeds_file("pe_orphan.safetensors",
+                  {{"prompt_embeds", test::random_tensor({1, 2, kJointDim}, 6)},
+                   {"negative_prompt_embeds_mask", Tensor::from_floats({1, 2}, {1, 1})}});
   auto file = SafetensorsFile::open(orphan);
   ASSERT_TRUE(file.ok());
   auto c = read_prompt_embeds(**file, "negative_prompt_embeds", kJointDim, /*optional=*/true);

@@ -76,6 +76,11 @@ TEST_F(LatentToolCli, NumbersAreTypedAndRangeChecked) {
                        " --outputs " + out("part.safetensors"));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(has(r, "--part")) << r.output;
+  // An option of the other kind of part would be ignored: refused.
+  r = run_tool("run --device cpu --model " + kl + " --part encoder --case x --inputs " + io +
+               " --outputs " + out("case.safetensors"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_TRUE(has(r, "--case applies to --part transformer")) << r.output;
 }
 
 // An option's value never swallows the next option: `--dtype --input x` is a missing value.
@@ -96,7 +101,8 @@ TEST_F(LatentToolCli, MissingValueDoesNotSwallowTheNextOption) {
 
 // Stray arguments are refused, never taken as the model.
 TEST_F(LatentToolCli, ExtraPositionalsAreRefused) {
-  ToolRun r = run_tool("encode " + kl + " --input " + photo + " --output " + out("pos.safetensors"));
+  ToolRun r =
+      run_tool("encode " + kl + " --input " + photo + " --output " + out("pos.safetensors"));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(has(r, kl)) << r.output;
   EXPECT_FALSE(std::filesystem::exists(out("pos.safetensors")));
@@ -133,8 +139,8 @@ TEST_F(LatentToolCli, EachCommandHasItsOwnHelp) {
 }
 
 TEST_F(LatentToolCli, OpenCvWarningsStayOut) {
-  ToolRun r = run_tool("encode --device cpu --model " + kl + " --input /nonexistent/x.png --output " +
-                       out("ocv.safetensors"));
+  ToolRun r = run_tool("encode --device cpu --model " + kl +
+                       " --input /nonexistent/x.png --output " + out("ocv.safetensors"));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(has(r, "cannot read image '/nonexistent/x.png'")) << r.output;
   EXPECT_FALSE(has(r, "WARN")) << r.output;
@@ -150,6 +156,9 @@ TEST_F(LatentToolCli, CompareOfIdenticalImagesIsInfinite) {
   const std::string other = test::fixtures_dir() + "/photos/eveningglow.png";
   r = run_tool("compare " + photo + " " + other);
   EXPECT_FALSE(has(r, "inf")) << r.output;
+  // compare runs no model: a --device would be ignored, so it is refused.
+  r = run_tool("compare --device cuda " + photo + " " + photo);
+  EXPECT_EQ(r.status, 2) << r.output;
 }
 
 // `"latent_channels": 1000000000` in config.json: inspect fails with a message naming the key

@@ -225,10 +225,16 @@ TEST(QwenImageMmdit, ConfigErrorsNameFileAndKey) {
   expect_error("axes_dims_rope", {4, 6, 8}, "sums to 18");
   expect_error("guidance_embeds", true, "guidance_embeds");
   expect_error("use_layer3d_rope", true, "Qwen-Image-Layered");
-  // A config that disagrees with the weights: every misshaped tensor is named.
+  // A size past the bound is named as such, not as "not positive".
+  expect_error("num_layers", 1000000000, "'num_layers' is 1000000000, expected a size from 1 to");
+  // A config that disagrees with the weights is named before anything is built.
   auto m = QwenImageMmdit::load(edited_copy("joint_attention_dim", 32), cpu_backend());
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("txt_in.weight"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("'joint_attention_dim' is 32"), std::string::npos)
+      << m.status().message();
+  expect_error("num_layers", 1000000, "'num_layers' is 1000000 but the weights");
+  expect_error("num_layers", 3, "hold 2 transformer_blocks");
 }
 
 TEST(QwenImageTextPadding, CutsRightPaddingOnly) {

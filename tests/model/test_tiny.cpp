@@ -190,8 +190,7 @@ TEST(AutoencoderTiny, ConfigSizesCheckedAgainstTheWeights) {
   msg = config_error("tiny_taesd", "tiny_lat16", "latent_channels", 16);
   EXPECT_NE(msg.find("'latent_channels' is 16 but the weights"), std::string::npos) << msg;
   msg = config_error("tiny_taesd", "tiny_enc_ch", "encoder_block_out_channels", {32, 32, 32, 32});
-  EXPECT_NE(msg.find("'encoder_block_out_channels' is [32, 32, 32, 32]"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("'encoder_block_out_channels' is [32, 32, 32, 32]"), std::string::npos) << msg;
 }
 
 TEST(AutoencoderTiny, LatentSpaceKey) {

@@ -402,6 +402,16 @@ TEST_P(CpuOps, SupportsItsOwnDtypeOnly) {
           << op_name(static_cast<OpKind>(op)) << ' ' << dtype_name(dt);
 }
 
+// supports() with the input's shape: [N, C, H, W] of positive sizes, in the backend's dtype.
+TEST_P(CpuOps, SupportsKnowsTheShape) {
+  const Backend& b = be();
+  EXPECT_TRUE(b.supports(OpKind::kConv2d, GetParam(), Shape{1, 3, 8, 8}));
+  EXPECT_FALSE(b.supports(OpKind::kConv2d, GetParam(), Shape{1, 3, 0, 8}));
+  EXPECT_FALSE(b.supports(OpKind::kGroupNorm, GetParam(), Shape{3, 8, 8}));
+  const DType other = GetParam() == DType::kF32 ? DType::kBF16 : DType::kF32;
+  EXPECT_FALSE(b.supports(OpKind::kConv2d, other, Shape{1, 3, 8, 8}));
+}
+
 TEST_P(CpuOps, UploadDownloadRoundTrip) {
   Tensor host = test::random_tensor({2, 3, 4, 5}, 41);
   Tensor dev = must(be().upload(host), "upload");

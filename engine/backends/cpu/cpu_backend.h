@@ -26,7 +26,13 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{}; }
   DType compute_dtype() const override { return dtype_; }
+  using Backend::supports;
   bool supports(OpKind op, DType dtype) const override;
+
+  // Frames (cpu/frames.cpp): converted on the host by engine/core/pixels.
+  Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g) override;
+  Status tensor_to_frame(const Tensor& image, const FrameGeometry& g,
+                         const FrameDesc& frame) override;
 
   Result<Tensor> upload(const Tensor& host) override;
   Result<Tensor> download(const Tensor& t) override;

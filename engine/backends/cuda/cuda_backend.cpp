@@ -111,16 +111,46 @@ class CudaBackend final : public Backend {
   std::string name() const override { return str_cat("cuda:", ctx_->device()); }
   Device device() const override { return Device{DeviceKind::kCUDA, ctx_->device()}; }
   DType compute_dtype() const override { return dtype_; }
+  using Backend::supports;
   bool supports(OpKind op, DType dtype) const override {
     return static_cast<int>(op) <= static_cast<int>(OpKind::kSpatialAttention) && dtype == dtype_;
+  }
+  bool supports(OpKind op, DType dtype, const Shape& shape) const override {
+    if (!Backend::supports(op, dtype, shape)) return false;
+    // cuDNN and our kernels take each dimension as a 32-bit int.
+    for (int64_t d : shape)
+      if (d > std::numeric_limits<int32_t>::max()) return false;
+    return true;
+  }
+
+  // Frame, latent and staging I/O: our kernels on the device (pixels.cpp, latents.cpp).
+  Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g) override {
+    return cuda::frame_to_tensor(io(), frame, g);
+  }
+  Status tensor_to_frame(const Tensor& image, const FrameGeometry& g,
+                         const FrameDesc& frame) override {
+    return cuda::tensor_to_frame(io(), image, g, frame);
+  }
+  Result<std::unique_ptr<FrameStager>> create_frame_stager(int depth) override {
+    return cuda::create_frame_stager(io(), depth);
+  }
+  Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(int depth) override {
+    return cuda::create_frame_downloader(io(), depth);
+  }
+  Result<Tensor> zeros(const Shape& shape) override { return cuda::zero_tensor(io(), shape); }
+  Result<Tensor> device_latent_to_tensor(const void* data, DType dtype, int channels, int height,
+                                         int width) override {
+    return cuda::device_latent_to_tensor(io(), data, dtype, channels, height, width);
+  }
+  Status tensor_to_device_latent(const Tensor& latent, void* data, DType dtype) override {
+    return cuda::tensor_to_device_latent(io(), latent, data, dtype);
   }
 
   Result<Tensor> upload(const Tensor& host) override;
   Result<Tensor> download(const Tensor& t) override;
   Status synchronize() override;
-  // gpu-elements: what the frame kernels (pixels.cpp) need.
-  const std::shared_ptr<DeviceContext>& context() const { return ctx_; }
-  const cuda::Launch& launch_config() const { return launch_; }
+  // What the frame and latent kernels (pixels.cpp, latents.cpp) run with.
+  cuda::BackendIo io() { return cuda::BackendIo{*this, ctx_, launch_}; }
   // Live bytes of the backend's memory pool (tensors, scratch, cuDNN workspace) at their peak;
   // cuDNN's and the driver's own allocations are not counted.
   // plans: plus the memory of captured graphs on this device (not in the pool).
@@ -963,18 +993,6 @@ Result<Tensor> CudaBackend::slice(const Tensor& x, int dim, int64_t start, int64
 
 }  // namespace
 
-// === gpu-elements: the backend's device context for the frame kernels (pixels.cuh) ===
-namespace cuda {
-std::shared_ptr<DeviceContext> backend_device_context(Backend& backend) {
-  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
-  return cuda_backend ? cuda_backend->context() : nullptr;
-}
-Launch backend_launch(Backend& backend) {
-  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
-  return cuda_backend ? cuda_backend->launch_config() : Launch{};
-}
-}  // namespace cuda
-// === end gpu-elements ===
 
 int cuda_runtime_device_count() {
   int count = 0;

@@ -9,13 +9,13 @@
 
 namespace latent::cuda {
 
-Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
+Result<Tensor> device_latent_to_tensor(const BackendIo& io, const void* data, DType dtype,
                                        int channels, int height, int width) {
-  auto ctx = backend_device_context(backend);
-  if (!ctx) return Status::errorf("backend ", backend.name(), " is not a CUDA backend");
+  Backend& backend = io.backend;
+  const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx->device()));
-  const Launch l = backend_launch(backend);
+  const Launch l = io.launch;
   // out: [1, C, h, w] in the backend's NHWC layout and compute dtype
   LATENT_ASSIGN_OR_RETURN(
       Tensor out, ctx->empty({1, channels, height, width}, backend.compute_dtype(), Layout::kNHWC));
@@ -29,16 +29,16 @@ Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType
   return out;
 }
 
-Status tensor_to_device_latent(Backend& backend, const Tensor& t, void* data, DType dtype) {
-  auto ctx = backend_device_context(backend);
-  if (!ctx) return Status::errorf("backend ", backend.name(), " is not a CUDA backend");
+Status tensor_to_device_latent(const BackendIo& io, const Tensor& t, void* data, DType dtype) {
+  Backend& backend = io.backend;
+  const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   if (t.device() != backend.device())
     return Status::errorf("latent ", t.describe(), " is not on ", backend.name());
   if (t.byte_offset() + t.nbytes() > t.storage()->bytes())
     return Status::errorf("latent ", t.describe(), " is larger than its storage");
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx->device()));
-  const Launch l = backend_launch(backend);
+  const Launch l = io.launch;
   const int64_t channels = t.dim(1), pixels = t.dim(2) * t.dim(3);
   if (t.layout() == Layout::kNHWC && channels > 1 && pixels > 1) {
     // [1][h*w][C] -> [1][C][h*w]

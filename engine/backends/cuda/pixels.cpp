@@ -49,19 +49,15 @@ FrameKernelSource kernel_source(const FrameDesc& f) {
   return src;
 }
 
-Result<std::shared_ptr<DeviceContext>> context_of(Backend& backend) {
-  auto ctx = backend_device_context(backend);
-  if (!ctx) return Status::errorf("backend ", backend.name(), " is not a CUDA backend");
-  return ctx;
-}
-
 }  // namespace
 
-Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g) {
-  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
+Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame,
+                               const FrameGeometry& g) {
+  Backend& backend = io.backend;
+  const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx->device()));
-  const Launch l = backend_launch(backend);
+  const Launch l = io.launch;
   FrameKernelSource src = kernel_source(frame);
   const int planes = frame_format_planes(frame.format);
   TempBuffer staging;
@@ -90,9 +86,10 @@ Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const F
   return out;
 }
 
-Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometry& g,
+Status tensor_to_frame(const BackendIo& io, const Tensor& image, const FrameGeometry& g,
                        const FrameDesc& frame) {
-  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
+  Backend& backend = io.backend;
+  const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   if (image.device() != backend.device())
     return Status::errorf("image ", image.describe(), " is not on ", backend.name());
   if (image.byte_offset() + image.nbytes() > image.storage()->bytes())
@@ -103,7 +100,7 @@ Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometr
                           backend.name());
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx->device()));
-  const Launch l = backend_launch(backend);
+  const Launch l = io.launch;
   const PixelFormat format = frame_pixel_format(frame.format);
   size_t row = 0, rows = 0;
   plane_extent(frame, 0, &row, &rows);
@@ -223,8 +220,8 @@ class PinnedRing {
 template <class Interface, class Slot>
 class PinnedFrameQueue : public Interface {
  public:
-  PinnedFrameQueue(Backend& backend, std::shared_ptr<DeviceContext> ctx, int depth)
-      : backend_(backend), depth_(depth), ring_(std::move(ctx), depth) {}
+  PinnedFrameQueue(const BackendIo& io, int depth)
+      : backend_(io.backend), launch_(io.launch), depth_(depth), ring_(io.ctx, depth) {}
 
   Status init() { return ring_.init(); }
 
@@ -232,6 +229,7 @@ class PinnedFrameQueue : public Interface {
 
  protected:
   Backend& backend_;
+  Launch launch_;
   int depth_;
   PinnedRing<Slot> ring_;
 };
@@ -296,7 +294,7 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
     LATENT_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), s.copied, 0));
     LATENT_ASSIGN_OR_RETURN(Tensor out, ctx.empty({1, 3, g.model_height(), g.model_width()},
                                                   backend_.compute_dtype(), Layout::kNHWC));
-    LATENT_TRY(launch_frame_to_nhwc(s.src, g, out.data(), out.dtype(), backend_launch(backend_)));
+    LATENT_TRY(launch_frame_to_nhwc(s.src, g, out.data(), out.dtype(), launch_));
     LATENT_CUDA_CHECK(cudaEventRecord(s.computed, ctx.stream()));
     return out;
   }
@@ -341,8 +339,7 @@ class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, Downl
     // The slot's last copy is done (fetch() waited for it); its buffers are free to reuse.
     LATENT_TRY(s.reserve(total));
     LATENT_TRY(launch_nhwc_to_frame(image.data(), image.dtype(), g, pf,
-                                    static_cast<uint8_t*>(s.device), row,
-                                    backend_launch(backend_)));
+                                    static_cast<uint8_t*>(s.device), row, launch_));
     LATENT_CUDA_CHECK(cudaEventRecord(s.computed, ctx.stream()));
     LATENT_CUDA_CHECK(cudaStreamWaitEvent(ring_.copy_stream(), s.computed, 0));
     LATENT_TRY(ring_.copy(s, total, /*upload=*/false, ticket));
@@ -410,31 +407,30 @@ class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, Downl
 };
 
 template <class Queue, class Interface>
-Result<std::unique_ptr<Interface>> create_queue(Backend& backend, int depth) {
-  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
-  auto q = std::make_unique<Queue>(backend, std::move(ctx), depth);
+Result<std::unique_ptr<Interface>> create_queue(const BackendIo& io, int depth) {
+  auto q = std::make_unique<Queue>(io, depth);
   LATENT_TRY(q->init());
   return std::unique_ptr<Interface>(std::move(q));
 }
 
 }  // namespace
 
-Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth) {
-  return create_queue<CudaFrameDownloader, FrameDownloader>(backend, depth);
+Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(const BackendIo& io, int depth) {
+  return create_queue<CudaFrameDownloader, FrameDownloader>(io, depth);
 }
 
-Result<Tensor> zero_tensor(Backend& backend, const Shape& shape) {
-  LATENT_ASSIGN_OR_RETURN(std::shared_ptr<DeviceContext> ctx, context_of(backend));
+Result<Tensor> zero_tensor(const BackendIo& io, const Shape& shape) {
+  const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx->device()));
-  LATENT_ASSIGN_OR_RETURN(Tensor out, ctx->empty(shape, backend.compute_dtype(), Layout::kNHWC));
+  LATENT_ASSIGN_OR_RETURN(Tensor out, ctx->empty(shape, io.backend.compute_dtype(), Layout::kNHWC));
   if (out.nbytes() > 0)
     LATENT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.nbytes(), ctx->stream()));
   return out;
 }
 
-Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth) {
-  return create_queue<CudaFrameStager, FrameStager>(backend, depth);
+Result<std::unique_ptr<FrameStager>> create_frame_stager(const BackendIo& io, int depth) {
+  return create_queue<CudaFrameStager, FrameStager>(io, depth);
 }
 
 }  // namespace latent::cuda

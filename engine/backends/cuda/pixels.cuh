@@ -37,24 +37,29 @@ Status launch_frame_to_nhwc(const FrameKernelSource& src, const FrameGeometry& g
 Status launch_nhwc_to_frame(const void* in, DType dtype, const FrameGeometry& g, PixelFormat format,
                             uint8_t* out, size_t stride, const Launch& l);
 
+// What the CUDA backend's frame and latent I/O runs with: the backend (its device, dtype and
+// name), its device context and launch configuration. The CUDA backend's overrides of
+// Backend::frame_to_tensor() and friends make it from themselves (cuda_backend.cpp), so
+// nothing here has to find out which backend it was given.
+struct BackendIo {
+  Backend& backend;
+  std::shared_ptr<DeviceContext> ctx;
+  Launch launch;
+};
+
 // The CUDA implementations behind frames.h (frame on the host or on the backend's device).
-Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g);
-Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometry& g,
+Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame, const FrameGeometry& g);
+Status tensor_to_frame(const BackendIo& io, const Tensor& image, const FrameGeometry& g,
                        const FrameDesc& frame);
 
-Result<std::unique_ptr<FrameStager>> create_frame_stager(Backend& backend, int depth);
-Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(Backend& backend, int depth);
+Result<std::unique_ptr<FrameStager>> create_frame_stager(const BackendIo& io, int depth);
+Result<std::unique_ptr<FrameDownloader>> create_frame_downloader(const BackendIo& io, int depth);
 // A zero-filled tensor of `shape` in the compute dtype and NHWC layout (no host transfer).
-Result<Tensor> zero_tensor(Backend& backend, const Shape& shape);
+Result<Tensor> zero_tensor(const BackendIo& io, const Shape& shape);
 
 // The CUDA implementations of frames.h's device latents (latents.cpp).
-Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType dtype,
+Result<Tensor> device_latent_to_tensor(const BackendIo& io, const void* data, DType dtype,
                                        int channels, int height, int width);
-Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype);
-
-// === defined in cuda_backend.cpp (gpu-elements) ===
-// The device context and launch configuration of a CUDA backend; null for other backends.
-std::shared_ptr<DeviceContext> backend_device_context(Backend& backend);
-Launch backend_launch(Backend& backend);
+Status tensor_to_device_latent(const BackendIo& io, const Tensor& latent, void* data, DType dtype);
 
 }  // namespace latent::cuda

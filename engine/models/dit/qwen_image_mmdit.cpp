@@ -308,6 +308,49 @@ struct QwenImageMmdit::Weights {
 
 struct QwenImageMmdit::RuntimeLora : LinearLora {};
 
+namespace {
+
+// The sizes of config.json that set how much is built (layers, widths), checked against the
+// weights' shapes before anything is: a config of another model, or a typo such as num_layers
+// 1000000, is named here instead of building a million blocks that each report missing tensors.
+Status check_config_against_weights(const QwenImageMmditConfig& c, const std::string& config_path,
+                                    const WeightStore& store) {
+  auto mismatch = [&](const char* key, int64_t given, const std::string& held) {
+    return Status::errorf(config_path, ": '", key, "' is ", given, " but the weights in ",
+                          store.path(), " ", held, ": the config does not describe these weights");
+  };
+  int64_t layers = 0;
+  const std::string prefix = "transformer_blocks.";
+  for (const std::string& n : store.names()) {
+    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dot = n.find('.', prefix.size());
+    const std::string idx = n.substr(prefix.size(), dot - prefix.size());
+    if (idx.empty() || idx.size() > 7 || idx.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    layers = std::max<int64_t>(layers, std::stoll(idx) + 1);
+  }
+  if (layers > 0 && c.num_layers != layers)
+    return mismatch("num_layers", c.num_layers, str_cat("hold ", layers, " transformer_blocks"));
+  if (const TensorRecord* r = store.find("img_in.weight"); r && r->shape.size() == 2) {
+    if (c.in_channels != r->shape[1])
+      return mismatch("in_channels", c.in_channels,
+                      str_cat("take ", r->shape[1], " (img_in.weight ", shape_str(r->shape), ")"));
+    if (c.inner_dim() != r->shape[0])
+      return Status::errorf(config_path, ": num_attention_heads x attention_head_dim is ",
+                            c.num_attention_heads, " x ", c.attention_head_dim, " = ",
+                            c.inner_dim(), " but the weights in ", store.path(), " have ",
+                            r->shape[0], " (img_in.weight ", shape_str(r->shape),
+                            "): the config does not describe these weights");
+  }
+  if (const TensorRecord* r = store.find("txt_in.weight"); r && r->shape.size() == 2)
+    if (c.joint_attention_dim != r->shape[1])
+      return mismatch("joint_attention_dim", c.joint_attention_dim,
+                      str_cat("take ", r->shape[1], " (txt_in.weight ", shape_str(r->shape), ")"));
+  return ok_status();
+}
+
+}  // namespace
+
 QwenImageMmdit::~QwenImageMmdit() = default;
 
 namespace {
@@ -336,6 +379,7 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   LATENT_ASSIGN_OR_RETURN(Config config, Config::load(source.config_path));
   LATENT_ASSIGN_OR_RETURN(QwenImageMmditConfig cfg, parse_qwen_image_mmdit_config(config));
   LATENT_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(source.weights_path));
+  LATENT_TRY(check_config_against_weights(cfg, source.config_path, store));
 
   std::unique_ptr<QwenImageMmdit> m(new QwenImageMmdit());
   m->config_ = cfg;

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <optional>
 
 #include "engine/core/log.h"
@@ -592,8 +592,7 @@ Result<AutoencoderKLConfig> infer_autoencoder_kl_config(const WeightStore& weigh
       // Present in a dtype the engine does not load (I32, F64, ...): say that, not "missing".
       auto probe = weights.get(stored);
       if (!probe.ok() && probe.status().message().rfind("unsupported dtype", 0) == 0)
-        return probe.status().with_context(
-            "cannot infer the AutoencoderKL configuration");
+        return probe.status().with_context("cannot infer the AutoencoderKL configuration");
       return Status::errorf(weights.path(),
                             ": cannot infer the AutoencoderKL configuration: ", "tensor '", stored,
                             "' is missing");

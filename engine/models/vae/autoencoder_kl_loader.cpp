@@ -53,8 +53,7 @@ Status check_config_against_weights(const AutoencoderKLConfig& cfg, const std::s
   if (has_dec && cfg.out_channels != w.out_channels)
     return mismatch("out_channels", str_cat(cfg.out_channels), str_cat(w.out_channels));
   if (cfg.layers_per_block != w.layers_per_block)
-    return mismatch("layers_per_block", str_cat(cfg.layers_per_block),
-                    str_cat(w.layers_per_block));
+    return mismatch("layers_per_block", str_cat(cfg.layers_per_block), str_cat(w.layers_per_block));
   return ok_status();
 }
 
@@ -238,9 +237,8 @@ Result<std::unique_ptr<VaeModel>> load_autoencoder_kl(const ModelSource& source,
       "scaling_factor: ", fmt_g(cfg.scaling_factor), "\n",
       "shift_factor: ", fmt_g(cfg.shift_factor), "\n", "downsample: ", cfg.downsample(), "\n",
       "latent_space: ", space.name);
-  LATENT_ASSIGN_OR_RETURN(
-      auto model, bind_autoencoder_kl(backend, cfg, weights, binder, rename, want_enc, want_dec,
-                                      std::move(info)));
+  LATENT_ASSIGN_OR_RETURN(auto model, bind_autoencoder_kl(backend, cfg, weights, binder, rename,
+                                                          want_enc, want_dec, std::move(info)));
   LATENT_INFO("loaded AutoencoderKL from ", source.given.empty() ? weights.path() : source.given,
               " (", model->info().variant, ")");
   return model;

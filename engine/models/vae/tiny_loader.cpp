@@ -43,11 +43,10 @@ Status check_config_against_weights(const AutoencoderTinyConfig& cfg,
     AutoencoderTinyConfig w;
     if (infer_autoencoder_tiny_encoder(enc_store, layout.encoder, &w).ok()) {
       if (cfg.latent_channels != w.latent_channels)
-        return mismatch("latent_channels", str_cat(cfg.latent_channels),
-                        str_cat(w.latent_channels), enc_store);
-      if (cfg.in_channels != w.in_channels)
-        return mismatch("in_channels", str_cat(cfg.in_channels), str_cat(w.in_channels),
+        return mismatch("latent_channels", str_cat(cfg.latent_channels), str_cat(w.latent_channels),
                         enc_store);
+      if (cfg.in_channels != w.in_channels)
+        return mismatch("in_channels", str_cat(cfg.in_channels), str_cat(w.in_channels), enc_store);
       if (cfg.encoder_block_out_channels != w.encoder_block_out_channels)
         return mismatch("encoder_block_out_channels", list_str(cfg.encoder_block_out_channels),
                         list_str(w.encoder_block_out_channels), enc_store);
@@ -60,8 +59,8 @@ Status check_config_against_weights(const AutoencoderTinyConfig& cfg,
     AutoencoderTinyConfig w;
     if (infer_autoencoder_tiny_decoder(dec_store, layout.decoder, &w).ok()) {
       if (cfg.latent_channels != w.latent_channels)
-        return mismatch("latent_channels", str_cat(cfg.latent_channels),
-                        str_cat(w.latent_channels), dec_store);
+        return mismatch("latent_channels", str_cat(cfg.latent_channels), str_cat(w.latent_channels),
+                        dec_store);
       if (cfg.out_channels != w.out_channels)
         return mismatch("out_channels", str_cat(cfg.out_channels), str_cat(w.out_channels),
                         dec_store);
@@ -227,8 +226,10 @@ Result<std::unique_ptr<VaeModel>> load_autoencoder_tiny(const ModelSource& sourc
       LATENT_TRY(validate_autoencoder_tiny_config(cfg, weights.path()));
     }
   }
-  cfg.encoder_pool = full.encoder.present && autoencoder_tiny_part_has_pool(enc_store, full.encoder);
-  cfg.decoder_pool = full.decoder.present && autoencoder_tiny_part_has_pool(dec_store, full.decoder);
+  cfg.encoder_pool =
+      full.encoder.present && autoencoder_tiny_part_has_pool(enc_store, full.encoder);
+  cfg.decoder_pool =
+      full.decoder.present && autoencoder_tiny_part_has_pool(dec_store, full.decoder);
 
   // One binder per file so that every file is checked for unexpected tensors.
   auto rename = make_rename(full);
