@@ -10,7 +10,7 @@ namespace latent {
 namespace {
 
 constexpr char kSupported[] =
-    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan (Wan 2.1), AutoencoderTiny";
+    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny, AutoencoderKLWan (Wan 2.1)";
 
 // A few tensor names of an unrecognised checkpoint, for the error message.
 std::string sample_names(const WeightStore& weights) {
