@@ -318,6 +318,9 @@ int run_video(const Args& a, latent::VaeModel& m, const Tensor& host_in, const T
     return fail(Status::errorf("run: ", latent::shape_str(host_in.shape()), " is a video tensor but ",
                                m.info().architecture, " (", m.info().variant,
                                ") has no video mode; pass [N, C, H, W] images"));
+  if (a.options.count("graph") && a.get("graph") != "0")
+    std::fprintf(stderr, "--graph: video mode runs without CUDA graphs (chunks change the causal "
+                         "caches between calls); ignored\n");
   const int warmup = std::max(0, std::atoi(a.get("warmup", "1").c_str()));
   const int repeat = std::max(1, std::atoi(a.get("repeat", "1").c_str()));
   const int64_t frames = x.dim(2);
@@ -432,6 +435,9 @@ int cmd_run(const Args& a) {
   auto x = b.upload(*host_in);
   if (!x.ok()) return fail(x.status());
   if (host_in->rank() == 5) return run_video(a, m, *host_in, *x, enc, part, out);
+  if (a.options.count("chunk") || a.options.count("stream-repeat"))
+    return fail(Status::errorf("run: --chunk and --stream-repeat are for video tensors [N, C, T, H, W]; `",
+                               in_name, "` is ", latent::shape_str(host_in->shape())));
   const int warmup = std::max(0, std::atoi(a.get("warmup", "1").c_str()));
   const int repeat = std::max(1, std::atoi(a.get("repeat", "1").c_str()));
   std::vector<double> times;

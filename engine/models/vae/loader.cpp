@@ -10,7 +10,7 @@ namespace latent {
 namespace {
 
 constexpr char kSupported[] =
-    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan (Wan 2.1), AutoencoderTiny, TAEHV "
+    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny, AutoencoderKLWan (Wan 2.1), TAEHV "
     "(taew2_1, taew2_2 files)";
 
 // A few tensor names of an unrecognised checkpoint, for the error message.

@@ -67,7 +67,8 @@ struct CausalCache {
 // Parameters
 
 // A WanCausalConv3d with a k x k spatial kernel (k = 3, or 1 for a time_conv) and 3 temporal
-// taps, as three 2-D convolutions; or one with a single tap (1x1x1).
+// taps, as the backend's conv3d_frames() or three 2-D convolutions; or one with a single tap
+// (1x1x1).
 struct CausalConv {
   std::array<Tensor, 3> taps;  // [Cout, Cin, k, k] for time t - 2, t - 1, t (taps[2] only: 1 tap)
   // The whole kernel [Cout, Cin, 3 * k, k] where the backend runs conv3d_frames(); then taps

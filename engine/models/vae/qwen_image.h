@@ -1,13 +1,14 @@
 // diffusers AutoencoderKLQwenImage / AutoencoderKLWan (the Wan 2.1 causal 3-D VAE; Qwen-Image
 // fine-tuned it): images and video.
 //
-// Video mode (qwen_image.cpp): every causal 3-D convolution is three 2-D convolutions, one per
-// temporal tap, accumulated through conv2d's residual input over the frames of a chunk
+// Video mode (qwen_image.cpp): every causal 3-D convolution runs over the frames of a chunk
 // ([T, C, H, W], frames along the batch axis) with the last two input frames of the previous
 // chunk in front (the per-layer cache; zeros at the start of a clip, as diffusers' causal
-// padding). The temporal resamplers' time_conv runs from the second chunk on, as in diffusers.
-// Chunks are diffusers': encode frame 0 alone, then 4 frames per latent frame; decode one
-// latent frame at a time (1 frame, then 4).
+// padding): as one Backend::conv3d_frames() where the backend has it (CUDA: cuDNN), else as
+// three 2-D convolutions, one per temporal tap, accumulated through conv2d's residual input. The
+// temporal resamplers' time_conv runs from the second chunk on, as in diffusers. Chunks are
+// diffusers': encode frame 0 alone, then 4 frames per latent frame; decode one latent frame at a
+// time (1 frame, then 4).
 //
 // Image mode (encode()/decode() on [N, C, H, W]): each image is a one-frame clip, so every
 // causal convolution meets data only through its last temporal tap and no time_conv runs.
