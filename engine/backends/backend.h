@@ -190,7 +190,7 @@ class Backend {
   virtual Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                            int heads) = 0;
 
-  // === Video clips (causal video VAEs; engine/models/vae/qwen_image.cpp) ===============
+  // === Video clips (causal video VAEs; engine/models/vae/qwen_image.cpp) ======================
   // A clip [1, C, T, H, W] (row-major, e.g. one clip of an upload()ed [N, C, T, H, W]: slice()
   // on dim 0) -> its frames [T, C, H, W] in this backend's image layout (what conv2d() takes),
   // and back. Frames of one clip then move along dim 0 with concat(parts, 0) and views.
@@ -218,7 +218,6 @@ class Backend {
     return Status::errorf("conv3d_frames is not supported by backend ", name());
   }
   // === end of video clips ===================================================================
-=======
   // === Frame, latent and staging I/O ========================================================
   // Each backend converts frames and latents its own way (the CPU on the host, CUDA with its
   // kernels on the device). Callers use the checked wrappers of engine/backends/frames.h, which
