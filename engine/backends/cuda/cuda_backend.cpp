@@ -101,13 +101,14 @@ class CudaBackend final : public Backend {
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
     conv_plans_->set_disk_cache(disk_plans_);                       // plans
+    profile_.start(ctx_->label());
   }
 
   ~CudaBackend() override {
     DeviceGuard guard;
     if (!guard.set(ctx_->device()).ok()) return;
     LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
-    profile_.print(ctx_->label());
+    profile_.stop();
     save_plans_locked();  // plans
     dit_linear_.reset();  // cuda-dit: cuBLASLt plans and handle, device current
     conv_plans_.reset();
@@ -280,20 +281,48 @@ class CudaBackend final : public Backend {
 
   // LATENT_CUDA_PROFILE=1: every op is timed alone (the stream synchronised before and after it,
   // so the total is slower than a normal run) and the ops that took longest, by name and output
-  // shape, are printed to stderr when the backend goes away: the per-layer table of a model.
+  // shape, are printed to stderr when the backend goes away or, for the backends the registry
+  // keeps for the whole process, at exit: the per-layer table of a model.
   struct OpProfile {
+    std::mutex mutex;  // add() runs under the backend's lock; print() may run at exit
+    std::string label;
+    bool printed = false;
+    // Prints every live profile at exit (registered backends are never destroyed).
+    static void at_exit() {
+      for (OpProfile* p : registry()) p->print();
+    }
+    static std::vector<OpProfile*>& registry() {
+      static auto* r = new std::vector<OpProfile*>;  // leaked: read at exit
+      return *r;
+    }
+    void start(const std::string& name) {
+      if (!enabled) return;
+      label = name;
+      static std::once_flag once;
+      std::call_once(once, [] { std::atexit(&OpProfile::at_exit); });
+      registry().push_back(this);
+    }
+    void stop() {
+      if (!enabled) return;
+      print();
+      auto& r = registry();
+      r.erase(std::remove(r.begin(), r.end(), this), r.end());
+    }
     bool enabled = [] {
       const char* e = std::getenv("LATENT_CUDA_PROFILE");
       return e && *e && std::strcmp(e, "0") != 0;
     }();
     std::map<std::string, std::pair<double, int64_t>> ops;  // key -> (total ms, calls)
     void add(const std::string& key, double ms) {
+      std::lock_guard<std::mutex> lock(mutex);
       auto& e = ops[key];
       e.first += ms;
       ++e.second;
     }
-    void print(const std::string& label) const {
-      if (!enabled || ops.empty()) return;
+    void print() {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!enabled || ops.empty() || printed) return;
+      printed = true;
       std::vector<std::pair<std::string, std::pair<double, int64_t>>> v(ops.begin(), ops.end());
       std::sort(v.begin(), v.end(),
                 [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
