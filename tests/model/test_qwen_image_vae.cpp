@@ -409,7 +409,8 @@ TEST(QwenImageVae, BadConfigValuesAreNamed) {
     ASSERT_FALSE(r.ok()) << c.key;
     EXPECT_NE(r.status().message().find(c.key), std::string::npos) << r.status().message();
   }
-  // AutoencoderKLWan is the same network unless it is the Wan 2.2 VAE.
+  // AutoencoderKLWan is the same network unless it is the Wan 2.2 VAE, whose config does not
+  // fit these (Wan 2.1) weights.
   nlohmann::json wan = nlohmann::json::parse(config_with("_class_name", "AutoencoderKLWan"));
   wan["in_channels"] = 3;
   auto wan21 = load(write_folder_variant("wan21", w, wan.dump()));
@@ -430,15 +431,51 @@ TEST(QwenImageVae, BadConfigValuesAreNamed) {
       << r.status().message();
 }
 
-TEST(QwenImageVae, Wan22IsRejected) {
+// The Wan 2.2 VAE's nested key names mark the residual layout (tests/model/test_wan_vae_video.cpp
+// runs it); a Wan 2.1 file is not.
+TEST(QwenImageVae, Wan22IsDetected) {
   auto w = read_all(single_file());
+  {
+    auto store = WeightStore::open(write_single_variant("wan21", w));
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    auto layout = detect_qwen_image_vae_layout(*store);
+    ASSERT_TRUE(layout.ok()) << layout.status().message();
+    EXPECT_FALSE(layout->residual);
+  }
   w["encoder.downsamples.0.downsamples.0.residual.0.gamma"] = test::random_tensor({4, 1, 1, 1}, 12);
   auto store = WeightStore::open(write_single_variant("wan22", w));
   ASSERT_TRUE(store.ok()) << store.status().message();
   auto layout = detect_qwen_image_vae_layout(*store);
-  ASSERT_FALSE(layout.ok());
-  EXPECT_NE(layout.status().message().find("Wan 2.2"), std::string::npos)
-      << layout.status().message();
+  ASSERT_TRUE(layout.ok()) << layout.status().message();
+  EXPECT_TRUE(layout->residual);
+  EXPECT_TRUE(layout->original);
+}
+
+TEST(QwenImageVae, Wan22OriginalNames) {
+  const std::pair<const char*, const char*> kNames[] = {
+      {"encoder.down_blocks.1.resnets.0.conv1.weight",
+       "encoder.downsamples.1.downsamples.0.residual.2.weight"},
+      {"encoder.down_blocks.1.resnets.0.conv_shortcut.bias",
+       "encoder.downsamples.1.downsamples.0.shortcut.bias"},
+      {"encoder.down_blocks.2.downsampler.time_conv.weight",
+       "encoder.downsamples.2.downsamples.2.time_conv.weight"},
+      {"decoder.up_blocks.0.resnets.2.norm2.gamma",
+       "decoder.upsamples.0.upsamples.2.residual.3.gamma"},
+      {"decoder.up_blocks.1.upsampler.resample.1.bias",
+       "decoder.upsamples.1.upsamples.3.resample.1.bias"},
+      {"decoder.mid_block.resnets.1.conv2.weight", "decoder.middle.2.residual.6.weight"},
+      {"encoder.conv_in.weight", "encoder.conv1.weight"},
+      {"post_quant_conv.bias", "conv2.bias"},
+  };
+  for (const auto& [diffusers, original] : kNames)
+    EXPECT_EQ(qwen_image_vae_original_name(diffusers, 2, /*residual=*/true), original) << diffusers;
+}
+
+TEST(QwenImageVae, Wan22LatentSpaceName) {
+  EXPECT_EQ(wan22_latents_mean().size(), 48u);
+  EXPECT_EQ(wan22_latents_std().size(), 48u);
+  // The name TAEW2.2 (taehv.cpp) gives the same latents.
+  EXPECT_EQ(qwen_image_latent_space_name(wan22_latents_mean(), wan22_latents_std()), "wan2.2");
 }
 
 TEST(QwenImageVae, OtherCheckpointsAreNotDetected) {

@@ -209,6 +209,17 @@ Status validate_config(const QwenImageVaeConfig& c, const std::string& what) {
                    dfactor, " is not a multiple of ", din, " (DupUp3D)");
     }
   }
+  // diffusers (and the original Wan code) put an attention block after each residual block of a
+  // down level whose scale is in attn_scales, then call it with the causal cache arguments it
+  // does not take: such a model cannot encode there, so there is nothing to match. (The Wan 2.2
+  // residual down blocks ignore attn_scales.)
+  double scale = 1.0;
+  for (size_t i = 0; !c.is_residual && i < c.dim_mult.size(); ++i, scale /= 2.0) {
+    if (std::find(c.attn_scales.begin(), c.attn_scales.end(), scale) != c.attn_scales.end())
+      return bad("'attn_scales' puts attention blocks in encoder level ", i, " (scale ", scale,
+                 "); AutoencoderKLQwenImage cannot run those (QwenImageAttentionBlock.forward "
+                 "takes no feature cache), so they are not supported");
+  }
   if (c.latents_mean.size() != static_cast<size_t>(c.z_dim) ||
       c.latents_std.size() != static_cast<size_t>(c.z_dim))
     return bad("'latents_mean' and 'latents_std' must have z_dim = ", c.z_dim, " entries, got ",
