@@ -1,4 +1,4 @@
-// Video mode of the Wan 2.1 / Qwen-Image VAE on the CUDA backend against the video fixtures
+// Video mode of the Wan 2.1 / Qwen-Image and Wan 2.2 VAEs on the CUDA backend against the video fixtures
 // (scripts/make_video_fixtures.py): fp32 within 1e-3 relative L2 (TF32 off); bf16 within 1e-2,
 // or 1.25x of diffusers' own bf16 error where that is larger (`*_bf16` in the fixture). Streaming
 // frame by frame equals the whole clip, and the device memory of a stream does not grow with the
@@ -46,7 +46,13 @@ struct Param {
   const char* fixture;
   const char* file;  // "" = the folder
   const char* dtype;
+  const char* io_fixture = nullptr;  // where io.safetensors is (null: `fixture`)
 };
+
+std::string io_path(const Param& p) {
+  return test::fixtures_dir() + "/" + (p.io_fixture ? p.io_fixture : p.fixture) +
+         "/io.safetensors";
+}
 
 class CudaVideo : public testing::TestWithParam<Param> {};
 
@@ -57,7 +63,7 @@ TEST_P(CudaVideo, MatchesDiffusers) {
   ASSERT_TRUE(backend);
   auto model = load_vae(std::string(p.file).empty() ? dir : dir + "/" + p.file, backend);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  auto io = SafetensorsFile::open(io_path(p));
   ASSERT_TRUE(io.ok()) << io.status().message();
   Backend& b = *backend;
   struct Dir {
@@ -96,7 +102,7 @@ TEST_P(CudaVideo, StreamingEqualsWholeClip) {
   ASSERT_TRUE(backend);
   auto model = load_vae(std::string(p.file).empty() ? dir : dir + "/" + p.file, backend);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  auto io = SafetensorsFile::open(io_path(p));
   ASSERT_TRUE(io.ok());
   Backend& b = *backend;
   for (bool enc : {true, false}) {
@@ -130,7 +136,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaVideo,
                                          Param{"wan_vae_video_tiny_single",
                                                "vae_single.safetensors", "bf16"},
                                          Param{"qwen_image_vae_video_tiny", "", "bf16"},
-                                         Param{"qwen_image_vae_video_tiny", "", "fp32"}),
+                                         Param{"qwen_image_vae_video_tiny", "", "fp32"},
+                                         // Wan 2.2: residual blocks, 2x2 patches (NHWC
+                                         // pack_latents / unpack_latents)
+                                         Param{"wan22_vae_video_tiny", "", "bf16"},
+                                         Param{"wan22_vae_video_tiny", "", "fp32"},
+                                         Param{"wan22_vae_video_tiny_single",
+                                               "vae_single.safetensors", "fp32",
+                                               "wan22_vae_video_tiny"}),
                          [](const testing::TestParamInfo<Param>& i) {
                            std::string n = std::string(i.param.fixture) + "_" + i.param.dtype;
                            return n;

@@ -475,7 +475,13 @@ TEST(QwenImageVae, Wan22LatentSpaceName) {
   EXPECT_EQ(wan22_latents_mean().size(), 48u);
   EXPECT_EQ(wan22_latents_std().size(), 48u);
   // The name TAEW2.2 (taehv.cpp) gives the same latents.
-  EXPECT_EQ(qwen_image_latent_space_name(wan22_latents_mean(), wan22_latents_std()), "wan2.2");
+  EXPECT_EQ(qwen_image_latent_space_name(wan22_latents_mean(), wan22_latents_std(), true),
+            "wan2.2");
+  // Latents of a different network are never interchangeable, whatever the statistics.
+  EXPECT_EQ(qwen_image_latent_space_name(qwen_image_latents_mean(), qwen_image_latents_std(), true),
+            "wan2.2-vae-custom");
+  EXPECT_EQ(qwen_image_latent_space_name(wan22_latents_mean(), wan22_latents_std(), false),
+            "qwen-image-vae-custom");
 }
 
 TEST(QwenImageVae, OtherCheckpointsAreNotDetected) {

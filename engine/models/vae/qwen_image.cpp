@@ -1118,15 +1118,20 @@ Result<std::unique_ptr<VaeModel>> load_qwen_image_vae(const ModelSource& source,
     binder.ignore_prefix(rename("post_quant_conv.weight"));
     binder.ignore_prefix(rename("post_quant_conv.bias"));
   }
-  const std::string cls =
-      config && !config->class_name().empty() ? config->class_name() : "AutoencoderKLQwenImage";
+  // A single file has no class name: the Wan 2.2 VAE is only ever AutoencoderKLWan.
+  const std::string cls = config && !config->class_name().empty() ? config->class_name()
+                          : cfg.is_residual                        ? "AutoencoderKLWan"
+                                                                   : "AutoencoderKLQwenImage";
   const std::string context = str_cat("loading ", cls, " from ", where);
   LATENT_TRY(binder.finish().with_context(context));
   LATENT_TRY(param_status.with_context(context));
 
-  const std::string space = qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std);
+  const std::string space =
+      qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std, cfg.is_residual);
   info.architecture = cls;
-  info.variant = str_cat(space, " (base_dim ", cfg.base_dim, ", z_dim ", cfg.z_dim, ")");
+  info.variant = str_cat(space, " (", cfg.is_residual ? "Wan 2.2 VAE, " : "", "base_dim ",
+                         cfg.base_dim, ", z_dim ", cfg.z_dim,
+                         cfg.patch_size > 1 ? str_cat(", patch_size ", cfg.patch_size) : "", ")");
   info.source = source;
   info.storage_dtypes = binder.storage_dtypes();
   info.latent_space = LatentSpace::from_mean_std(

@@ -76,11 +76,11 @@ const std::vector<double>& wan22_latents_std();
 // layout or the Wan 2.2 one: is_residual, patch_size). Errors name the file and key.
 Result<QwenImageVaeConfig> parse_qwen_image_vae_config(const Config& config);
 
-// "qwen-image" for the published 16-channel statistics (Qwen-Image and Wan 2.1 share them),
-// "wan2.2" for the published 48-channel Wan 2.2 ones (the name TAEW2.2 uses), else
-// "qwen-image-vae-custom".
+// Wan 2.1 layout: "qwen-image" for the published 16-channel statistics (Qwen-Image and Wan 2.1
+// share them), else "qwen-image-vae-custom". Wan 2.2 (`residual`): "wan2.2" for its published
+// 48-channel statistics (the name TAEW2.2 uses for the same latents), else "wan2.2-vae-custom".
 std::string qwen_image_latent_space_name(const std::vector<double>& mean,
-                                         const std::vector<double>& std);
+                                         const std::vector<double>& std, bool residual = false);
 
 // How a checkpoint names its tensors.
 struct QwenImageVaeLayout {

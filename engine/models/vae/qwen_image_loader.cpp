@@ -156,12 +156,15 @@ const std::vector<double>& wan22_latents_std() {
 }
 
 std::string qwen_image_latent_space_name(const std::vector<double>& mean,
-                                         const std::vector<double>& std) {
+                                         const std::vector<double>& std, bool residual) {
+  if (residual) {
+    // TAEW2.2 (taehv.cpp) names the same latents "wan2.2".
+    if (nearly_equal(mean, wan22_latents_mean()) && nearly_equal(std, wan22_latents_std()))
+      return "wan2.2";
+    return "wan2.2-vae-custom";
+  }
   if (nearly_equal(mean, qwen_image_latents_mean()) && nearly_equal(std, qwen_image_latents_std()))
     return "qwen-image";
-  // TAEW2.2 (taehv.cpp) names the same latents "wan2.2".
-  if (nearly_equal(mean, wan22_latents_mean()) && nearly_equal(std, wan22_latents_std()))
-    return "wan2.2";
   return "qwen-image-vae-custom";
 }
 
@@ -757,7 +760,7 @@ std::string describe_qwen_image_vae(const QwenImageVaeConfig& cfg, const QwenIma
       f == 4 ? "video: temporal factor 4 (frame 0 alone, then 4 frames per latent frame)\n"
              : str_cat("video: no (temporal factor ", f,
                        "; diffusers' 4-frame chunks need 4), images only\n"),
-      "latent space: ", qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std),
+      "latent space: ", qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std, cfg.is_residual),
       " (normalised = (raw - latents_mean) / latents_std)");
 }
 
