@@ -451,6 +451,29 @@ TEST(QwenImageVae, Wan22IsDetected) {
   EXPECT_TRUE(layout->original);
 }
 
+// A config that contradicts the Wan 2.2 weights, or whose patching does not fit in_channels.
+TEST(QwenImageVae, Wan22ConfigMismatchIsNamed) {
+  const std::string dir = test::fixtures_dir() + "/wan22_vae_video_tiny";
+  auto w = read_all(dir + "/diffusion_pytorch_model.safetensors");
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json base = nlohmann::json::parse(in);
+  nlohmann::json j = base;
+  j["is_residual"] = false;
+  auto r = load(write_folder_variant("wan22_not_residual", w, j.dump()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("is_residual"), std::string::npos) << r.status().message();
+  j = base;
+  j["patch_size"] = 3;
+  r = load(write_folder_variant("wan22_patch3", w, j.dump()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("in_channels"), std::string::npos) << r.status().message();
+  j = base;
+  j["dim_mult"] = {1, 3, 4, 4};  // AvgDown3D of level 1: 3 * 8 channels do not group into 9
+  r = load(write_folder_variant("wan22_dim_mult", w, j.dump()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("AvgDown3D"), std::string::npos) << r.status().message();
+}
+
 TEST(QwenImageVae, Wan22OriginalNames) {
   const std::pair<const char*, const char*> kNames[] = {
       {"encoder.down_blocks.1.resnets.0.conv1.weight",
