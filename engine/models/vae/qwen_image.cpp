@@ -17,6 +17,13 @@
 //  - _encode runs frame 0 alone, then chunks of 4 frames, and keeps the first z_dim channels of
 //    quant_conv (the mean); _decode runs post_quant_conv, then one latent frame at a time, and
 //    clamps to [-1, 1].
+//  - Wan 2.2 (is_residual, patch_size): _encode patchifies the whole clip first and _decode
+//    unpatchifies the output (per frame, so per chunk here). WanResidualDownBlock adds
+//    AvgDown3D(block input) to its resnets + downsampler; AvgDown3D pads the *chunk* in front
+//    with zero frames to a multiple of its temporal factor, so the first chunk's single frame is
+//    averaged with a zero frame. WanResidualUpBlock adds DupUp3D(block input) to its resnets +
+//    upsampler (whose spatial conv keeps the width); on the first chunk (first_chunk=True)
+//    DupUp3D drops the first of its 2 frames, as the upsampler skips time_conv there.
 #include "engine/models/vae/qwen_image.h"
 
 #include <array>

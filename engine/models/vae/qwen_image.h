@@ -1,5 +1,6 @@
 // diffusers AutoencoderKLQwenImage / AutoencoderKLWan (the Wan 2.1 causal 3-D VAE; Qwen-Image
-// fine-tuned it): images and video.
+// fine-tuned it) and the Wan 2.2 VAE (AutoencoderKLWan with is_residual and patch_size 2):
+// images and video.
 //
 // Video mode (qwen_image.cpp): every causal 3-D convolution runs over the frames of a chunk
 // ([T, C, H, W], frames along the batch axis) with the last two input frames of the previous
@@ -13,9 +14,15 @@
 // Image mode (encode()/decode() on [N, C, H, W]): each image is a one-frame clip, so every
 // causal convolution meets data only through its last temporal tap and no time_conv runs.
 //
+// Wan 2.2: frames are cut into patch_size x patch_size patches (pixels as channels) before the
+// encoder and put back after the decoder; each down/up level is one residual block whose
+// shortcut is diffusers' AvgDown3D / DupUp3D (a fixed averaging / repeating of channels across
+// 2x2 pixels and, where the level resamples in time, 2 frames), run as small convolutions.
+//
 // The loader (qwen_image_loader.cpp) takes diffusers folders (config.json) and the original
-// Wan-Video / ComfyUI single files (`Wan2.1_VAE.safetensors`, `qwen_image_vae.safetensors`), whose
-// key names it maps and whose configuration it reads from the weight shapes.
+// Wan-Video / ComfyUI single files (`Wan2.1_VAE.safetensors`, `qwen_image_vae.safetensors`,
+// `Wan2.2_VAE.safetensors`), whose key names it maps and whose configuration it reads from the
+// weight shapes.
 #pragma once
 
 #include <string>
