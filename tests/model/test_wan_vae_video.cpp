@@ -499,6 +499,36 @@ TEST(Wan22VideoStream, FrameSizeMustBeAMultipleOf16) {
       << c.status().message();
 }
 
+// A Wan 2.2 single file holding only the decoder (or only the encoder): the configuration is read
+// from that part's shapes alone (the decoder gives base_dim as the gcd of its widths).
+TEST(Wan22VideoStream, SinglePartFiles) {
+  const auto all = test::read_all(model_path("wan22_vae_video_tiny_single"));
+  auto t = io("wan22_vae_video_tiny");
+  for (bool encoder : {true, false}) {
+    std::map<std::string, Tensor> part;
+    for (const auto& [name, tensor] : all) {
+      const bool enc = name.rfind("encoder.", 0) == 0 || name.rfind("conv1.", 0) == 0;
+      if (enc == encoder) part[name] = tensor;
+    }
+    const std::string path =
+        test::temp_dir() + (encoder ? "/wan22_encoder.safetensors" : "/wan22_decoder.safetensors");
+    test::write_all(path, part);
+    VaeLoadOptions opts;
+    opts.encoder = encoder;
+    opts.decoder = !encoder;
+    auto vae = test::load_ok(path, opts);
+    ASSERT_TRUE(vae) << path;
+    Backend& b = vae->backend();
+    if (encoder) {
+      expect_close(down(b, vae->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
+                   "encode_video (encoder-only file)");
+    } else {
+      expect_close(down(b, vae->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
+                   "decode_video (decoder-only file)");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Wan22Video, ::testing::ValuesIn(kWan22Cases));
 
 }  // namespace
