@@ -1,9 +1,9 @@
-// Video mode of the Wan 2.1 / Qwen-Image and Wan 2.2 VAEs on the CUDA backend against the video fixtures
-// (scripts/make_video_fixtures.py): fp32 within 1e-3 relative L2 (TF32 off); bf16 within 1e-2,
-// or 1.25x of diffusers' own bf16 error where that is larger (`*_bf16` in the fixture). Streaming
-// frame by frame equals the whole clip, and the device memory of a stream does not grow with the
-// clip's length. Also the video ops (clip_to_frames, frames_to_clip, concat of NHWC frames)
-// against the CPU backend. Exits 77 (skipped) without a GPU.
+// Video mode of the Wan 2.1 / Qwen-Image and Wan 2.2 VAEs on the CUDA backend against the video
+// fixtures (scripts/make_video_fixtures.py): fp32 within 1e-3 relative L2 (TF32 off); bf16 within
+// 1e-2, or 1.25x of diffusers' own bf16 error where that is larger (`*_bf16` in the fixture).
+// Streaming frame by frame equals the whole clip, and the device memory of a stream does not grow
+// with the clip's length. Also the video ops (clip_to_frames, frames_to_clip, concat of NHWC
+// frames) against the CPU backend. Exits 77 (skipped) without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,8 +50,7 @@ struct Param {
 };
 
 std::string io_path(const Param& p) {
-  return test::fixtures_dir() + "/" + (p.io_fixture ? p.io_fixture : p.fixture) +
-         "/io.safetensors";
+  return test::fixtures_dir() + "/" + (p.io_fixture ? p.io_fixture : p.fixture) + "/io.safetensors";
 }
 
 class CudaVideo : public testing::TestWithParam<Param> {};
@@ -130,24 +129,23 @@ TEST_P(CudaVideo, StreamingEqualsWholeClip) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaVideo,
-                         testing::Values(Param{"wan_vae_video_tiny", "", "bf16"},
-                                         Param{"wan_vae_video_tiny", "", "fp32"},
-                                         Param{"wan_vae_video_tiny_single",
-                                               "vae_single.safetensors", "bf16"},
-                                         Param{"qwen_image_vae_video_tiny", "", "bf16"},
-                                         Param{"qwen_image_vae_video_tiny", "", "fp32"},
-                                         // Wan 2.2: residual blocks, 2x2 patches (NHWC
-                                         // pack_latents / unpack_latents)
-                                         Param{"wan22_vae_video_tiny", "", "bf16"},
-                                         Param{"wan22_vae_video_tiny", "", "fp32"},
-                                         Param{"wan22_vae_video_tiny_single",
-                                               "vae_single.safetensors", "fp32",
-                                               "wan22_vae_video_tiny"}),
-                         [](const testing::TestParamInfo<Param>& i) {
-                           std::string n = std::string(i.param.fixture) + "_" + i.param.dtype;
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, CudaVideo,
+    testing::Values(Param{"wan_vae_video_tiny", "", "bf16"},
+                    Param{"wan_vae_video_tiny", "", "fp32"},
+                    Param{"wan_vae_video_tiny_single", "vae_single.safetensors", "bf16"},
+                    Param{"qwen_image_vae_video_tiny", "", "bf16"},
+                    Param{"qwen_image_vae_video_tiny", "", "fp32"},
+                    // Wan 2.2: residual blocks, 2x2 patches (NHWC
+                    // pack_latents / unpack_latents)
+                    Param{"wan22_vae_video_tiny", "", "bf16"},
+                    Param{"wan22_vae_video_tiny", "", "fp32"},
+                    Param{"wan22_vae_video_tiny_single", "vae_single.safetensors", "fp32",
+                          "wan22_vae_video_tiny"}),
+    [](const testing::TestParamInfo<Param>& i) {
+      std::string n = std::string(i.param.fixture) + "_" + i.param.dtype;
+      return n;
+    });
 
 // Peak device memory of a stream after 50 and after 500 frames: the same (caches are two frames
 // a layer, chunks are freed as they go).

@@ -130,9 +130,9 @@ TEST(LatentToolVideo, InspectWan22) {
   ToolRun r = run_tool("inspect --device cpu " + test::fixtures_dir() +
                        "/wan22_vae_video_tiny_single/vae_single.safetensors");
   ASSERT_EQ(r.status, 0) << r.output;
-  for (const char* want : {"AutoencoderKLWan", "Wan 2.2 VAE", "16 channels, 16x downsampling",
-                           "video:         temporal factor 4", "patch_size: 2",
-                           "key names: Wan-Video / ComfyUI"})
+  for (const char* want :
+       {"AutoencoderKLWan", "Wan 2.2 VAE", "16 channels, 16x downsampling",
+        "video:         temporal factor 4", "patch_size: 2", "key names: Wan-Video / ComfyUI"})
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
 }
 

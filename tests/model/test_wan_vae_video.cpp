@@ -35,8 +35,7 @@ std::string model_path(const std::string& name) {
 
 std::map<std::string, Tensor> io(const std::string& name) {
   // wan22_vae_video_tiny_single has the folder case's weights and shares its io file.
-  const std::string folder =
-      name == "wan22_vae_video_tiny_single" ? "wan22_vae_video_tiny" : name;
+  const std::string folder = name == "wan22_vae_video_tiny_single" ? "wan22_vae_video_tiny" : name;
   return test::read_all(test::fixture(folder) + "/io.safetensors");
 }
 

@@ -111,7 +111,8 @@ Result<Tensor> depth_to_space(Backend& b, const Tensor& x, int64_t p) {
   for (int64_t f = 0; f < t * c; ++f)
     for (int64_t i = 0; i < ho; ++i)
       for (int64_t j = 0; j < wo; ++j)
-        dst[(f * ho + i) * wo + j] = src[((f * p * p + (i % p) * p + j % p) * h + i / p) * w + j / p];
+        dst[(f * ho + i) * wo + j] =
+            src[((f * p * p + (i % p) * p + j % p) * h + i / p) * w + j / p];
   return b.upload(y);
 }
 
@@ -330,8 +331,8 @@ struct AvgDown {
   std::array<Tensor, 2> taps;  // [out, in, fs, fs] for frames 2j + kt of the padded chunk
   Conv2dParams params;
 
-  static AvgDown load(ParamLoader& p, const std::string& name, int64_t in, int64_t out,
-                      int64_t ft, int64_t fs) {
+  static AvgDown load(ParamLoader& p, const std::string& name, int64_t in, int64_t out, int64_t ft,
+                      int64_t fs) {
     AvgDown a;
     a.ft = ft;
     a.fs = fs;
@@ -391,8 +392,7 @@ struct DupUp {
   int64_t ft = 1;
   std::array<Tensor, 2> pick;  // [out*4, in, 1, 1]
 
-  static DupUp load(ParamLoader& p, const std::string& name, int64_t in, int64_t out,
-                    int64_t ft) {
+  static DupUp load(ParamLoader& p, const std::string& name, int64_t in, int64_t out, int64_t ft) {
     DupUp d;
     d.ft = ft;
     const int64_t factor = ft * 4, repeats = out * factor / in;
@@ -628,7 +628,8 @@ struct Encoder {
           in_dim = out_dim;
         }
         if (down)
-          r.downsampler = Resample::load(p, prefix + ".downsampler", out_dim, /*up=*/false, temporal);
+          r.downsampler =
+              Resample::load(p, prefix + ".downsampler", out_dim, /*up=*/false, temporal);
         e.down_blocks.emplace_back(std::move(r));
         continue;
       }
@@ -755,7 +756,8 @@ struct Decoder {
       if (c.is_residual) {
         const bool up = i + 1 != m.size();
         const bool temporal = up && c.temperal_downsample[m.size() - 2 - i];
-        if (up) u.shortcut = DupUp::load(p, prefix + ".avg_shortcut", in_dim, out_dim, temporal ? 2 : 1);
+        if (up)
+          u.shortcut = DupUp::load(p, prefix + ".avg_shortcut", in_dim, out_dim, temporal ? 2 : 1);
         for (int64_t r = 0; r <= c.num_res_blocks; ++r) {
           u.resnets.push_back(
               ResidualBlock::load(p, str_cat(prefix, ".resnets.", r), in_dim, out_dim));
@@ -1094,8 +1096,7 @@ Result<std::unique_ptr<VaeModel>> load_qwen_image_vae(const ModelSource& source,
   const int64_t nrb = cfg.num_res_blocks;
   const bool residual = cfg.is_residual;
   auto rename = [layout, nrb, residual](const std::string& n) {
-    return layout.prefix +
-           (layout.original ? qwen_image_vae_original_name(n, nrb, residual) : n);
+    return layout.prefix + (layout.original ? qwen_image_vae_original_name(n, nrb, residual) : n);
   };
 
   WeightBinder binder(weights, *backend, rename);
@@ -1127,8 +1128,8 @@ Result<std::unique_ptr<VaeModel>> load_qwen_image_vae(const ModelSource& source,
   }
   // A single file has no class name: the Wan 2.2 VAE is only ever AutoencoderKLWan.
   const std::string cls = config && !config->class_name().empty() ? config->class_name()
-                          : cfg.is_residual                        ? "AutoencoderKLWan"
-                                                                   : "AutoencoderKLQwenImage";
+                          : cfg.is_residual                       ? "AutoencoderKLWan"
+                                                                  : "AutoencoderKLQwenImage";
   const std::string context = str_cat("loading ", cls, " from ", where);
   LATENT_TRY(binder.finish().with_context(context));
   LATENT_TRY(param_status.with_context(context));

@@ -146,12 +146,22 @@ const std::vector<double>& qwen_image_latents_std() {
 
 // Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json.
 const std::vector<double>& wan22_latents_mean() {
-  static const std::vector<double> k = {-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667};
+  static const std::vector<double> k = {
+      -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174,  0.1838,  0.1557,  -0.1382, 0.0542,
+      0.2813,  0.0891,  0.1570,  -0.0098, 0.0375,  -0.1825, -0.2246, -0.1207, -0.0698, 0.5109,
+      0.2665,  -0.2108, -0.2158, 0.2502,  -0.2055, -0.0322, 0.1109,  0.1567,  -0.0729, 0.0899,
+      -0.2799, -0.1230, -0.0313, -0.1649, 0.0117,  0.0723,  -0.2839, -0.2083, -0.0520, 0.3748,
+      0.0152,  0.1957,  0.1433,  -0.2944, 0.3573,  -0.0548, -0.1681, -0.0667};
   return k;
 }
 
 const std::vector<double>& wan22_latents_std() {
-  static const std::vector<double> k = {0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744};
+  static const std::vector<double> k = {
+      0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344,
+      0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804,
+      0.5833, 1.4146, 0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999,
+      0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+      0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744};
   return k;
 }
 
@@ -189,8 +199,8 @@ Status validate_config(const QwenImageVaeConfig& c, const std::string& what) {
   if (c.patch_size < 1 || c.patch_size > 8)
     return bad("'patch_size' must be null or 1 to 8, got ", c.patch_size);
   if (c.input_channels % (c.patch_size * c.patch_size) != 0)
-    return bad("'in_channels' ", c.input_channels, " is not a multiple of patch_size^2 = ",
-               c.patch_size * c.patch_size);
+    return bad("'in_channels' ", c.input_channels,
+               " is not a multiple of patch_size^2 = ", c.patch_size * c.patch_size);
   if (c.is_residual) {
     // The checks diffusers' AvgDown3D / DupUp3D make when they are built.
     const size_t n = c.dim_mult.size();
@@ -369,9 +379,8 @@ Result<QwenImageVaeLayout> detect_qwen_image_vae_layout(const WeightStore& weigh
                           "'decoder.mid_block.resnets.0.norm1.gamma')");
   const std::string& p = found->prefix;
   // The Wan 2.2 VAE nests residual blocks in its down/up levels.
-  for (const char* wan22 :
-       {"encoder.downsamples.0.downsamples.", "decoder.upsamples.0.upsamples.",
-        "encoder.down_blocks.0.resnets.", "decoder.up_blocks.0.upsampler."}) {
+  for (const char* wan22 : {"encoder.downsamples.0.downsamples.", "decoder.upsamples.0.upsamples.",
+                            "encoder.down_blocks.0.resnets.", "decoder.up_blocks.0.upsampler."}) {
     for (const std::string& n : weights.names()) {
       if (starts_with(n, p + wan22)) {
         found->residual = true;
@@ -397,8 +406,8 @@ Result<QwenImageVaeConfig> infer_residual_config(const WeightStore& weights,
   auto need = [&](const std::string& n) -> Result<Shape> {
     Shape s = shape_of(n);
     if (s.size() != 5)
-      return Status::errorf(what, ": ", s.empty() ? "missing" : "misshaped", " tensor '",
-                            stored(n), "' (needed to read the model size)");
+      return Status::errorf(what, ": ", s.empty() ? "missing" : "misshaped", " tensor '", stored(n),
+                            "' (needed to read the model size)");
     return s;
   };
   // Residual blocks of a level: their count and output width.
@@ -442,8 +451,7 @@ Result<QwenImageVaeConfig> infer_residual_config(const WeightStore& weights,
       if (n == 0) break;
       if (i == 0) nrb = n;
       if (n != nrb)
-        return Status::errorf(what, ": encoder levels have ", nrb, " and ", n,
-                              " residual blocks");
+        return Status::errorf(what, ": encoder levels have ", nrb, " and ", n, " residual blocks");
       enc_widths.push_back(width);
       if (has(level + ".downsampler.resample.1.weight"))
         enc_temporal.push_back(has(level + ".downsampler.time_conv.weight") ||
@@ -470,11 +478,10 @@ Result<QwenImageVaeConfig> infer_residual_config(const WeightStore& weights,
       if (!has_encoder && i == 0) {
         // The original names of the upsampler need num_res_blocks: count the residual blocks.
         int64_t n = 0;
-        while (weights.contains(layout.prefix +
-                                (layout.original
-                                     ? str_cat("decoder.upsamples.0.upsamples.", n,
-                                               ".residual.2.weight")
-                                     : str_cat("decoder.up_blocks.0.resnets.", n, ".conv1.weight"))))
+        while (weights.contains(
+            layout.prefix +
+            (layout.original ? str_cat("decoder.upsamples.0.upsamples.", n, ".residual.2.weight")
+                             : str_cat("decoder.up_blocks.0.resnets.", n, ".conv1.weight"))))
           ++n;
         nrb = n - 1;
       }
@@ -760,7 +767,8 @@ std::string describe_qwen_image_vae(const QwenImageVaeConfig& cfg, const QwenIma
       f == 4 ? "video: temporal factor 4 (frame 0 alone, then 4 frames per latent frame)\n"
              : str_cat("video: no (temporal factor ", f,
                        "; diffusers' 4-frame chunks need 4), images only\n"),
-      "latent space: ", qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std, cfg.is_residual),
+      "latent space: ",
+      qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std, cfg.is_residual),
       " (normalised = (raw - latents_mean) / latents_std)");
 }
 
