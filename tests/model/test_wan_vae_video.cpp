@@ -410,10 +410,11 @@ TEST_P(Wan22Video, MatchesDiffusers) {
                "encode_video of 7 frames");
 }
 
-TEST_P(Wan22Video, StreamingInOddChunksEqualsWholeClip) {
-  auto vae = test::load_ok(model_path(GetParam()));
+// (One case: both hold the same network.)
+TEST(Wan22VideoStream, StreamingInOddChunksEqualsWholeClip) {
+  auto vae = test::load_ok(model_path("wan22_vae_video_tiny"));
   ASSERT_TRUE(vae);
-  auto t = io(GetParam());
+  auto t = io("wan22_vae_video_tiny");
   Backend& b = vae->backend();
   for (const std::vector<int>& sizes : std::vector<std::vector<int>>{{3}, {5, 1, 3}}) {
     std::string what = "encoder chunks of";
