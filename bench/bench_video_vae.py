@@ -178,6 +178,10 @@ def main():
                     help="wan2.2: the Wan 2.2 VAE (is_residual, 2x2 patches, 48 channels, 16x)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--warm-cache", action="store_true", help="(read by bench_vae.py at import)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also one streamed clip of ours with LATENT_CUDA_PROFILE=1: the per-op table")
+    ap.add_argument("--skip-torch", action="store_true",
+                    help="no eager/compile/FLOP count (ours and --profile only)")
     ap.add_argument("--diffusers-wheel-dir", default=None, help="import diffusers from the wheel in this folder")
     args = ap.parse_args()
     t_start = time.time()
@@ -238,37 +242,39 @@ def main():
             inp, fn = (x, enc) if encoder else (z, dec)
             xin = inp.to(dev, tdtype)
             row = {"part": part, "size": size, "frames": args.frames}
+            ref = None
             with torch.no_grad():
-                row["flops"], row["torch_executed_flops"] = count_flops(fn, xin, m)
-                floor_s = row["flops"] / (peak_tflops * 1e12)
-                row["floor_ms"] = floor_s * 1e3
-                row["floor_fps"] = args.frames / floor_s
-                row["eager_ms"], row["eager_peak_bytes"], ref = bv.time_fn(fn, xin, args.warmup, args.repeat)
-                row["eager_fps"] = args.frames / (row["eager_ms"] / 1e3)
-                if args.compile == "static" and compile_total > args.compile_budget_s:
-                    row["compile_skipped"] = f"compile budget {args.compile_budget_s:.0f} s spent"
-                elif args.compile == "static":
-                    try:
-                        if compiled is None:
-                            compiled = make_model(args.smoke, args.model).eval()
-                            compiled.load_state_dict(m.state_dict())
-                            compiled = compiled.to(dev, tdtype)
-                            compiled.encoder = torch.compile(compiled.encoder, dynamic=False)
-                            compiled.decoder = torch.compile(compiled.decoder, dynamic=False)
-                        cfn = ((lambda v: compiled.encode(v).latent_dist.mean) if encoder
-                               else (lambda v: compiled.decode(v).sample))
-                        t0 = time.time()
-                        cfn(xin)
-                        if cuda:
-                            torch.cuda.synchronize()
-                        row["compile_s"] = round(time.time() - t0, 1)
-                        compile_total += row["compile_s"]
-                        row["compile_ms"], row["compile_peak_bytes"], cy = bv.time_fn(cfn, xin, args.warmup, args.repeat)
-                        row["compile_fps"] = args.frames / (row["compile_ms"] / 1e3)
-                        row["compile_vs_eager_rel_l2"] = bv.rel_l2(cy, ref)
-                        del cy
-                    except Exception as e:  # eager and ours still count
-                        row["compile_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                if not args.skip_torch:
+                    row["flops"], row["torch_executed_flops"] = count_flops(fn, xin, m)
+                    floor_s = row["flops"] / (peak_tflops * 1e12)
+                    row["floor_ms"] = floor_s * 1e3
+                    row["floor_fps"] = args.frames / floor_s
+                    row["eager_ms"], row["eager_peak_bytes"], ref = bv.time_fn(fn, xin, args.warmup, args.repeat)
+                    row["eager_fps"] = args.frames / (row["eager_ms"] / 1e3)
+                    if args.compile == "static" and compile_total > args.compile_budget_s:
+                        row["compile_skipped"] = f"compile budget {args.compile_budget_s:.0f} s spent"
+                    elif args.compile == "static":
+                        try:
+                            if compiled is None:
+                                compiled = make_model(args.smoke, args.model).eval()
+                                compiled.load_state_dict(m.state_dict())
+                                compiled = compiled.to(dev, tdtype)
+                                compiled.encoder = torch.compile(compiled.encoder, dynamic=False)
+                                compiled.decoder = torch.compile(compiled.decoder, dynamic=False)
+                            cfn = ((lambda v: compiled.encode(v).latent_dist.mean) if encoder
+                                   else (lambda v: compiled.decode(v).sample))
+                            t0 = time.time()
+                            cfn(xin)
+                            if cuda:
+                                torch.cuda.synchronize()
+                            row["compile_s"] = round(time.time() - t0, 1)
+                            compile_total += row["compile_s"]
+                            row["compile_ms"], row["compile_peak_bytes"], cy = bv.time_fn(cfn, xin, args.warmup, args.repeat)
+                            row["compile_fps"] = args.frames / (row["compile_ms"] / 1e3)
+                            row["compile_vs_eager_rel_l2"] = bv.rel_l2(cy, ref)
+                            del cy
+                        except Exception as e:  # eager and ours still count
+                            row["compile_error"] = f"{type(e).__name__}: {str(e)[:400]}"
             if args.tool != "none":
                 inputs = os.path.join(work, f"{part}-{size}-in.safetensors")
                 outputs = os.path.join(work, f"{part}-{size}-out.safetensors")
@@ -283,7 +289,8 @@ def main():
                                               if ours["peak_bytes"] >= 0 else None)  # -1: not tracked (CPU)
                     row["ours_peak_total_bytes"] = ours["peak_bytes"]
                     out = next(iter(load_file(outputs).values()))
-                    row["ours_vs_eager_rel_l2"] = bv.rel_l2(out, ref.float().cpu())
+                    if ref is not None:
+                        row["ours_vs_eager_rel_l2"] = bv.rel_l2(out, ref.float().cpu())
                 # ~1,000 frames through one stream, 4 frames (or one latent frame) a push
                 st = run_ours(args, model_dir, part, inputs, outputs, 0, 1,
                               ["--chunk", "4" if encoder else "1", "--stream-repeat", str(args.stream_repeat)])
@@ -294,8 +301,19 @@ def main():
                     row["stream_fps"] = st["frames_per_s"]
                     row["stream_peak_bytes"] = (st["peak_bytes"] - st["base_bytes"]
                                                 if st["peak_bytes"] >= 0 else None)
+                if args.profile:
+                    cmd = [args.tool, "run", "--model", model_dir, "--part", part, "--inputs", inputs,
+                           "--outputs", outputs, "--device", args.tool_device, "--dtype", args.dtype,
+                           "--warmup", "0", "--repeat", "1", "--chunk", "4" if encoder else "1"]
+                    p = subprocess.run(cmd, capture_output=True, text=True,
+                                       env=dict(os.environ, LATENT_CUDA_PROFILE="1"))
+                    row["profile"] = [l[2:] for l in p.stderr.splitlines() if l.startswith("# ")][:45]
+                    print(f"# profile {part} {size} (one streamed clip, each op synchronised):", flush=True)
+                    for l in row["profile"]:
+                        print(f"#   {l}", flush=True)
                 os.remove(inputs)
-            del xin, ref
+            del xin
+            ref = None
             if cuda:
                 torch.cuda.empty_cache()
             rows.append(row)

@@ -577,10 +577,19 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
       negotiated && model && !n.cuda_in ? prefetch_stager(self, *model) : nullptr;
   if (!stager)
     return GST_BASE_TRANSFORM_CLASS(parent_class)->submit_input_buffer(trans, is_discont, input);
+  // The base class's submission does the QoS check (a frame already late is dropped there, with
+  // its QoS message, before anything is uploaded) and stashes the frame; take it back to stage it.
+  const GstFlowReturn submitted =
+      GST_BASE_TRANSFORM_CLASS(parent_class)->submit_input_buffer(trans, is_discont, input);
+  if (submitted != GST_FLOW_OK) return submitted;
+  input = trans->queued_buf;
+  trans->queued_buf = nullptr;
+  if (!input) return GST_FLOW_OK;
   GstVideoFrame frame;
   if (!gst_video_frame_map(&frame, &n.in_info, input, GST_MAP_READ)) {
     // transform() reports the bad buffer in its own words.
-    return GST_BASE_TRANSFORM_CLASS(parent_class)->submit_input_buffer(trans, is_discont, input);
+    trans->queued_buf = input;
+    return GST_FLOW_OK;
   }
   latent::FrameDesc desc;
   desc.format = n.frame_format;
@@ -605,8 +614,8 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
   return GST_FLOW_OK;
 }
 
-// A staged frame that transform() never converted (QoS dropped it as late, or the base class
-// refused it before transform()) still holds its slot of the stager's ring: convert it and drop
+// A staged frame that transform() never converted (the base class refused it before transform(),
+// e.g. a flush) still holds its slot of the stager's ring: convert it and drop
 // the result, so the slot is free for the frame `depth` + 1 later (stage() refuses a busy slot).
 static void release_staged(GstVaeEncode* self, uint64_t ticket) {
   Prefetch& pf = self->impl->prefetch;

@@ -19,11 +19,16 @@
 //                                  convolutions from one cuDNN 2-D convolution per temporal tap)
 //   LATENT_CUDA_CONV3D=taps        video: conv3d_frames by its fallback, one 2-D conv per tap
 //                                  (what runs where cuDNN has no 3-D plan; tests)
+//   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
+//                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
 
 #include <cudnn.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
 #include <cmath>
 #include <condition_variable>  // plans
 #include <thread>              // plans
@@ -102,6 +107,7 @@ class CudaBackend final : public Backend {
     DeviceGuard guard;
     if (!guard.set(ctx_->device()).ok()) return;
     LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
+    profile_.print(ctx_->label());
     save_plans_locked();  // plans
     dit_linear_.reset();  // cuda-dit: cuBLASLt plans and handle, device current
     conv_plans_.reset();
@@ -255,10 +261,56 @@ class CudaBackend final : public Backend {
     DeviceGuard guard;
     Status st = guard.set(ctx_->device());
     if (!st.ok()) return st.with_context(str_cat(op, " on ", ctx_->label()));
+    const bool timed = profile_.enabled && !capturing_;
+    std::chrono::steady_clock::time_point t0;
+    if (timed) {
+      LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
+      t0 = std::chrono::steady_clock::now();
+    }
     Result<Tensor> r = body();
     if (!r.ok()) return r.status().with_context(str_cat(op, " on ", ctx_->label()));
+    if (timed) {
+      LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      profile_.add(str_cat(op, " -> ", shape_str(r->shape())), ms);
+    }
     return r;
   }
+
+  // LATENT_CUDA_PROFILE=1: every op is timed alone (the stream synchronised before and after it,
+  // so the total is slower than a normal run) and the ops that took longest, by name and output
+  // shape, are printed to stderr when the backend goes away: the per-layer table of a model.
+  struct OpProfile {
+    bool enabled = [] {
+      const char* e = std::getenv("LATENT_CUDA_PROFILE");
+      return e && *e && std::strcmp(e, "0") != 0;
+    }();
+    std::map<std::string, std::pair<double, int64_t>> ops;  // key -> (total ms, calls)
+    void add(const std::string& key, double ms) {
+      auto& e = ops[key];
+      e.first += ms;
+      ++e.second;
+    }
+    void print(const std::string& label) const {
+      if (!enabled || ops.empty()) return;
+      std::vector<std::pair<std::string, std::pair<double, int64_t>>> v(ops.begin(), ops.end());
+      std::sort(v.begin(), v.end(),
+                [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+      double total = 0;
+      for (const auto& e : v) total += e.second.first;
+      std::fprintf(stderr, "# LATENT_CUDA_PROFILE %s: %.1f ms in %zu op kinds (synchronised per op)\n",
+                   label.c_str(), total, v.size());
+      std::fprintf(stderr, "# %9s %6s %8s %8s  op -> output shape\n", "total ms", "%", "calls",
+                   "ms/call");
+      for (size_t i = 0; i < v.size() && i < 60; ++i)
+        std::fprintf(stderr, "# %9.2f %6.2f %8lld %8.3f  %s\n", v[i].second.first,
+                     100.0 * v[i].second.first / total,
+                     static_cast<long long>(v[i].second.second),
+                     v[i].second.first / static_cast<double>(v[i].second.second), v[i].first.c_str());
+    }
+  };
+  OpProfile profile_;
 
   // A tensor of this backend: on its device, in its dtype, with all its bytes in its storage,
   // of rank `rank` (-1: any) with no empty dimension; 4-D ones in NHWC.
