@@ -22,6 +22,8 @@ of its 21 latent frames [1, 16, 21, H/8, W/8]:
 Writes JSON to --out after every row and prints a table with ratios.
 
   python3 bench/bench_video_vae.py --tool /tmp/dev/bin/latent-tool --out bench/results/video_vae.json
+  # the Wan 2.2 VAE (48 channels, 16x; latents [1, 48, 21, H/16, W/16]):
+  python3 bench/bench_video_vae.py --model wan2.2 --tool ... --out bench/results/video_vae_wan22.json
   # the diffusers wheel carried to the GPU machine (no diffusers there):
   python3 bench/bench_video_vae.py --tool ... --diffusers-wheel-dir .carry/ref
   # CPU dry run of the script's logic (tiny config, 9 frames of 64x48):
@@ -59,10 +61,24 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 SIZES = ["832x480", "1280x720"]
 
 
-def make_model(smoke):
+# The Wan 2.2 VAE (Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json; the statistics do not change
+# the timings).
+WAN22_CONFIG = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12,
+                    out_channels=12, patch_size=2, scale_factor_spatial=16,
+                    latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+
+
+def make_model(smoke, variant="wan2.1"):
     import diffusers
 
     torch.manual_seed(0)
+    if variant == "wan2.2":
+        if smoke:
+            return diffusers.AutoencoderKLWan(**dict(WAN22_CONFIG, base_dim=8, decoder_base_dim=8,
+                                                     z_dim=4, dim_mult=[1, 2, 2, 2],
+                                                     num_res_blocks=1, latents_mean=[0.0] * 4,
+                                                     latents_std=[1.0] * 4))
+        return diffusers.AutoencoderKLWan(**WAN22_CONFIG)
     if smoke:
         return diffusers.AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2],
                                           num_res_blocks=1, temperal_downsample=[False, True, True],
@@ -158,6 +174,8 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny config, 9 frames of 64x48 (dry run)")
+    ap.add_argument("--model", default="wan2.1", choices=["wan2.1", "wan2.2"],
+                    help="wan2.2: the Wan 2.2 VAE (is_residual, 2x2 patches, 48 channels, 16x)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--warm-cache", action="store_true", help="(read by bench_vae.py at import)")
     ap.add_argument("--profile", action="store_true",
@@ -187,7 +205,8 @@ def main():
     env = {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
            "diffusers": diffusers.__version__, "dtype": args.dtype, "frames": args.frames,
            "matmul_peak_tflops": round(peak_tflops, 1), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "model": "AutoencoderKLWan (Wan 2.1 config), random weights", "smoke": args.smoke}
+           "model": f"AutoencoderKLWan ({'Wan 2.2' if args.model == 'wan2.2' else 'Wan 2.1'} config), "
+                    "random weights", "smoke": args.smoke}
     print(f"# {env}", flush=True)
     rows = []
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -197,8 +216,9 @@ def main():
             json.dump({"env": env, "rows": rows}, fp, indent=1)
         os.replace(args.out + ".tmp", args.out)
 
-    model_dir = os.path.join(work, "wan21-vae")
-    m = make_model(args.smoke).eval()
+    model_dir = os.path.join(work, "wan22-vae" if args.model == "wan2.2" else "wan21-vae")
+    m = make_model(args.smoke, args.model).eval()
+    down = m.config.scale_factor_spatial if args.model == "wan2.2" else 8
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         import copy
         copy.deepcopy(m).to(tdtype).save_pretrained(model_dir, safe_serialization=True)
@@ -212,7 +232,7 @@ def main():
         w, h = (int(v) for v in size.split("x"))
         g = torch.Generator(device="cpu").manual_seed(1)
         x = torch.rand(1, 3, args.frames, h, w, generator=g) * 2 - 1
-        z = torch.randn(1, m.config.z_dim, t_lat, h // 8, w // 8, generator=g)
+        z = torch.randn(1, m.config.z_dim, t_lat, h // down, w // down, generator=g)
         for part in args.parts.split(","):
             if args.budget_s and time.time() - t_start > args.budget_s:
                 env["stopped_at"] = f"{part} {size} (budget)"
@@ -236,7 +256,7 @@ def main():
                     elif args.compile == "static":
                         try:
                             if compiled is None:
-                                compiled = make_model(args.smoke).eval()
+                                compiled = make_model(args.smoke, args.model).eval()
                                 compiled.load_state_dict(m.state_dict())
                                 compiled = compiled.to(dev, tdtype)
                                 compiled.encoder = torch.compile(compiled.encoder, dynamic=False)

@@ -41,7 +41,12 @@ CASES = [
     "wan_vae_video_tiny",
     "wan_vae_video_tiny_single",
     "qwen_image_vae_video_tiny",
+    "wan22_vae_video_tiny",
+    "wan22_vae_video_tiny_single",
 ]
+
+# The Wan 2.2 cases: 16x spatial compression needs frames that are multiples of 16.
+WAN22_HW = (32, 32)
 
 # AutoencoderKLWan (Wan 2.1 layout): the real dim_mult / num_res_blocks / temperal_downsample,
 # narrowed channels, and a decoder width differing from the encoder's (decoder_base_dim).
@@ -69,7 +74,30 @@ WAN_VIDEO_TINY_CONFIG = dict(
 QWEN_VIDEO_TINY_CONFIG = dict(mf.QWEN_TINY_CONFIG, base_dim=3,
                               temperal_downsample=[True, True, False])
 
-SEEDS = {"wan_vae_video_tiny": 2001, "qwen_image_vae_video_tiny": 2002}
+# AutoencoderKLWan (Wan 2.2 layout): is_residual, patch_size 2 (12 channels after the patchify),
+# dim_mult / num_res_blocks / temperal_downsample as published, narrowed widths (decoder_base_dim
+# differs, as 160 / 256 do) and z_dim 16 instead of 48 to keep the files small.
+WAN22_VIDEO_TINY_CONFIG = dict(
+    base_dim=3,
+    decoder_base_dim=2,
+    z_dim=16,
+    dim_mult=[1, 2, 4, 4],
+    num_res_blocks=2,
+    attn_scales=[],
+    temperal_downsample=[False, True, True],
+    dropout=0.0,
+    latents_mean=mf.QWEN_TINY_CONFIG["latents_mean"],
+    latents_std=mf.QWEN_TINY_CONFIG["latents_std"],
+    is_residual=True,
+    in_channels=12,
+    out_channels=12,
+    patch_size=2,
+    scale_factor_temporal=4,
+    scale_factor_spatial=16,
+)
+
+SEEDS = {"wan_vae_video_tiny": 2001, "qwen_image_vae_video_tiny": 2002,
+         "wan22_vae_video_tiny": 2003}
 
 
 def build(cls, config, seed):
@@ -96,11 +124,11 @@ def run(model, sample, latent, sample_odd, device):
     return mean.cpu(), decoded.cpu(), mean_odd.cpu()
 
 
-def make_inputs(seed, z_dim):
+def make_inputs(seed, z_dim, hw=mf.IMAGE_HW, down=8):
     g = mf.cpu_generator(seed + 500)
-    h, w = mf.IMAGE_HW
+    h, w = hw
     sample = torch.rand((1, 3, CLIP_FRAMES, h, w), generator=g) * 2 - 1
-    latent = torch.randn((1, z_dim, 1 + (CLIP_FRAMES - 1) // 4, h // 8, w // 8), generator=g)
+    latent = torch.randn((1, z_dim, 1 + (CLIP_FRAMES - 1) // 4, h // down, w // down), generator=g)
     sample_odd = torch.rand((1, 3, ODD_FRAMES, h, w), generator=g) * 2 - 1
     return sample, latent, sample_odd
 
@@ -112,13 +140,128 @@ def wan_from_original(wan_sd, config):
     return model.eval(), sd
 
 
+# The original Wan 2.2 key names (Wan-Video's vae2_2.py, Wan2.2_VAE.pth / ComfyUI's
+# Wan2.2_VAE.safetensors). diffusers 0.42.1's convert_wan_vae_to_diffusers only knows the Wan 2.1
+# names; the Wan 2.2 mapping is diffusers' scripts/convert_wan_to_diffusers.py convert_vae_22,
+# whose rules wan22_to_diffusers() below restates to check the round trip.
+RESNET_LEAVES = [("norm1.gamma", "residual.0.gamma"), ("conv1.", "residual.2."),
+                 ("norm2.gamma", "residual.3.gamma"), ("conv2.", "residual.6."),
+                 ("conv_shortcut.", "shortcut.")]
+TOP_NAMES = {"quant_conv.": "conv1.", "post_quant_conv.": "conv2.",
+             "encoder.conv_in.": "encoder.conv1.", "decoder.conv_in.": "decoder.conv1.",
+             "encoder.norm_out.": "encoder.head.0.", "decoder.norm_out.": "decoder.head.0.",
+             "encoder.conv_out.": "encoder.head.2.", "decoder.conv_out.": "decoder.head.2."}
+
+
+def _leaf(rest):
+    for a, b in RESNET_LEAVES:
+        if rest.startswith(a):
+            return b + rest[len(a):]
+    raise SystemExit(f"unexpected resnet leaf {rest}")
+
+
+def diffusers_to_wan22(sd, nrb):
+    out = {}
+    for k, v in sd.items():
+        p = k.split(".")
+        new = None
+        for a, b in TOP_NAMES.items():
+            if k.startswith(a):
+                new = b + k[len(a):]
+        if new is None and p[1] == "mid_block":
+            i = int(p[3])
+            new = f"{p[0]}.middle.{2 * i + (1 if p[2] == 'attentions' else 0)}." + (
+                ".".join(p[4:]) if p[2] == "attentions" else _leaf(".".join(p[4:])))
+        if new is None and p[1] in ("down_blocks", "up_blocks"):
+            seq = "downsamples" if p[1] == "down_blocks" else "upsamples"
+            if p[3] == "resnets":
+                new = f"{p[0]}.{seq}.{p[2]}.{seq}.{p[4]}." + _leaf(".".join(p[5:]))
+            elif p[3] in ("downsampler", "upsampler"):
+                j = nrb if p[3] == "downsampler" else nrb + 1
+                new = f"{p[0]}.{seq}.{p[2]}.{seq}.{j}." + ".".join(p[4:])
+        if new is None:
+            raise SystemExit(f"no Wan 2.2 name for {k}")
+        out[new] = v
+    return out
+
+
+def wan22_to_diffusers(sd):
+    """convert_vae_22's rules (diffusers scripts/convert_wan_to_diffusers.py)."""
+    out = {}
+    inv_top = {b: a for a, b in TOP_NAMES.items()}
+    for k, v in sd.items():
+        new = None
+        for a, b in inv_top.items():
+            if k.startswith(a):
+                new = b + k[len(a):]
+        if new is None and ".middle." in k:
+            p = k.split(".")
+            i = int(p[2])
+            if i % 2 == 1:
+                new = f"{p[0]}.mid_block.attentions.{i // 2}." + ".".join(p[3:])
+            else:
+                rest = ".".join(p[3:])
+                for a, b in RESNET_LEAVES:
+                    if rest.startswith(b):
+                        rest = a + rest[len(b):]
+                new = f"{p[0]}.mid_block.resnets.{i // 2}.{rest}"
+        if new is None:
+            for part, blocks, seq, res in (("encoder", "down_blocks", "downsamples", "downsampler"),
+                                           ("decoder", "up_blocks", "upsamples", "upsampler")):
+                if not k.startswith(f"{part}.{seq}."):
+                    continue
+                n = k.replace(f"{part}.{seq}.", f"{part}.{blocks}.")
+                if "residual" in n or "shortcut" in n:
+                    n = n.replace(f".{seq}.", ".resnets.")
+                    for a, b in RESNET_LEAVES:
+                        n = n.replace("." + b, "." + a)
+                else:
+                    q = n.split(".")
+                    n = ".".join(q[:3] + [res] + q[5:])
+                new = n
+        out[new] = v
+    return out
+
+
 def write_io(folder, case, args, tensors, extra):
     mf.save_io(folder, case, args, tensors, extra)
     print(f"  {case}: " + "; ".join(mf.summarize(n, tensors[n])
                                      for n in ("latent_mean", "decoded", "latent_mean_odd")))
 
 
+def generate_wan22(args, out):
+    case, single = "wan22_vae_video_tiny", "wan22_vae_video_tiny_single"
+    if case not in args.cases and single not in args.cases:
+        return
+    cfg = WAN22_VIDEO_TINY_CONFIG
+    h, w = WAN22_HW
+    model = build(AutoencoderKLWan, cfg, SEEDS[case])
+    sample, latent, sample_odd = make_inputs(SEEDS[case], cfg["z_dim"], WAN22_HW, 16)
+    mean, decoded, mean_odd = run(model, sample, latent, sample_odd, args.device)
+    tensors = {"sample": sample, "latent": latent, "sample_odd": sample_odd,
+               "latent_mean": mean, "decoded": decoded, "latent_mean_odd": mean_odd}
+    sd = mf.state_dict_fp32(model)
+    meta = {"generator": "scripts/make_video_fixtures.py", "image_hw": f"{h}x{w}",
+            "downsample": 16, "temporal_factor": 4, "frames": CLIP_FRAMES,
+            "odd_frames": f"{ODD_FRAMES} (padded to {CLIP_FRAMES})",
+            "architecture": "AutoencoderKLWan (Wan 2.2: is_residual, patch_size 2)"}
+    if case in args.cases:
+        d = mf.fresh_dir(out / case)
+        mf.save_config(model, d)
+        mf.save_weights(d / "diffusion_pytorch_model.safetensors", sd, case, args, "diffusers")
+        write_io(d, case, args, tensors, meta)
+    if single in args.cases:
+        d = mf.fresh_dir(out / single)
+        wan = diffusers_to_wan22(sd, cfg["num_res_blocks"])
+        back = wan22_to_diffusers(wan)
+        mf.assert_same_sd(back, sd, single)
+        mf.save_weights(d / "vae_single.safetensors", wan, single, args,
+                        "Wan 2.2 VAE single file")
+        # Same weights and inputs as the folder case: its io.safetensors serves both (size).
+
+
 def generate(args, out):
+    generate_wan22(args, out)
     h, w = mf.IMAGE_HW
     common = {"generator": "scripts/make_video_fixtures.py", "image_hw": f"{h}x{w}", "downsample": 8, "temporal_factor": 4,
               "frames": CLIP_FRAMES, "odd_frames": f"{ODD_FRAMES} (padded to {CLIP_FRAMES})"}
@@ -158,6 +301,14 @@ def load_reference(case, folder):
     if case == "qwen_image_vae_video_tiny":
         return AutoencoderKLQwenImage.from_pretrained(str(folder), torch_dtype=torch.float32,
                                                       low_cpu_mem_usage=False).eval()
+    if case == "wan22_vae_video_tiny":
+        return AutoencoderKLWan.from_pretrained(str(folder), torch_dtype=torch.float32,
+                                                low_cpu_mem_usage=False).eval()
+    if case == "wan22_vae_video_tiny_single":
+        m = AutoencoderKLWan(**WAN22_VIDEO_TINY_CONFIG)
+        sd = wan22_to_diffusers(load_file(str(folder / "vae_single.safetensors")))
+        m.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+        return m.eval()
     if case == "wan_vae_video_tiny_single":
         m, _ = wan_from_original(load_file(str(folder / "vae_single.safetensors")),
                                  WAN_VIDEO_TINY_CONFIG)
@@ -166,11 +317,14 @@ def load_reference(case, folder):
 
 
 OUTPUTS = ("latent_mean", "decoded", "latent_mean_odd")
+IO_OF = {"wan22_vae_video_tiny_single": "wan22_vae_video_tiny"}  # cases sharing an io file
 
 
 def add_bf16_references(args, out):
     rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
     for case in args.cases:
+        if case == "wan22_vae_video_tiny_single":
+            continue  # no io.safetensors of its own
         folder = out / case
         m = load_reference(case, folder).to(torch.bfloat16)
         io = mf.load_io(folder)
@@ -187,7 +341,7 @@ def check(args, out):
     failures = 0
     for case in args.cases:
         folder = out / case
-        io = mf.load_io(folder)
+        io = mf.load_io(out / IO_OF.get(case, case))
         got = run(load_reference(case, folder), io["sample"], io["latent"], io["sample_odd"],
                   args.device)
         notes = []

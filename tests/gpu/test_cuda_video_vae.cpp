@@ -1,9 +1,9 @@
-// Video mode of the Wan 2.1 / Qwen-Image VAE on the CUDA backend against the video fixtures
-// (scripts/make_video_fixtures.py): fp32 within 1e-3 relative L2 (TF32 off); bf16 within 1e-2,
-// or 1.25x of diffusers' own bf16 error where that is larger (`*_bf16` in the fixture). Streaming
-// frame by frame equals the whole clip, and the device memory of a stream does not grow with the
-// clip's length. Also the video ops (clip_to_frames, frames_to_clip, concat of NHWC frames)
-// against the CPU backend. Exits 77 (skipped) without a GPU.
+// Video mode of the Wan 2.1 / Qwen-Image and Wan 2.2 VAEs on the CUDA backend against the video
+// fixtures (scripts/make_video_fixtures.py): fp32 within 1e-3 relative L2 (TF32 off); bf16 within
+// 1e-2, or 1.25x of diffusers' own bf16 error where that is larger (`*_bf16` in the fixture).
+// Streaming frame by frame equals the whole clip, and the device memory of a stream does not grow
+// with the clip's length. Also the video ops (clip_to_frames, frames_to_clip, concat of NHWC
+// frames) against the CPU backend. Exits 77 (skipped) without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include "engine/backends/cuda/cuda_backend.h"  // a backend of its own for the fallback test
 #endif
 #include "engine/backends/registry.h"
+#include "engine/models/vae/planned_vae.h"
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
 #include "tests/util/test_util.h"
@@ -46,7 +47,12 @@ struct Param {
   const char* fixture;
   const char* file;  // "" = the folder
   const char* dtype;
+  const char* io_fixture = nullptr;  // where io.safetensors is (null: `fixture`)
 };
+
+std::string io_path(const Param& p) {
+  return test::fixtures_dir() + "/" + (p.io_fixture ? p.io_fixture : p.fixture) + "/io.safetensors";
+}
 
 class CudaVideo : public testing::TestWithParam<Param> {};
 
@@ -57,7 +63,7 @@ TEST_P(CudaVideo, MatchesDiffusers) {
   ASSERT_TRUE(backend);
   auto model = load_vae(std::string(p.file).empty() ? dir : dir + "/" + p.file, backend);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  auto io = SafetensorsFile::open(io_path(p));
   ASSERT_TRUE(io.ok()) << io.status().message();
   Backend& b = *backend;
   struct Dir {
@@ -96,7 +102,7 @@ TEST_P(CudaVideo, StreamingEqualsWholeClip) {
   ASSERT_TRUE(backend);
   auto model = load_vae(std::string(p.file).empty() ? dir : dir + "/" + p.file, backend);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  auto io = SafetensorsFile::open(io_path(p));
   ASSERT_TRUE(io.ok());
   Backend& b = *backend;
   for (bool enc : {true, false}) {
@@ -124,17 +130,71 @@ TEST_P(CudaVideo, StreamingEqualsWholeClip) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaVideo,
-                         testing::Values(Param{"wan_vae_video_tiny", "", "bf16"},
-                                         Param{"wan_vae_video_tiny", "", "fp32"},
-                                         Param{"wan_vae_video_tiny_single",
-                                               "vae_single.safetensors", "bf16"},
-                                         Param{"qwen_image_vae_video_tiny", "", "bf16"},
-                                         Param{"qwen_image_vae_video_tiny", "", "fp32"}),
-                         [](const testing::TestParamInfo<Param>& i) {
-                           std::string n = std::string(i.param.fixture) + "_" + i.param.dtype;
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, CudaVideo,
+    testing::Values(Param{"wan_vae_video_tiny", "", "bf16"},
+                    Param{"wan_vae_video_tiny", "", "fp32"},
+                    Param{"wan_vae_video_tiny_single", "vae_single.safetensors", "bf16"},
+                    Param{"qwen_image_vae_video_tiny", "", "bf16"},
+                    Param{"qwen_image_vae_video_tiny", "", "fp32"},
+                    // Wan 2.2: residual blocks, 2x2 patches (NHWC
+                    // pack_latents / unpack_latents)
+                    Param{"wan22_vae_video_tiny", "", "bf16"},
+                    Param{"wan22_vae_video_tiny", "", "fp32"},
+                    Param{"wan22_vae_video_tiny_single", "vae_single.safetensors", "fp32",
+                          "wan22_vae_video_tiny"}),
+    [](const testing::TestParamInfo<Param>& i) {
+      std::string n = std::string(i.param.fixture) + "_" + i.param.dtype;
+      return n;
+    });
+
+// Frame 0 of a host clip [1, C, T, H, W] as an image [1, C, H, W].
+Tensor first_frame(const Tensor& clip) {
+  const int64_t c = clip.dim(1), t = clip.dim(2), hw = clip.dim(3) * clip.dim(4);
+  const std::vector<float> src = clip.to_floats();
+  Tensor out = Tensor::empty({1, c, clip.dim(3), clip.dim(4)}, DType::kF32);
+  for (int64_t i = 0; i < c; ++i)
+    std::copy(src.begin() + i * t * hw, src.begin() + (i * t + 1) * hw,
+              out.data_as<float>() + i * hw);
+  return out;
+}
+
+// Image mode of the Wan 2.2 VAE (a frame is a one-frame clip: diffusers' frame 0 / latent frame
+// 0), plain and captured as a CUDA graph (the 2x2 patches through pack_latents /
+// unpack_latents, the AvgDown3D / DupUp3D convolutions).
+TEST(CudaVideoStream, Wan22ImageModeAndGraph) {
+  auto backend = cuda("fp32");
+  ASSERT_TRUE(backend);
+  const std::string dir = test::fixtures_dir() + "/wan22_vae_video_tiny";
+  auto model = load_vae(dir, backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto io = SafetensorsFile::open(dir + "/io.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status().message();
+  Backend& b = *backend;
+  VaeModel& m = **model;
+  struct Dir {
+    const char* in;
+    const char* out;
+    VaePart part;
+  };
+  for (Dir d : {Dir{"sample", "latent_mean", VaePart::kEncode},
+                Dir{"latent", "decoded", VaePart::kDecode}}) {
+    const Tensor in = first_frame(*(*io)->tensor(d.in));
+    const Tensor want = first_frame(*(*io)->tensor(d.out));
+    auto x = b.upload(in);
+    ASSERT_TRUE(x.ok()) << x.status().message();
+    Tensor plain = host_of(b, d.part == VaePart::kEncode ? m.encode(*x) : m.decode(*x));
+    ASSERT_EQ(shape_str(plain.shape()), shape_str(want.shape()));
+    EXPECT_LT(relative_l2(plain, want), 1e-3) << d.out;
+    PlanOptions options;
+    options.require_graph = b.supports_capture();
+    auto plan = PlannedPart::build(m, d.part, *x, options);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    Tensor replay = host_of(b, (*plan)->run(*x));
+    ASSERT_EQ(shape_str(replay.shape()), shape_str(want.shape()));
+    EXPECT_LT(relative_l2(replay, plain), 1e-5) << d.out << " (graph replay)";
+  }
+}
 
 // Peak device memory of a stream after 50 and after 500 frames: the same (caches are two frames
 // a layer, chunks are freed as they go).

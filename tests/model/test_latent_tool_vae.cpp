@@ -84,7 +84,8 @@ INSTANTIATE_TEST_SUITE_P(
                     // video (5-D [N, C, T, H, W]; scripts/make_video_fixtures.py)
                     Case{"wan_vae_video_tiny", "", "latent_mean"},
                     Case{"wan_vae_video_tiny_single", "vae_single.safetensors", "latent_mean"},
-                    Case{"qwen_image_vae_video_tiny", "", "latent_mean"}),
+                    Case{"qwen_image_vae_video_tiny", "", "latent_mean"},
+                    Case{"wan22_vae_video_tiny", "", "latent_mean"}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.fixture); });
 
 // A clip whose length is not 1 + 4k, fed 3 frames a push: diffusers on the clip padded with its
@@ -120,6 +121,19 @@ TEST(LatentToolVideo, ChunkedOddClipAndInspect) {
                "/kl_tiny --part encoder --inputs " + in + " --outputs " + out);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("no video mode"), std::string::npos) << r.output;
+}
+
+// `inspect` of a Wan 2.2 single file (no config): the network, its 16x compression, the video
+// mode and the patching, all read from the weights.
+TEST(LatentToolVideo, InspectWan22) {
+  ASSERT_NE(std::getenv("LATENT_TOOL"), nullptr) << "run through ctest (LATENT_TOOL)";
+  ToolRun r = run_tool("inspect --device cpu " + test::fixtures_dir() +
+                       "/wan22_vae_video_tiny_single/vae_single.safetensors");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* want :
+       {"AutoencoderKLWan", "Wan 2.2 VAE", "16 channels, 16x downsampling",
+        "video:         temporal factor 4", "patch_size: 2", "key names: Wan-Video / ComfyUI"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
 }
 
 TEST(LatentToolErrors, NameTheProblem) {

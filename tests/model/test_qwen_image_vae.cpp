@@ -409,7 +409,8 @@ TEST(QwenImageVae, BadConfigValuesAreNamed) {
     ASSERT_FALSE(r.ok()) << c.key;
     EXPECT_NE(r.status().message().find(c.key), std::string::npos) << r.status().message();
   }
-  // AutoencoderKLWan is the same network unless it is the Wan 2.2 VAE.
+  // AutoencoderKLWan is the same network unless it is the Wan 2.2 VAE, whose config does not
+  // fit these (Wan 2.1) weights.
   nlohmann::json wan = nlohmann::json::parse(config_with("_class_name", "AutoencoderKLWan"));
   wan["in_channels"] = 3;
   auto wan21 = load(write_folder_variant("wan21", w, wan.dump()));
@@ -430,15 +431,80 @@ TEST(QwenImageVae, BadConfigValuesAreNamed) {
       << r.status().message();
 }
 
-TEST(QwenImageVae, Wan22IsRejected) {
+// The Wan 2.2 VAE's nested key names mark the residual layout (tests/model/test_wan_vae_video.cpp
+// runs it); a Wan 2.1 file is not.
+TEST(QwenImageVae, Wan22IsDetected) {
   auto w = read_all(single_file());
+  {
+    auto store = WeightStore::open(write_single_variant("wan21", w));
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    auto layout = detect_qwen_image_vae_layout(*store);
+    ASSERT_TRUE(layout.ok()) << layout.status().message();
+    EXPECT_FALSE(layout->residual);
+  }
   w["encoder.downsamples.0.downsamples.0.residual.0.gamma"] = test::random_tensor({4, 1, 1, 1}, 12);
   auto store = WeightStore::open(write_single_variant("wan22", w));
   ASSERT_TRUE(store.ok()) << store.status().message();
   auto layout = detect_qwen_image_vae_layout(*store);
-  ASSERT_FALSE(layout.ok());
-  EXPECT_NE(layout.status().message().find("Wan 2.2"), std::string::npos)
-      << layout.status().message();
+  ASSERT_TRUE(layout.ok()) << layout.status().message();
+  EXPECT_TRUE(layout->residual);
+  EXPECT_TRUE(layout->original);
+}
+
+// A config that contradicts the Wan 2.2 weights, or whose patching does not fit in_channels.
+TEST(QwenImageVae, Wan22ConfigMismatchIsNamed) {
+  const std::string dir = test::fixtures_dir() + "/wan22_vae_video_tiny";
+  auto w = read_all(dir + "/diffusion_pytorch_model.safetensors");
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json base = nlohmann::json::parse(in);
+  nlohmann::json j = base;
+  j["is_residual"] = false;
+  auto r = load(write_folder_variant("wan22_not_residual", w, j.dump()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("is_residual"), std::string::npos) << r.status().message();
+  j = base;
+  j["patch_size"] = 3;
+  r = load(write_folder_variant("wan22_patch3", w, j.dump()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("in_channels"), std::string::npos) << r.status().message();
+  j = base;
+  j["dim_mult"] = {1, 3, 4, 4};  // AvgDown3D of level 1: 3 * 8 channels do not group into 9
+  r = load(write_folder_variant("wan22_dim_mult", w, j.dump()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("AvgDown3D"), std::string::npos) << r.status().message();
+}
+
+TEST(QwenImageVae, Wan22OriginalNames) {
+  const std::pair<const char*, const char*> kNames[] = {
+      {"encoder.down_blocks.1.resnets.0.conv1.weight",
+       "encoder.downsamples.1.downsamples.0.residual.2.weight"},
+      {"encoder.down_blocks.1.resnets.0.conv_shortcut.bias",
+       "encoder.downsamples.1.downsamples.0.shortcut.bias"},
+      {"encoder.down_blocks.2.downsampler.time_conv.weight",
+       "encoder.downsamples.2.downsamples.2.time_conv.weight"},
+      {"decoder.up_blocks.0.resnets.2.norm2.gamma",
+       "decoder.upsamples.0.upsamples.2.residual.3.gamma"},
+      {"decoder.up_blocks.1.upsampler.resample.1.bias",
+       "decoder.upsamples.1.upsamples.3.resample.1.bias"},
+      {"decoder.mid_block.resnets.1.conv2.weight", "decoder.middle.2.residual.6.weight"},
+      {"encoder.conv_in.weight", "encoder.conv1.weight"},
+      {"post_quant_conv.bias", "conv2.bias"},
+  };
+  for (const auto& [diffusers, original] : kNames)
+    EXPECT_EQ(qwen_image_vae_original_name(diffusers, 2, /*residual=*/true), original) << diffusers;
+}
+
+TEST(QwenImageVae, Wan22LatentSpaceName) {
+  EXPECT_EQ(wan22_latents_mean().size(), 48u);
+  EXPECT_EQ(wan22_latents_std().size(), 48u);
+  // The name TAEW2.2 (taehv.cpp) gives the same latents.
+  EXPECT_EQ(qwen_image_latent_space_name(wan22_latents_mean(), wan22_latents_std(), true),
+            "wan2.2");
+  // Latents of a different network are never interchangeable, whatever the statistics.
+  EXPECT_EQ(qwen_image_latent_space_name(qwen_image_latents_mean(), qwen_image_latents_std(), true),
+            "wan2.2-vae-custom");
+  EXPECT_EQ(qwen_image_latent_space_name(wan22_latents_mean(), wan22_latents_std(), false),
+            "qwen-image-vae-custom");
 }
 
 TEST(QwenImageVae, OtherCheckpointsAreNotDetected) {

@@ -34,7 +34,9 @@ std::string model_path(const std::string& name) {
 }
 
 std::map<std::string, Tensor> io(const std::string& name) {
-  return test::read_all(test::fixture(name) + "/io.safetensors");
+  // wan22_vae_video_tiny_single has the folder case's weights and shares its io file.
+  const std::string folder = name == "wan22_vae_video_tiny_single" ? "wan22_vae_video_tiny" : name;
+  return test::read_all(test::fixture(folder) + "/io.safetensors");
 }
 
 Tensor up(Backend& b, const Tensor& host) {
@@ -383,6 +385,151 @@ TEST(WanVideoStream, ImageModeIsTheFirstFrame) {
   ASSERT_TRUE(lat0.ok());
   expect_close(img, *lat0, kTolerance, "encode(frame 0)");
 }
+
+// ---- Wan 2.2 (AutoencoderKLWan with is_residual, patch_size 2) -------------------------------
+// wan22_vae_video_tiny: a diffusers folder; wan22_vae_video_tiny_single: the same weights under
+// the original Wan 2.2 key names, no config (read back from the shapes). Clips of 9 frames of
+// 32x32 -> 3 latent frames of 2x2 (16x).
+const char* const kWan22Cases[] = {"wan22_vae_video_tiny", "wan22_vae_video_tiny_single"};
+
+class Wan22Video : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Wan22Video, MatchesDiffusers) {
+  auto vae = test::load_ok(model_path(GetParam()));
+  ASSERT_TRUE(vae);
+  auto t = io(GetParam());
+  Backend& b = vae->backend();
+  EXPECT_EQ(vae->temporal_factor(), 4);
+  EXPECT_EQ(vae->downsample(), 16);
+  EXPECT_EQ(vae->latent_space().channels, 16);
+  expect_close(down(b, vae->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
+               "encode_video");
+  expect_close(down(b, vae->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
+               "decode_video");
+  expect_close(down(b, vae->encode_video(up(b, t["sample_odd"]))), t["latent_mean_odd"], kTolerance,
+               "encode_video of 7 frames");
+}
+
+// (One case: both hold the same network.)
+TEST(Wan22VideoStream, StreamingInOddChunksEqualsWholeClip) {
+  auto vae = test::load_ok(model_path("wan22_vae_video_tiny"));
+  ASSERT_TRUE(vae);
+  auto t = io("wan22_vae_video_tiny");
+  Backend& b = vae->backend();
+  for (const std::vector<int>& sizes : std::vector<std::vector<int>>{{3}, {5, 1, 3}}) {
+    std::string what = "encoder chunks of";
+    for (int s : sizes) what += " " + std::to_string(s);
+    expect_close(stream_in_chunks(*vae, true, t["sample"], sizes), t["latent_mean"], kTolerance,
+                 what);
+    int padded = -1;
+    expect_close(stream_in_chunks(*vae, true, t["sample_odd"], sizes, &padded),
+                 t["latent_mean_odd"], kTolerance, what + " (7 frames)");
+    EXPECT_EQ(padded, 2) << what;
+  }
+  const Tensor whole = down(b, vae->decode_video(up(b, t["latent"])));
+  for (const std::vector<int>& sizes : std::vector<std::vector<int>>{{1}, {2, 1}}) {
+    expect_close(stream_in_chunks(*vae, false, t["latent"], sizes), whole, kSameTolerance,
+                 "decoder chunks");
+  }
+}
+
+// Image mode: a frame is a one-frame clip. diffusers encodes frame 0 alone and decodes latent
+// frame 0 alone into frame 0, so those are the image results.
+TEST_P(Wan22Video, ImageModeIsAOneFrameClip) {
+  auto vae = test::load_ok(model_path(GetParam()));
+  ASSERT_TRUE(vae);
+  Backend& b = vae->backend();
+  auto t = io(GetParam());
+  auto frame0 = host_frames(t["sample"], 0, 1).reshape({1, 3, 32, 32});
+  ASSERT_TRUE(frame0.ok());
+  auto lat0 = host_frames(t["latent_mean"], 0, 1).reshape({1, 16, 2, 2});
+  ASSERT_TRUE(lat0.ok());
+  expect_close(down(b, vae->encode(up(b, *frame0))), *lat0, kTolerance, "encode(frame 0)");
+  auto z0 = host_frames(t["latent"], 0, 1).reshape({1, 16, 2, 2});
+  ASSERT_TRUE(z0.ok());
+  auto dec0 = host_frames(t["decoded"], 0, 1).reshape({1, 3, 32, 32});
+  ASSERT_TRUE(dec0.ok());
+  expect_close(down(b, vae->decode(up(b, *z0))), *dec0, kTolerance, "decode(latent frame 0)");
+}
+
+// The fused conv3d_frames path (what CUDA runs) on the Wan 2.2 blocks.
+TEST(Wan22VideoStream, FusedConv3dPathMatchesDiffusers) {
+  setenv("LATENT_CPU_CONV3D", "1", 1);
+  auto backend = create_cpu_backend(DType::kF32);
+  unsetenv("LATENT_CPU_CONV3D");
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  auto vae = load_vae(model_path("wan22_vae_video_tiny"), *backend);
+  ASSERT_TRUE(vae.ok()) << vae.status().message();
+  auto t = io("wan22_vae_video_tiny");
+  Backend& b = **backend;
+  expect_close(down(b, (*vae)->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
+               "encode_video (fused)");
+  expect_close(down(b, (*vae)->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
+               "decode_video (fused)");
+}
+
+TEST(Wan22VideoStream, InfoSaysWan22) {
+  for (const char* name : kWan22Cases) {
+    auto vae = test::load_ok(model_path(name));
+    ASSERT_TRUE(vae);
+    const std::string& d = vae->info().description;
+    EXPECT_NE(d.find("Wan 2.2 VAE"), std::string::npos) << d;
+    EXPECT_NE(d.find("video: temporal factor 4"), std::string::npos) << d;
+    EXPECT_NE(d.find("spatial downsample: 16"), std::string::npos) << d;
+    EXPECT_NE(d.find("patch_size: 2"), std::string::npos) << d;
+    EXPECT_NE(d.find("input_channels: 12"), std::string::npos) << d;
+  }
+  // decoder_base_dim read back from the single file's shapes
+  auto single = test::load_ok(model_path("wan22_vae_video_tiny_single"));
+  EXPECT_NE(single->info().description.find("decoder_base_dim: 2"), std::string::npos)
+      << single->info().description;
+  EXPECT_NE(single->info().description.find("Wan-Video / ComfyUI"), std::string::npos);
+}
+
+TEST(Wan22VideoStream, FrameSizeMustBeAMultipleOf16) {
+  auto vae = test::load_ok(model_path("wan22_vae_video_tiny"));
+  ASSERT_TRUE(vae);
+  Backend& b = vae->backend();
+  auto s = vae->encode_video(up(b, Tensor::zeros({1, 3, 1, 24, 32}, DType::kF32)));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("16"), std::string::npos) << s.status().message();
+  auto c = vae->encode_video(up(b, Tensor::zeros({1, 12, 1, 32, 32}, DType::kF32)));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("[N, 3, T, H, W]"), std::string::npos)
+      << c.status().message();
+}
+
+// A Wan 2.2 single file holding only the decoder (or only the encoder): the configuration is read
+// from that part's shapes alone (the decoder gives base_dim as the gcd of its widths).
+TEST(Wan22VideoStream, SinglePartFiles) {
+  const auto all = test::read_all(model_path("wan22_vae_video_tiny_single"));
+  auto t = io("wan22_vae_video_tiny");
+  for (bool encoder : {true, false}) {
+    std::map<std::string, Tensor> part;
+    for (const auto& [name, tensor] : all) {
+      const bool enc = name.rfind("encoder.", 0) == 0 || name.rfind("conv1.", 0) == 0;
+      if (enc == encoder) part[name] = tensor;
+    }
+    const std::string path =
+        test::temp_dir() + (encoder ? "/wan22_encoder.safetensors" : "/wan22_decoder.safetensors");
+    test::write_all(path, part);
+    VaeLoadOptions opts;
+    opts.encoder = encoder;
+    opts.decoder = !encoder;
+    auto vae = test::load_ok(path, opts);
+    ASSERT_TRUE(vae) << path;
+    Backend& b = vae->backend();
+    if (encoder) {
+      expect_close(down(b, vae->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
+                   "encode_video (encoder-only file)");
+    } else {
+      expect_close(down(b, vae->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
+                   "decode_video (decoder-only file)");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Wan22Video, ::testing::ValuesIn(kWan22Cases));
 
 }  // namespace
 }  // namespace latent

@@ -10,7 +10,8 @@ namespace latent {
 namespace {
 
 constexpr char kSupported[] =
-    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny, AutoencoderKLWan (Wan 2.1), TAEHV "
+    "AutoencoderKL, AutoencoderKLQwenImage, AutoencoderTiny, AutoencoderKLWan (Wan 2.1, Wan 2.2), "
+    "TAEHV "
     "(taew2_1, taew2_2 files)";
 
 // A few tensor names of an unrecognised checkpoint, for the error message.

@@ -17,6 +17,13 @@
 //  - _encode runs frame 0 alone, then chunks of 4 frames, and keeps the first z_dim channels of
 //    quant_conv (the mean); _decode runs post_quant_conv, then one latent frame at a time, and
 //    clamps to [-1, 1].
+//  - Wan 2.2 (is_residual, patch_size): _encode patchifies the whole clip first and _decode
+//    unpatchifies the output (per frame, so per chunk here). WanResidualDownBlock adds
+//    AvgDown3D(block input) to its resnets + downsampler; AvgDown3D pads the *chunk* in front
+//    with zero frames to a multiple of its temporal factor, so the first chunk's single frame is
+//    averaged with a zero frame. WanResidualUpBlock adds DupUp3D(block input) to its resnets +
+//    upsampler (whose spatial conv keeps the width); on the first chunk (first_chunk=True)
+//    DupUp3D drops the first of its 2 frames, as the upsampler skips time_conv there.
 #include "engine/models/vae/qwen_image.h"
 
 #include <array>
@@ -62,6 +69,52 @@ struct CausalCache {
   std::vector<char> started;   // resamplers: a chunk has passed (diffusers' non-None slot)
   explicit CausalCache(int slots) : frames(slots), started(slots, 0) {}
 };
+
+// Pixels of p x p patches as channels, channel c*p*p + dy*p + dx (Backend::pack_latents'
+// order; diffusers' patchify orders them (c, dx, dy): the first and last convolutions' weights
+// are reordered instead, see ParamLoader::causal_conv).
+// x: [T, C, H, W] -> [T, C*p*p, H/p, W/p]
+Result<Tensor> space_to_depth(Backend& b, const Tensor& x, int64_t p) {
+  const int64_t t = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3);
+  if (x.layout() == Layout::kNHWC && p == 2) {
+    // tokens [T, (H/2)(W/2), 4C] are the NHWC image [T, 4C, H/2, W/2]
+    LATENT_ASSIGN_OR_RETURN(Tensor tokens, b.pack_latents(x));
+    return Tensor::from_storage(tokens.storage(), tokens.byte_offset(), {t, c * 4, h / 2, w / 2},
+                                tokens.dtype(), Layout::kNHWC);
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor host, b.download(x));  // [T, C, H, W] fp32, row-major
+  Tensor y = Tensor::empty({t, c * p * p, h / p, w / p}, DType::kF32);
+  const float* src = host.data_as<const float>();
+  float* dst = y.data_as<float>();
+  const int64_t ho = h / p, wo = w / p;
+  for (int64_t f = 0; f < t * c; ++f)
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t j = 0; j < w; ++j)
+        dst[((f * p * p + (i % p) * p + j % p) * ho + i / p) * wo + j / p] =
+            src[(f * h + i) * w + j];
+  return b.upload(y);
+}
+
+// The inverse. x: [T, C*p*p, h, w] -> [T, C, h*p, w*p]
+Result<Tensor> depth_to_space(Backend& b, const Tensor& x, int64_t p) {
+  const int64_t t = x.dim(0), cp = x.dim(1), h = x.dim(2), w = x.dim(3), c = cp / (p * p);
+  if (x.layout() == Layout::kNHWC && p == 2) {
+    Tensor tokens = Tensor::from_storage(x.storage(), x.byte_offset(), {t, h * w, cp}, x.dtype(),
+                                         Layout::kContiguous);
+    return b.unpack_latents(tokens, 2 * h, 2 * w);
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor host, b.download(x));
+  Tensor y = Tensor::empty({t, c, h * p, w * p}, DType::kF32);
+  const float* src = host.data_as<const float>();
+  float* dst = y.data_as<float>();
+  const int64_t ho = h * p, wo = w * p;
+  for (int64_t f = 0; f < t * c; ++f)
+    for (int64_t i = 0; i < ho; ++i)
+      for (int64_t j = 0; j < wo; ++j)
+        dst[(f * ho + i) * wo + j] =
+            src[((f * p * p + (i % p) * p + j % p) * h + i / p) * w + j / p];
+  return b.upload(y);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Parameters
@@ -121,8 +174,13 @@ class ParamLoader {
   // WanCausalConv3d(in, out, (kt, k, k)) with kt = 3 (padding k/2 in space) or kt = k = 1.
   // `rows` keeps only output channels [0, rows) (0: all). Cached convs get a slot. `fuse`: keep
   // the whole kernel for conv3d_frames() where the backend runs it.
+  // `patch` > 1: the input (kPatchInputs) or output (kPatchOutputs) channels are pixels of
+  // patch x patch patches in diffusers' patchify order (c, dx, dy); they are reordered to
+  // (c, dy, dx), the order of Backend::pack_latents / unpack_latents (see space_to_depth).
+  enum PatchSide { kNoPatch, kPatchInputs, kPatchOutputs };
   CausalConv causal_conv(const std::string& prefix, int64_t in, int64_t out, int k, int kt,
-                         int64_t rows = 0, bool fuse = true) {
+                         int64_t rows = 0, bool fuse = true, PatchSide side = kNoPatch,
+                         int64_t patch = 1) {
     CausalConv c;
     c.params = Conv2dParams::same(k);
     c.temporal = kt == 3;
@@ -130,6 +188,33 @@ class ParamLoader {
     const int64_t keep = rows > 0 ? rows : out;
     Tensor w = binder_.take_host(prefix + ".weight", {out, in, kt, k, k});
     Tensor b = binder_.take_host(prefix + ".bias", {out});
+    if (side != kNoPatch && patch > 1) {
+      // channel c*p*p + dy*p + dx <- diffusers' c*p*p + dx*p + dy
+      auto from = [patch](int64_t i) {
+        const int64_t pp = patch * patch, r = i % pp;
+        return i - r + (r % patch) * patch + r / patch;
+      };
+      if (w.defined()) {
+        Tensor pw = Tensor::empty(w.shape(), DType::kF32);
+        const float* src = w.data_as<const float>();
+        float* dst = pw.data_as<float>();
+        const int64_t inner = int64_t{kt} * k * k;
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < in; ++i) {
+            const int64_t so = side == kPatchOutputs ? from(o) : o;
+            const int64_t si = side == kPatchInputs ? from(i) : i;
+            std::copy(src + (so * in + si) * inner, src + (so * in + si + 1) * inner,
+                      dst + (o * in + i) * inner);
+          }
+        w = pw;
+      }
+      if (b.defined() && side == kPatchOutputs) {
+        Tensor pb = Tensor::empty(b.shape(), DType::kF32);
+        for (int64_t o = 0; o < out; ++o)
+          pb.data_as<float>()[o] = b.data_as<const float>()[from(o)];
+        b = pb;
+      }
+    }
     if (w.defined()) {
       // w: [out, in, kt, k, k] -> taps[j]: [keep, in, k, k] at t = j
       const float* src = w.data_as<const float>();
@@ -182,7 +267,6 @@ class ParamLoader {
   int slots() const { return slots_; }
   Status status() const { return status_; }
 
- private:
   Tensor upload(const Tensor& host, const std::string& name) {
     auto t = backend_.upload(host);
     if (!t.ok()) {
@@ -191,6 +275,8 @@ class ParamLoader {
     }
     return std::move(t).value();
   }
+
+ private:
   void note(const Status& s) {
     if (status_.ok()) status_ = s;
   }
@@ -234,6 +320,113 @@ struct ResidualBlock {
   }
 };
 
+// diffusers' AvgDown3D, the shortcut of a Wan 2.2 down block: the input's [ft, fs, fs] blocks
+// of frames and pixels (with ft - T % ft zero frames in front of the chunk) become channels
+// c*f + kt*fs*fs + dy*fs + dx (f = ft*fs*fs), and each output channel is the mean of a group of
+// in*f/out consecutive ones. A linear map: one fs x fs stride-fs convolution per temporal tap kt
+// whose weight holds 1/group where a channel belongs to the group.
+struct AvgDown {
+  int64_t ft = 1, fs = 1;
+  bool identity = false;
+  std::array<Tensor, 2> taps;  // [out, in, fs, fs] for frames 2j + kt of the padded chunk
+  Conv2dParams params;
+
+  static AvgDown load(ParamLoader& p, const std::string& name, int64_t in, int64_t out, int64_t ft,
+                      int64_t fs) {
+    AvgDown a;
+    a.ft = ft;
+    a.fs = fs;
+    const int64_t factor = ft * fs * fs, group = in * factor / out;
+    a.identity = factor == 1 && in == out;
+    if (a.identity) return a;
+    a.params.stride = static_cast<int>(fs);
+    for (int64_t kt = 0; kt < ft; ++kt) {
+      Tensor w = Tensor::zeros({out, in, fs, fs}, DType::kF32);
+      float* d = w.data_as<float>();
+      for (int64_t c = 0; c < in; ++c)
+        for (int64_t dy = 0; dy < fs; ++dy)
+          for (int64_t dx = 0; dx < fs; ++dx) {
+            const int64_t o = (c * factor + kt * fs * fs + dy * fs + dx) / group;
+            d[((o * in + c) * fs + dy) * fs + dx] = 1.0f / static_cast<float>(group);
+          }
+      a.taps[kt] = p.upload(w, name);
+    }
+    return a;
+  }
+
+  // x: [T, in, H, W] -> [ceil(T / ft), out, H/fs, W/fs]. `clip` false: every frame is a clip of
+  // its own (image mode).
+  Result<Tensor> forward(Backend& b, const Tensor& x, bool clip) const {
+    if (identity) return x;
+    const int64_t t = x.dim(0);
+    if (ft == 1 || !clip || t == 1) {
+      // one frame padded with ft - 1 zero frames in front: only the last tap meets data
+      return b.conv2d(x, taps[ft - 1], Tensor(), params);
+    }
+    if (ft != 2) return Status::errorf("AvgDown3D: temporal factor ", ft, " is not supported");
+    Tensor xx = x;
+    if (t % 2 != 0) {
+      LATENT_ASSIGN_OR_RETURN(Tensor zero, zero_frames(b, 1, x));
+      LATENT_ASSIGN_OR_RETURN(xx, join_frames(b, {zero, x}));
+    }
+    Tensor y;
+    for (int kt = 0; kt < 2; ++kt) {
+      std::vector<Tensor> picked;
+      for (int64_t o = 0; o < xx.dim(0) / 2; ++o) picked.push_back(frame_view(xx, 2 * o + kt, 1));
+      Tensor in = picked[0];
+      if (picked.size() > 1) {
+        LATENT_ASSIGN_OR_RETURN(in, join_frames(b, picked));
+      }
+      LATENT_ASSIGN_OR_RETURN(y, b.conv2d(in, taps[kt], Tensor(), params, y));
+    }
+    return y;
+  }
+};
+
+// diffusers' DupUp3D (spatial factor 2), the shortcut of a Wan 2.2 up block: each input channel
+// repeated r = out*f/in times (f = ft*4) gives channels o*f + kt*4 + dy*2 + dx, which become
+// output channel o at frame t*ft + kt and pixel (2y + dy, 2x + dx). Per temporal tap kt: a 1x1
+// convolution that picks those channels (one-hot weights, exact), then depth_to_space. On the
+// clip's first chunk diffusers drops the first ft - 1 output frames (first_chunk).
+struct DupUp {
+  int64_t ft = 1;
+  std::array<Tensor, 2> pick;  // [out*4, in, 1, 1]
+
+  static DupUp load(ParamLoader& p, const std::string& name, int64_t in, int64_t out, int64_t ft) {
+    DupUp d;
+    d.ft = ft;
+    const int64_t factor = ft * 4, repeats = out * factor / in;
+    for (int64_t kt = 0; kt < ft; ++kt) {
+      Tensor w = Tensor::zeros({out * 4, in, 1, 1}, DType::kF32);
+      float* dst = w.data_as<float>();
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t s = 0; s < 4; ++s)
+          dst[(o * 4 + s) * in + (o * factor + kt * 4 + s) / repeats] = 1.0f;
+      d.pick[kt] = p.upload(w, name);
+    }
+    return d;
+  }
+
+  // x: [T, in, h, w] -> [T*ft, out, 2h, 2w] (first_chunk: its first ft - 1 frames dropped).
+  // `clip` false: every frame is a clip of its own, as a first chunk (image mode).
+  Result<Tensor> forward(Backend& b, const Tensor& x, bool clip, bool first_chunk) const {
+    std::array<Tensor, 2> sub;
+    const int64_t from = clip && !(first_chunk && x.dim(0) == 1) ? 0 : ft - 1;
+    for (int64_t kt = from; kt < ft; ++kt) {
+      LATENT_ASSIGN_OR_RETURN(Tensor g, b.conv2d(x, pick[kt], Tensor(), Conv2dParams()));
+      LATENT_ASSIGN_OR_RETURN(sub[kt], depth_to_space(b, g, 2));
+    }
+    if (from == ft - 1) return sub[ft - 1];
+    std::vector<Tensor> frames;
+    for (int64_t t = 0; t < x.dim(0); ++t)
+      for (int64_t kt = 0; kt < ft; ++kt) {
+        if (first_chunk && t == 0 && kt < ft - 1) continue;
+        frames.push_back(frame_view(sub[kt], t, 1));
+      }
+    return join_frames(b, frames);
+  }
+};
+
 // WanAttentionBlock: single-head self-attention over the pixels of each frame.
 struct AttentionBlock {
   Tensor norm;
@@ -272,13 +465,15 @@ struct Resample {
   int slot = -1;                        // the "started" flag (and the downsampler's last frame)
   int64_t dim = 0;
 
+  // up_out: the upsampler's output channels (0: dim / 2, Wan 2.1; the Wan 2.2 blocks keep dim).
   static Resample load(ParamLoader& p, const std::string& prefix, int64_t dim, bool up,
-                       bool temporal) {
+                       bool temporal, int64_t up_out = 0) {
     Resample r;
     r.up = up;
     r.dim = dim;
     if (up) {
-      r.conv = p.conv2d(prefix + ".resample.1", dim, dim / 2, 3, Conv2dParams::same(3));
+      r.conv = p.conv2d(prefix + ".resample.1", dim, up_out > 0 ? up_out : dim / 2, 3,
+                        Conv2dParams::same(3));
       if (temporal) r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim * 2, 1, 3);
     } else {
       Conv2dParams params;
@@ -371,10 +566,34 @@ struct MidBlock {
   }
 };
 
+// WanResidualDownBlock (Wan 2.2): num_res_blocks residual blocks and a downsampler, plus the
+// AvgDown3D shortcut of the block's input.
+struct ResidualDownBlock {
+  std::vector<ResidualBlock> resnets;
+  std::optional<Resample> downsampler;
+  AvgDown shortcut;
+
+  bool temporal() const { return downsampler && downsampler->time_conv; }
+
+  // x: [T, Cin, H, W] -> [T (/2 after the first chunk when temporal), Cout, H (/2), W (/2)]
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
+    Tensor h = x;
+    for (const auto& r : resnets) {
+      LATENT_ASSIGN_OR_RETURN(h, r.forward(b, h, cache));
+    }
+    if (downsampler) {
+      LATENT_ASSIGN_OR_RETURN(h, downsampler->forward(b, h, cache));
+    }
+    LATENT_ASSIGN_OR_RETURN(Tensor s, shortcut.forward(b, x, cache != nullptr));
+    return b.add(h, s);
+  }
+};
+
 // WanEncoder3d followed by the mean half of quant_conv.
 struct Encoder {
   // attn_scales would add attention blocks here; validate_config() refuses them (see there).
-  using Layer = std::variant<ResidualBlock, Resample>;
+  using Layer = std::variant<ResidualBlock, Resample, ResidualDownBlock>;
+  int64_t patch = 1;  // Wan 2.2: frames patchified first
   CausalConv conv_in;
   std::vector<Layer> down_blocks;
   MidBlock mid_block;
@@ -389,11 +608,31 @@ struct Encoder {
     const auto& m = c.dim_mult;
     std::vector<int64_t> dims{c.base_dim};
     for (int64_t u : m) dims.push_back(c.base_dim * u);
-    e.conv_in = p.causal_conv("encoder.conv_in", c.input_channels, dims[0], 3, 3);
+    e.patch = c.patch_size;
+    e.conv_in = p.causal_conv("encoder.conv_in", c.input_channels, dims[0], 3, 3, 0, true,
+                              ParamLoader::kPatchInputs, c.patch_size);
     int64_t out_dim = dims[0];
     for (size_t i = 0; i < m.size(); ++i) {
       int64_t in_dim = dims[i];
       out_dim = dims[i + 1];
+      if (c.is_residual) {
+        const std::string prefix = str_cat("encoder.down_blocks.", i);
+        const bool down = i + 1 != m.size();
+        const bool temporal = down && c.temperal_downsample[i];
+        ResidualDownBlock r;
+        r.shortcut = AvgDown::load(p, prefix + ".avg_shortcut", in_dim, out_dim, temporal ? 2 : 1,
+                                   down ? 2 : 1);
+        for (int64_t j = 0; j < c.num_res_blocks; ++j) {
+          r.resnets.push_back(
+              ResidualBlock::load(p, str_cat(prefix, ".resnets.", j), in_dim, out_dim));
+          in_dim = out_dim;
+        }
+        if (down)
+          r.downsampler =
+              Resample::load(p, prefix + ".downsampler", out_dim, /*up=*/false, temporal);
+        e.down_blocks.emplace_back(std::move(r));
+        continue;
+      }
       for (int64_t r = 0; r < c.num_res_blocks; ++r) {
         const std::string prefix = str_cat("encoder.down_blocks.", e.down_blocks.size());
         e.down_blocks.emplace_back(ResidualBlock::load(p, prefix, in_dim, out_dim));
@@ -420,12 +659,19 @@ struct Encoder {
     for (size_t i = 0; i < down_blocks.size(); ++i) {
       const Resample* r = std::get_if<Resample>(&down_blocks[i]);
       if (r && r->time_conv) return i;
+      const ResidualDownBlock* d = std::get_if<ResidualDownBlock>(&down_blocks[i]);
+      if (d && d->temporal()) return i;
     }
     return down_blocks.size();
   }
 
   // x: [T, 3, H, W] -> mean [T', z_dim, H/f, W/f] (T' = T / 4 after the first chunk)
-  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
+  Result<Tensor> forward(Backend& b, const Tensor& frames, CausalCache* cache) const {
+    Tensor x = frames;
+    if (patch > 1) {
+      // x: [T, 3 * patch^2, H/patch, W/patch]
+      LATENT_ASSIGN_OR_RETURN(x, space_to_depth(b, frames, patch));
+    }
     const size_t split = cache && x.dim(0) > 1 ? first_temporal() : 0;
     auto layer = [&](size_t i, const Tensor& h) {
       return std::visit([&](const auto& l) { return l.forward(b, h, cache); }, down_blocks[i]);
@@ -457,23 +703,31 @@ struct Encoder {
 };
 
 // WanUpBlock: num_res_blocks + 1 resnets and an optional upsampler.
+// Wan 2.2's WanResidualUpBlock adds the DupUp3D shortcut of the block's input.
 struct UpBlock {
   std::vector<ResidualBlock> resnets;
   std::optional<Resample> upsampler;
+  std::optional<DupUp> shortcut;
 
-  // x: [T, Cin, H, W] -> [T (*2), Cout (/2 when upsampling), H (*2), W (*2)]
-  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
+  // x: [T, Cin, H, W] -> [T (*2), Cout (/2 when upsampling, Wan 2.1), H (*2), W (*2)].
+  // first_chunk: the clip's first latent frame (or image mode), see DupUp.
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache, bool first_chunk) const {
     Tensor h = x;
     for (const auto& r : resnets) {
       LATENT_ASSIGN_OR_RETURN(h, r.forward(b, h, cache));
     }
-    if (upsampler) return upsampler->forward(b, h, cache);
-    return h;
+    if (upsampler) {
+      LATENT_ASSIGN_OR_RETURN(h, upsampler->forward(b, h, cache));
+    }
+    if (!shortcut) return h;
+    LATENT_ASSIGN_OR_RETURN(Tensor s, shortcut->forward(b, x, cache != nullptr, first_chunk));
+    return b.add(h, s);
   }
 };
 
 // post_quant_conv followed by WanDecoder3d.
 struct Decoder {
+  int64_t patch = 1;  // Wan 2.2: the output is unpatchified
   CausalConv post_quant_conv;
   CausalConv conv_in;
   MidBlock mid_block;
@@ -493,11 +747,28 @@ struct Decoder {
     d.conv_in = p.causal_conv("decoder.conv_in", c.z_dim, dims[0], 3, 3);
     d.mid_block = MidBlock::load(p, "decoder.mid_block", dims[0]);
     int64_t out_dim = dims[0];
+    d.patch = c.patch_size;
     for (size_t i = 0; i < m.size(); ++i) {
-      int64_t in_dim = i > 0 ? dims[i] / 2 : dims[i];
+      int64_t in_dim = i > 0 && !c.is_residual ? dims[i] / 2 : dims[i];
       out_dim = dims[i + 1];
       UpBlock u;
       const std::string prefix = str_cat("decoder.up_blocks.", i);
+      if (c.is_residual) {
+        const bool up = i + 1 != m.size();
+        const bool temporal = up && c.temperal_downsample[m.size() - 2 - i];
+        if (up)
+          u.shortcut = DupUp::load(p, prefix + ".avg_shortcut", in_dim, out_dim, temporal ? 2 : 1);
+        for (int64_t r = 0; r <= c.num_res_blocks; ++r) {
+          u.resnets.push_back(
+              ResidualBlock::load(p, str_cat(prefix, ".resnets.", r), in_dim, out_dim));
+          in_dim = out_dim;
+        }
+        if (up)
+          u.upsampler =
+              Resample::load(p, prefix + ".upsampler", out_dim, /*up=*/true, temporal, out_dim);
+        d.up_blocks.push_back(std::move(u));
+        continue;
+      }
       for (int64_t r = 0; r <= c.num_res_blocks; ++r) {
         u.resnets.push_back(
             ResidualBlock::load(p, str_cat(prefix, ".resnets.", r), in_dim, out_dim));
@@ -511,7 +782,8 @@ struct Decoder {
       d.up_blocks.push_back(std::move(u));
     }
     d.norm_out = p.norm_gamma("decoder.norm_out.gamma", out_dim, /*images=*/false);
-    d.conv_out = p.causal_conv("decoder.conv_out", out_dim, c.input_channels, 3, 3);
+    d.conv_out = p.causal_conv("decoder.conv_out", out_dim, c.input_channels, 3, 3, 0, true,
+                               ParamLoader::kPatchOutputs, c.patch_size);
     d.slots = p.slots() - first_slot;
     return d;
   }
@@ -527,29 +799,38 @@ struct Decoder {
   }
 
   // h: [T, C, H', W'] from up block `from` on -> [T, 3, H, W]
-  Result<Tensor> tail(Backend& b, Tensor h, size_t from, CausalCache* cache) const {
+  Result<Tensor> tail(Backend& b, Tensor h, size_t from, CausalCache* cache,
+                      bool first_chunk) const {
     for (size_t i = from; i < up_blocks.size(); ++i) {
-      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache));
+      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache, first_chunk));
     }
     LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
     LATENT_ASSIGN_OR_RETURN(h, conv_out.forward(b, h, cache));
+    if (patch > 1) {
+      // h: [T, 3 * patch^2, H/patch, W/patch] -> [T, 3, H, W]
+      LATENT_ASSIGN_OR_RETURN(h, depth_to_space(b, h, patch));
+    }
     return b.clamp(h, -1.f, 1.f);
   }
 
-  // z: [t, z_dim, h, w] -> [T, 3, h*f, w*f] in [-1, 1] (T = t, then 4t after the first chunk)
-  Result<Tensor> forward(Backend& b, const Tensor& z, CausalCache* cache) const {
+  // z: [t, z_dim, h, w] -> [T, 3, h*f, w*f] in [-1, 1] (T = t, then 4t after the first chunk).
+  // first_chunk: the clip's first latent frame (always true in image mode, cache null).
+  Result<Tensor> forward(Backend& b, const Tensor& z, CausalCache* cache,
+                         bool first_chunk = true) const {
     LATENT_ASSIGN_OR_RETURN(Tensor h, post_quant_conv.forward(b, z, cache));
     LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, h, cache));
     LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
     const size_t split = cache ? after_last_temporal() : 0;
     for (size_t i = 0; i < split; ++i) {
       // h: [T, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache));
+      LATENT_ASSIGN_OR_RETURN(h, up_blocks[i].forward(b, h, cache, first_chunk));
     }
-    if (!cache || h.dim(0) == 1) return tail(b, h, split, cache);
+    if (!cache || h.dim(0) == 1) return tail(b, h, split, cache, first_chunk);
     std::vector<Tensor> frames;
     for (int64_t t = 0; t < h.dim(0); ++t) {
-      LATENT_ASSIGN_OR_RETURN(Tensor f, tail(b, frame_view(h, t, 1), split, cache));
+      // (after the last temporal upsampler every shortcut has ft = 1: first_chunk is moot)
+      LATENT_ASSIGN_OR_RETURN(Tensor f,
+                              tail(b, frame_view(h, t, 1), split, cache, first_chunk && t == 0));
       frames.push_back(std::move(f));
     }
     return join_frames(b, frames);
@@ -619,7 +900,7 @@ class QwenImageVae : public VaeModel {
   // sample: [N, 3, H, W] -> raw latent mean [N, z_dim, H/f, W/f]
   Result<Tensor> encode(const Tensor& sample) override {
     LATENT_TRY(require(true));
-    LATENT_TRY(vae_common::check_encode_sample(*backend_, sample, config_.input_channels,
+    LATENT_TRY(vae_common::check_encode_sample(*backend_, sample, config_.image_channels(),
                                                config_.downsample())
                    .with_context("qwen-image vae"));
     auto r = encoder_->forward(*backend_, sample, nullptr);
@@ -692,7 +973,8 @@ Result<Tensor> WanStream::run_clip(Clip& clip, const Tensor& frames) {
   } else {
     const Decoder& net = model_.decoder_net();
     for (int64_t t = 0; t < frames.dim(0); ++t) {  // one latent frame a chunk
-      LATENT_ASSIGN_OR_RETURN(Tensor y, net.forward(b, frame_view(frames, t, 1), &clip.cache));
+      LATENT_ASSIGN_OR_RETURN(
+          Tensor y, net.forward(b, frame_view(frames, t, 1), &clip.cache, clip.chunks == 0));
       outs.push_back(std::move(y));
       ++clip.chunks;
     }
@@ -706,7 +988,7 @@ Result<Tensor> WanStream::push(const Tensor& x) {
   const char* what = encoder_ ? "encoder stream" : "decoder stream";
   const QwenImageVaeConfig& c = model_.config();
   Backend& b = model_.backend();
-  const int64_t channels = encoder_ ? c.input_channels : c.z_dim;
+  const int64_t channels = encoder_ ? c.image_channels() : c.z_dim;
   if (!x.defined() || x.rank() != 5 || x.dim(1) != channels || x.dim(0) < 1 || x.dim(2) < 1 ||
       x.dim(3) < 1 || x.dim(4) < 1)
     return Status::errorf(what, ": expected [N, ", channels, ", T, H, W], got ",
@@ -804,9 +1086,17 @@ Result<std::unique_ptr<VaeModel>> load_qwen_image_vae(const ModelSource& source,
   } else {
     LATENT_ASSIGN_OR_RETURN(cfg, infer_qwen_image_vae_config(weights, layout));
   }
+  if (layout.residual != cfg.is_residual)
+    return Status::errorf(
+        "loading ", where, ": ", config ? config->path() : std::string("the configuration"),
+        cfg.is_residual ? " describes the Wan 2.2 VAE (is_residual) but the weights are a Wan 2.1 "
+                          "/ Qwen-Image VAE"
+                        : " describes a Wan 2.1 / Qwen-Image VAE but the weights are the Wan 2.2 "
+                          "VAE (residual down/up blocks); set \"is_residual\": true");
   const int64_t nrb = cfg.num_res_blocks;
-  auto rename = [layout, nrb](const std::string& n) {
-    return layout.prefix + (layout.original ? qwen_image_vae_original_name(n, nrb) : n);
+  const bool residual = cfg.is_residual;
+  auto rename = [layout, nrb, residual](const std::string& n) {
+    return layout.prefix + (layout.original ? qwen_image_vae_original_name(n, nrb, residual) : n);
   };
 
   WeightBinder binder(weights, *backend, rename);
@@ -836,15 +1126,20 @@ Result<std::unique_ptr<VaeModel>> load_qwen_image_vae(const ModelSource& source,
     binder.ignore_prefix(rename("post_quant_conv.weight"));
     binder.ignore_prefix(rename("post_quant_conv.bias"));
   }
-  const std::string cls =
-      config && !config->class_name().empty() ? config->class_name() : "AutoencoderKLQwenImage";
+  // A single file has no class name: the Wan 2.2 VAE is only ever AutoencoderKLWan.
+  const std::string cls = config && !config->class_name().empty() ? config->class_name()
+                          : cfg.is_residual                       ? "AutoencoderKLWan"
+                                                                  : "AutoencoderKLQwenImage";
   const std::string context = str_cat("loading ", cls, " from ", where);
   LATENT_TRY(binder.finish().with_context(context));
   LATENT_TRY(param_status.with_context(context));
 
-  const std::string space = qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std);
+  const std::string space =
+      qwen_image_latent_space_name(cfg.latents_mean, cfg.latents_std, cfg.is_residual);
   info.architecture = cls;
-  info.variant = str_cat(space, " (base_dim ", cfg.base_dim, ", z_dim ", cfg.z_dim, ")");
+  info.variant = str_cat(space, " (", cfg.is_residual ? "Wan 2.2 VAE, " : "", "base_dim ",
+                         cfg.base_dim, ", z_dim ", cfg.z_dim,
+                         cfg.patch_size > 1 ? str_cat(", patch_size ", cfg.patch_size) : "", ")");
   info.source = source;
   info.storage_dtypes = binder.storage_dtypes();
   info.latent_space = LatentSpace::from_mean_std(
