@@ -21,6 +21,7 @@ wall seconds. The Ray row's time is the whole job's, Ray's start-up and model lo
   python3 bench/bench_precompute.py --models /models/Wan2.1-VAE,models/default \\
       --clips 32 --frames 81 --out bench/results/precompute-h100.json \\
       [--encoder-prop video-mode=true] [--dtype bf16] [--skip-torch]
+      [--engine ray,local] [--gpus 1,2]   # both engines, on 1 and on 2 GPUs: the scaling rows
 """
 
 from __future__ import annotations
@@ -120,11 +121,14 @@ def gpu_count() -> int:
 # ---- rows ---------------------------------------------------------------------------------------
 
 
-def run_ray(model, clips_dir, out_dir, gpus, args) -> dict:
+def run_job(model, clips_dir, out_dir, gpus, args, engine="ray") -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", "ray", "--workers", str(gpus),
-           "--gpus-per-worker", "1", "--model", model, "--input", clips_dir, "--output", out_dir,
-           "--no-progress"]
+    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", engine, "--workers", str(gpus),
+           "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress"]
+    if engine == "ray":
+        cmd += ["--gpus-per-worker", "1"]
+    else:  # one worker process per GPU, devices dealt in turn
+        cmd += ["--device", ",".join(f"cuda:{i}" for i in range(gpus))]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
@@ -263,7 +267,10 @@ def main():
     ap.add_argument("--fps", type=int, default=24)
     ap.add_argument("--clips-dir", default="", help="default: WORK/clips (generated when missing)")
     ap.add_argument("--work", default="/tmp/bench-precompute")
-    ap.add_argument("--gpus", type=int, default=0, help="Ray workers (default: every GPU)")
+    ap.add_argument("--gpus", default="0",
+                    help="workers, one a GPU (default: every GPU); a comma-separated list runs the job "
+                         "once per count (scaling: 1,2)")
+    ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local or ray,local")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--encoder-prop", action="append", default=[], help="NAME=VALUE for vaeencode")
     ap.add_argument("--skip-torch", action="store_true")
@@ -274,7 +281,8 @@ def main():
 
     clips_dir = args.clips_dir or os.path.join(args.work, "clips")
     clip_paths = make_clips(clips_dir, args.clips, args.frames, args.fps)
-    gpus = args.gpus or gpu_count()
+    counts = [int(g) for g in str(args.gpus).split(",") if g.strip()]
+    counts = [g or gpu_count() for g in counts] or [gpu_count()]
     results = {"size": f"{W}x{H}", "clips": args.clips, "frames_per_clip": args.frames,
                "dtype": args.dtype, "encoder_props": args.encoder_prop, "rows": []}
 
@@ -285,7 +293,9 @@ def main():
                 json.dump(results, f, indent=1)
 
     for model in [m for m in args.models.split(",") if m]:
-        jobs = [("ray", lambda: run_ray(model, clips_dir, os.path.join(args.work, "ray-out"), gpus, args))]
+        jobs = [(f"{eng}x{g}", lambda eng=eng, g=g: run_job(model, clips_dir, os.path.join(args.work, f"{eng}-out"),
+                                                             g, args, eng))
+                for eng in args.engine.split(",") for g in counts]
         if not args.skip_encoder:
             jobs.append(("encoder", lambda: run_encoder_alone(model, args)))
         if not args.skip_torch:
@@ -308,6 +318,19 @@ def main():
         busy = f"{100 * r['gpu_busy']:.0f} %" if r.get("gpu_busy") is not None else "-"
         print(f"{os.path.basename(r['model'].rstrip('/')):40} {r['run']:8} {r.get('clips_per_s_per_gpu', '-'):>11} "
               f"{r.get('frames_per_s_per_gpu', '-'):>12} {r.get('latent_frames_per_s_per_gpu', '-'):>13} {busy:>8}")
+    # Scaling efficiency: frames/s on N GPUs over N x frames/s on one (issue 14).
+    for r in results["rows"]:
+        run = r.get("run", "")
+        if "x" not in run or run.endswith("x1") or "error" in r:
+            continue
+        eng, n = run.rsplit("x", 1)
+        one = next((o for o in results["rows"] if o.get("model") == r["model"] and o.get("run") == f"{eng}x1"
+                    and "error" not in o), None)
+        if one and one.get("frames_per_s_per_gpu"):
+            r["scaling_efficiency"] = round(r["frames_per_s_per_gpu"] / one["frames_per_s_per_gpu"], 3)
+            print(f"{os.path.basename(r['model'].rstrip('/'))}: {eng} on {n} GPUs: scaling efficiency "
+                  f"{r['scaling_efficiency']:.3f}")
+    save()
 
 
 if __name__ == "__main__":
