@@ -690,11 +690,13 @@ static void video_drop(GstVaeEncode* self) {
 }
 
 static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLatentModel& model,
-                                  gboolean is_discont, GstBuffer* input) {
+                                  gboolean, GstBuffer* input) {
   VideoEncode& v = self->impl->clip;
   const gint64 started_us = g_get_monotonic_time();
   std::string problem;
-  if (is_discont && v.frames_in > 0) {
+  // The buffer's own flag: GstBaseTransform's is_discont stays set until its default
+  // generate_output (not used in video mode) clears it.
+  if (GST_BUFFER_IS_DISCONT(input) && v.frames_in > 0) {
     // A discontinuity starts a new clip: the frames before it are finished as at EOS.
     GST_DEBUG_OBJECT(self, "discontinuity after %" G_GINT64_FORMAT " frames: a new clip starts",
                      v.frames_in);
