@@ -26,6 +26,19 @@
  * `prefetch-depth` frames later (or once their copy is done) with their own timestamps; EOS, a
  * new segment and new caps push them first, a flush drops them (`prefetch-depth=0`: each frame
  * is written before the next is decoded). LATENCY answers include the held frames.
+ *
+ * Video-mode latents (caps `temporal-factor=4` from vaeencode mode=video or a video-mode latent
+ * file; or `mode=video`) go through the causal video VAE's decoder:
+ *
+ * |[
+ * gst-launch-1.0 latentsrc location=clip.safetensors ! vaedecode model=/models/Wan2.1-T2V-1.3B-Diffusers ! \
+ *     videoconvert ! vp8enc ! webmmux ! filesink location=clip.webm
+ * ]| (pipelines/video_latents.sh)
+ *
+ * Latent frame 0 of a clip gives 1 frame, every later one 4, spread over the latent's PTS and
+ * DURATION; frames beyond OFFSET_END - OFFSET (the chunk padded at the end of a clip) are
+ * dropped, so a clip comes back with as many frames as went in. A DISCONT latent, a flush, a new
+ * segment and new caps start a new clip. README "Video mode".
  */
 #include "elements/gstvaedecode.h"
 

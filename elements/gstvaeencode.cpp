@@ -37,6 +37,21 @@
  * On a GPU the encoder is planned when caps are negotiated (warm-up, then a CUDA graph that each
  * frame replays; `cuda-graphs=false` keeps the plain forward); system-memory frames are uploaded
  * through pinned memory `prefetch-depth` frames ahead.
+ *
+ * Video mode (`mode=video`, the default for AutoencoderKLWan and TAEW models) streams a clip
+ * through the causal video VAE:
+ *
+ * |[
+ * gst-launch-1.0 filesrc location=clip.mp4 ! decodebin ! videoconvert ! \
+ *     vaeencode model=/models/Wan2.1-T2V-1.3B-Diffusers mode=video ! latentsink location=clip.safetensors
+ * ]| (pipelines/video_latents.sh)
+ *
+ * Latent frame 0 goes out after frame 0, then one latent frame per 4 frames (caps
+ * `temporal-factor=4`), with the PTS of the first frame it covers, the DURATION of all it covers,
+ * OFFSET the first frame's index in the clip and OFFSET_END one past its last real frame. At
+ * EOS (and at a DISCONT buffer, a new segment or new caps, which start a new clip) a partial
+ * chunk is padded by repeating its last frame; a flush drops it. No QoS dropping in video mode;
+ * LATENCY answers add the 3 frames held for a chunk (6 for TAEW). README "Video mode".
  */
 #include "elements/gstvaeencode.h"
 
