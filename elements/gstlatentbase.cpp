@@ -613,12 +613,22 @@ static gboolean gst_latent_base_sink_event(GstBaseTransform* trans, GstEvent* ev
   GstLatentBase* self = GST_LATENT_BASE(trans);
   GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
   switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CAPS: {
+      // The same caps again (some elements resend them) change nothing: the held frames, and a
+      // video-mode clip in progress, carry on.
+      GstCaps* caps = nullptr;
+      gst_event_parse_caps(event, &caps);
+      GstCaps* current = gst_pad_get_current_caps(GST_BASE_TRANSFORM_SINK_PAD(trans));
+      const bool same = current && caps && gst_caps_is_equal(current, caps);
+      if (current) gst_caps_unref(current);
+      if (same) break;
+      if (klass->drain_held) klass->drain_held(self);
+      if (klass->drop_held) klass->drop_held(self);  // new frame size
+      break;
+    }
     case GST_EVENT_EOS:
-    case GST_EVENT_CAPS:
     case GST_EVENT_SEGMENT:
       if (klass->drain_held) klass->drain_held(self);
-      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS && klass->drop_held)
-        klass->drop_held(self);  // new frame size
       break;
     case GST_EVENT_FLUSH_STOP:
       if (klass->drop_held) klass->drop_held(self);
