@@ -31,7 +31,8 @@
  * file; or `mode=video`) go through the causal video VAE's decoder:
  *
  * |[
- * gst-launch-1.0 latentsrc location=clip.safetensors ! vaedecode model=/models/Wan2.1-T2V-1.3B-Diffusers ! \
+ * gst-launch-1.0 latentsrc location=clip.safetensors ! \
+ *     vaedecode model=/models/Wan2.1-T2V-1.3B-Diffusers ! \
  *     videoconvert ! vp8enc ! webmmux ! filesink location=clip.webm
  * ]| (pipelines/video_latents.sh)
  *
@@ -258,14 +259,15 @@ static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
       refusal = latent::str_cat("vaedecode: the latents are video-mode (temporal-factor=", factor,
                                 ") but mode=image; use mode=auto or mode=video");
     else if (says && factor > 1 && factor != model_factor)
-      refusal = latent::str_cat("vaedecode: the latents are video-mode with temporal-factor=",
-                                factor, " but ", model->describe(), " (",
-                                model->vae->info().architecture, ") has ",
-                                model_factor > 1 ? latent::str_cat("temporal factor ", model_factor)
-                                                 : std::string("no video mode"));
+      refusal = latent::str_cat(
+          "vaedecode: the latents are video-mode with temporal-factor=", factor, " but ",
+          model->describe(), " (", model->vae->info().architecture, ") has ",
+          model_factor > 1 ? latent::str_cat("temporal factor ", model_factor)
+                           : std::string("no video mode"));
     else if (says && factor == 1 && mode == GST_LATENT_VAE_MODE_VIDEO)
-      refusal = "vaedecode: mode=video but the latents are image-mode (temporal-factor=1); use "
-                "mode=auto or mode=image";
+      refusal =
+          "vaedecode: mode=video but the latents are image-mode (temporal-factor=1); use "
+          "mode=auto or mode=image";
     if (!refusal.empty()) return gst_latent_base_refuse_caps(base, incaps, refusal);
     n.video = says ? factor > 1 : mode == GST_LATENT_VAE_MODE_VIDEO;
   }
@@ -495,7 +497,6 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   return GST_FLOW_OK;
 }
 
-
 // ---- video mode: latents go through the decoder's causal stream (engine/models/vae/vae.h) ----
 //
 // Latent frame 0 of a clip gives 1 frame, every later one 4 (the temporal factor). The frames of
@@ -580,11 +581,14 @@ static GstFlowReturn video_submit(GstVaeDecode* self, const Negotiated& n, GstLa
   if (problem.empty()) {
     latent::Backend& b = *model.backend;
     auto raw = model.latent_space().denormalize(b, *normalised);
-    auto clip = raw.ok() ? b.frames_to_clip(*raw) : raw;  // [1, C, 1, h, w]
+    auto clip = raw.ok() ? b.frames_to_clip(*raw) : raw;      // [1, C, 1, h, w]
     auto decoded = clip.ok() ? v.stream->push(*clip) : clip;  // [1, 3, T', H, W]
-    if (decoded.ok() && decoded->defined()) frames = b.clip_to_frames(*decoded);  // [T', 3, H, W]
-    else if (decoded.ok()) frames = latent::Status::error("the stream returned no frame");
-    else frames = decoded.status();
+    if (decoded.ok() && decoded->defined())
+      frames = b.clip_to_frames(*decoded);  // [T', 3, H, W]
+    else if (decoded.ok())
+      frames = latent::Status::error("the stream returned no frame");
+    else
+      frames = decoded.status();
     if (!frames.ok()) problem = frames.status().message();
     raw = clip = decoded = latent::Status::error("released");
   }
@@ -596,8 +600,10 @@ static GstFlowReturn video_submit(GstVaeDecode* self, const Negotiated& n, GstLa
     if (off != GST_BUFFER_OFFSET_NONE && end != GST_BUFFER_OFFSET_NONE && end > off)
       keep = std::min<int64_t>(produced, static_cast<int64_t>(end - off));
     if (keep < produced)
-      GST_DEBUG_OBJECT(self, "latent covers %" G_GINT64_FORMAT " real frames: dropping %" G_GINT64_FORMAT
-                       " padded ones", keep, produced - keep);
+      GST_DEBUG_OBJECT(self,
+                       "latent covers %" G_GINT64_FORMAT " real frames: dropping %" G_GINT64_FORMAT
+                       " padded ones",
+                       keep, produced - keep);
     const GstClockTime pts = GST_BUFFER_PTS(input), dur = GST_BUFFER_DURATION(input);
     GstClockTime frame_dur = GST_CLOCK_TIME_NONE;
     if (n.in_info.fps_n > 0)
@@ -626,11 +632,11 @@ static GstFlowReturn video_submit(GstVaeDecode* self, const Negotiated& n, GstLa
   run.unlock();
   gst_buffer_unref(input);
   if (!problem.empty()) {
-    GST_ELEMENT_ERROR(self, STREAM, DECODE,
-                      ("vaedecode: decoding %dx%d video latents with %s failed: %s",
-                       n.in_info.width, n.in_info.height, model.describe().c_str(),
-                       problem.c_str()),
-                      (nullptr));
+    GST_ELEMENT_ERROR(
+        self, STREAM, DECODE,
+        ("vaedecode: decoding %dx%d video latents with %s failed: %s", n.in_info.width,
+         n.in_info.height, model.describe().c_str(), problem.c_str()),
+        (nullptr));
     return GST_FLOW_ERROR;
   }
   gst_latent_base_frame_done(GST_LATENT_BASE(self),
@@ -680,8 +686,10 @@ static GstFlowReturn video_generate(GstVaeDecode* self, GstBuffer** outbuf) {
   GST_BUFFER_OFFSET(out) = f.offset;
   GST_BUFFER_OFFSET_END(out) =
       f.offset != GST_BUFFER_OFFSET_NONE ? f.offset + 1 : GST_BUFFER_OFFSET_NONE;
-  if (f.discont) GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
-  else GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
+  if (f.discont)
+    GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
+  else
+    GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
   *outbuf = out;
   return GST_FLOW_OK;
 }

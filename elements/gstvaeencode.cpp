@@ -43,7 +43,8 @@
  *
  * |[
  * gst-launch-1.0 filesrc location=clip.mp4 ! decodebin ! videoconvert ! \
- *     vaeencode model=/models/Wan2.1-T2V-1.3B-Diffusers mode=video ! latentsink location=clip.safetensors
+ *     vaeencode model=/models/Wan2.1-T2V-1.3B-Diffusers mode=video ! \
+ *     latentsink location=clip.safetensors
  * ]| (pipelines/video_latents.sh)
  *
  * Latent frame 0 goes out after frame 0, then one latent frame per 4 frames (caps
@@ -158,7 +159,7 @@ struct Impl : GstLatentStage {
   bool negotiated = false;
   Negotiated stream;
   Prefetch prefetch;
-  bool video = false;   // resolved `mode` of this run (open())
+  bool video = false;  // resolved `mode` of this run (open())
   int temporal_factor = 1;
   VideoEncode clip;
 };
@@ -602,7 +603,6 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
   return GST_FLOW_OK;
 }
 
-
 // ---- video mode: frames go through the encoder's causal stream (engine/models/vae/vae.h) ----
 //
 // Each frame is converted as in image mode, joined into the clip ([1, 3, 1, H, W]) and pushed
@@ -644,8 +644,11 @@ static latent::Status video_queue(GstVaeEncode* self, GstLatentModel& model,
     const int64_t first = j == 0 ? 0 : f * (j - 1) + 1;
     const int64_t end = std::min<int64_t>(f * j + 1, v.frames_in);
     if (first >= end || first < v.first_frame || v.frames.empty()) {
-      GST_WARNING_OBJECT(self, "latent frame %" G_GINT64_FORMAT " covers no frame of the clip "
-                         "(%" G_GINT64_FORMAT " frames in): dropped", j, v.frames_in);
+      GST_WARNING_OBJECT(self,
+                         "latent frame %" G_GINT64_FORMAT
+                         " covers no frame of the clip "
+                         "(%" G_GINT64_FORMAT " frames in): dropped",
+                         j, v.frames_in);
       continue;
     }
     VideoLatent out;
@@ -658,8 +661,9 @@ static latent::Status video_queue(GstVaeEncode* self, GstLatentModel& model,
     GstClockTime duration = 0;
     for (int64_t k = first; k < end && !v.frames.empty(); ++k) {
       const GstClockTime d = v.frames.front().duration;
-      duration = GST_CLOCK_TIME_IS_VALID(duration) && GST_CLOCK_TIME_IS_VALID(d) ? duration + d
-                                                                                 : GST_CLOCK_TIME_NONE;
+      duration = GST_CLOCK_TIME_IS_VALID(duration) && GST_CLOCK_TIME_IS_VALID(d)
+                     ? duration + d
+                     : GST_CLOCK_TIME_NONE;
       v.frames.pop_front();
       ++v.first_frame;
     }
@@ -680,8 +684,11 @@ static latent::Status video_finish(GstVaeEncode* self, GstLatentModel& model) {
     if (!tail.ok()) {
       status = tail.status();
     } else if (tail->defined()) {
-      GST_DEBUG_OBJECT(self, "clip of %" G_GINT64_FORMAT " frames ends; last chunk padded with %d "
-                       "repeated frames", v.frames_in, padded);
+      GST_DEBUG_OBJECT(self,
+                       "clip of %" G_GINT64_FORMAT
+                       " frames ends; last chunk padded with %d "
+                       "repeated frames",
+                       v.frames_in, padded);
       status = video_queue(self, model, *tail);
     }
   }
@@ -737,7 +744,8 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
       problem = stream.status().message();
   }
   if (problem.empty()) {
-    latent::Result<latent::Tensor> clip = model.backend->frames_to_clip(*sample);  // [1, 3, 1, H, W]
+    latent::Result<latent::Tensor> clip =
+        model.backend->frames_to_clip(*sample);  // [1, 3, 1, H, W]
     v.frames.push_back(VideoFrame{GST_BUFFER_PTS(input), GST_BUFFER_DURATION(input)});
     ++v.frames_in;
     latent::Result<latent::Tensor> raw =
@@ -753,11 +761,11 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
   run.unlock();
   gst_buffer_unref(input);
   if (!problem.empty()) {
-    GST_ELEMENT_ERROR(self, STREAM, FAILED,
-                      ("vaeencode: encoding %dx%d video with %s failed: %s",
-                       n.geometry.frame_width(), n.geometry.frame_height(),
-                       model.describe().c_str(), problem.c_str()),
-                      (nullptr));
+    GST_ELEMENT_ERROR(
+        self, STREAM, FAILED,
+        ("vaeencode: encoding %dx%d video with %s failed: %s", n.geometry.frame_width(),
+         n.geometry.frame_height(), model.describe().c_str(), problem.c_str()),
+        (nullptr));
     return GST_FLOW_ERROR;
   }
   gst_latent_base_frame_done(GST_LATENT_BASE(self),
@@ -811,9 +819,12 @@ static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
   GST_BUFFER_DURATION(out) = l.duration;
   GST_BUFFER_OFFSET(out) = l.offset;
   GST_BUFFER_OFFSET_END(out) = l.offset_end;
-  if (l.discont) GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
-  else GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
-  GST_LOG_OBJECT(self, "latent frame: frames %" G_GUINT64_FORMAT "..%" G_GUINT64_FORMAT
+  if (l.discont)
+    GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
+  else
+    GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
+  GST_LOG_OBJECT(self,
+                 "latent frame: frames %" G_GUINT64_FORMAT "..%" G_GUINT64_FORMAT
                  " pts %" GST_TIME_FORMAT " duration %" GST_TIME_FORMAT,
                  l.offset, l.offset_end, GST_TIME_ARGS(l.pts), GST_TIME_ARGS(l.duration));
   *outbuf = out;
@@ -1009,8 +1020,9 @@ static gboolean gst_vae_encode_open(GstLatentBase* base, const std::shared_ptr<l
                       ("model=%s", gst_latent_base_model_setting(base).c_str()));
     return FALSE;
   }
-  const bool video = mode == GST_LATENT_VAE_MODE_VIDEO ||
-                     (mode == GST_LATENT_VAE_MODE_AUTO && gst_latent_model_video_by_default(*model));
+  const bool video =
+      mode == GST_LATENT_VAE_MODE_VIDEO ||
+      (mode == GST_LATENT_VAE_MODE_AUTO && gst_latent_model_video_by_default(*model));
   GST_INFO_OBJECT(self, "%s mode (%s, temporal factor %d)", video ? "video" : "image",
                   model->vae->info().architecture.c_str(), model->vae->temporal_factor());
   std::lock_guard<std::mutex> lock(self->impl->lock);

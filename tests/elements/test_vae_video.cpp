@@ -3,8 +3,8 @@
 // the decoded frames, EOS padding, flush / DISCONT resets, the `mode` property per model,
 // latentsink / latentsrc files in video mode, latency and bounded memory.
 #include <gst/app/gstappsink.h>
-#include <malloc.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <cmath>
@@ -51,8 +51,8 @@ struct Out {
 };
 
 Out take(GstBuffer* b) {
-  Out o{buffer_bytes(b),           GST_BUFFER_PTS(b),        GST_BUFFER_DURATION(b),
-        GST_BUFFER_OFFSET(b),      GST_BUFFER_OFFSET_END(b), GST_BUFFER_IS_DISCONT(b) != FALSE};
+  Out o{buffer_bytes(b),      GST_BUFFER_PTS(b),        GST_BUFFER_DURATION(b),
+        GST_BUFFER_OFFSET(b), GST_BUFFER_OFFSET_END(b), GST_BUFFER_IS_DISCONT(b) != FALSE};
   gst_buffer_unref(b);
   return o;
 }
@@ -94,8 +94,7 @@ std::vector<std::vector<float>> engine_latents(const std::string& model, int n,
   for (int c = 0; c < 3; ++c)
     for (int t = 0; t < n; ++t)
       for (int y = 0; y < kH; ++y)
-        for (int x = 0; x < kW; ++x)
-          *p++ = pixel_value(x, y, c, seed_base + t) / 127.5f - 1.f;
+        for (int x = 0; x < kW; ++x) *p++ = pixel_value(x, y, c, seed_base + t) / 127.5f - 1.f;
   auto& b = **backend;
   auto up = b.upload(sample);
   EXPECT_TRUE(up.ok());
@@ -199,8 +198,8 @@ void expect_round_trip(const std::string& model) {
     for (int i = 0; i < n; ++i) {
       EXPECT_EQ(got[i].bytes.size(), static_cast<size_t>(kW * kH * 3));
       // Spread over the latent's pts and duration: within a nanosecond of the source frame's.
-      EXPECT_LE(std::llabs(static_cast<long long>(got[i].pts) - static_cast<long long>(frame_pts(i))),
-                1)
+      EXPECT_LE(
+          std::llabs(static_cast<long long>(got[i].pts) - static_cast<long long>(frame_pts(i))), 1)
           << "frame " << i;
       EXPECT_LE(std::llabs(static_cast<long long>(got[i].duration) -
                            static_cast<long long>(frame_pts(i + 1) - frame_pts(i))),
@@ -353,7 +352,9 @@ TEST(VaeVideo, StateCyclesMidClipLeakNothingAndRestartTheClip) {
     for (int i = 0; i < 6; ++i) gst_harness_push(h, clip_frame(i));  // frame 5 held at the end
     auto got = pull_all(h);
     EXPECT_EQ(got.size(), 2u) << "cycle " << cycle;
-    if (!got.empty()) EXPECT_TRUE(got[0].discont);
+    if (!got.empty()) {
+      EXPECT_TRUE(got[0].discont);
+    }
     ASSERT_EQ(gst_element_set_state(e, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
     ASSERT_EQ(gst_element_set_state(e, GST_STATE_PLAYING), GST_STATE_CHANGE_SUCCESS);
     gst_harness_set_src_caps(h, video_caps(kW, kH, "RGB", 30, 1));
@@ -485,8 +486,9 @@ std::vector<std::vector<uint8_t>> run_line(const std::string& line) {
 TEST(VaeVideo, LatentsinkWritesVideoModeFilesThatLatentsrcDecodesToTheSameFrames) {
   const std::string model = wan_model();
   const std::string path = latent::test::temp_dir() + "/video_mode.safetensors";
-  const std::string src = "videotestsrc num-buffers=7 pattern=ball ! "
-                          "video/x-raw,format=RGB,width=32,height=32,framerate=25/1 ! ";
+  const std::string src =
+      "videotestsrc num-buffers=7 pattern=ball ! "
+      "video/x-raw,format=RGB,width=32,height=32,framerate=25/1 ! ";
   const std::string enc = "vaeencode model=\"" + model + "\" mode=video ! ";
   const std::string dec =
       "vaedecode model=\"" + model + "\" ! video/x-raw,format=RGB ! appsink name=sink sync=false";
@@ -539,8 +541,8 @@ TEST(VaeVideo, MemoryDoesNotGrowWithTheLengthOfTheClip) {
   const long after500 = peak_rss_kb();
   // The causal caches and one chunk are all that is held: 450 more frames add nothing (a 64x64
   // frame is 12 KiB in RGB, 48 KiB as the fp32 model input; 450 of them > 5 MiB, > 20 MiB).
-  EXPECT_LT(after500 - after50, 4 * 1024) << "peak RSS " << after50 << " kB after 50 frames, "
-                                           << after500 << " kB after 500";
+  EXPECT_LT(after500 - after50, 4 * 1024)
+      << "peak RSS " << after50 << " kB after 50 frames, " << after500 << " kB after 500";
 }
 
 }  // namespace

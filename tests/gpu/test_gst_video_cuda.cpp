@@ -92,8 +92,8 @@ GstPadProbeReturn track_used(GstPad*, GstPadProbeInfo*, gpointer data) {
 size_t peak_used(int frames) {
   const std::string line = str_cat(
       "videotestsrc num-buffers=", frames, " ! video/x-raw,format=RGB,width=256,height=256 ! ",
-      "vaeencode model=\"", wan(), "\" mode=video device=cuda ! vaedecode name=dec model=\"",
-      wan(), "\" device=cuda ! fakesink sync=false");
+      "vaeencode model=\"", wan(), "\" mode=video device=cuda ! vaedecode name=dec model=\"", wan(),
+      "\" device=cuda ! fakesink sync=false");
   GstElement* p = gst_parse_launch(line.c_str(), nullptr);
   EXPECT_NE(p, nullptr);
   if (!p) return 0;
@@ -105,8 +105,8 @@ size_t peak_used(int frames) {
   gst_object_unref(dec);
   gst_element_set_state(p, GST_STATE_PLAYING);
   GstBus* bus = gst_element_get_bus(p);
-  GstMessage* m = gst_bus_timed_pop_filtered(
-      bus, 300 * GST_SECOND, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  GstMessage* m = gst_bus_timed_pop_filtered(bus, 300 * GST_SECOND,
+                                             GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
   EXPECT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS);
   if (m) gst_message_unref(m);
   gst_object_unref(bus);
