@@ -388,6 +388,27 @@ TEST(VaeVideo, VideoModeIsRefusedForAnImageModel) {
   }
 }
 
+TEST(VaeVideo, ModeCannotChangeWhilePlaying) {
+  GstHarness* h = encoder(wan_model());
+  std::string warning;
+  {
+    BusWatch bw(h->element);
+    gst_util_set_object_arg(G_OBJECT(h->element), "mode", "image");
+    GstMessage* m = gst_bus_timed_pop_filtered(bw.bus(), 0, GST_MESSAGE_WARNING);
+    ASSERT_NE(m, nullptr);
+    GError* err = nullptr;
+    gst_message_parse_warning(m, &err, nullptr);
+    warning = err ? err->message : "";
+    g_clear_error(&err);
+    gst_message_unref(m);
+  }
+  EXPECT_TRUE(contains(warning, "`mode` cannot change while PAUSED or PLAYING")) << warning;
+  gint mode = -1;
+  g_object_get(h->element, "mode", &mode, nullptr);
+  EXPECT_EQ(mode, 2);  // video, as set before start
+  gst_harness_teardown(h);
+}
+
 // The temporal-factor of the encoder's caps for `model` and `mode` (-1: absent, image mode).
 int encoder_factor(const std::string& model, const char* mode) {
   GstHarness* h = encoder(model, mode);
