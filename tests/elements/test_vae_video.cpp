@@ -218,6 +218,57 @@ TEST(VaeVideo, RoundTripGivesAsManyFramesAsWentInWithTheirTimestamps) {
 
 TEST(VaeVideo, TaewRoundTripGivesAsManyFramesAsWentIn) { expect_round_trip(taew_model()); }
 
+// The engine's decode_video(encode_video(clip)) of frames 1 .. n (as clip_frame makes them) as
+// RGB bytes, padded frames dropped: one [H * W * 3] vector per frame.
+std::vector<std::vector<uint8_t>> engine_round_trip(const std::string& model, int n) {
+  auto backend = latent::get_backend({"cpu", ""});
+  EXPECT_TRUE(backend.ok());
+  auto vae = latent::load_vae(model, *backend);
+  EXPECT_TRUE(vae.ok()) << vae.status().message();
+  if (!vae.ok()) return {};
+  latent::Tensor sample = latent::Tensor::empty({1, 3, n, kH, kW}, latent::DType::kF32);
+  float* p = sample.data_as<float>();
+  for (int c = 0; c < 3; ++c)
+    for (int t = 0; t < n; ++t)
+      for (int y = 0; y < kH; ++y)
+        for (int x = 0; x < kW; ++x) *p++ = pixel_value(x, y, c, 1 + t) / 127.5f - 1.f;
+  auto& b = **backend;
+  auto up = b.upload(sample);
+  auto raw = up.ok() ? (*vae)->encode_video(*up) : up;
+  auto frames = raw.ok() ? (*vae)->decode_video(*raw) : raw;  // [1, 3, T', H, W]
+  EXPECT_TRUE(frames.ok()) << frames.status().message();
+  if (!frames.ok()) return {};
+  auto host = b.download(*frames);
+  EXPECT_TRUE(host.ok());
+  const std::vector<float> v = host->to_floats();
+  const int64_t T = host->dim(2);
+  EXPECT_GE(T, n);
+  std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(kW * kH * 3));
+  for (int t = 0; t < n && t < T; ++t)
+    for (int c = 0; c < 3; ++c)
+      for (int i = 0; i < kW * kH; ++i) {
+        const float x = (v[(c * T + t) * kW * kH + i] + 1.f) * 127.5f;
+        out[t][i * 3 + c] = static_cast<uint8_t>(std::clamp(std::lround(x), 0L, 255L));
+      }
+  return out;
+}
+
+TEST(VaeVideo, DecodedFramesMatchTheEngine) {
+  for (int n : {1, 6, 9}) {
+    SCOPED_TRACE(std::to_string(n) + " frames");
+    const std::vector<Out> got = round_trip(wan_model(), n);
+    const auto want = engine_round_trip(wan_model(), n);
+    ASSERT_EQ(got.size(), want.size());
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i].bytes.size(), want[i].size());
+      int worst = 0;
+      for (size_t k = 0; k < want[i].size(); ++k)
+        worst = std::max(worst, std::abs(int(got[i].bytes[k]) - int(want[i][k])));
+      EXPECT_LE(worst, 1) << "frame " << i;  // rounding of values a hair from .5
+    }
+  }
+}
+
 TEST(VaeVideo, DecoderMakesOneThenFourFramesALatentAndSpreadsTheDuration) {
   // Latents from the encoder, their offsets removed: no padding is known, so every latent after
   // the first gives 4 frames sharing its duration.
