@@ -216,7 +216,11 @@ TEST(VaeVideo, RoundTripGivesAsManyFramesAsWentInWithTheirTimestamps) {
   expect_round_trip(wan_model());
 }
 
-TEST(VaeVideo, TaewRoundTripGivesAsManyFramesAsWentIn) { expect_round_trip(taew_model()); }
+TEST(VaeVideo, TaewRoundTripGivesAsManyFramesAsWentIn) {
+  expect_round_trip(taew_model());
+  // TAEW2.2: 2x2 pixel patches, 48 channels, /16.
+  expect_round_trip(latent::test::fixtures_dir() + "/taew2_2_tiny/taew2_2.safetensors");
+}
 
 // The engine's decode_video(encode_video(clip)) of frames 1 .. n (as clip_frame makes them) as
 // RGB bytes, padded frames dropped: one [H * W * 3] vector per frame.
