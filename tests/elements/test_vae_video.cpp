@@ -190,8 +190,8 @@ std::vector<Out> round_trip(const std::string& model, int n) {
   return out;
 }
 
-void expect_round_trip(const std::string& model) {
-  for (int n = 1; n <= 9; ++n) {
+void expect_round_trip(const std::string& model, const std::vector<int>& lengths) {
+  for (int n : lengths) {
     SCOPED_TRACE(model + ": " + std::to_string(n) + " frames");
     const std::vector<Out> got = round_trip(model, n);
     ASSERT_EQ(static_cast<int>(got.size()), n);
@@ -213,13 +213,14 @@ void expect_round_trip(const std::string& model) {
 }
 
 TEST(VaeVideo, RoundTripGivesAsManyFramesAsWentInWithTheirTimestamps) {
-  expect_round_trip(wan_model());
+  expect_round_trip(wan_model(), {1, 2, 3, 4, 5, 6, 7, 8, 9});
 }
 
 TEST(VaeVideo, TaewRoundTripGivesAsManyFramesAsWentIn) {
-  expect_round_trip(taew_model());
+  // Every remainder of T mod 4 (TAEW's finish() gives 1 or 2 latent frames).
+  expect_round_trip(taew_model(), {1, 4, 5, 6, 7});
   // TAEW2.2: 2x2 pixel patches, 48 channels, /16.
-  expect_round_trip(latent::test::fixtures_dir() + "/taew2_2_tiny/taew2_2.safetensors");
+  expect_round_trip(latent::test::fixtures_dir() + "/taew2_2_tiny/taew2_2.safetensors", {1, 6});
 }
 
 // The engine's decode_video(encode_video(clip)) of frames 1 .. n (as clip_frame makes them) as
