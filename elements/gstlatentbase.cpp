@@ -39,7 +39,7 @@ enum {
 };
 // Installed on the VAE stages' classes (gst_latent_base_class_install_plan_properties), with ids
 // their own properties leave free; their set/get_property chain up to ours for them.
-enum { PROP_PREFETCH_DEPTH = 100, PROP_CUDA_GRAPHS };
+enum { PROP_PREFETCH_DEPTH = 100, PROP_CUDA_GRAPHS, PROP_VAE_MODE };
 constexpr bool kDefaultCudaGraphs = true;
 constexpr guint kDefaultPrefetchDepth = 2;
 constexpr guint kMaxPrefetchDepth = 16;
@@ -50,6 +50,7 @@ struct Settings {
   GstLatentDtype dtype = GST_LATENT_DTYPE_AUTO;
   guint prefetch_depth = kDefaultPrefetchDepth;
   bool cuda_graphs = kDefaultCudaGraphs;
+  GstLatentVaeMode mode = GST_LATENT_VAE_MODE_AUTO;
 };
 
 // Counters behind the statistics properties (since start()).
@@ -257,6 +258,28 @@ GType gst_latent_dtype_get_type(void) {
   return type;
 }
 
+GType gst_latent_vae_mode_get_type(void) {
+  static gsize type = 0;
+  static const GEnumValue values[] = {
+      {GST_LATENT_VAE_MODE_AUTO,
+       "video for a causal video VAE (AutoencoderKLWan, TAEW), image otherwise", "auto"},
+      {GST_LATENT_VAE_MODE_IMAGE, "Every frame alone (a latent a frame)", "image"},
+      {GST_LATENT_VAE_MODE_VIDEO,
+       "Causal chunks: frame 0 alone, then 4 frames a latent frame (video VAEs only)", "video"},
+      {0, nullptr, nullptr},
+  };
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstLatentVaeMode", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+static const char* vae_mode_nick(GstLatentVaeMode mode) {
+  GEnumValue* v = g_enum_get_value(G_ENUM_CLASS(g_type_class_peek(GST_TYPE_LATENT_VAE_MODE)), mode);
+  return v ? v->value_nick : "auto";
+}
+
 // The engine's name of a `dtype` value ("auto" for the device's default).
 static const char* dtype_nick(GstLatentDtype dtype) {
   GEnumValue* v = g_enum_get_value(G_ENUM_CLASS(g_type_class_peek(GST_TYPE_LATENT_DTYPE)), dtype);
@@ -290,15 +313,17 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
                                          GParamSpec* pspec) {
   GstLatentBase* self = GST_LATENT_BASE(object);
   auto* impl = impl_of(self);
-  const bool ready_only = prop_id == PROP_MODEL || prop_id == PROP_DEVICE || prop_id == PROP_DTYPE;
+  const bool ready_only = prop_id == PROP_MODEL || prop_id == PROP_DEVICE ||
+                          prop_id == PROP_DTYPE || prop_id == PROP_VAE_MODE;
   std::string current;
   if (ready_only) {
     {
       std::lock_guard<std::mutex> lock(impl->settings_lock);
       const Settings& st = impl->settings;
-      current = prop_id == PROP_MODEL    ? st.model
-                : prop_id == PROP_DEVICE ? st.device
-                                         : dtype_nick(st.dtype);
+      current = prop_id == PROP_MODEL      ? st.model
+                : prop_id == PROP_DEVICE   ? st.device
+                : prop_id == PROP_VAE_MODE ? vae_mode_nick(st.mode)
+                                           : dtype_nick(st.dtype);
     }
     if (refuse_while_running(self, pspec, current)) return;
   }
@@ -332,6 +357,9 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
       break;
     case PROP_CUDA_GRAPHS:
       impl->settings.cuda_graphs = g_value_get_boolean(value);
+      break;
+    case PROP_VAE_MODE:
+      impl->settings.mode = static_cast<GstLatentVaeMode>(g_value_get_enum(value));
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
@@ -371,6 +399,9 @@ static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue*
       break;
     case PROP_CUDA_GRAPHS:
       g_value_set_boolean(value, impl->settings.cuda_graphs);
+      break;
+    case PROP_VAE_MODE:
+      g_value_set_enum(value, impl->settings.mode);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
@@ -582,12 +613,22 @@ static gboolean gst_latent_base_sink_event(GstBaseTransform* trans, GstEvent* ev
   GstLatentBase* self = GST_LATENT_BASE(trans);
   GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
   switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CAPS: {
+      // The same caps again (some elements resend them) change nothing: the held frames, and a
+      // video-mode clip in progress, carry on.
+      GstCaps* caps = nullptr;
+      gst_event_parse_caps(event, &caps);
+      GstCaps* current = gst_pad_get_current_caps(GST_BASE_TRANSFORM_SINK_PAD(trans));
+      const bool same = current && caps && gst_caps_is_equal(current, caps);
+      if (current) gst_caps_unref(current);
+      if (same) break;
+      if (klass->drain_held) klass->drain_held(self);
+      if (klass->drop_held) klass->drop_held(self);  // new frame size
+      break;
+    }
     case GST_EVENT_EOS:
-    case GST_EVENT_CAPS:
     case GST_EVENT_SEGMENT:
       if (klass->drain_held) klass->drain_held(self);
-      if (GST_EVENT_TYPE(event) == GST_EVENT_CAPS && klass->drop_held)
-        klass->drop_held(self);  // new frame size
       break;
     case GST_EVENT_FLUSH_STOP:
       if (klass->drop_held) klass->drop_held(self);
@@ -709,6 +750,40 @@ void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass) {
                            "negotiated and replay it for every frame (off: the plain forward, "
                            "still warmed up at negotiation)",
                            kDefaultCudaGraphs, flags));
+}
+
+void gst_latent_base_class_install_mode_property(GstLatentBaseClass* klass) {
+  GObjectClass* gobject_class = G_OBJECT_CLASS(klass);
+  if (!gobject_class->set_property) gobject_class->set_property = gst_latent_base_set_property;
+  if (!gobject_class->get_property) gobject_class->get_property = gst_latent_base_get_property;
+  g_object_class_install_property(
+      gobject_class, PROP_VAE_MODE,
+      g_param_spec_enum("mode", "Mode",
+                        "image: every frame alone; video: causal chunks of a video VAE (frame 0 "
+                        "alone, then 4 frames a latent frame; caps temporal-factor=4); auto: "
+                        "video for AutoencoderKLWan and TAEW models, image otherwise",
+                        GST_TYPE_LATENT_VAE_MODE, GST_LATENT_VAE_MODE_AUTO,
+                        static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS |
+                                                 GST_PARAM_MUTABLE_READY)));
+  gst_type_mark_as_plugin_api(GST_TYPE_LATENT_VAE_MODE, static_cast<GstPluginAPIFlags>(0));
+}
+
+GstLatentVaeMode gst_latent_base_vae_mode(GstLatentBase* self) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->settings_lock);
+  return impl->settings.mode;
+}
+
+bool gst_latent_model_video_by_default(const GstLatentModel& model) {
+  if (!model.vae->supports_video()) return false;
+  const std::string& arch = model.vae->info().architecture;
+  return arch == "AutoencoderKLWan" || arch == "TAEHV";
+}
+
+guint gst_latent_model_encoder_frames_held(const GstLatentModel& model) {
+  const int f = model.vae->temporal_factor();
+  if (f <= 1) return 0;
+  return static_cast<guint>(model.vae->info().architecture == "TAEHV" ? 2 * f - 2 : f - 1);
 }
 
 void gst_latent_base_set_stage(GstLatentBase* self, GstLatentStage* stage) {

@@ -76,6 +76,15 @@ typedef enum {
 #define GST_TYPE_LATENT_DTYPE (gst_latent_dtype_get_type())
 GType gst_latent_dtype_get_type(void);
 
+// The `mode` property of the VAE stages (gst_latent_base_class_install_mode_property).
+typedef enum {
+  GST_LATENT_VAE_MODE_AUTO = 0,  // video for AutoencoderKLWan and TAEW models, image otherwise
+  GST_LATENT_VAE_MODE_IMAGE,     // every frame alone
+  GST_LATENT_VAE_MODE_VIDEO,     // causal chunks (engine/models/vae/vae.h VaeStream)
+} GstLatentVaeMode;
+#define GST_TYPE_LATENT_VAE_MODE (gst_latent_vae_mode_get_type())
+GType gst_latent_vae_mode_get_type(void);
+
 // A stage's own C++ state, hung on the instance by its init (gst_latent_base_set_stage); the
 // base class's finalize deletes it.
 struct GstLatentStage {
@@ -88,6 +97,11 @@ void gst_latent_base_set_stage(GstLatentBase* self, GstLatentStage* stage);
 // chain up to the base class's for property ids it does not know (a stage with no properties of
 // its own gets the base class's handlers).
 void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass);
+
+// Installs `mode` (GstLatentVaeMode, MUTABLE_READY like `model`) on a VAE stage's class.
+void gst_latent_base_class_install_mode_property(GstLatentBaseClass* klass);
+// The `mode` setting.
+GstLatentVaeMode gst_latent_base_vae_mode(GstLatentBase* self);
 
 // Refuses the caps set_info was given: posts `message` (naming the stage and both sides, e.g.
 // "vaedecode: latent space 'flux1' from upstream does not match model 'sd' in /models/x") as a
@@ -132,6 +146,15 @@ std::shared_ptr<latent::Backend> gst_latent_base_backend(GstLatentBase* self);
 std::shared_ptr<std::mutex> gst_latent_base_run_lock(GstLatentBase* self);
 // The `model` setting as the user gave it.
 std::string gst_latent_base_model_setting(GstLatentBase* self);
+
+// Whether mode=auto means video for this model: a causal video VAE (supports_video()) whose
+// config class is AutoencoderKLWan, or a TAEW (TAEHV family) model. AutoencoderKLQwenImage
+// folders and single files without a config stay in image mode (Qwen-Image is an image model).
+bool gst_latent_model_video_by_default(const GstLatentModel& model);
+// Frames a video-mode encoder of `model` holds before the latent covering the oldest of them
+// is out: the Wan VAE emits latent j (frames 4j-3 .. 4j) with frame 4j, so 3; TAEW emits it only
+// with frame 4j+3 (it pools 4j .. 4j+3), so 6. For LATENCY answers.
+guint gst_latent_model_encoder_frames_held(const GstLatentModel& model);
 
 // The stage's user-facing name for messages: the factory name ("vaedecode").
 const char* gst_latent_base_stage_name(GstLatentBase* self);

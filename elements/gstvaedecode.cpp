@@ -26,6 +26,20 @@
  * `prefetch-depth` frames later (or once their copy is done) with their own timestamps; EOS, a
  * new segment and new caps push them first, a flush drops them (`prefetch-depth=0`: each frame
  * is written before the next is decoded). LATENCY answers include the held frames.
+ *
+ * Video-mode latents (caps `temporal-factor=4` from vaeencode mode=video or a video-mode latent
+ * file; or `mode=video`) go through the causal video VAE's decoder:
+ *
+ * |[
+ * gst-launch-1.0 latentsrc location=clip.safetensors ! \
+ *     vaedecode model=/models/Wan2.1-T2V-1.3B-Diffusers ! \
+ *     videoconvert ! vp8enc ! webmmux ! filesink location=clip.webm
+ * ]| (pipelines/video_latents.sh)
+ *
+ * Latent frame 0 of a clip gives 1 frame, every later one 4, spread over the latent's PTS and
+ * DURATION; frames beyond OFFSET_END - OFFSET (the chunk padded at the end of a clip) are
+ * dropped, so a clip comes back with as many frames as went in. A DISCONT latent, a flush, a new
+ * segment and new caps start a new clip. README "Video mode".
  */
 #include "elements/gstvaedecode.h"
 
@@ -63,6 +77,25 @@ struct Negotiated {
   latent::FrameGeometry geometry;
   bool cuda_in = false;   // latents arrive in CUDA memory
   bool cuda_out = false;  // frames leave in CUDA memory
+  bool video = false;     // video-mode latents: decoded through the causal stream
+};
+
+// ---- video mode ----
+// A decoded frame ready to go out: a view [1, 3, H, W] of the decoded clip on the backend (freed
+// under the run lock) and its buffer fields.
+struct VideoFrameOut {
+  latent::Tensor image;
+  GstClockTime pts = GST_CLOCK_TIME_NONE;
+  GstClockTime duration = GST_CLOCK_TIME_NONE;
+  guint64 offset = GST_BUFFER_OFFSET_NONE;
+  bool discont = false;
+};
+
+// The clip in progress; touched by the streaming thread only (and stop(), after streaming ended).
+struct VideoDecode {
+  std::unique_ptr<latent::VaeStream> stream;  // freed under the run lock
+  std::deque<VideoFrameOut> ready;
+  bool draining = false;
 };
 
 // A decoded frame whose download is under way (output staging on a GPU).
@@ -87,6 +120,8 @@ struct Impl : GstLatentStage {
   Staging staging;
   bool negotiated = false;
   Negotiated stream;
+  GstLatentVaeMode mode = GST_LATENT_VAE_MODE_AUTO;  // the setting, as start() found it
+  VideoDecode clip;
 };
 
 // Empty when the latents described by `s` can be this model's; else a message for the user.
@@ -204,6 +239,38 @@ static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
     return FALSE;
   }
   n.pixel_format = *format;
+  {
+    // Video mode: latents whose caps say temporal-factor > 1 (vaeencode mode=video, latentsrc
+    // of a video-mode file), or mode=video for caps that do not say (absent means image mode).
+    GstLatentVaeMode mode;
+    {
+      std::lock_guard<std::mutex> lock(self->impl->lock);
+      mode = self->impl->mode;
+    }
+    const GstStructure* s = gst_caps_get_structure(incaps, 0);
+    int factor = 0;
+    const bool says = gst_structure_has_field(s, "temporal-factor");
+    if (says && (!gst_structure_get_int(s, "temporal-factor", &factor) || factor < 1))
+      return gst_latent_base_refuse_caps(
+          base, incaps, "vaedecode: caps field 'temporal-factor' must be a positive integer");
+    const int model_factor = model->vae->temporal_factor();
+    std::string refusal;
+    if (says && factor > 1 && mode == GST_LATENT_VAE_MODE_IMAGE)
+      refusal = latent::str_cat("vaedecode: the latents are video-mode (temporal-factor=", factor,
+                                ") but mode=image; use mode=auto or mode=video");
+    else if (says && factor > 1 && factor != model_factor)
+      refusal = latent::str_cat(
+          "vaedecode: the latents are video-mode with temporal-factor=", factor, " but ",
+          model->describe(), " (", model->vae->info().architecture, ") has ",
+          model_factor > 1 ? latent::str_cat("temporal factor ", model_factor)
+                           : std::string("no video mode"));
+    else if (says && factor == 1 && mode == GST_LATENT_VAE_MODE_VIDEO)
+      refusal =
+          "vaedecode: mode=video but the latents are image-mode (temporal-factor=1); use "
+          "mode=auto or mode=image";
+    if (!refusal.empty()) return gst_latent_base_refuse_caps(base, incaps, refusal);
+    n.video = says ? factor > 1 : mode == GST_LATENT_VAE_MODE_VIDEO;
+  }
   n.cuda_in = gst_latent_caps_is_cuda(incaps);
   n.cuda_out = gst_latent_caps_is_cuda(outcaps);
   GST_INFO_OBJECT(self, "latents in %s memory, frames out in %s memory",
@@ -222,6 +289,15 @@ static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
                   latent::pixel_format_name(n.pixel_format),
                   latent::size_policy_name(info.size_policy), n.geometry.model_width(),
                   n.geometry.model_height());
+  if (n.video) {
+    // The engine's stream is not captured as a graph: nothing to plan.
+    GST_INFO_OBJECT(self, "video mode: latent frame 0 -> 1 frame, every later one -> %d",
+                    model->vae->temporal_factor());
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    self->impl->stream = n;
+    self->impl->negotiated = true;
+    return TRUE;
+  }
   // The decoder's plan for this latent size (warm-up, CUDA graph), before the first latent.
   const latent::Status planned = gst_latent_base_plan_for(
       GST_LATENT_BASE(self), *model, latent::VaePart::kDecode,
@@ -421,6 +497,219 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
   return GST_FLOW_OK;
 }
 
+// ---- video mode: latents go through the decoder's causal stream (engine/models/vae/vae.h) ----
+//
+// Latent frame 0 of a clip gives 1 frame, every later one 4 (the temporal factor). The frames of
+// a latent share its PTS and DURATION evenly (the caps' frame rate when it has no duration);
+// frames beyond OFFSET_END - OFFSET (the chunk vaeencode padded at the end of a clip) are
+// dropped, so a clip comes back with as many frames as went in. A DISCONT latent, a flush, a
+// new segment and new caps start a new clip (the causal cache is dropped).
+
+// Frame i of frames [T, C, H, W] on a backend: a view [1, C, H, W] sharing its storage.
+static latent::Tensor frame_view(const latent::Tensor& x, int64_t i) {
+  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
+  return latent::Tensor::from_storage(x.storage(), x.byte_offset() + frame * static_cast<size_t>(i),
+                                      {1, x.dim(1), x.dim(2), x.dim(3)}, x.dtype(), x.layout());
+}
+
+// Image [1, 3, H, W] on the backend -> `outbuf` (CUDA memory of our context in place, else
+// through a system-memory mapping). The caller holds model.run_lock. A message on failure.
+static std::string write_frame(GstVaeDecode* self, const Negotiated& n, GstLatentModel& model,
+                               const latent::Tensor& image, GstBuffer* outbuf) {
+  GstVideoFrame frame;
+  GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
+  const bool on_device = n.cuda_out && cuda->map_frame(&frame, &n.out_info, outbuf, GST_MAP_WRITE);
+  if (!on_device && !gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE))
+    return latent::str_cat("cannot map the ", gst_buffer_get_size(outbuf),
+                           "-byte output buffer as a ", GST_VIDEO_INFO_WIDTH(&n.out_info), "x",
+                           GST_VIDEO_INFO_HEIGHT(&n.out_info), " frame");
+  latent::FrameDesc desc;
+  desc.format = latent::frame_format(n.pixel_format);
+  desc.width = GST_VIDEO_INFO_WIDTH(&n.out_info);
+  desc.height = GST_VIDEO_INFO_HEIGHT(&n.out_info);
+  if (on_device) desc.device = cuda->device();
+  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
+  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
+  latent::Status s = latent::tensor_to_frame(*model.backend, image, n.geometry, desc);
+  gst_video_frame_unmap(&frame);
+  return s.ok() ? std::string() : s.message();
+}
+
+// Drops the clip: its stream (caches) and the frames not yet out.
+static void video_drop(GstVaeDecode* self) {
+  VideoDecode& v = self->impl->clip;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
+  std::unique_lock<std::mutex> run;
+  if (model) run = std::unique_lock<std::mutex>(*model->run_lock);  // device tensors go here
+  v.ready.clear();
+  v.stream.reset();
+  v.draining = false;
+}
+
+static GstFlowReturn video_submit(GstVaeDecode* self, const Negotiated& n, GstLatentModel& model,
+                                  gboolean, GstBuffer* input) {
+  VideoDecode& v = self->impl->clip;
+  const gint64 started_us = g_get_monotonic_time();
+  std::unique_lock<std::mutex> run(*model.run_lock);
+  // The buffer's own flag: GstBaseTransform's is_discont stays set until its default
+  // generate_output (not used in video mode) clears it.
+  if (GST_BUFFER_IS_DISCONT(input) && v.stream && v.stream->frames_seen() > 0) {
+    GST_DEBUG_OBJECT(self, "discontinuity after %" G_GINT64_FORMAT " latent frames: a new clip",
+                     v.stream->frames_seen());
+    v.stream->reset();
+  }
+  const bool first = !v.stream || v.stream->frames_seen() == 0;
+  std::string problem;
+  int64_t produced = 0;
+  latent::Result<latent::Tensor> normalised = read_latent(self, n.in_info, n.cuda_in, input, model);
+  if (!normalised.ok()) {
+    const std::string message = normalised.status().message();
+    normalised = latent::Status::error("released");
+    run.unlock();
+    gst_buffer_unref(input);
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("vaedecode: %s", message.c_str()), (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  if (!v.stream) {
+    auto stream = model.vae->open_stream(false);
+    if (stream.ok())
+      v.stream = std::move(*stream);
+    else
+      problem = stream.status().message();
+  }
+  latent::Result<latent::Tensor> frames = latent::Status::error("not decoded");
+  if (problem.empty()) {
+    latent::Backend& b = *model.backend;
+    auto raw = model.latent_space().denormalize(b, *normalised);
+    auto clip = raw.ok() ? b.frames_to_clip(*raw) : raw;      // [1, C, 1, h, w]
+    auto decoded = clip.ok() ? v.stream->push(*clip) : clip;  // [1, 3, T', H, W]
+    if (decoded.ok() && decoded->defined())
+      frames = b.clip_to_frames(*decoded);  // [T', 3, H, W]
+    else if (decoded.ok())
+      frames = latent::Status::error("the stream returned no frame");
+    else
+      frames = decoded.status();
+    if (!frames.ok()) problem = frames.status().message();
+    raw = clip = decoded = latent::Status::error("released");
+  }
+  if (problem.empty()) {
+    produced = frames->dim(0);
+    // The real frames: a chunk padded at the end of a clip covers fewer (OFFSET_END - OFFSET).
+    int64_t keep = produced;
+    const guint64 off = GST_BUFFER_OFFSET(input), end = GST_BUFFER_OFFSET_END(input);
+    if (off != GST_BUFFER_OFFSET_NONE && end != GST_BUFFER_OFFSET_NONE && end > off)
+      keep = std::min<int64_t>(produced, static_cast<int64_t>(end - off));
+    if (keep < produced)
+      GST_DEBUG_OBJECT(self,
+                       "latent covers %" G_GINT64_FORMAT " real frames: dropping %" G_GINT64_FORMAT
+                       " padded ones",
+                       keep, produced - keep);
+    const GstClockTime pts = GST_BUFFER_PTS(input), dur = GST_BUFFER_DURATION(input);
+    GstClockTime frame_dur = GST_CLOCK_TIME_NONE;
+    if (n.in_info.fps_n > 0)
+      frame_dur = gst_util_uint64_scale_int(GST_SECOND, n.in_info.fps_d, n.in_info.fps_n);
+    auto at = [&](int64_t i) -> GstClockTime {
+      if (!GST_CLOCK_TIME_IS_VALID(pts)) return GST_CLOCK_TIME_NONE;
+      if (GST_CLOCK_TIME_IS_VALID(dur)) return pts + gst_util_uint64_scale(dur, i, keep);
+      if (GST_CLOCK_TIME_IS_VALID(frame_dur)) return pts + frame_dur * i;
+      return i == 0 ? pts : GST_CLOCK_TIME_NONE;
+    };
+    for (int64_t i = 0; i < keep; ++i) {
+      VideoFrameOut f;
+      f.image = frame_view(*frames, i);
+      f.pts = at(i);
+      const GstClockTime next = at(i + 1);
+      f.duration = GST_CLOCK_TIME_IS_VALID(f.pts) && GST_CLOCK_TIME_IS_VALID(next)
+                       ? next - f.pts
+                       : (GST_CLOCK_TIME_IS_VALID(dur) ? dur / keep : frame_dur);
+      f.offset = off != GST_BUFFER_OFFSET_NONE ? off + i : GST_BUFFER_OFFSET_NONE;
+      f.discont = i == 0 && (first || GST_BUFFER_IS_DISCONT(input));
+      v.ready.push_back(std::move(f));
+    }
+  }
+  normalised = latent::Status::error("released");
+  frames = latent::Status::error("released");  // the views in `ready` keep the storage
+  run.unlock();
+  gst_buffer_unref(input);
+  if (!problem.empty()) {
+    GST_ELEMENT_ERROR(
+        self, STREAM, DECODE,
+        ("vaedecode: decoding %dx%d video latents with %s failed: %s", n.in_info.width,
+         n.in_info.height, model.describe().c_str(), problem.c_str()),
+        (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  gst_latent_base_frame_done(GST_LATENT_BASE(self),
+                             (g_get_monotonic_time() - started_us) * GST_USECOND);
+  return GST_FLOW_OK;
+}
+
+// Hands out the oldest decoded frame (none: *outbuf stays null).
+static GstFlowReturn video_generate(GstVaeDecode* self, GstBuffer** outbuf) {
+  VideoDecode& v = self->impl->clip;
+  *outbuf = nullptr;
+  if (v.ready.empty()) return GST_FLOW_OK;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
+  if (!model) return GST_FLOW_FLUSHING;
+  Negotiated n;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    n = self->impl->stream;
+  }
+  VideoFrameOut f = std::move(v.ready.front());
+  v.ready.pop_front();
+  GstBuffer* out = nullptr;
+  if (GstBufferPool* pool = gst_base_transform_get_buffer_pool(GST_BASE_TRANSFORM(self))) {
+    const GstFlowReturn ret = gst_buffer_pool_acquire_buffer(pool, &out, nullptr);
+    gst_object_unref(pool);
+    if (ret != GST_FLOW_OK) {
+      std::lock_guard<std::mutex> run(*model->run_lock);
+      f.image = latent::Tensor();
+      return ret;
+    }
+  }
+  if (!out) out = gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&n.out_info), nullptr);
+  std::string problem;
+  {
+    std::lock_guard<std::mutex> run(*model->run_lock);
+    problem = write_frame(self, n, *model, f.image, out);
+    f.image = latent::Tensor();
+  }
+  if (!problem.empty()) {
+    gst_buffer_unref(out);
+    GST_ELEMENT_ERROR(self, STREAM, DECODE, ("vaedecode: %s", problem.c_str()), (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  GST_BUFFER_PTS(out) = f.pts;
+  GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
+  GST_BUFFER_DURATION(out) = f.duration;
+  GST_BUFFER_OFFSET(out) = f.offset;
+  GST_BUFFER_OFFSET_END(out) =
+      f.offset != GST_BUFFER_OFFSET_NONE ? f.offset + 1 : GST_BUFFER_OFFSET_NONE;
+  if (f.discont)
+    GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
+  else
+    GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
+  *outbuf = out;
+  return GST_FLOW_OK;
+}
+
+static bool video_mode(GstVaeDecode* self, Negotiated* n) {
+  std::lock_guard<std::mutex> lock(self->impl->lock);
+  if (n) *n = self->impl->stream;
+  return self->impl->negotiated && self->impl->stream.video;
+}
+
+static GstFlowReturn gst_vae_decode_submit_input_buffer(GstBaseTransform* trans,
+                                                        gboolean is_discont, GstBuffer* input) {
+  GstVaeDecode* self = GST_VAE_DECODE(trans);
+  Negotiated n;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(trans));
+  // Video mode: no QoS dropping (a latent missing from the clip breaks the causal stream).
+  if (model && video_mode(self, &n)) return video_submit(self, n, *model, is_discont, input);
+  return GST_BASE_TRANSFORM_CLASS(parent_class)->submit_input_buffer(trans, is_discont, input);
+}
+
 // ---- output staging: decoded frames are pushed `prefetch-depth` frames after their decode ----
 
 // Writes the oldest staged frame into its buffer (waiting for its copy) and hands it out.
@@ -469,6 +758,7 @@ static GstFlowReturn finish_staged(GstVaeDecode* self, GstBuffer** outbuf) {
 
 static GstFlowReturn gst_vae_decode_generate_output(GstBaseTransform* trans, GstBuffer** outbuf) {
   GstVaeDecode* self = GST_VAE_DECODE(trans);
+  if (!self->impl->clip.ready.empty()) return video_generate(self, outbuf);
   Staging& st = self->impl->staging;
   GstBuffer* produced = nullptr;
   *outbuf = nullptr;
@@ -504,6 +794,15 @@ static GstFlowReturn gst_vae_decode_generate_output(GstBaseTransform* trans, Gst
 // Pushes out every staged frame, in order (before EOS, a new segment and new caps).
 static GstFlowReturn drain_staging(GstLatentBase* base) {
   GstVaeDecode* self = GST_VAE_DECODE(base);
+  if (video_mode(self, nullptr)) {
+    // EOS, a new segment, new caps: the frames still queued go out and the clip ends.
+    VideoDecode& v = self->impl->clip;
+    const GstFlowReturn ret = gst_latent_base_drain(
+        base, &v.draining, [&] { return !v.ready.empty(); },
+        [&](GstBuffer** out) { return video_generate(self, out); });
+    video_drop(self);
+    return ret;
+  }
   Staging& st = self->impl->staging;
   return gst_latent_base_drain(
       base, &st.draining, [&] { return !st.pending.empty(); },
@@ -519,6 +818,7 @@ static void drop_staging(GstLatentBase* base) {
   st.checked = false;
   st.staged_current = false;
   gst_latent_base_set_frames_held(GST_LATENT_BASE(self), 0);
+  video_drop(self);
 }
 
 static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
@@ -571,6 +871,26 @@ static void gst_vae_decode_close(GstLatentBase* base) {
   }
 }
 
+// After the model is loaded: mode=video needs a video VAE.
+static gboolean gst_vae_decode_open(GstLatentBase* base, const std::shared_ptr<latent::Backend>&) {
+  GstVaeDecode* self = GST_VAE_DECODE(base);
+  auto model = gst_latent_base_get_model(base);
+  if (!model) return FALSE;
+  const GstLatentVaeMode mode = gst_latent_base_vae_mode(base);
+  if (mode == GST_LATENT_VAE_MODE_VIDEO && !model->vae->supports_video()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("vaedecode: mode=video needs a causal video VAE (AutoencoderKLWan, "
+                       "AutoencoderKLQwenImage or a TAEW model) but %s is an image model (%s); "
+                       "use mode=image or mode=auto",
+                       model->describe().c_str(), model->vae->info().architecture.c_str()),
+                      ("model=%s", gst_latent_base_model_setting(base).c_str()));
+    return FALSE;
+  }
+  std::lock_guard<std::mutex> lock(self->impl->lock);
+  self->impl->mode = mode;
+  return TRUE;
+}
+
 static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   GstElementClass* element_class = GST_ELEMENT_CLASS(klass);
   GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
@@ -593,6 +913,7 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   trans_class->transform = GST_DEBUG_FUNCPTR(gst_vae_decode_transform);
   trans_class->decide_allocation = GST_DEBUG_FUNCPTR(gst_vae_decode_decide_allocation);
   trans_class->generate_output = GST_DEBUG_FUNCPTR(gst_vae_decode_generate_output);
+  trans_class->submit_input_buffer = GST_DEBUG_FUNCPTR(gst_vae_decode_submit_input_buffer);
 
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
   base_class->debug_category = gst_vae_decode_debug;
@@ -600,6 +921,8 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   base_class->parts = GST_LATENT_PART_DECODER;
   base_class->drain_held = drain_staging;
   base_class->close = gst_vae_decode_close;
+  base_class->open = gst_vae_decode_open;
+  gst_latent_base_class_install_mode_property(base_class);
   base_class->set_info = gst_vae_decode_set_info;
   base_class->drop_held = drop_staging;
 }

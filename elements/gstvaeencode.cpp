@@ -37,6 +37,22 @@
  * On a GPU the encoder is planned when caps are negotiated (warm-up, then a CUDA graph that each
  * frame replays; `cuda-graphs=false` keeps the plain forward); system-memory frames are uploaded
  * through pinned memory `prefetch-depth` frames ahead.
+ *
+ * Video mode (`mode=video`, the default for AutoencoderKLWan and TAEW models) streams a clip
+ * through the causal video VAE:
+ *
+ * |[
+ * gst-launch-1.0 filesrc location=clip.mp4 ! decodebin ! videoconvert ! \
+ *     vaeencode model=/models/Wan2.1-T2V-1.3B-Diffusers mode=video ! \
+ *     latentsink location=clip.safetensors
+ * ]| (pipelines/video_latents.sh)
+ *
+ * Latent frame 0 goes out after frame 0, then one latent frame per 4 frames (caps
+ * `temporal-factor=4`), with the PTS of the first frame it covers, the DURATION of all it covers,
+ * OFFSET the first frame's index in the clip and OFFSET_END one past its last real frame. At
+ * EOS (and at a DISCONT buffer, a new segment or new caps, which start a new clip) a partial
+ * chunk is padded by repeating its last frame; a flush drops it. No QoS dropping in video mode;
+ * LATENCY answers add the 3 frames held for a chunk (6 for TAEW). README "Video mode".
  */
 #include "elements/gstvaeencode.h"
 
@@ -87,6 +103,37 @@ struct Negotiated {
   latent::FrameGeometry geometry;
   bool cuda_in = false;   // frames arrive in CUDA memory
   bool cuda_out = false;  // latents leave in CUDA memory
+  bool video = false;     // mode=video: causal chunks through a VaeStream
+};
+
+// ---- video mode ----
+// One latent frame ready to go out: a view of the normalised latents [1, C, h, w] on the
+// backend (freed under the run lock) and the buffer fields of the frames it covers.
+struct VideoLatent {
+  latent::Tensor latent;
+  GstClockTime pts = GST_CLOCK_TIME_NONE;
+  GstClockTime duration = GST_CLOCK_TIME_NONE;
+  guint64 offset = 0;      // first source frame covered (from the start of the clip)
+  guint64 offset_end = 0;  // one past the last real frame covered
+  bool discont = false;
+};
+
+// A frame pushed into the stream and not yet covered by a latent that went out.
+struct VideoFrame {
+  GstClockTime pts = GST_CLOCK_TIME_NONE;
+  GstClockTime duration = GST_CLOCK_TIME_NONE;
+};
+
+// The clip in progress; touched by the streaming thread only (and stop(), after streaming ended).
+struct VideoEncode {
+  std::unique_ptr<latent::VaeStream> stream;  // freed under the run lock
+  std::deque<VideoFrame> frames;              // frames first_frame, first_frame + 1, ...
+  int64_t first_frame = 0;
+  int64_t frames_in = 0;    // frames pushed into this clip
+  int64_t latents_out = 0;  // latent frames made from this clip
+  bool discont = true;      // the next latent starts a clip
+  std::deque<VideoLatent> ready;
+  bool draining = false;
 };
 
 // A frame whose upload is under way (prefetching on a GPU).
@@ -112,12 +159,18 @@ struct Impl : GstLatentStage {
   bool negotiated = false;
   Negotiated stream;
   Prefetch prefetch;
+  bool video = false;  // resolved `mode` of this run (open())
+  int temporal_factor = 1;
+  VideoEncode clip;
 };
 
 // video/x-raw structure -> the latent structure this element would output for it.
 GstStructure* video_to_latent(const GstStructure* s, const GstLatentModel* model,
-                              latent::SizePolicy policy, latent::DType dtype) {
+                              latent::SizePolicy policy, latent::DType dtype, int temporal_factor) {
   GstStructure* out = gst_structure_new_empty(GST_LATENT_MEDIA_TYPE);
+  // Video mode: every latent frame after the first covers this many frames.
+  if (temporal_factor > 1)
+    gst_structure_set(out, "temporal-factor", G_TYPE_INT, temporal_factor, nullptr);
   gst_latent_set_format_list(out, dtype);
   const int factor = model ? model->latent_space().downsample : 1;
   if (model) {
@@ -163,7 +216,11 @@ GstStructure* video_to_latent(const GstStructure* s, const GstLatentModel* model
 
 // Latent structure (what downstream wants) -> the video this element would need for it.
 GstStructure* latent_to_video(const GstStructure* s, const GstLatentModel* model,
-                              latent::SizePolicy policy) {
+                              latent::SizePolicy policy, int temporal_factor) {
+  int wanted_factor = 1;
+  if (model && gst_structure_get_int(s, "temporal-factor", &wanted_factor) &&
+      wanted_factor != temporal_factor)
+    return nullptr;
   if (model) {
     const gchar* space = gst_structure_get_string(s, "latent-space");
     if (space && model->latent_space().name != space) return nullptr;
@@ -241,13 +298,18 @@ static GstCaps* gst_vae_encode_transform_caps(GstBaseTransform* trans, GstPadDir
   auto model = gst_latent_base_get_model(base);
   const latent::SizePolicy policy = current_policy(self);
   const latent::DType dtype = gst_latent_base_preferred_dtype(base);
+  int temporal_factor = 1;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    if (self->impl->video) temporal_factor = self->impl->temporal_factor;
+  }
 
   GstCaps* out = gst_latent_base_transform_caps(
       base, direction, caps, filter, [&](const GstStructure* s) -> GstStructure* {
         if (direction == GST_PAD_SINK && gst_structure_has_name(s, "video/x-raw"))
-          return video_to_latent(s, model.get(), policy, dtype);
+          return video_to_latent(s, model.get(), policy, dtype, temporal_factor);
         if (direction == GST_PAD_SRC && gst_structure_has_name(s, GST_LATENT_MEDIA_TYPE))
-          return latent_to_video(s, model.get(), policy);
+          return latent_to_video(s, model.get(), policy, temporal_factor);
         return nullptr;
       });
   GST_DEBUG_OBJECT(self, "%s caps %" GST_PTR_FORMAT " -> %" GST_PTR_FORMAT,
@@ -332,6 +394,19 @@ static gboolean gst_vae_encode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
                   info->channels, info->height, info->width,
                   latent::size_policy_name(info->size_policy), geometry->model_width(),
                   geometry->model_height());
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    n.video = self->impl->video;
+  }
+  if (n.video) {
+    // Video mode runs the engine's stream (not captured as a graph): nothing to plan. The
+    // frames waiting for a chunk count in LATENCY answers.
+    gst_latent_base_set_frames_held(base, gst_latent_model_encoder_frames_held(*model));
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    self->impl->stream = n;
+    self->impl->negotiated = true;
+    return TRUE;
+  }
   // The encoder's plan for this input size (warm-up, CUDA graph), before the first frame.
   const latent::Status planned = gst_latent_base_plan_for(
       GST_LATENT_BASE(self), *model, latent::VaePart::kEncode,
@@ -528,6 +603,264 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
   return GST_FLOW_OK;
 }
 
+// ---- video mode: frames go through the encoder's causal stream (engine/models/vae/vae.h) ----
+//
+// Each frame is converted as in image mode, joined into the clip ([1, 3, 1, H, W]) and pushed
+// into the stream; every latent frame the stream completes is queued (submit_input_buffer) and
+// handed out one at a time (generate_output), so one output buffer is taken from the pool at a
+// time. Latent frame j covers frames 4j-3 .. 4j of the clip (frame 0 alone for j = 0), whatever
+// the model's own chunking (TAEW completes it 3 frames later than Wan's VAE): PTS of its first
+// frame, DURATION of all it covers, OFFSET the first frame's index in the clip and OFFSET_END
+// one past the last real frame (a chunk padded at the end of a clip covers fewer).
+
+// Frame i of frames [T, C, h, w] on a backend: a view [1, C, h, w] sharing its storage.
+static latent::Tensor frame_view(const latent::Tensor& x, int64_t i) {
+  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
+  return latent::Tensor::from_storage(x.storage(), x.byte_offset() + frame * static_cast<size_t>(i),
+                                      {1, x.dim(1), x.dim(2), x.dim(3)}, x.dtype(), x.layout());
+}
+
+// Forgets the clip's bookkeeping: the next frame starts a new clip (offsets from 0).
+static void video_new_clip(VideoEncode& v) {
+  v.frames.clear();
+  v.first_frame = 0;
+  v.frames_in = 0;
+  v.latents_out = 0;
+  v.discont = true;
+}
+
+// Raw latent frames [1, C, t, h, w] from the stream -> normalised, queued with the fields of
+// the frames they cover. The caller holds model.run_lock.
+static latent::Status video_queue(GstVaeEncode* self, GstLatentModel& model,
+                                  const latent::Tensor& raw) {
+  VideoEncode& v = self->impl->clip;
+  latent::Backend& b = *model.backend;
+  // frames: [t, C, h, w]
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor frames, b.clip_to_frames(raw));
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor norm, model.latent_space().normalize(b, frames));
+  const int64_t f = self->impl->temporal_factor;
+  for (int64_t i = 0; i < norm.dim(0); ++i) {
+    const int64_t j = v.latents_out++;
+    const int64_t first = j == 0 ? 0 : f * (j - 1) + 1;
+    const int64_t end = std::min<int64_t>(f * j + 1, v.frames_in);
+    if (first >= end || first < v.first_frame || v.frames.empty()) {
+      GST_WARNING_OBJECT(self,
+                         "latent frame %" G_GINT64_FORMAT
+                         " covers no frame of the clip "
+                         "(%" G_GINT64_FORMAT " frames in): dropped",
+                         j, v.frames_in);
+      continue;
+    }
+    VideoLatent out;
+    out.latent = frame_view(norm, i);
+    out.offset = static_cast<guint64>(first);
+    out.offset_end = static_cast<guint64>(end);
+    out.discont = v.discont;
+    v.discont = false;
+    out.pts = v.frames.front().pts;
+    GstClockTime duration = 0;
+    for (int64_t k = first; k < end && !v.frames.empty(); ++k) {
+      const GstClockTime d = v.frames.front().duration;
+      duration = GST_CLOCK_TIME_IS_VALID(duration) && GST_CLOCK_TIME_IS_VALID(d)
+                     ? duration + d
+                     : GST_CLOCK_TIME_NONE;
+      v.frames.pop_front();
+      ++v.first_frame;
+    }
+    out.duration = duration;
+    v.ready.push_back(std::move(out));
+  }
+  return latent::ok_status();
+}
+
+// Ends the clip: a partial chunk is completed by repeating its last frame (VaeStream::finish)
+// and its latent queued, covering only the real frames. The caller holds model.run_lock.
+static latent::Status video_finish(GstVaeEncode* self, GstLatentModel& model) {
+  VideoEncode& v = self->impl->clip;
+  latent::Status status;
+  if (v.stream && v.frames_in > 0) {
+    int padded = 0;
+    auto tail = v.stream->finish(&padded);
+    if (!tail.ok()) {
+      status = tail.status();
+    } else if (tail->defined()) {
+      GST_DEBUG_OBJECT(self,
+                       "clip of %" G_GINT64_FORMAT
+                       " frames ends; last chunk padded with %d "
+                       "repeated frames",
+                       v.frames_in, padded);
+      status = video_queue(self, model, *tail);
+    }
+  }
+  if (v.stream) v.stream->reset();
+  video_new_clip(v);
+  return status;
+}
+
+// Drops the clip (a flush, new caps, stop): its stream, queued latents and bookkeeping.
+static void video_drop(GstVaeEncode* self) {
+  VideoEncode& v = self->impl->clip;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
+  {
+    std::unique_lock<std::mutex> run;
+    if (model) run = std::unique_lock<std::mutex>(*model->run_lock);  // device tensors go here
+    v.ready.clear();
+    v.stream.reset();
+  }
+  video_new_clip(v);
+  v.draining = false;
+}
+
+static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLatentModel& model,
+                                  gboolean, GstBuffer* input) {
+  VideoEncode& v = self->impl->clip;
+  const gint64 started_us = g_get_monotonic_time();
+  std::string problem;
+  // The buffer's own flag: GstBaseTransform's is_discont stays set until its default
+  // generate_output (not used in video mode) clears it.
+  if (GST_BUFFER_IS_DISCONT(input) && v.frames_in > 0) {
+    // A discontinuity starts a new clip: the frames before it are finished as at EOS.
+    GST_DEBUG_OBJECT(self, "discontinuity after %" G_GINT64_FORMAT " frames: a new clip starts",
+                     v.frames_in);
+    std::lock_guard<std::mutex> run(*model.run_lock);
+    if (latent::Status st = video_finish(self, model); !st.ok()) problem = st.message();
+  }
+  latent::Result<latent::Tensor> sample = latent::Status::error("unset");
+  if (problem.empty()) {
+    sample = read_frame(self, n, input, model);
+    if (!sample.ok()) {
+      const std::string message = sample.status().message();
+      gst_buffer_unref(input);
+      GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("vaeencode: %s", message.c_str()), (nullptr));
+      return GST_FLOW_ERROR;
+    }
+  }
+  std::unique_lock<std::mutex> run(*model.run_lock);
+  if (problem.empty() && !v.stream) {
+    auto stream = model.vae->open_stream(true);
+    if (stream.ok())
+      v.stream = std::move(*stream);
+    else
+      problem = stream.status().message();
+  }
+  if (problem.empty()) {
+    latent::Result<latent::Tensor> clip =
+        model.backend->frames_to_clip(*sample);  // [1, 3, 1, H, W]
+    v.frames.push_back(VideoFrame{GST_BUFFER_PTS(input), GST_BUFFER_DURATION(input)});
+    ++v.frames_in;
+    latent::Result<latent::Tensor> raw =
+        clip.ok() ? v.stream->push(*clip) : latent::Result<latent::Tensor>(clip.status());
+    if (!raw.ok())
+      problem = raw.status().message();
+    else if (raw->defined())
+      if (latent::Status st = video_queue(self, model, *raw); !st.ok()) problem = st.message();
+    clip = latent::Status::error("released");
+    raw = latent::Status::error("released");
+  }
+  sample = latent::Status::error("released");  // device memory: under the run lock
+  run.unlock();
+  gst_buffer_unref(input);
+  if (!problem.empty()) {
+    GST_ELEMENT_ERROR(
+        self, STREAM, FAILED,
+        ("vaeencode: encoding %dx%d video with %s failed: %s", n.geometry.frame_width(),
+         n.geometry.frame_height(), model.describe().c_str(), problem.c_str()),
+        (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  gst_latent_base_frame_done(GST_LATENT_BASE(self),
+                             (g_get_monotonic_time() - started_us) * GST_USECOND);
+  return GST_FLOW_OK;
+}
+
+// Hands out the oldest queued latent frame (none: *outbuf stays null).
+static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
+  VideoEncode& v = self->impl->clip;
+  *outbuf = nullptr;
+  if (v.ready.empty()) return GST_FLOW_OK;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
+  Negotiated n;
+  {
+    std::lock_guard<std::mutex> lock(self->impl->lock);
+    n = self->impl->stream;
+  }
+  VideoLatent l = std::move(v.ready.front());
+  v.ready.pop_front();
+  auto release = [&] {
+    if (!model) return;
+    std::lock_guard<std::mutex> run(*model->run_lock);
+    l.latent = latent::Tensor();
+  };
+  if (!model) return GST_FLOW_FLUSHING;
+  GstBuffer* out = nullptr;
+  const size_t bytes = n.out_info.frame_bytes();
+  if (GstBufferPool* pool = gst_base_transform_get_buffer_pool(GST_BASE_TRANSFORM(self))) {
+    const GstFlowReturn ret = gst_buffer_pool_acquire_buffer(pool, &out, nullptr);
+    gst_object_unref(pool);
+    if (ret != GST_FLOW_OK) {
+      release();
+      return ret;
+    }
+  }
+  if (!out) out = gst_buffer_new_allocate(nullptr, bytes, nullptr);
+  std::string problem;
+  {
+    std::lock_guard<std::mutex> run(*model->run_lock);
+    problem = write_latent(self, n, *model, l.latent, out);
+    l.latent = latent::Tensor();
+  }
+  if (!problem.empty()) {
+    gst_buffer_unref(out);
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  GST_BUFFER_PTS(out) = l.pts;
+  GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
+  GST_BUFFER_DURATION(out) = l.duration;
+  GST_BUFFER_OFFSET(out) = l.offset;
+  GST_BUFFER_OFFSET_END(out) = l.offset_end;
+  if (l.discont)
+    GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
+  else
+    GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
+  GST_LOG_OBJECT(self,
+                 "latent frame: frames %" G_GUINT64_FORMAT "..%" G_GUINT64_FORMAT
+                 " pts %" GST_TIME_FORMAT " duration %" GST_TIME_FORMAT,
+                 l.offset, l.offset_end, GST_TIME_ARGS(l.pts), GST_TIME_ARGS(l.duration));
+  *outbuf = out;
+  return GST_FLOW_OK;
+}
+
+// EOS, a new segment, new caps: the clip ends (its partial chunk padded) and every queued latent
+// goes out.
+static GstFlowReturn video_drain(GstVaeEncode* self) {
+  VideoEncode& v = self->impl->clip;
+  auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
+  if (model && v.frames_in > 0) {
+    latent::Status st;
+    {
+      std::lock_guard<std::mutex> run(*model->run_lock);
+      st = video_finish(self, *model);
+    }
+    if (!st.ok()) {
+      GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                        ("vaeencode: finishing the clip with %s failed: %s",
+                         model->describe().c_str(), st.message().c_str()),
+                        (nullptr));
+      return GST_FLOW_ERROR;
+    }
+  }
+  return gst_latent_base_drain(
+      GST_LATENT_BASE(self), &v.draining, [&] { return !v.ready.empty(); },
+      [&](GstBuffer** out) { return video_generate(self, out); });
+}
+
+static bool video_mode(GstVaeEncode* self, Negotiated* n) {
+  std::lock_guard<std::mutex> lock(self->impl->lock);
+  if (n) *n = self->impl->stream;
+  return self->impl->video;
+}
+
 // ---- prefetch: frames are staged on submission and converted `prefetch-depth` frames later ----
 
 static void drop_prefetch(GstLatentBase* base) {
@@ -538,7 +871,10 @@ static void drop_prefetch(GstLatentBase* base) {
   pf.stager.reset();  // waits for its copies and kernels (events), then frees its slots
   pf.checked = false;
   pf.has_current = false;
-  gst_latent_base_set_frames_held(GST_LATENT_BASE(self), 0);
+  video_drop(self);
+  auto model = gst_latent_base_get_model(base);
+  gst_latent_base_set_frames_held(
+      base, video_mode(self, nullptr) && model ? gst_latent_model_encoder_frames_held(*model) : 0);
 }
 
 // The stager for this run, created on the first frame when the model runs on a GPU.
@@ -572,6 +908,9 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
     negotiated = self->impl->negotiated;
     n = self->impl->stream;
   }
+  // Video mode: no QoS dropping (a frame missing inside a chunk would break the causal stream)
+  // and no prefetching (the stream takes the frames in turn).
+  if (negotiated && model && n.video) return video_submit(self, n, *model, is_discont, input);
   // Frames already in device memory need no staging.
   latent::FrameStager* stager =
       negotiated && model && !n.cuda_in ? prefetch_stager(self, *model) : nullptr;
@@ -636,6 +975,7 @@ static void release_staged(GstVaeEncode* self, uint64_t ticket) {
 
 static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, GstBuffer** outbuf) {
   GstVaeEncode* self = GST_VAE_ENCODE(trans);
+  if (!self->impl->clip.ready.empty()) return video_generate(self, outbuf);
   Prefetch& pf = self->impl->prefetch;
   if (pf.pending.empty())
     return GST_BASE_TRANSFORM_CLASS(parent_class)->generate_output(trans, outbuf);
@@ -655,6 +995,7 @@ static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, Gst
 
 // Pushes out every frame still held back (before EOS and before new caps).
 static GstFlowReturn drain_prefetch(GstLatentBase* base) {
+  if (video_mode(GST_VAE_ENCODE(base), nullptr)) return video_drain(GST_VAE_ENCODE(base));
   GstBaseTransform* trans = GST_BASE_TRANSFORM(base);
   Prefetch& pf = GST_VAE_ENCODE(base)->impl->prefetch;
   return gst_latent_base_drain(
@@ -668,7 +1009,35 @@ static void gst_vae_encode_close(GstLatentBase* base) {
   {
     std::lock_guard<std::mutex> lock(self->impl->lock);
     self->impl->negotiated = false;
+    self->impl->video = false;
+    self->impl->temporal_factor = 1;
   }
+}
+
+// After the model is loaded: resolves `mode` for it.
+static gboolean gst_vae_encode_open(GstLatentBase* base, const std::shared_ptr<latent::Backend>&) {
+  GstVaeEncode* self = GST_VAE_ENCODE(base);
+  auto model = gst_latent_base_get_model(base);
+  if (!model) return FALSE;
+  const GstLatentVaeMode mode = gst_latent_base_vae_mode(base);
+  if (mode == GST_LATENT_VAE_MODE_VIDEO && !model->vae->supports_video()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("vaeencode: mode=video needs a causal video VAE (AutoencoderKLWan, "
+                       "AutoencoderKLQwenImage or a TAEW model) but %s is an image model (%s); "
+                       "use mode=image or mode=auto",
+                       model->describe().c_str(), model->vae->info().architecture.c_str()),
+                      ("model=%s", gst_latent_base_model_setting(base).c_str()));
+    return FALSE;
+  }
+  const bool video =
+      mode == GST_LATENT_VAE_MODE_VIDEO ||
+      (mode == GST_LATENT_VAE_MODE_AUTO && gst_latent_model_video_by_default(*model));
+  GST_INFO_OBJECT(self, "%s mode (%s, temporal factor %d)", video ? "video" : "image",
+                  model->vae->info().architecture.c_str(), model->vae->temporal_factor());
+  std::lock_guard<std::mutex> lock(self->impl->lock);
+  self->impl->video = video;
+  self->impl->temporal_factor = video ? model->vae->temporal_factor() : 1;
+  return TRUE;
 }
 
 static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
@@ -714,6 +1083,8 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   base_class->parts = GST_LATENT_PART_ENCODER;
   base_class->drain_held = drain_prefetch;
   base_class->close = gst_vae_encode_close;
+  base_class->open = gst_vae_encode_open;
+  gst_latent_base_class_install_mode_property(base_class);
   base_class->set_info = gst_vae_encode_set_info;
   base_class->drop_held = drop_prefetch;
   gst_type_mark_as_plugin_api(GST_TYPE_LATENT_SIZE_POLICY, static_cast<GstPluginAPIFlags>(0));
