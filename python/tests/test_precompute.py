@@ -128,9 +128,10 @@ def test_the_file_round_trips_through_safetensors(local_out):
 
 
 def test_a_worker_loads_the_model_once(clips, tmp_path):
-    # The stages log each model load and each share of a loaded one (GST_DEBUG=latentbase:5).
+    # The stages log each model load and each share of a loaded one under their own debug
+    # category (GST_DEBUG=vaeencode:5).
     r = run_job("--input", str(clips), "--output", str(tmp_path / "o"),
-                env_extra={"GST_DEBUG": "latentbase:5", "GST_DEBUG_NO_COLOR": "1"})
+                env_extra={"GST_DEBUG": "vaeencode:5", "GST_DEBUG_NO_COLOR": "1"})
     assert r.returncode == 3, r.stderr[-2000:]
     assert r.stderr.count("> loaded model") == 1, r.stderr[-2000:]
     assert r.stderr.count("sharing the loaded model") >= len(GOOD)
