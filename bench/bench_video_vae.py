@@ -304,7 +304,8 @@ def main():
                 if args.profile:
                     cmd = [args.tool, "run", "--model", model_dir, "--part", part, "--inputs", inputs,
                            "--outputs", outputs, "--device", args.tool_device, "--dtype", args.dtype,
-                           "--warmup", "0", "--repeat", "1", "--chunk", "4" if encoder else "1"]
+                           "--warmup", "0", "--repeat", "1", "--chunk", "4" if encoder else "1",
+                           "--stream-repeat", str(args.stream_repeat)]  # start-up costs amortised
                     p = subprocess.run(cmd, capture_output=True, text=True,
                                        env=dict(os.environ, LATENT_CUDA_PROFILE="1"))
                     row["profile"] = [l[2:] for l in p.stderr.splitlines() if l.startswith("# ")][:45]
