@@ -268,8 +268,14 @@ static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
       refusal =
           "vaedecode: mode=video but the latents are image-mode (temporal-factor=1); use "
           "mode=auto or mode=image";
+    const bool video = says ? factor > 1 : mode == GST_LATENT_VAE_MODE_VIDEO;
+    // Known defect (issue 10, see vaeencode): video mode stalls on CUDA; refuse, never hang.
+    if (refusal.empty() && video && !model->backend->device().is_cpu())
+      refusal = latent::str_cat("vaedecode: video-mode latents do not decode on ",
+                                model->backend->name(),
+                                " yet (a known stall on CUDA, issue 10); use device=cpu");
     if (!refusal.empty()) return gst_latent_base_refuse_caps(base, incaps, refusal);
-    n.video = says ? factor > 1 : mode == GST_LATENT_VAE_MODE_VIDEO;
+    n.video = video;
   }
   n.cuda_in = gst_latent_caps_is_cuda(incaps);
   n.cuda_out = gst_latent_caps_is_cuda(outcaps);
