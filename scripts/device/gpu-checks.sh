@@ -17,7 +17,9 @@
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
 #   pipes         the GPU pipelines/ scripts (cuda_memory, gpu_prefetch, latents_cuda_memory)  ~1 min
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
-#   pygi          builds PyGObject for the device's python3 from .carry/pygi (for the Python jobs)  ~1 min
+#   pygi          builds PyGObject for the device's python3 (scripts/device/pygi-carry.sh, pygi-build.sh)  ~1 min
+#   precompute    bench_precompute.py: the precompute job on 720p H.264 clips (PRE_ENGINES=local|ray,local,
+#                 PRE_GPUS=1|1,2 for scaling) vs the encoder alone and a PyTorch loop  ~3 min
 #   nvdec         bench_stream_nvdec.py: H.264 file ! nvh264dec ! vaeencode ! vaedecode at 1080p vs the kernel bound  ~2 min
 #   video         bench_video_vae.py: Wan 2.1 VAE, 81 frames at 832x480 / 1280x720 + ~1,000-frame
 #                 streams, eager+compile+ours (VIDEO_SIZES VIDEO_PARTS VIDEO_COMPILE VIDEO_BUDGET)  ~6-9 min
@@ -162,9 +164,9 @@ if has taehv && [ -f .carry/ref/taehv.py ]; then
   end taehv $rc "$(tail -12 $OUT/taehv.log | cut -c1-150)"
 fi
 
-if has pygi && [ -x .carry/pygi/build.sh ]; then
+if has pygi && [ -d .carry/pygi ]; then
   begin pygi
-  timeout 240 bash .carry/pygi/build.sh > $OUT/pygi.log 2>&1
+  timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
   rc=$?; tail -5 $OUT/pygi.log
   if [ $rc = 0 ]; then
     . /tmp/pygi/env.sh
@@ -172,6 +174,17 @@ if has pygi && [ -x .carry/pygi/build.sh ]; then
     tail -2 $OUT/pygi.log
   fi
   end pygi $rc "$(tail -2 $OUT/pygi.log | cut -c1-150)"
+fi
+
+if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
+  begin precompute; pyenv
+  [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
+  ( . /tmp/pygi/env.sh && LATENT_VENV=${LATENT_VENV:-$(dirname "$(dirname "$(command -v python3)")")} \
+    PYTHONPATH=$PWD/python:$PYTHONPATH timeout ${PRE_TIMEOUT:-420} python3 bench/bench_precompute.py \
+    --models ${PRE_MODELS:-$PWD/models/default} --clips ${PRE_CLIPS:-8} --frames 81 --engine ${PRE_ENGINES:-local} \
+    --gpus ${PRE_GPUS:-1} --out $OUT/bench-precompute.json ) > $OUT/precompute.log 2>&1
+  rc=$?; grep -v "OpenH264\|XDG" $OUT/precompute.log | tail -8
+  end precompute $rc "$(grep -v 'OpenH264\|XDG' $OUT/precompute.log | tail -6 | cut -c1-150)"
 fi
 
 if has nvdec; then
