@@ -129,6 +129,8 @@ def run_ray(model, clips_dir, out_dir, gpus, args) -> dict:
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
         cmd += ["--encoder-prop", p]
+    if args.latent_caps:
+        cmd += ["--latent-caps", args.latent_caps]
     with GpuSampler(list(range(gpus))) as gpu:
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -266,6 +268,8 @@ def main():
     ap.add_argument("--gpus", type=int, default=0, help="Ray workers (default: every GPU)")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--encoder-prop", action="append", default=[], help="NAME=VALUE for vaeencode")
+    ap.add_argument("--latent-caps", default="", help="e.g. application/x-latent: latents reach "
+                    "latentsink in system memory (default: CUDA memory, downloaded by latentsink)")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-encoder", action="store_true")
     ap.add_argument("--timeout", type=int, default=3600)
@@ -276,7 +280,8 @@ def main():
     clip_paths = make_clips(clips_dir, args.clips, args.frames, args.fps)
     gpus = args.gpus or gpu_count()
     results = {"size": f"{W}x{H}", "clips": args.clips, "frames_per_clip": args.frames,
-               "dtype": args.dtype, "encoder_props": args.encoder_prop, "rows": []}
+               "dtype": args.dtype, "encoder_props": args.encoder_prop, "latent_caps": args.latent_caps,
+               "rows": []}
 
     def save():
         if args.out:
