@@ -3,7 +3,8 @@
 
 On a set of 720p H.264 clips (generated here when --clips-dir has none), for each model:
 
-  ray      scripts/latent-precompute --engine ray --workers NGPU --gpus-per-worker 1
+  ray      python -m gst_latent.precompute --engine ray --workers NGPU --gpus-per-worker 1
+           (--engine local when Ray is not installed: one process per GPU, same pipelines)
            (filesrc ! decodebin ! videoconvert ! vaeencode ! latentsink per actor; decodebin
            picks nvh264dec when GStreamer's nvcodec plugin is there)
   encoder  the encoder alone: videotestsrc 1280x720 ! vaeencode ! fakesink, start-up removed by
@@ -120,11 +121,28 @@ def gpu_count() -> int:
 # ---- rows ---------------------------------------------------------------------------------------
 
 
-def run_ray(model, clips_dir, out_dir, gpus, args) -> dict:
+def job_python() -> str:
+    """The venv of scripts/install-deps.sh when there is one, else this Python."""
+    venv = os.environ.get("LATENT_VENV", os.path.expanduser("~/.cache/gst-latent/venv"))
+    py = os.path.join(venv, "bin", "python")
+    return py if os.access(py, os.X_OK) else sys.executable
+
+
+def pick_engine(wanted: str) -> str:
+    if wanted != "auto":
+        return wanted
+    r = subprocess.run([job_python(), "-c", "import ray"], capture_output=True)
+    return "ray" if r.returncode == 0 else "local"
+
+
+def run_job(model, clips_dir, out_dir, gpus, engine, args) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", "ray", "--workers", str(gpus),
-           "--gpus-per-worker", "1", "--model", model, "--input", clips_dir, "--output", out_dir,
-           "--no-progress"]
+    cmd = [job_python(), "-m", "gst_latent.precompute", "--engine", engine, "--workers", str(gpus),
+           "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress"]
+    if engine == "ray":
+        cmd += ["--gpus-per-worker", "1"]
+    else:
+        cmd += ["--device", ",".join(f"cuda:{i}" for i in range(gpus))]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
@@ -133,7 +151,11 @@ def run_ray(model, clips_dir, out_dir, gpus, args) -> dict:
         cmd += ["--latent-caps", args.latent_caps]
     with GpuSampler(list(range(gpus))) as gpu:
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+        if not (env.get("GST_PLUGIN_PATH") or env.get("GST_PLUGIN_PATH_1_0")):
+            env["GST_PLUGIN_PATH"] = os.path.join(ROOT, "build", "plugin")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         wall = time.perf_counter() - t0
     if p.returncode not in (0, 3):
         raise RuntimeError(p.stderr[-1500:])
@@ -148,7 +170,7 @@ def run_ray(model, clips_dir, out_dir, gpus, args) -> dict:
     if os.path.exists(fpath):
         failed = sum(1 for _ in open(fpath))
     return {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
-            "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus,
+            "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus, "engine": engine,
             "log_tail": p.stderr.strip().splitlines()[-1:] if p.stderr else []}
 
 
@@ -270,6 +292,9 @@ def main():
     ap.add_argument("--encoder-prop", action="append", default=[], help="NAME=VALUE for vaeencode")
     ap.add_argument("--latent-caps", default="", help="e.g. application/x-latent: latents reach "
                     "latentsink in system memory (default: CUDA memory, downloaded by latentsink)")
+    ap.add_argument("--engine", choices=["auto", "ray", "local"], default="auto",
+                    help="the job's engine; auto: ray when the job's Python has it, else local "
+                         "(one process per GPU, the same pipelines)")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-encoder", action="store_true")
     ap.add_argument("--timeout", type=int, default=3600)
@@ -290,7 +315,8 @@ def main():
                 json.dump(results, f, indent=1)
 
     for model in [m for m in args.models.split(",") if m]:
-        jobs = [("ray", lambda: run_ray(model, clips_dir, os.path.join(args.work, "ray-out"), gpus, args))]
+        engine = pick_engine(args.engine)
+        jobs = [(engine, lambda: run_job(model, clips_dir, os.path.join(args.work, "job-out"), gpus, engine, args))]
         if not args.skip_encoder:
             jobs.append(("encoder", lambda: run_encoder_alone(model, args)))
         if not args.skip_torch:
