@@ -148,8 +148,8 @@ std::string config_sha256(const std::string& model, std::string* error) {
     *error = "cannot read the config of model '" + model + "'";
     return "";
   }
-  gchar* hex = g_compute_checksum_for_data(G_CHECKSUM_SHA256,
-                                           reinterpret_cast<const guchar*>(bytes.data()), bytes.size());
+  gchar* hex = g_compute_checksum_for_data(
+      G_CHECKSUM_SHA256, reinterpret_cast<const guchar*>(bytes.data()), bytes.size());
   std::string out = hex;
   g_free(hex);
   return out;
@@ -266,7 +266,8 @@ static gboolean gst_latent_sink_set_caps(GstBaseSink* sink, GstCaps* caps) {
   int temporal = 1;
   const GstStructure* s = gst_caps_get_structure(caps, 0);
   if (gst_structure_has_field(s, "temporal-factor") &&
-      (!gst_structure_get_int(s, "temporal-factor", &temporal) || temporal < 1 || temporal > 1024)) {
+      (!gst_structure_get_int(s, "temporal-factor", &temporal) || temporal < 1 ||
+       temporal > 1024)) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT,
                       ("latentsink: caps field 'temporal-factor' must be an integer in [1, 1024]"),
                       ("caps: %" GST_PTR_FORMAT, caps));
@@ -308,16 +309,17 @@ static gboolean open_file(GstLatentSink* self) {
   f.fps_n = i.fps_n;
   f.fps_d = i.fps_d;
   f.temporal_factor = st->temporal_factor;
-  f.model = s.model.empty() ? upstream_string_property(GST_BASE_SINK_PAD(self), {"model"}) : s.model;
+  f.model =
+      s.model.empty() ? upstream_string_property(GST_BASE_SINK_PAD(self), {"model"}) : s.model;
   if (f.model.empty()) f.model = "default";
   std::string error;
   f.model_config_sha256 = config_sha256(f.model, &error);
   if (!error.empty())
     GST_WARNING_OBJECT(self, "model '%s': %s; the file records no config hash", f.model.c_str(),
                        error.c_str());
-  f.source =
-      s.source.empty() ? upstream_string_property(GST_BASE_SINK_PAD(self), {"source", "location"})
-                       : s.source;
+  f.source = s.source.empty()
+                 ? upstream_string_property(GST_BASE_SINK_PAD(self), {"source", "location"})
+                 : s.source;
 
   latent::SafetensorsStreamWriter::Options opt;
   opt.sync = s.fsync;
@@ -373,8 +375,12 @@ static GstFlowReturn gst_latent_sink_render(GstBaseSink* sink, GstBuffer* buffer
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("latentsink: %s", s.message().c_str()), (nullptr));
     return GST_FLOW_ERROR;
   }
-  auto t = [](guint64 v) { return v == GST_CLOCK_TIME_NONE ? latent::kLatentFileNoTime : int64_t(v); };
-  auto o = [](guint64 v) { return v == GST_BUFFER_OFFSET_NONE ? latent::kLatentFileNoTime : int64_t(v); };
+  auto t = [](guint64 v) {
+    return v == GST_CLOCK_TIME_NONE ? latent::kLatentFileNoTime : int64_t(v);
+  };
+  auto o = [](guint64 v) {
+    return v == GST_BUFFER_OFFSET_NONE ? latent::kLatentFileNoTime : int64_t(v);
+  };
   latent::LatentFileInfo& f = st->file;
   f.pts.push_back(t(GST_BUFFER_PTS(buffer)));
   f.durations.push_back(t(GST_BUFFER_DURATION(buffer)));
@@ -469,9 +475,10 @@ static void gst_latent_sink_class_init(GstLatentSinkClass* klass) {
                            "Sync the file and its folder to disk before reporting EOS", TRUE, rw));
 
   GstCaps* caps = gst_caps_from_string(GST_LATENT_CAPS_TEMPLATE);
-  if (gst_latent_cuda_built()) gst_caps_append(caps, gst_caps_from_string(GST_LATENT_CUDA_CAPS_TEMPLATE));
-  gst_element_class_add_pad_template(element_class,
-                                     gst_pad_template_new("sink", GST_PAD_SINK, GST_PAD_ALWAYS, caps));
+  if (gst_latent_cuda_built())
+    gst_caps_append(caps, gst_caps_from_string(GST_LATENT_CUDA_CAPS_TEMPLATE));
+  gst_element_class_add_pad_template(
+      element_class, gst_pad_template_new("sink", GST_PAD_SINK, GST_PAD_ALWAYS, caps));
   gst_caps_unref(caps);
   gst_element_class_set_static_metadata(
       element_class, "Latent file sink", "Sink/File",

@@ -57,8 +57,8 @@ struct _GstLatentSrc {
 G_DEFINE_TYPE(GstLatentSrc, gst_latent_src, GST_TYPE_PUSH_SRC);
 GST_ELEMENT_REGISTER_DEFINE(latentsrc, "latentsrc", GST_RANK_NONE, GST_TYPE_LATENT_SRC);
 
-static GstStaticPadTemplate src_template =
-    GST_STATIC_PAD_TEMPLATE("src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
+static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_LATENT_CAPS_TEMPLATE));
 
 namespace {
 
@@ -112,10 +112,12 @@ static void gst_latent_src_get_property(GObject* object, guint prop_id, GValue* 
       g_value_set_string(value, self->location->c_str());
       break;
     case PROP_MODEL:
-      g_value_set_string(value, self->state->file ? self->state->file->info.model.c_str() : nullptr);
+      g_value_set_string(value,
+                         self->state->file ? self->state->file->info.model.c_str() : nullptr);
       break;
     case PROP_SOURCE:
-      g_value_set_string(value, self->state->file ? self->state->file->info.source.c_str() : nullptr);
+      g_value_set_string(value,
+                         self->state->file ? self->state->file->info.source.c_str() : nullptr);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, prop_id, pspec);
@@ -159,8 +161,7 @@ static gboolean gst_latent_src_start(GstBaseSrc* src) {
   auto* st = new State();
   st->file = std::make_shared<latent::LatentFile>(std::move(*file));
   st->caps = caps;
-  if (i.fps_n > 0)
-    st->frame_duration = gst_util_uint64_scale_int(GST_SECOND, i.fps_d, i.fps_n);
+  if (i.fps_n > 0) st->frame_duration = gst_util_uint64_scale_int(GST_SECOND, i.fps_d, i.fps_n);
   GST_INFO_OBJECT(self, "%s: %" G_GINT64_FORMAT " latent frames, %" GST_PTR_FORMAT,
                   location.c_str(), st->file->frames(), caps);
   std::lock_guard<std::mutex> g(*self->lock);
@@ -264,9 +265,9 @@ static GstFlowReturn gst_latent_src_create(GstPushSrc* push, GstBuffer** out) {
 
   const size_t bytes = st.file->frame_bytes();
   auto* ref = new MappingRef{st.file};
-  GstBuffer* buf = gst_buffer_new_wrapped_full(
-      GST_MEMORY_FLAG_READONLY, const_cast<uint8_t*>(st.file->frame_data(i)), bytes, 0, bytes,
-      ref, release_mapping);
+  GstBuffer* buf = gst_buffer_new_wrapped_full(GST_MEMORY_FLAG_READONLY,
+                                               const_cast<uint8_t*>(st.file->frame_data(i)), bytes,
+                                               0, bytes, ref, release_mapping);
   GST_BUFFER_PTS(buf) = pts;
   GST_BUFFER_DURATION(buf) = frame_duration(st, i);
   const latent::LatentFileInfo& info = st.file->info;
@@ -311,8 +312,8 @@ static void gst_latent_src_class_init(GstLatentSrcClass* klass) {
                           nullptr, ro));
   g_object_class_install_property(
       gobject_class, PROP_SOURCE,
-      g_param_spec_string("source", "Source", "The source the open file records (null while stopped)",
-                          nullptr, ro));
+      g_param_spec_string("source", "Source",
+                          "The source the open file records (null while stopped)", nullptr, ro));
   gst_element_class_add_static_pad_template(element_class, &src_template);
   gst_element_class_set_static_metadata(
       element_class, "Latent file source", "Source/File",

@@ -40,8 +40,8 @@ int inspect_latent_file(const std::string& path) {
               i.size_policy.c_str());
   std::printf("frame rate:    %d/%d\n", i.fps_n, i.fps_d);
   if (i.video_mode())
-    std::printf("mode:          video, %d frames per latent frame, %lld frames\n", i.temporal_factor,
-                static_cast<long long>(i.frame_count));
+    std::printf("mode:          video, %d frames per latent frame, %lld frames\n",
+                i.temporal_factor, static_cast<long long>(i.frame_count));
   else
     std::printf("mode:          image, %lld frames\n", static_cast<long long>(i.frame_count));
   std::printf("source:        %s\n", i.source.empty() ? "unknown" : i.source.c_str());
@@ -63,8 +63,9 @@ latent::Result<latent::Tensor> latent_file_images(const latent::SafetensorsFile&
   auto info = latent::parse_latent_file_metadata(file.metadata(), file.path());
   if (!info.ok()) return info.status();
   if (info->video_mode())
-    return latent::Status::errorf(file.path(), " holds video-mode latents (", info->temporal_factor,
-                                  " frames per latent frame): decode them with "
-                                  "`latentsrc location=FILE ! vaedecode` (pipelines/decode_latents.sh)");
+    return latent::Status::errorf(
+        file.path(), " holds video-mode latents (", info->temporal_factor,
+        " frames per latent frame): decode them with "
+        "`latentsrc location=FILE ! vaedecode` (pipelines/decode_latents.sh)");
   return file.tensor(latent::kLatentFileTensor);
 }

@@ -102,21 +102,25 @@ Result<LatentFileInfo> parse_latent_file_metadata(const std::map<std::string, st
                                                   const std::string& what) {
   auto version = meta.find("gst_latent_version");
   if (version == meta.end())
-    return Status::errorf(what, " is not a latent file written by latentsink (no 'gst_latent_version' in its __metadata__)");
+    return Status::errorf(what,
+                          " is not a latent file written by latentsink (no 'gst_latent_version' in "
+                          "its __metadata__)");
   if (version->second != kLatentFileVersion)
     return Status::errorf(what, " is a latent file of version ", version->second,
                           "; this build reads version ", kLatentFileVersion);
   LatentFileInfo info;
   int64_t v = 0;
   LATENT_TRY(parse_string(meta, "latent_space", what, true, &info.latent_space));
-  if (info.latent_space.empty()) return Status::errorf(what, ": __metadata__ 'latent_space' is empty");
+  if (info.latent_space.empty())
+    return Status::errorf(what, ": __metadata__ 'latent_space' is empty");
   LATENT_TRY(parse_string(meta, "model", what, false, &info.model));
   LATENT_TRY(parse_string(meta, "model_config_sha256", what, false, &info.model_config_sha256));
   LATENT_TRY(parse_string(meta, "source", what, false, &info.source));
   std::string dtype;
   LATENT_TRY(parse_string(meta, "dtype", what, true, &dtype));
   auto dt = parse_dtype(dtype);
-  if (!dt.ok()) return Status::errorf(what, ": __metadata__ 'dtype' is '", dtype, "' (fp32, bf16 or fp16)");
+  if (!dt.ok())
+    return Status::errorf(what, ": __metadata__ 'dtype' is '", dtype, "' (fp32, bf16 or fp16)");
   info.dtype = *dt;
   constexpr int64_t kSide = 16384;
   LATENT_TRY(parse_int(meta, "channels", what, 1, 1024, &v));
@@ -183,8 +187,8 @@ Result<LatentFile> open_latent_file(const std::string& path) {
   if (!rec) {
     std::string names;
     for (const auto& r : out.file->records()) names += (names.empty() ? "" : ", ") + r.name;
-    return Status::errorf(path, " has no tensor '", kLatentFileTensor, "' (it holds: ",
-                          names.empty() ? "nothing" : names, ")");
+    return Status::errorf(path, " has no tensor '", kLatentFileTensor,
+                          "' (it holds: ", names.empty() ? "nothing" : names, ")");
   }
   auto t = out.file->tensor(kLatentFileTensor);
   if (!t.ok()) return t.status();

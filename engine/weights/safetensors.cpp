@@ -537,7 +537,8 @@ Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create
       return Status::errorf("writing ", path, ": invalid frame shape ", shape_str(frame_shape));
     numel *= d;
     if (numel > (int64_t(1) << 40))
-      return Status::errorf("writing ", path, ": frame shape ", shape_str(frame_shape), " is too large");
+      return Status::errorf("writing ", path, ": frame shape ", shape_str(frame_shape),
+                            " is too large");
   }
   std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
   w->path_ = path;
@@ -548,8 +549,7 @@ Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create
   w->frame_bytes_ = static_cast<size_t>(numel) * dtype_size(dtype);
   w->options_ = options;
   w->fd_ = ::open(w->partial_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w->fd_ < 0)
-    return Status::errorf("cannot create ", w->partial_, ": ", errno_text(errno));
+  if (w->fd_ < 0) return Status::errorf("cannot create ", w->partial_, ": ", errno_text(errno));
   return w;
 }
 
@@ -571,7 +571,8 @@ Status SafetensorsStreamWriter::append(const void* data, size_t bytes) {
   if (fd_ < 0) return Status::errorf("writing ", path_, ": the file is already closed");
   if (bytes != frame_bytes_)
     return Status::errorf("writing ", path_, ": a frame of ", bytes, " bytes, expected ",
-                          frame_bytes_, " (", shape_str(frame_shape_), " ", dtype_name(dtype_), ")");
+                          frame_bytes_, " (", shape_str(frame_shape_), " ", dtype_name(dtype_),
+                          ")");
   const uint64_t at = options_.header_reserve + static_cast<uint64_t>(frames_) * frame_bytes_;
   if (!pwrite_all(fd_, data, bytes, at)) {
     const int err = errno;
@@ -609,8 +610,8 @@ Status SafetensorsStreamWriter::finish(const std::map<std::string, std::string>&
     data_start = reserve;
   } else if (!move_range(fd_, reserve, exact, data_bytes)) {
     const int err = errno;
-    return fail(Status::errorf("writing ", partial_, " (moving the data after the header): ",
-                               errno_text(err)));
+    return fail(Status::errorf("writing ", partial_,
+                               " (moving the data after the header): ", errno_text(err)));
   }
   if (::ftruncate(fd_, static_cast<off_t>(data_start + data_bytes)) != 0) {
     const int err = errno;

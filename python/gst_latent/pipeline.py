@@ -72,8 +72,11 @@ class ClipEncoder:
     """Encodes clips to latent files, one after another, with one loaded model."""
 
     def __init__(self, model: str = "", device: str = "auto", dtype: str = "",
-                 clip_timeout: float = 0.0, extra_encoder_props: dict | None = None):
-        """`extra_encoder_props`: more vaeencode properties, values as gst-launch strings."""
+                 clip_timeout: float = 0.0, extra_encoder_props: dict | None = None,
+                 latent_caps: str = ""):
+        """`extra_encoder_props`: more vaeencode properties, values as gst-launch strings;
+        `latent_caps`: caps between vaeencode and latentsink (e.g. "application/x-latent" for
+        system memory; empty: what they negotiate, CUDA memory on a GPU)."""
         Gst = gst()
         self.timeout = clip_timeout
         props = {"model": model, "device": device}
@@ -101,8 +104,14 @@ class ClipEncoder:
         self._sink = self._make("latentsink", "sink", {"model": model or "default"})
         for el in (self._src, self._decode, self._convert, self._encode, self._sink):
             self._pipeline.add(el)
-        if not (self._src.link(self._decode) and self._convert.link(self._encode)
-                and self._encode.link(self._sink)):
+        if latent_caps:
+            caps = Gst.Caps.from_string(latent_caps)
+            if caps is None:
+                raise PipelineError(f"invalid latent caps '{latent_caps}'")
+            linked = self._encode.link_filtered(self._sink, caps)
+        else:
+            linked = self._encode.link(self._sink)
+        if not (linked and self._src.link(self._decode) and self._convert.link(self._encode)):
             raise PipelineError("cannot link filesrc ! decodebin, videoconvert ! vaeencode ! latentsink")
         self._decode.connect("pad-added", self._on_pad_added)
 

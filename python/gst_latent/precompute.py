@@ -85,7 +85,8 @@ class Worker:
         self.options = options
         self.encoder = ClipEncoder(model=options["model"], device=options["device"],
                                    dtype=options["dtype"], clip_timeout=options["clip_timeout"],
-                                   extra_encoder_props=options.get("encoder_props"))
+                                   extra_encoder_props=options.get("encoder_props"),
+                                   latent_caps=options.get("latent_caps", ""))
 
     def process(self, rel: str, clip: str) -> dict:
         from gst_latent.pipeline import ClipResult
@@ -219,6 +220,9 @@ def parse_args(argv=None):
     p.add_argument("--encoder-prop", action="append", default=[], metavar="NAME=VALUE",
                    help="another vaeencode property, as in gst-launch (repeatable), e.g. "
                         "prefetch-depth=4")
+    p.add_argument("--latent-caps", default="", metavar="CAPS",
+                   help="caps between vaeencode and latentsink, e.g. application/x-latent to take "
+                        "latents in system memory on a GPU (default: as negotiated)")
     p.add_argument("--resume", action="store_true", help="skip inputs whose output is complete")
     p.add_argument("--clip-timeout", type=float, default=3600.0,
                    help="seconds before a clip counts as failed (0: no limit)")
@@ -259,7 +263,8 @@ def main(argv=None) -> int:
     skipped = len(inputs) - len(todo)
     options = {"model": args.model, "device": args.device, "dtype": args.dtype,
                "clip_timeout": args.clip_timeout, "output": output,
-               "encoder_props": dict(p.split("=", 1) for p in args.encoder_prop)}
+               "encoder_props": dict(p.split("=", 1) for p in args.encoder_prop),
+               "latent_caps": args.latent_caps}
 
     from tqdm import tqdm
 

@@ -42,7 +42,8 @@ GstCaps* latent_caps(int temporal_factor, const char* format = "bf16") {
 constexpr size_t kFrameBytes = 4 * 3 * 5 * 2;  // bf16 [4, 3, 5]
 constexpr GstClockTime kFrame = GST_SECOND / 25;
 
-GstBuffer* frame_buffer(int index, GstClockTime pts, GstClockTime dur, guint64 off, guint64 off_end) {
+GstBuffer* frame_buffer(int index, GstClockTime pts, GstClockTime dur, guint64 off,
+                        guint64 off_end) {
   GstBuffer* b = gst_buffer_new_allocate(nullptr, kFrameBytes, nullptr);
   GstMapInfo map;
   gst_buffer_map(b, &map, GST_MAP_WRITE);
@@ -146,7 +147,8 @@ TEST(LatentSink, WritesTheTensorAndTheMetadata) {
   EXPECT_EQ(info.model, taesd_model());
   EXPECT_EQ(info.model_config_sha256.size(), 64u);
   EXPECT_EQ(info.pts, (std::vector<int64_t>{0, int64_t(4 * kFrame), int64_t(8 * kFrame)}));
-  EXPECT_EQ(info.durations, (std::vector<int64_t>{int64_t(4 * kFrame), int64_t(4 * kFrame), int64_t(2 * kFrame)}));
+  EXPECT_EQ(info.durations,
+            (std::vector<int64_t>{int64_t(4 * kFrame), int64_t(4 * kFrame), int64_t(2 * kFrame)}));
   EXPECT_EQ(info.offsets, (std::vector<int64_t>{0, 4, 8}));
   EXPECT_EQ(info.offset_ends, (std::vector<int64_t>{4, 8, 10}));
   EXPECT_EQ(f->file->metadata().at("video_mode"), "true");
@@ -240,7 +242,8 @@ TEST(LatentSrc, PushesTheRecordedFramesWithCapsAndTimes) {
     EXPECT_EQ(gst_buffer_get_size(b), kFrameBytes);
     GstMapInfo map;
     gst_buffer_map(b, &map, GST_MAP_READ);
-    for (size_t k = 0; k < kFrameBytes; ++k) ASSERT_EQ(map.data[k], static_cast<uint8_t>(i * 31 + k));
+    for (size_t k = 0; k < kFrameBytes; ++k)
+      ASSERT_EQ(map.data[k], static_cast<uint8_t>(i * 31 + k));
     gst_buffer_unmap(b, &map);
     EXPECT_EQ(GST_BUFFER_PTS(b), GstClockTime(4 * i) * kFrame);
     EXPECT_EQ(GST_BUFFER_DURATION(b), durs[i]);
@@ -279,7 +282,8 @@ TEST(LatentSrc, SeeksToTheLatentFrameCoveringThePosition) {
   ASSERT_NE(pipeline, nullptr) << (error ? error->message : "");
   GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
   ASSERT_EQ(gst_element_set_state(pipeline, GST_STATE_PAUSED), GST_STATE_CHANGE_ASYNC);
-  ASSERT_EQ(gst_element_get_state(pipeline, nullptr, nullptr, 10 * GST_SECOND), GST_STATE_CHANGE_SUCCESS);
+  ASSERT_EQ(gst_element_get_state(pipeline, nullptr, nullptr, 10 * GST_SECOND),
+            GST_STATE_CHANGE_SUCCESS);
   // 5 frames in lies in the second latent frame [4, 8).
   ASSERT_TRUE(gst_element_seek_simple(pipeline, GST_FORMAT_TIME,
                                       static_cast<GstSeekFlags>(GST_SEEK_FLAG_FLUSH), 5 * kFrame));
@@ -304,10 +308,11 @@ TEST(LatentSrc, StopsAtTheSegmentStop) {
   ASSERT_NE(pipeline, nullptr);
   GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
   gst_element_set_state(pipeline, GST_STATE_PAUSED);
-  ASSERT_EQ(gst_element_get_state(pipeline, nullptr, nullptr, 10 * GST_SECOND), GST_STATE_CHANGE_SUCCESS);
+  ASSERT_EQ(gst_element_get_state(pipeline, nullptr, nullptr, 10 * GST_SECOND),
+            GST_STATE_CHANGE_SUCCESS);
   // [0, 5 frames): the latent frames starting before the stop, [0,4) and [4,8).
-  ASSERT_TRUE(gst_element_seek(pipeline, 1.0, GST_FORMAT_TIME, GST_SEEK_FLAG_FLUSH, GST_SEEK_TYPE_SET, 0,
-                               GST_SEEK_TYPE_SET, 5 * kFrame));
+  ASSERT_TRUE(gst_element_seek(pipeline, 1.0, GST_FORMAT_TIME, GST_SEEK_FLAG_FLUSH,
+                               GST_SEEK_TYPE_SET, 0, GST_SEEK_TYPE_SET, 5 * kFrame));
   gst_element_get_state(pipeline, nullptr, nullptr, 10 * GST_SECOND);
   gst_element_set_state(pipeline, GST_STATE_PLAYING);
   std::vector<guint64> offsets;
@@ -317,8 +322,8 @@ TEST(LatentSrc, StopsAtTheSegmentStop) {
   }
   EXPECT_EQ(offsets, (std::vector<guint64>{0, 4}));
   // Reverse playback is refused.
-  EXPECT_FALSE(gst_element_seek(pipeline, -1.0, GST_FORMAT_TIME, GST_SEEK_FLAG_FLUSH, GST_SEEK_TYPE_SET, 0,
-                                GST_SEEK_TYPE_SET, 5 * kFrame));
+  EXPECT_FALSE(gst_element_seek(pipeline, -1.0, GST_FORMAT_TIME, GST_SEEK_FLAG_FLUSH,
+                                GST_SEEK_TYPE_SET, 0, GST_SEEK_TYPE_SET, 5 * kFrame));
   gst_element_set_state(pipeline, GST_STATE_NULL);
   gst_object_unref(sink);
   gst_object_unref(pipeline);
@@ -328,10 +333,8 @@ TEST(LatentSrc, StopsAtTheSegmentStop) {
 TEST(LatentSrc, LatentsrcToLatentsinkCopiesTheFileExactlyAcrossStateCycles) {
   const std::string a = tmp("copy_a.safetensors"), b = tmp("copy_b.safetensors");
   write_video_clip(a);
-  GstElement* pipeline = gst_parse_launch(("latentsrc location=\"" + a + "\" ! latentsink location=\"" + b +
-                                           "\"")
-                                              .c_str(),
-                                          nullptr);
+  GstElement* pipeline = gst_parse_launch(
+      ("latentsrc location=\"" + a + "\" ! latentsink location=\"" + b + "\"").c_str(), nullptr);
   ASSERT_NE(pipeline, nullptr);
   auto slurp = [](const std::string& p) {
     std::ifstream in(p, std::ios::binary);
@@ -343,8 +346,8 @@ TEST(LatentSrc, LatentsrcToLatentsinkCopiesTheFileExactlyAcrossStateCycles) {
     std::remove(b.c_str());
     ASSERT_NE(gst_element_set_state(pipeline, GST_STATE_PLAYING), GST_STATE_CHANGE_FAILURE);
     GstBus* bus = gst_element_get_bus(pipeline);
-    GstMessage* m = gst_bus_timed_pop_filtered(bus, 30 * GST_SECOND,
-                                               static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+    GstMessage* m = gst_bus_timed_pop_filtered(
+        bus, 30 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
     ASSERT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) << "round " << round;
     gst_message_unref(m);
     gst_object_unref(bus);
@@ -370,9 +373,12 @@ TEST(LatentSrc, BadFilesAreErrorsNamingTheFileAndTheProblem) {
   EXPECT_TRUE(contains(err, truncated) && contains(err, "past the end")) << err;
 
   const std::string foreign = tmp("foreign.safetensors");
-  ASSERT_TRUE(latent::write_safetensors(foreign, {{"x", latent::Tensor::from_floats({2}, {1.f, 2.f})}}).ok());
+  ASSERT_TRUE(
+      latent::write_safetensors(foreign, {{"x", latent::Tensor::from_floats({2}, {1.f, 2.f})}})
+          .ok());
   err = src_error(foreign);
-  EXPECT_TRUE(contains(err, foreign) && contains(err, "not a latent file written by latentsink")) << err;
+  EXPECT_TRUE(contains(err, foreign) && contains(err, "not a latent file written by latentsink"))
+      << err;
 
   err = src_error(tmp("missing.safetensors"));
   EXPECT_TRUE(contains(err, "missing.safetensors")) << err;
@@ -401,8 +407,8 @@ std::vector<std::vector<uint8_t>> frames_of(const std::string& line) {
     gst_sample_unref(s);
   }
   GstBus* bus = gst_element_get_bus(pipeline);
-  GstMessage* m = gst_bus_timed_pop_filtered(bus, 60 * GST_SECOND,
-                                             static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  GstMessage* m = gst_bus_timed_pop_filtered(
+      bus, 60 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
   EXPECT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) << line;
   if (m) gst_message_unref(m);
   gst_object_unref(bus);
@@ -416,9 +422,11 @@ TEST(LatentFile, LatentsrcVaedecodeReproducesVaeencodeVaedecode) {
   const std::string model = taesd_model();
   const std::string path = tmp("through.safetensors");
   const std::string src =
-      "videotestsrc num-buffers=4 pattern=ball ! video/x-raw,format=RGB,width=60,height=44,framerate=25/1 ! ";
+      "videotestsrc num-buffers=4 pattern=ball ! "
+      "video/x-raw,format=RGB,width=60,height=44,framerate=25/1 ! ";
   const std::string enc = "vaeencode model=\"" + model + "\" dtype=fp32 ! ";
-  const std::string dec = "vaedecode model=\"" + model + "\" ! video/x-raw,format=RGB ! appsink name=sink sync=false";
+  const std::string dec =
+      "vaedecode model=\"" + model + "\" ! video/x-raw,format=RGB ! appsink name=sink sync=false";
   const auto direct = frames_of(src + enc + dec);
   ASSERT_EQ(direct.size(), 4u);
   // Written through latentsink (an appsink-free pipeline), then played back.
@@ -427,8 +435,8 @@ TEST(LatentFile, LatentsrcVaedecodeReproducesVaeencodeVaedecode) {
   ASSERT_NE(p, nullptr);
   gst_element_set_state(p, GST_STATE_PLAYING);
   GstBus* bus = gst_element_get_bus(p);
-  GstMessage* m = gst_bus_timed_pop_filtered(bus, 60 * GST_SECOND,
-                                             static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  GstMessage* m = gst_bus_timed_pop_filtered(
+      bus, 60 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
   ASSERT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS);
   gst_message_unref(m);
   gst_object_unref(bus);

@@ -38,7 +38,8 @@ std::vector<float> frame_values(int n, int seed) {
 }
 
 // Writes `frames` frames of [2, 3, 5] fp32 with `meta`; returns the finish() status.
-Status write_frames(const std::string& path, int frames, const std::map<std::string, std::string>& meta,
+Status write_frames(const std::string& path, int frames,
+                    const std::map<std::string, std::string>& meta,
                     SafetensorsStreamWriter::Options opt = {}) {
   auto w = SafetensorsStreamWriter::create(path, "latents", DType::kF32, {2, 3, 5}, opt);
   if (!w.ok()) return w.status();
@@ -54,7 +55,8 @@ Status write_frames(const std::string& path, int frames, const std::map<std::str
   return s;
 }
 
-void expect_content(const std::string& path, int frames, const std::map<std::string, std::string>& meta) {
+void expect_content(const std::string& path, int frames,
+                    const std::map<std::string, std::string>& meta) {
   auto f = SafetensorsFile::open(path);
   ASSERT_TRUE(f.ok()) << f.status().message();
   auto t = (*f)->tensor("latents");
@@ -146,8 +148,8 @@ TEST(SafetensorsStreamWriter, BadInputIsAnError) {
 
   EXPECT_FALSE(SafetensorsStreamWriter::create(path, "__metadata__", DType::kF32, {1}).ok());
   EXPECT_FALSE(SafetensorsStreamWriter::create(path, "x", DType::kF32, {0, 3}).ok());
-  auto nodir = SafetensorsStreamWriter::create(tmp_path("no/such/dir/x.safetensors"), "x",
-                                               DType::kF32, {1});
+  auto nodir =
+      SafetensorsStreamWriter::create(tmp_path("no/such/dir/x.safetensors"), "x", DType::kF32, {1});
   ASSERT_FALSE(nodir.ok());
   EXPECT_NE(nodir.status().message().find("no/such/dir/x.safetensors.partial"), std::string::npos)
       << nodir.status().message();
