@@ -141,6 +141,13 @@ struct NetState {
   }
 };
 
+// taehv.py's Clamp: torch.tanh(x / 3) * 3 (0 stays 0).
+Result<Tensor> soft_clamp(Backend& be, const Tensor& in) {
+  LATENT_ASSIGN_OR_RETURN(Tensor x, be.affine(in, 1.f / 3.f, 0.f));
+  LATENT_ASSIGN_OR_RETURN(x, be.activation(x, Activation::kTanh));
+  return be.affine(x, 3.f, 0.f);
+}
+
 // Feeds frame x: [N, C, H, W] into layer i of `net`; the frames that leave the last layer are
 // appended to *out (none while a pool waits for frames, several after a grow).
 Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
@@ -152,10 +159,8 @@ Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
         LATENT_ASSIGN_OR_RETURN(x, l.conv(be, x, Tensor(), l.act));
         break;
       }
-      case Kind::kClamp: {  // torch.tanh(x / 3) * 3
-        LATENT_ASSIGN_OR_RETURN(x, be.affine(x, 1.f / 3.f, 0.f));
-        LATENT_ASSIGN_OR_RETURN(x, be.activation(x, Activation::kTanh));
-        LATENT_ASSIGN_OR_RETURN(x, be.affine(x, 3.f, 0.f));
+      case Kind::kClamp: {
+        LATENT_ASSIGN_OR_RETURN(x, soft_clamp(be, x));
         break;
       }
       case Kind::kMemBlock: {
@@ -203,21 +208,37 @@ struct FrameIo {
   Backend& be;
   Layout layout;  // what upload() makes of a 4-D tensor
 
-  // clip: [N, C, T, H, W] -> frame t: [N, C, H, W] in the image layout
-  Result<Tensor> frame(const Tensor& clip, int64_t t) const {
+  // clip: [N, C, T, H, W] -> frame t: [N, C, H, W] in the image layout. An odd H or W comes
+  // back one larger, padded with zeros at the bottom / right (*pad_bottom, *pad_right: 0 or 1),
+  // which a following 3x3 convolution with that much less padding there reads as its own
+  // zero padding: pack_latents / unpack_latents (the device-side permutation) take even sides.
+  // `zeros` caches the padding rows of the clip's shape.
+  Result<Tensor> frame(const Tensor& clip, int64_t t, int* pad_bottom, int* pad_right,
+                       std::vector<Tensor>* zeros) const {
     const Shape& s = clip.shape();
+    *pad_bottom = static_cast<int>(s[3] % 2);
+    *pad_right = static_cast<int>(s[4] % 2);
     LATENT_ASSIGN_OR_RETURN(Tensor f, be.slice(clip, 2, t, 1));  // [N, C, 1, H, W]
-    if (layout == Layout::kContiguous) return f.reshape({s[0], s[1], s[3], s[4]});
-    if (s[3] % 2 == 0 && s[4] % 2 == 0) {
-      // pack_latents reads [N, C, 1, H, W] row-major, unpack_latents writes the image layout;
-      // together a pure permutation.
-      LATENT_ASSIGN_OR_RETURN(Tensor tokens, be.pack_latents(f));
-      return be.unpack_latents(tokens, s[3], s[4]);
+    if (!*pad_bottom && !*pad_right && layout == Layout::kContiguous)
+      return f.reshape({s[0], s[1], s[3], s[4]});
+    const int64_t h = s[3] + *pad_bottom, w = s[4] + *pad_right;
+    if (zeros->empty()) {
+      // [N, C, 1, 1, W] below, then [N, C, 1, H + 1, 1] on the right.
+      for (const Shape& z : {Shape{s[0], s[1], 1, 1, s[4]}, Shape{s[0], s[1], 1, h, 1}}) {
+        LATENT_ASSIGN_OR_RETURN(Tensor zt, be.upload(Tensor::zeros(z, DType::kF32)));
+        zeros->push_back(std::move(zt));
+      }
     }
-    // Odd sizes (latents of e.g. 1080-row frames): through the host.
-    LATENT_ASSIGN_OR_RETURN(Tensor host, be.download(f));
-    LATENT_ASSIGN_OR_RETURN(host, host.reshape({s[0], s[1], s[3], s[4]}));
-    return be.upload(host);
+    if (*pad_bottom) {
+      LATENT_ASSIGN_OR_RETURN(f, be.concat({f, (*zeros)[0]}, 3));
+    }
+    if (*pad_right) {
+      LATENT_ASSIGN_OR_RETURN(f, be.concat({f, (*zeros)[1]}, 4));
+    }
+    // pack_latents reads [N, C, 1, h, w] row-major, unpack_latents writes the image layout;
+    // together a pure permutation.
+    LATENT_ASSIGN_OR_RETURN(Tensor tokens, be.pack_latents(f));
+    return be.unpack_latents(tokens, h, w);
   }
 
   // frames: T x [N, C, H, W] in the image layout -> [N, C, T, H, W] row-major
@@ -455,6 +476,7 @@ class TaehvStream final : public VaeStream {
   int64_t trimmed_ = 0;  // decoder: raw frames dropped at the clip's start so far
   Shape first_;          // the first push's shape (N, H, W must stay)
   Tensor last_frame_;    // encoder: the last input frame (in [0, 1]), repeated by finish()
+  std::vector<Tensor> zeros_;  // FrameIo::frame's padding of odd sides, for this clip's shape
 };
 
 class TaehvModel final : public VaeModel {
@@ -537,6 +559,7 @@ void TaehvStream::reset() {
   trimmed_ = 0;
   first_.clear();
   last_frame_ = Tensor();
+  zeros_.clear();
 }
 
 Result<Tensor> TaehvStream::push(const Tensor& x) {
@@ -569,15 +592,29 @@ Result<Tensor> TaehvStream::push(const Tensor& x) {
   if (encoder_) {
     LATENT_ASSIGN_OR_RETURN(Tensor in, be.affine(x, 0.5f, 0.5f));  // [-1, 1] -> taehv's [0, 1]
     for (int64_t t = 0; t < x.dim(2); ++t) {
-      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(in, t));
+      int pad_b = 0, pad_r = 0;  // frame sides are multiples of 8: never padded
+      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(in, t, &pad_b, &pad_r, &zeros_));
       LATENT_TRY(encode_frame(frame, &out));
     }
   } else {
     const int64_t trim = cfg.temporal_upscale() - 1;  // taehv.py's frames_to_trim
     for (int64_t t = 0; t < x.dim(2); ++t) {
-      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(x, t));
+      int pad_b = 0, pad_r = 0;
+      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(x, t, &pad_b, &pad_r, &zeros_));
       std::vector<Tensor> raw;
-      LATENT_TRY(run_frame(be, *model_.decoder_, state_, frame, 0, &raw));
+      const Net& net = *model_.decoder_;
+      if (pad_b || pad_r) {
+        // Layers 0 (Clamp) and 1 (the 3x3 conv) read the zero row / column as the conv's padding.
+        LATENT_ASSIGN_OR_RETURN(Tensor y, soft_clamp(be, frame));
+        const Layer& first = net.layers[1];
+        Conv c = first.conv;
+        c.p.pad_bottom -= pad_b;
+        c.p.pad_right -= pad_r;
+        LATENT_ASSIGN_OR_RETURN(y, c(be, y, Tensor(), first.act));
+        LATENT_TRY(run_frame(be, net, state_, std::move(y), 2, &raw));
+      } else {
+        LATENT_TRY(run_frame(be, net, state_, frame, 0, &raw));
+      }
       ++seen_;
       for (Tensor& r : raw) {
         if (trimmed_ < trim) {
