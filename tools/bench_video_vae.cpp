@@ -92,7 +92,8 @@ int run(const Args& a) {
   const bool enc = a.part == "encoder";
   const int f = m.downsample(), tf = m.temporal_factor();
   if (a.width % f || a.height % f) {
-    std::fprintf(stderr, "latent-bench-video: %dx%d is not a multiple of %d\n", a.width, a.height, f);
+    std::fprintf(stderr, "latent-bench-video: %dx%d is not a multiple of %d\n", a.width, a.height,
+                 f);
     return 1;
   }
   const Shape shape = enc ? Shape{1, 3, 1, a.height, a.width}
@@ -122,13 +123,13 @@ int run(const Args& a) {
               static_cast<long long>(video_frames), r->seconds, fps,
               peak < 0 ? "not tracked" : (std::to_string(peak / 1048576) + " MiB").c_str());
   if (a.json)
-    std::printf("{\"model\": \"%s\", \"variant\": \"%s\", \"part\": \"%s\", \"device\": \"%s\", "
-                "\"dtype\": \"%s\", \"width\": %d, \"height\": %d, \"frames\": %lld, "
-                "\"pushes\": %d, \"seconds\": %.6f, \"fps\": %.3f, \"peak_bytes\": %lld}\n",
-                a.model.c_str(), m.info().variant.c_str(), a.part.c_str(), be.name().c_str(),
-                dtype_name(be.compute_dtype()), a.width, a.height,
-                static_cast<long long>(video_frames), count, r->seconds, fps,
-                static_cast<long long>(peak));
+    std::printf(
+        "{\"model\": \"%s\", \"variant\": \"%s\", \"part\": \"%s\", \"device\": \"%s\", "
+        "\"dtype\": \"%s\", \"width\": %d, \"height\": %d, \"frames\": %lld, "
+        "\"pushes\": %d, \"seconds\": %.6f, \"fps\": %.3f, \"peak_bytes\": %lld}\n",
+        a.model.c_str(), m.info().variant.c_str(), a.part.c_str(), be.name().c_str(),
+        dtype_name(be.compute_dtype()), a.width, a.height, static_cast<long long>(video_frames),
+        count, r->seconds, fps, static_cast<long long>(peak));
   return 0;
 }
 

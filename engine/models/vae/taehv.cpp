@@ -48,7 +48,9 @@ std::string lower_file_name(const std::string& path) {
   return base;
 }
 
-bool contains(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
+bool contains(const std::string& s, const char* needle) {
+  return s.find(needle) != std::string::npos;
+}
 
 // ---- Host-side weight surgery (fp32 host tensors from WeightBinder::take_host) --------------
 
@@ -122,7 +124,7 @@ struct Layer {
   int index = 0;  // taehv.py's Sequential index, for messages
   Conv conv;      // kConv
   Activation act = Activation::kNone;
-  MemBlock mem;                // kMemBlock
+  MemBlock mem;                 // kMemBlock
   std::vector<Conv> per_frame;  // kPool: the weight over input frame i; kGrow: output frame i
 };
 
@@ -279,8 +281,8 @@ struct FrameIo {
     if (layout == Layout::kNHWC && p == 2) {
       // Channels-last [N, h, w, 4C] is unpack_latents' token form [N, h*w, 4C] with the 2x2
       // patch channels-major (c, dy, dx): pixel_shuffle's order.
-      Tensor tokens = Tensor::from_storage(x.storage(), x.byte_offset(), {n, h * w, cp},
-                                           x.dtype(), Layout::kContiguous);
+      Tensor tokens = Tensor::from_storage(x.storage(), x.byte_offset(), {n, h * w, cp}, x.dtype(),
+                                           Layout::kContiguous);
       return be.unpack_latents(tokens, 2 * h, 2 * w);
     }
     LATENT_ASSIGN_OR_RETURN(Tensor host, be.download(x));  // [N, C*p*p, h, w] fp32
@@ -332,7 +334,8 @@ MemBlock load_memblock(WeightBinder& b, Backend& be, const std::string& name, in
   }
   m.conv2 = take_conv(b, name + ".conv.2", cout, cout, 3, true, Conv2dParams::same(3));
   m.conv4 = take_conv(b, name + ".conv.4", cout, cout, 3, true, Conv2dParams::same(3));
-  if (cin != cout) m.skip = take_conv(b, name + ".skip", cout, cin, 1, false, Conv2dParams::same(1));
+  if (cin != cout)
+    m.skip = take_conv(b, name + ".skip", cout, cin, 1, false, Conv2dParams::same(1));
   return m;
 }
 
@@ -389,8 +392,8 @@ Net load_encoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
         pool.per_frame.push_back(
             upload_conv(be, host_slice(pw, 1, i * w, w), Conv2dParams::same(1), Tensor(), st));
     net.layers.push_back(std::move(pool));
-    net.layers.push_back(conv_layer(
-        base + 1, take_conv(b, key("encoder", base + 1, ""), w, w, 3, false, Conv2dParams::same(3, 2))));
+    net.layers.push_back(conv_layer(base + 1, take_conv(b, key("encoder", base + 1, ""), w, w, 3,
+                                                        false, Conv2dParams::same(3, 2))));
     for (int k = 2; k < 5; ++k)
       net.layers.push_back(
           mem_layer(base + k, load_memblock(b, be, key("encoder", base + k, ""), w, w, st)));
@@ -437,11 +440,10 @@ Net load_decoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
     net.layers.push_back(std::move(grow));
     net.layers.push_back(simple_layer(base + 3, Kind::kUpsample));
     // The stage's closing conv (no bias); after the last one, 21: ReLU.
-    net.layers.push_back(
-        conv_layer(base + 5,
-                   take_conv(b, key("decoder", base + 5, ""), n[j + 1], c, 3, false,
-                             Conv2dParams::same(3)),
-                   j == 2 ? Activation::kReLU : Activation::kNone));
+    net.layers.push_back(conv_layer(
+        base + 5,
+        take_conv(b, key("decoder", base + 5, ""), n[j + 1], c, 3, false, Conv2dParams::same(3)),
+        j == 2 ? Activation::kReLU : Activation::kNone));
   }
   const int64_t out = cfg.image_channels * cfg.patch_size * cfg.patch_size;
   net.layers.push_back(
@@ -460,9 +462,7 @@ class TaehvStream final : public VaeStream {
   Result<Tensor> push(const Tensor& x) override;
   Result<Tensor> finish(int* padded_frames) override;
   void reset() override;
-  int frames_buffered() const override {
-    return encoder_ ? static_cast<int>(seen_ % factor_) : 0;
-  }
+  int frames_buffered() const override { return encoder_ ? static_cast<int>(seen_ % factor_) : 0; }
   int64_t frames_seen() const override { return seen_; }
 
  private:
@@ -473,9 +473,9 @@ class TaehvStream final : public VaeStream {
   int factor_;
   NetState state_;
   int64_t seen_ = 0;
-  int64_t trimmed_ = 0;  // decoder: raw frames dropped at the clip's start so far
-  Shape first_;          // the first push's shape (N, H, W must stay)
-  Tensor last_frame_;    // encoder: the last input frame (in [0, 1]), repeated by finish()
+  int64_t trimmed_ = 0;        // decoder: raw frames dropped at the clip's start so far
+  Shape first_;                // the first push's shape (N, H, W must stay)
+  Tensor last_frame_;          // encoder: the last input frame (in [0, 1]), repeated by finish()
   std::vector<Tensor> zeros_;  // FrameIo::frame's padding of odd sides, for this clip's shape
 };
 
@@ -498,8 +498,8 @@ class TaehvModel final : public VaeModel {
   // sample: [N, 3, H, W] in [-1, 1] -> [N, C, H/f, W/f]: a clip of this one frame.
   Result<Tensor> encode(const Tensor& sample) override {
     LATENT_TRY(check_part(true));
-    LATENT_TRY(vae_common::check_encode_sample(*backend_, sample, cfg_.image_channels,
-                                               cfg_.downsample()));
+    LATENT_TRY(
+        vae_common::check_encode_sample(*backend_, sample, cfg_.image_channels, cfg_.downsample()));
     LATENT_ASSIGN_OR_RETURN(Tensor x, backend_->affine(sample, 0.5f, 0.5f));
     NetState st;
     st.reset(encoder_->layers.size());
@@ -537,9 +537,9 @@ class TaehvModel final : public VaeModel {
 
   Status check_part(bool encoder) const {
     if (encoder ? encoder_.has_value() : decoder_.has_value()) return ok_status();
-    return Status::errorf(info_.source.given.empty() ? info_.source.weights_path : info_.source.given,
-                          ": this ", info_.variant, " has no ", encoder ? "encoder" : "decoder",
-                          " loaded");
+    return Status::errorf(
+        info_.source.given.empty() ? info_.source.weights_path : info_.source.given, ": this ",
+        info_.variant, " has no ", encoder ? "encoder" : "decoder", " loaded");
   }
 
   TaehvConfig cfg_;
@@ -581,8 +581,7 @@ Result<Tensor> TaehvStream::push(const Tensor& x) {
   if (encoder_ && (x.dim(3) % f != 0 || x.dim(4) % f != 0))
     return Status::errorf(what, ": frame size ", x.dim(4), "x", x.dim(3), " is not a multiple of ",
                           f, " (the VAE's downsampling factor)");
-  if (!first_.empty() &&
-      (x.dim(0) != first_[0] || x.dim(3) != first_[3] || x.dim(4) != first_[4]))
+  if (!first_.empty() && (x.dim(0) != first_[0] || x.dim(3) != first_[3] || x.dim(4) != first_[4]))
     return Status::errorf(what, ": push of ", shape_str(x.shape()),
                           " does not continue the clip begun with ", shape_str(first_),
                           " (N, H and W must stay; reset() starts a new clip)");
@@ -683,7 +682,8 @@ Result<TaehvConfig> infer_taehv_config(const WeightStore& w) {
   TaehvConfig cfg;
   const std::string file = lower_file_name(w.path());
   if (w.contains("decoder.1.conv.0.weight"))
-    return Status::errorf(w.path(), ": a TAEHV \"super\" decoder (SuperMemBlock, e.g. "
+    return Status::errorf(w.path(),
+                          ": a TAEHV \"super\" decoder (SuperMemBlock, e.g. "
                           "taew2_2_super / taehv1_5_super) is not supported; use taew2_2 / "
                           "taehv1_5");
   if (contains(file, "taecvx") || contains(file, "taeh3") || contains(file, "taeltx"))
@@ -726,8 +726,8 @@ Result<TaehvConfig> infer_taehv_config(const WeightStore& w) {
     cfg.latent_channels = enc_latent;
     cfg.patch_size = enc_patch;
     if (cfg.temporal_factor() != 4)
-      return Status::errorf(w.path(), ": the encoder's temporal pools (", cfg.encoder_pool[0],
-                            ", ", cfg.encoder_pool[1], ", ", cfg.encoder_pool[2],
+      return Status::errorf(w.path(), ": the encoder's temporal pools (", cfg.encoder_pool[0], ", ",
+                            cfg.encoder_pool[1], ", ", cfg.encoder_pool[2],
                             ") make a temporal factor of ", cfg.temporal_factor(),
                             "; the supported TAEHV files pool by 4 (2, 2, 1)");
   }
@@ -797,7 +797,8 @@ Result<std::unique_ptr<VaeModel>> load_taehv(const ModelSource& source, const Co
   const bool want_enc = options.encoder && cfg.has_encoder;
   const bool want_dec = options.decoder && cfg.has_decoder;
   if (!want_enc && !want_dec)
-    return Status::errorf(weights.path(), " holds no TAEHV ", options.encoder ? "encoder" : "decoder");
+    return Status::errorf(weights.path(), " holds no TAEHV ",
+                          options.encoder ? "encoder" : "decoder");
 
   // The backend's image layout: what upload() makes of a 4-D tensor.
   LATENT_ASSIGN_OR_RETURN(Tensor probe, backend->upload(Tensor::zeros({1, 2, 2, 2}, DType::kF32)));
@@ -828,17 +829,18 @@ Result<std::unique_ptr<VaeModel>> load_taehv(const ModelSource& source, const Co
   info.variant = sn.variant;
   info.latent_space = LatentSpace::from_scalars(sn.space, static_cast<int>(cfg.latent_channels),
                                                 cfg.downsample(), 1.0, 0.0);
-  info.description = str_cat(
-      "layout: taehv.py single file\n", "latent_channels: ", cfg.latent_channels, "\n",
-      "patch_size: ", cfg.patch_size, "\n", "encoder_width: ", cfg.encoder_width, "\n",
-      "decoder_widths: [", cfg.decoder_widths[0], ", ", cfg.decoder_widths[1], ", ",
-      cfg.decoder_widths[2], ", ", cfg.decoder_widths[3], "]\n",
-      "encoder_time_pool: ", arr_str(cfg.encoder_pool.data(), 3), "\n",
-      "decoder_time_grow: ", arr_str(cfg.decoder_grow.data(), 3), "\n",
-      "temporal_factor: ", cfg.temporal_factor(), " (latent frame k: frames 4k .. 4k+3; the "
-      "decoder drops the clip's first ", cfg.temporal_upscale() - 1, " frames)\n",
-      "downsample: ", cfg.downsample(), "\n", "latent_space: ", sn.space,
-      " (taehv latents are the normalised ones)");
+  info.description =
+      str_cat("layout: taehv.py single file\n", "latent_channels: ", cfg.latent_channels, "\n",
+              "patch_size: ", cfg.patch_size, "\n", "encoder_width: ", cfg.encoder_width, "\n",
+              "decoder_widths: [", cfg.decoder_widths[0], ", ", cfg.decoder_widths[1], ", ",
+              cfg.decoder_widths[2], ", ", cfg.decoder_widths[3], "]\n",
+              "encoder_time_pool: ", arr_str(cfg.encoder_pool.data(), 3), "\n",
+              "decoder_time_grow: ", arr_str(cfg.decoder_grow.data(), 3), "\n",
+              "temporal_factor: ", cfg.temporal_factor(),
+              " (latent frame k: frames 4k .. 4k+3; the "
+              "decoder drops the clip's first ",
+              cfg.temporal_upscale() - 1, " frames)\n", "downsample: ", cfg.downsample(), "\n",
+              "latent_space: ", sn.space, " (taehv latents are the normalised ones)");
   model->info_ = std::move(info);
   LATENT_INFO("loaded TAEHV from ", source.given.empty() ? weights.path() : source.given, " (",
               model->info_.variant, ")");
