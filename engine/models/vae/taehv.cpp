@@ -10,6 +10,8 @@
 //   Upsample after TGrow: a 1x1 conv commutes with nearest upsampling, so TGrow runs first, at
 //             the low resolution (4x fewer operations, bit-identical per pixel)
 //   pixel_unshuffle(p) then the first 3x3 conv = one 3p x 3p conv of stride p on the frame
+//   The decoder's trimmed first frames stop after the last TGrow (nothing after it keeps state),
+//   so image-mode decode() runs the full-resolution layers once, not 4 times.
 #include "engine/models/vae/taehv.h"
 
 #include <algorithm>
@@ -131,15 +133,27 @@ struct Layer {
 // One part (encoder or decoder) as the list of layers a frame flows through.
 struct Net {
   std::vector<Layer> layers;
+  // The first layer after which no layer keeps state (MemBlock, TPool, TGrow): a frame that
+  // will be dropped anyway (the decoder's trimmed first frames) stops there.
+  size_t stateless_tail = 0;
+  void finalise() {
+    stateless_tail = 0;
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (layers[i].kind == Kind::kMemBlock || layers[i].kind == Kind::kPool ||
+          layers[i].kind == Kind::kGrow)
+        stateless_tail = i + 1;
+  }
 };
 
 // What one clip in progress keeps per layer.
 struct NetState {
   std::vector<Tensor> memory;  // kMemBlock: the previous frame's input; kPool: the partial sum
   std::vector<int> pooled;     // kPool: frames summed into memory so far
-  void reset(size_t layers) {
+  int64_t drop = 0;            // frames still to drop at the net's stateless tail
+  void reset(size_t layers, int64_t drop_first = 0) {
     memory.assign(layers, Tensor());
     pooled.assign(layers, 0);
+    drop = drop_first;
   }
 };
 
@@ -155,6 +169,10 @@ Result<Tensor> soft_clamp(Backend& be, const Tensor& in) {
 Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
                  std::vector<Tensor>* out) {
   for (; i < net.layers.size(); ++i) {
+    if (i == net.stateless_tail && st.drop > 0) {  // a trimmed frame: nothing after needs it
+      --st.drop;
+      return ok_status();
+    }
     const Layer& l = net.layers[i];
     switch (l.kind) {
       case Kind::kConv: {
@@ -400,6 +418,7 @@ Net load_encoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
   }
   net.layers.push_back(conv_layer(
       17, take_conv(b, "encoder.17", cfg.latent_channels, w, 3, true, Conv2dParams::same(3))));
+  net.finalise();
   return net;
 }
 
@@ -448,6 +467,7 @@ Net load_decoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
   const int64_t out = cfg.image_channels * cfg.patch_size * cfg.patch_size;
   net.layers.push_back(
       conv_layer(22, take_conv(b, "decoder.22", out, n[3], 3, true, Conv2dParams::same(3))));
+  net.finalise();
   return net;
 }
 
@@ -473,7 +493,6 @@ class TaehvStream final : public VaeStream {
   int factor_;
   NetState state_;
   int64_t seen_ = 0;
-  int64_t trimmed_ = 0;        // decoder: raw frames dropped at the clip's start so far
   Shape first_;                // the first push's shape (N, H, W must stay)
   Tensor last_frame_;          // encoder: the last input frame (in [0, 1]), repeated by finish()
   std::vector<Tensor> zeros_;  // FrameIo::frame's padding of odd sides, for this clip's shape
@@ -517,11 +536,12 @@ class TaehvModel final : public VaeModel {
     LATENT_TRY(check_part(false));
     LATENT_TRY(vae_common::check_decode_latent(*backend_, latent, cfg_.latent_channels));
     NetState st;
-    st.reset(decoder_->layers.size());
+    st.reset(decoder_->layers.size(), cfg_.temporal_upscale() - 1);  // taehv.py's frames_to_trim
     std::vector<Tensor> raw;
     LATENT_TRY(run_frame(*backend_, *decoder_, st, latent, 0, &raw));
-    if (raw.empty()) return Status::error("internal error: the decoder made no frame");
-    return postprocess(raw.back());  // the first t_upscale - 1 frames are trimmed
+    if (raw.size() != 1)
+      return Status::errorf("internal error: one latent frame decoded to ", raw.size(), " frames");
+    return postprocess(raw[0]);
   }
 
   // The decoder's last conv output [N, 3p^2, h, w] -> frame [N, 3, H, W] in [-1, 1].
@@ -554,9 +574,12 @@ TaehvStream::TaehvStream(TaehvModel& model, bool encoder)
 }
 
 void TaehvStream::reset() {
-  state_.reset(encoder_ ? model_.encoder_->layers.size() : model_.decoder_->layers.size());
+  // The decoder drops the clip's first t_upscale - 1 frames (taehv.py's frames_to_trim).
+  if (encoder_)
+    state_.reset(model_.encoder_->layers.size());
+  else
+    state_.reset(model_.decoder_->layers.size(), model_.cfg_.temporal_upscale() - 1);
   seen_ = 0;
-  trimmed_ = 0;
   first_.clear();
   last_frame_ = Tensor();
   zeros_.clear();
@@ -596,7 +619,6 @@ Result<Tensor> TaehvStream::push(const Tensor& x) {
       LATENT_TRY(encode_frame(frame, &out));
     }
   } else {
-    const int64_t trim = cfg.temporal_upscale() - 1;  // taehv.py's frames_to_trim
     for (int64_t t = 0; t < x.dim(2); ++t) {
       int pad_b = 0, pad_r = 0;
       LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(x, t, &pad_b, &pad_r, &zeros_));
@@ -616,10 +638,6 @@ Result<Tensor> TaehvStream::push(const Tensor& x) {
       }
       ++seen_;
       for (Tensor& r : raw) {
-        if (trimmed_ < trim) {
-          ++trimmed_;
-          continue;
-        }
         LATENT_ASSIGN_OR_RETURN(Tensor y, model_.postprocess(r));
         out.push_back(std::move(y));
       }
