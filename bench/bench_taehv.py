@@ -11,6 +11,9 @@ saved as taew2_1.safetensors in fp16), clips of --frames frames (81: 21 latent f
     frame or latent frame a push, outputs dropped as they come; its peak device memory (the
     backend's pool, weights included). It also runs --long-frames (1000) to show that the peak
     does not grow with the clip;
+  - a check: a 9-frame clip at --size through ours (`latent-bench-video --clip-in/--clip-out`)
+    and taehv.py in --dtype, both against taehv.py in fp32 (relative L2), so a fast wrong answer
+    shows;
   - the floor: our streams' convolution FLOPs per frame (counted from the layer shapes; taehv.py
     runs each TGrow after its upsample, 4x the work of ours) over the measured fp16 matmul peak.
 Writes JSON to --out and prints a table. Targets (issue 10): decode >= 1,000 frames/s with
@@ -29,7 +32,7 @@ import tempfile
 import time
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 
 def load_taehv(path):
@@ -119,6 +122,48 @@ def run_ours(tool, model, part, size, frames, dtype, warmup):
     return json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
 
 
+def rel_l2(a, b):
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def check_outputs(tool, weights, model32, model_lp, size, dtype, tmp):
+    """Ours and taehv.py in `dtype` against taehv.py in fp32 on a 9-frame clip."""
+    width, height = size
+    g = torch.Generator(device="cuda").manual_seed(1)
+    frames = torch.rand((1, 9, 3, height, width), device="cuda", generator=g)  # NTCHW, [0, 1]
+    latents = torch.randn((1, 3, 16, height // 8, width // 8), device="cuda", generator=g)
+    out = {}
+    with torch.no_grad():
+        for part, x in (("encoder", frames), ("decoder", latents)):
+            run = (lambda m, v: m.encode_video(v, parallel=False, show_progress_bar=False)) \
+                if part == "encoder" else \
+                (lambda m, v: m.decode_video(v, parallel=False, show_progress_bar=False))
+            ref = run(model32, x).float()
+            lp = run(model_lp, x.to(next(model_lp.parameters()).dtype)).float()
+            ours_in = x.permute(0, 2, 1, 3, 4).contiguous().cpu()  # diffusers' NCTHW
+            if part == "encoder":
+                ours_in = ours_in * 2 - 1
+            else:
+                ref, lp = ref * 2 - 1, lp * 2 - 1
+            fin, fout = os.path.join(tmp, f"{part}_in.safetensors"), os.path.join(tmp, f"{part}_out.safetensors")
+            save_file({"input": ours_in}, fin)
+            cmd = [tool, "--model", weights, "--device", "cuda", "--dtype", dtype, "--part", part,
+                   "--clip-in", fin, "--clip-out", fout]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            ref_ncthw = ref.permute(0, 2, 1, 3, 4).contiguous().cpu()
+            row = {"part": part, f"taehv_py_{dtype}_vs_fp32": rel_l2(lp.permute(0, 2, 1, 3, 4).cpu(), ref_ncthw)}
+            if p.returncode != 0:
+                row["ours_error"] = (p.stderr or p.stdout).strip()[-300:]
+            else:
+                ours = load_file(fout)["output"]
+                row[f"ours_{dtype}_vs_fp32"] = rel_l2(ours, ref_ncthw) if ours.shape == ref_ncthw.shape \
+                    else f"shape {list(ours.shape)} != {list(ref_ncthw.shape)}"
+            out[part] = row
+            print(json.dumps(row), flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--taehv-py", required=True, help="madebyollin/taehv's taehv.py")
@@ -144,6 +189,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench-taehv-")
     weights = os.path.join(tmp, "taew2_1.safetensors")
     save_file(sd, weights)
+    model32 = mod.TAEHV(checkpoint_path=None).eval()
+    model32.load_state_dict({k: v.float() for k, v in sd.items()})  # the fp16-stored weights
+    model32 = model32.to("cuda")
     model = model.to("cuda", tdtype)
 
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -154,6 +202,8 @@ def main():
     env["matmul_peak_tflops_fp16"] = round(peak_tflops, 1)
     enc_flops, dec_flops = conv_flops_per_frame(sd, width, height)
     env["flops_per_frame"] = {"encoder": enc_flops, "decoder": dec_flops}
+    env["check"] = check_outputs(args.bench, weights, model32, model, (width, height), args.dtype, tmp)
+    del model32
     floor_fps = {"encoder": peak_tflops * 1e12 / enc_flops, "decoder": peak_tflops * 1e12 / dec_flops}
     rows = []
 
@@ -219,6 +269,9 @@ def main():
                   f"{r['peak_bytes'] / 2**30:9.3f} {ratio} {100 * r['fps'] / floor_fps[part]:9.1f}%")
         print(f"{'floor (FLOPs/peak)':22} {part:8} {'':>6} {floor_fps[part]:9.1f} "
               f"({env['flops_per_frame'][part] / 1e9:.0f} GFLOP/frame)")
+    for part, c in env["check"].items():
+        print(f"check {part}: " + ", ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in c.items() if k != "part"))
     print("targets: decode >= 1000 frames/s at <= 0.5 GiB (1280x720, H100)")
     save()
 

@@ -8,6 +8,10 @@
 //
 // --frames counts video frames: the decoder gets 1 + (frames - 1) / 4 latent frames (which
 // decode to that many frames when frames = 1 + 4k). Inputs are random (one frame reused).
+//
+// --clip-in IN.safetensors --clip-out OUT.safetensors instead runs one whole clip (tensor
+// "input", [N, C, T, H, W] in diffusers' conventions) through encode_video / decode_video and
+// writes "output" (fp32), so a benchmark can check the answer against a reference.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,13 +21,14 @@
 #include "engine/backends/registry.h"
 #include "engine/core/tensor.h"
 #include "engine/models/vae/vae.h"
+#include "engine/weights/safetensors.h"
 
 namespace {
 
 using namespace latent;
 
 struct Args {
-  std::string model, device = "auto", dtype, part = "decoder";
+  std::string model, device = "auto", dtype, part = "decoder", clip_in, clip_out;
   int width = 1280, height = 720, frames = 81, warmup = 9;
   bool json = false;
 };
@@ -32,7 +37,7 @@ int usage(const char* msg) {
   std::fprintf(stderr,
                "%s\nusage: latent-bench-video --model PATH [--device auto|cpu|cuda[:N]] "
                "[--dtype fp32|bf16|fp16] [--size WxH] [--frames N] [--part encoder|decoder] "
-               "[--warmup N] [--json]\n",
+               "[--warmup N] [--json] [--clip-in IN.safetensors --clip-out OUT.safetensors]\n",
                msg);
   return 2;
 }
@@ -90,9 +95,30 @@ int run(const Args& a) {
   }
   Backend& be = **backend;
   const bool enc = a.part == "encoder";
+  if (!a.clip_in.empty()) {  // one whole clip, written out for checking
+    auto file = SafetensorsFile::open(a.clip_in);
+    if (!file.ok()) return usage(file.status().message().c_str());
+    auto host = (*file)->tensor("input");
+    if (!host.ok()) return usage(host.status().message().c_str());
+    auto x = be.upload(*host);
+    if (!x.ok()) return usage(x.status().message().c_str());
+    auto y = enc ? m.encode_video(*x) : m.decode_video(*x);
+    if (!y.ok()) {
+      std::fprintf(stderr, "latent-bench-video: %s\n", y.status().message().c_str());
+      return 1;
+    }
+    auto out = be.download(*y);
+    if (!out.ok()) return usage(out.status().message().c_str());
+    Status st = write_safetensors(a.clip_out, {{"output", *out}});
+    if (!st.ok()) return usage(st.message().c_str());
+    std::printf("%s -> %s: %s\n", a.clip_in.c_str(), a.clip_out.c_str(),
+                shape_str(out->shape()).c_str());
+    return 0;
+  }
   const int f = m.downsample(), tf = m.temporal_factor();
   if (a.width % f || a.height % f) {
-    std::fprintf(stderr, "latent-bench-video: %dx%d is not a multiple of %d\n", a.width, a.height, f);
+    std::fprintf(stderr, "latent-bench-video: %dx%d is not a multiple of %d\n", a.width, a.height,
+                 f);
     return 1;
   }
   const Shape shape = enc ? Shape{1, 3, 1, a.height, a.width}
@@ -122,13 +148,13 @@ int run(const Args& a) {
               static_cast<long long>(video_frames), r->seconds, fps,
               peak < 0 ? "not tracked" : (std::to_string(peak / 1048576) + " MiB").c_str());
   if (a.json)
-    std::printf("{\"model\": \"%s\", \"variant\": \"%s\", \"part\": \"%s\", \"device\": \"%s\", "
-                "\"dtype\": \"%s\", \"width\": %d, \"height\": %d, \"frames\": %lld, "
-                "\"pushes\": %d, \"seconds\": %.6f, \"fps\": %.3f, \"peak_bytes\": %lld}\n",
-                a.model.c_str(), m.info().variant.c_str(), a.part.c_str(), be.name().c_str(),
-                dtype_name(be.compute_dtype()), a.width, a.height,
-                static_cast<long long>(video_frames), count, r->seconds, fps,
-                static_cast<long long>(peak));
+    std::printf(
+        "{\"model\": \"%s\", \"variant\": \"%s\", \"part\": \"%s\", \"device\": \"%s\", "
+        "\"dtype\": \"%s\", \"width\": %d, \"height\": %d, \"frames\": %lld, "
+        "\"pushes\": %d, \"seconds\": %.6f, \"fps\": %.3f, \"peak_bytes\": %lld}\n",
+        a.model.c_str(), m.info().variant.c_str(), a.part.c_str(), be.name().c_str(),
+        dtype_name(be.compute_dtype()), a.width, a.height, static_cast<long long>(video_frames),
+        count, r->seconds, fps, static_cast<long long>(peak));
   return 0;
 }
 
@@ -151,10 +177,15 @@ int main(int argc, char** argv) {
       const char* v = value();
       if (!v) return usage("--model needs a path");
       a.model = v;
-    } else if (k == "--device" || k == "--dtype" || k == "--part") {
+    } else if (k == "--device" || k == "--dtype" || k == "--part" || k == "--clip-in" ||
+               k == "--clip-out") {
       const char* v = value();
       if (!v) return usage((k + " needs a value").c_str());
-      (k == "--device" ? a.device : k == "--dtype" ? a.dtype : a.part) = v;
+      (k == "--device"    ? a.device
+       : k == "--dtype"   ? a.dtype
+       : k == "--part"    ? a.part
+       : k == "--clip-in" ? a.clip_in
+                          : a.clip_out) = v;
     } else if (k == "--size") {
       const char* v = value();
       if (!v || std::sscanf(v, "%dx%d", &a.width, &a.height) != 2 || a.width < 1 || a.height < 1)
@@ -174,5 +205,6 @@ int main(int argc, char** argv) {
   }
   if (a.model.empty()) return usage("--model is required");
   if (a.part != "encoder" && a.part != "decoder") return usage("--part is encoder or decoder");
+  if (a.clip_in.empty() != a.clip_out.empty()) return usage("--clip-in and --clip-out go together");
   return run(a);
 }

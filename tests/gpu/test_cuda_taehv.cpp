@@ -69,15 +69,15 @@ TEST_P(CudaTaehv, MatchesTaehvPyAndStreams) {
       ref_err = relative_l2(io[std::string(d.out) + "_" + dtype], want);
       tol = std::max(1e-2, 1.25 * ref_err);
     }
-    std::printf("%-14s %-12s %-4s rel L2 %.3e (taehv.py %s %.3e, tolerance %.3e)\n", p.dir,
-                d.out, p.dtype, err, p.dtype, ref_err, tol);
+    std::printf("%-14s %-12s %-4s rel L2 %.3e (taehv.py %s %.3e, tolerance %.3e)\n", p.dir, d.out,
+                p.dtype, err, p.dtype, ref_err, tol);
     EXPECT_LT(err, tol) << d.out;
 
     // The same clip through a stream in uneven chunks equals the whole clip.
     auto s = (*model)->open_stream(d.enc);
     ASSERT_TRUE(s.ok()) << s.status().message();
-    Tensor chunked = run_chunked(**model, **s, io[d.in], d.enc ? std::vector<int64_t>{2, 3, 1}
-                                                              : std::vector<int64_t>{1, 2});
+    Tensor chunked = run_chunked(
+        **model, **s, io[d.in], d.enc ? std::vector<int64_t>{2, 3, 1} : std::vector<int64_t>{1, 2});
     ASSERT_TRUE(chunked.defined());
     ASSERT_EQ(chunked.shape(), got.shape());
     EXPECT_LT(relative_l2(chunked, got), 1e-6) << d.out << " streamed";

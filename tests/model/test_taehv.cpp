@@ -106,7 +106,8 @@ TEST_P(Taehv, CpuHalfPrecisionWithinTaehvPysOwnError) {
       ASSERT_TRUE(got.defined());
       const double ref = relative_l2(io[out + "_" + dtype], io[out]);
       const double err = relative_l2(got, io[out]);
-      EXPECT_LT(err, std::max(1e-2, 1.5 * ref)) << out << " (taehv.py " << dtype << ": " << ref << ")";
+      EXPECT_LT(err, std::max(1e-2, 1.5 * ref))
+          << out << " (taehv.py " << dtype << ": " << ref << ")";
     }
   }
 }
@@ -290,7 +291,8 @@ TEST_P(Taehv, BadInputsAreErrors) {
   expect_error((*enc)->push(*be.upload(random_tensor({1, 4, 1, f, f}, 1))), "[N, 3, T, H, W]");
   expect_error((*enc)->push(*be.upload(random_tensor({1, 3, 1, f + 2, f}, 1))), "multiple of");
   ASSERT_TRUE((*enc)->push(*be.upload(random_tensor({1, 3, 1, f, f}, 1))).ok());
-  expect_error((*enc)->push(*be.upload(random_tensor({1, 3, 1, 2 * f, f}, 1))), "does not continue");
+  expect_error((*enc)->push(*be.upload(random_tensor({1, 3, 1, 2 * f, f}, 1))),
+               "does not continue");
   (*enc)->reset();
   EXPECT_EQ((*enc)->frames_seen(), 0);
   EXPECT_TRUE((*enc)->push(*be.upload(random_tensor({1, 3, 1, 2 * f, f}, 1))).ok());
@@ -339,7 +341,8 @@ TEST(TaehvPublished, FullSizeLayoutsLoadAndRun) {
     int64_t params = 0;
     for (const auto& part : model->info().parts) params += part.parameters;
     int64_t want = 0;
-    for (const auto& [name, shape] : j["models"][p.name].items()) want += shape_numel(shape.get<Shape>());
+    for (const auto& [name, shape] : j["models"][p.name].items())
+      want += shape_numel(shape.get<Shape>());
     EXPECT_EQ(params, want);
     Backend& be = model->backend();
     auto x = be.upload(random_tensor({1, 3, 5, 2 * p.f, 3 * p.f}, 3));

@@ -90,7 +90,9 @@ class CountingBackend final : public Backend {
   Device device() const override { return inner_->device(); }
   DType compute_dtype() const override { return inner_->compute_dtype(); }
   bool supports(OpKind op, DType dtype) const override { return inner_->supports(op, dtype); }
-  bool supports_dit(DitOp op, DType dtype) const override { return inner_->supports_dit(op, dtype); }
+  bool supports_dit(DitOp op, DType dtype) const override {
+    return inner_->supports_dit(op, dtype);
+  }
   Result<Tensor> upload(const Tensor& host) override { return track(inner_->upload(host)); }
   Result<Tensor> download(const Tensor& t) override { return inner_->download(t); }
   Status synchronize() override { return inner_->synchronize(); }

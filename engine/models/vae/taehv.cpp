@@ -10,6 +10,8 @@
 //   Upsample after TGrow: a 1x1 conv commutes with nearest upsampling, so TGrow runs first, at
 //             the low resolution (4x fewer operations, bit-identical per pixel)
 //   pixel_unshuffle(p) then the first 3x3 conv = one 3p x 3p conv of stride p on the frame
+//   The decoder's trimmed first frames stop after the last TGrow (nothing after it keeps state),
+//   so image-mode decode() runs the full-resolution layers once, not 4 times.
 #include "engine/models/vae/taehv.h"
 
 #include <algorithm>
@@ -48,7 +50,9 @@ std::string lower_file_name(const std::string& path) {
   return base;
 }
 
-bool contains(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
+bool contains(const std::string& s, const char* needle) {
+  return s.find(needle) != std::string::npos;
+}
 
 // ---- Host-side weight surgery (fp32 host tensors from WeightBinder::take_host) --------------
 
@@ -122,40 +126,61 @@ struct Layer {
   int index = 0;  // taehv.py's Sequential index, for messages
   Conv conv;      // kConv
   Activation act = Activation::kNone;
-  MemBlock mem;                // kMemBlock
+  MemBlock mem;                 // kMemBlock
   std::vector<Conv> per_frame;  // kPool: the weight over input frame i; kGrow: output frame i
 };
 
 // One part (encoder or decoder) as the list of layers a frame flows through.
 struct Net {
   std::vector<Layer> layers;
+  // The first layer after which no layer keeps state (MemBlock, TPool, TGrow): a frame that
+  // will be dropped anyway (the decoder's trimmed first frames) stops there.
+  size_t stateless_tail = 0;
+  void finalise() {
+    stateless_tail = 0;
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (layers[i].kind == Kind::kMemBlock || layers[i].kind == Kind::kPool ||
+          layers[i].kind == Kind::kGrow)
+        stateless_tail = i + 1;
+  }
 };
 
 // What one clip in progress keeps per layer.
 struct NetState {
   std::vector<Tensor> memory;  // kMemBlock: the previous frame's input; kPool: the partial sum
   std::vector<int> pooled;     // kPool: frames summed into memory so far
-  void reset(size_t layers) {
+  int64_t drop = 0;            // frames still to drop at the net's stateless tail
+  void reset(size_t layers, int64_t drop_first = 0) {
     memory.assign(layers, Tensor());
     pooled.assign(layers, 0);
+    drop = drop_first;
   }
 };
+
+// taehv.py's Clamp: torch.tanh(x / 3) * 3 (0 stays 0).
+Result<Tensor> soft_clamp(Backend& be, const Tensor& in) {
+  LATENT_ASSIGN_OR_RETURN(Tensor x, be.affine(in, 1.f / 3.f, 0.f));
+  LATENT_ASSIGN_OR_RETURN(x, be.activation(x, Activation::kTanh));
+  return be.affine(x, 3.f, 0.f);
+}
 
 // Feeds frame x: [N, C, H, W] into layer i of `net`; the frames that leave the last layer are
 // appended to *out (none while a pool waits for frames, several after a grow).
 Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
                  std::vector<Tensor>* out) {
   for (; i < net.layers.size(); ++i) {
+    if (i == net.stateless_tail && st.drop > 0) {  // a trimmed frame: nothing after needs it
+      --st.drop;
+      return ok_status();
+    }
     const Layer& l = net.layers[i];
     switch (l.kind) {
       case Kind::kConv: {
         LATENT_ASSIGN_OR_RETURN(x, l.conv(be, x, Tensor(), l.act));
         break;
       }
-      case Kind::kClamp: {  // torch.tanh(x / 3) * 3
-        LATENT_ASSIGN_OR_RETURN(x, be.affine(x, 1.f / 3.f, 0.f));
-        LATENT_ASSIGN_OR_RETURN(x, be.activation(x, Activation::kTanh));
-        LATENT_ASSIGN_OR_RETURN(x, be.affine(x, 3.f, 0.f));
+      case Kind::kClamp: {
+        LATENT_ASSIGN_OR_RETURN(x, soft_clamp(be, x));
         break;
       }
       case Kind::kMemBlock: {
@@ -203,21 +228,37 @@ struct FrameIo {
   Backend& be;
   Layout layout;  // what upload() makes of a 4-D tensor
 
-  // clip: [N, C, T, H, W] -> frame t: [N, C, H, W] in the image layout
-  Result<Tensor> frame(const Tensor& clip, int64_t t) const {
+  // clip: [N, C, T, H, W] -> frame t: [N, C, H, W] in the image layout. An odd H or W comes
+  // back one larger, padded with zeros at the bottom / right (*pad_bottom, *pad_right: 0 or 1),
+  // which a following 3x3 convolution with that much less padding there reads as its own
+  // zero padding: pack_latents / unpack_latents (the device-side permutation) take even sides.
+  // `zeros` caches the padding rows of the clip's shape.
+  Result<Tensor> frame(const Tensor& clip, int64_t t, int* pad_bottom, int* pad_right,
+                       std::vector<Tensor>* zeros) const {
     const Shape& s = clip.shape();
+    *pad_bottom = static_cast<int>(s[3] % 2);
+    *pad_right = static_cast<int>(s[4] % 2);
     LATENT_ASSIGN_OR_RETURN(Tensor f, be.slice(clip, 2, t, 1));  // [N, C, 1, H, W]
-    if (layout == Layout::kContiguous) return f.reshape({s[0], s[1], s[3], s[4]});
-    if (s[3] % 2 == 0 && s[4] % 2 == 0) {
-      // pack_latents reads [N, C, 1, H, W] row-major, unpack_latents writes the image layout;
-      // together a pure permutation.
-      LATENT_ASSIGN_OR_RETURN(Tensor tokens, be.pack_latents(f));
-      return be.unpack_latents(tokens, s[3], s[4]);
+    if (!*pad_bottom && !*pad_right && layout == Layout::kContiguous)
+      return f.reshape({s[0], s[1], s[3], s[4]});
+    const int64_t h = s[3] + *pad_bottom, w = s[4] + *pad_right;
+    if (zeros->empty()) {
+      // [N, C, 1, 1, W] below, then [N, C, 1, H + 1, 1] on the right.
+      for (const Shape& z : {Shape{s[0], s[1], 1, 1, s[4]}, Shape{s[0], s[1], 1, h, 1}}) {
+        LATENT_ASSIGN_OR_RETURN(Tensor zt, be.upload(Tensor::zeros(z, DType::kF32)));
+        zeros->push_back(std::move(zt));
+      }
     }
-    // Odd sizes (latents of e.g. 1080-row frames): through the host.
-    LATENT_ASSIGN_OR_RETURN(Tensor host, be.download(f));
-    LATENT_ASSIGN_OR_RETURN(host, host.reshape({s[0], s[1], s[3], s[4]}));
-    return be.upload(host);
+    if (*pad_bottom) {
+      LATENT_ASSIGN_OR_RETURN(f, be.concat({f, (*zeros)[0]}, 3));
+    }
+    if (*pad_right) {
+      LATENT_ASSIGN_OR_RETURN(f, be.concat({f, (*zeros)[1]}, 4));
+    }
+    // pack_latents reads [N, C, 1, h, w] row-major, unpack_latents writes the image layout;
+    // together a pure permutation.
+    LATENT_ASSIGN_OR_RETURN(Tensor tokens, be.pack_latents(f));
+    return be.unpack_latents(tokens, h, w);
   }
 
   // frames: T x [N, C, H, W] in the image layout -> [N, C, T, H, W] row-major
@@ -258,8 +299,8 @@ struct FrameIo {
     if (layout == Layout::kNHWC && p == 2) {
       // Channels-last [N, h, w, 4C] is unpack_latents' token form [N, h*w, 4C] with the 2x2
       // patch channels-major (c, dy, dx): pixel_shuffle's order.
-      Tensor tokens = Tensor::from_storage(x.storage(), x.byte_offset(), {n, h * w, cp},
-                                           x.dtype(), Layout::kContiguous);
+      Tensor tokens = Tensor::from_storage(x.storage(), x.byte_offset(), {n, h * w, cp}, x.dtype(),
+                                           Layout::kContiguous);
       return be.unpack_latents(tokens, 2 * h, 2 * w);
     }
     LATENT_ASSIGN_OR_RETURN(Tensor host, be.download(x));  // [N, C*p*p, h, w] fp32
@@ -311,7 +352,8 @@ MemBlock load_memblock(WeightBinder& b, Backend& be, const std::string& name, in
   }
   m.conv2 = take_conv(b, name + ".conv.2", cout, cout, 3, true, Conv2dParams::same(3));
   m.conv4 = take_conv(b, name + ".conv.4", cout, cout, 3, true, Conv2dParams::same(3));
-  if (cin != cout) m.skip = take_conv(b, name + ".skip", cout, cin, 1, false, Conv2dParams::same(1));
+  if (cin != cout)
+    m.skip = take_conv(b, name + ".skip", cout, cin, 1, false, Conv2dParams::same(1));
   return m;
 }
 
@@ -368,14 +410,15 @@ Net load_encoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
         pool.per_frame.push_back(
             upload_conv(be, host_slice(pw, 1, i * w, w), Conv2dParams::same(1), Tensor(), st));
     net.layers.push_back(std::move(pool));
-    net.layers.push_back(conv_layer(
-        base + 1, take_conv(b, key("encoder", base + 1, ""), w, w, 3, false, Conv2dParams::same(3, 2))));
+    net.layers.push_back(conv_layer(base + 1, take_conv(b, key("encoder", base + 1, ""), w, w, 3,
+                                                        false, Conv2dParams::same(3, 2))));
     for (int k = 2; k < 5; ++k)
       net.layers.push_back(
           mem_layer(base + k, load_memblock(b, be, key("encoder", base + k, ""), w, w, st)));
   }
   net.layers.push_back(conv_layer(
       17, take_conv(b, "encoder.17", cfg.latent_channels, w, 3, true, Conv2dParams::same(3))));
+  net.finalise();
   return net;
 }
 
@@ -416,15 +459,15 @@ Net load_decoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
     net.layers.push_back(std::move(grow));
     net.layers.push_back(simple_layer(base + 3, Kind::kUpsample));
     // The stage's closing conv (no bias); after the last one, 21: ReLU.
-    net.layers.push_back(
-        conv_layer(base + 5,
-                   take_conv(b, key("decoder", base + 5, ""), n[j + 1], c, 3, false,
-                             Conv2dParams::same(3)),
-                   j == 2 ? Activation::kReLU : Activation::kNone));
+    net.layers.push_back(conv_layer(
+        base + 5,
+        take_conv(b, key("decoder", base + 5, ""), n[j + 1], c, 3, false, Conv2dParams::same(3)),
+        j == 2 ? Activation::kReLU : Activation::kNone));
   }
   const int64_t out = cfg.image_channels * cfg.patch_size * cfg.patch_size;
   net.layers.push_back(
       conv_layer(22, take_conv(b, "decoder.22", out, n[3], 3, true, Conv2dParams::same(3))));
+  net.finalise();
   return net;
 }
 
@@ -439,9 +482,7 @@ class TaehvStream final : public VaeStream {
   Result<Tensor> push(const Tensor& x) override;
   Result<Tensor> finish(int* padded_frames) override;
   void reset() override;
-  int frames_buffered() const override {
-    return encoder_ ? static_cast<int>(seen_ % factor_) : 0;
-  }
+  int frames_buffered() const override { return encoder_ ? static_cast<int>(seen_ % factor_) : 0; }
   int64_t frames_seen() const override { return seen_; }
 
  private:
@@ -452,9 +493,9 @@ class TaehvStream final : public VaeStream {
   int factor_;
   NetState state_;
   int64_t seen_ = 0;
-  int64_t trimmed_ = 0;  // decoder: raw frames dropped at the clip's start so far
-  Shape first_;          // the first push's shape (N, H, W must stay)
-  Tensor last_frame_;    // encoder: the last input frame (in [0, 1]), repeated by finish()
+  Shape first_;                // the first push's shape (N, H, W must stay)
+  Tensor last_frame_;          // encoder: the last input frame (in [0, 1]), repeated by finish()
+  std::vector<Tensor> zeros_;  // FrameIo::frame's padding of odd sides, for this clip's shape
 };
 
 class TaehvModel final : public VaeModel {
@@ -476,8 +517,8 @@ class TaehvModel final : public VaeModel {
   // sample: [N, 3, H, W] in [-1, 1] -> [N, C, H/f, W/f]: a clip of this one frame.
   Result<Tensor> encode(const Tensor& sample) override {
     LATENT_TRY(check_part(true));
-    LATENT_TRY(vae_common::check_encode_sample(*backend_, sample, cfg_.image_channels,
-                                               cfg_.downsample()));
+    LATENT_TRY(
+        vae_common::check_encode_sample(*backend_, sample, cfg_.image_channels, cfg_.downsample()));
     LATENT_ASSIGN_OR_RETURN(Tensor x, backend_->affine(sample, 0.5f, 0.5f));
     NetState st;
     st.reset(encoder_->layers.size());
@@ -495,11 +536,12 @@ class TaehvModel final : public VaeModel {
     LATENT_TRY(check_part(false));
     LATENT_TRY(vae_common::check_decode_latent(*backend_, latent, cfg_.latent_channels));
     NetState st;
-    st.reset(decoder_->layers.size());
+    st.reset(decoder_->layers.size(), cfg_.temporal_upscale() - 1);  // taehv.py's frames_to_trim
     std::vector<Tensor> raw;
     LATENT_TRY(run_frame(*backend_, *decoder_, st, latent, 0, &raw));
-    if (raw.empty()) return Status::error("internal error: the decoder made no frame");
-    return postprocess(raw.back());  // the first t_upscale - 1 frames are trimmed
+    if (raw.size() != 1)
+      return Status::errorf("internal error: one latent frame decoded to ", raw.size(), " frames");
+    return postprocess(raw[0]);
   }
 
   // The decoder's last conv output [N, 3p^2, h, w] -> frame [N, 3, H, W] in [-1, 1].
@@ -515,9 +557,9 @@ class TaehvModel final : public VaeModel {
 
   Status check_part(bool encoder) const {
     if (encoder ? encoder_.has_value() : decoder_.has_value()) return ok_status();
-    return Status::errorf(info_.source.given.empty() ? info_.source.weights_path : info_.source.given,
-                          ": this ", info_.variant, " has no ", encoder ? "encoder" : "decoder",
-                          " loaded");
+    return Status::errorf(
+        info_.source.given.empty() ? info_.source.weights_path : info_.source.given, ": this ",
+        info_.variant, " has no ", encoder ? "encoder" : "decoder", " loaded");
   }
 
   TaehvConfig cfg_;
@@ -532,11 +574,15 @@ TaehvStream::TaehvStream(TaehvModel& model, bool encoder)
 }
 
 void TaehvStream::reset() {
-  state_.reset(encoder_ ? model_.encoder_->layers.size() : model_.decoder_->layers.size());
+  // The decoder drops the clip's first t_upscale - 1 frames (taehv.py's frames_to_trim).
+  if (encoder_)
+    state_.reset(model_.encoder_->layers.size());
+  else
+    state_.reset(model_.decoder_->layers.size(), model_.cfg_.temporal_upscale() - 1);
   seen_ = 0;
-  trimmed_ = 0;
   first_.clear();
   last_frame_ = Tensor();
+  zeros_.clear();
 }
 
 Result<Tensor> TaehvStream::push(const Tensor& x) {
@@ -558,8 +604,7 @@ Result<Tensor> TaehvStream::push(const Tensor& x) {
   if (encoder_ && (x.dim(3) % f != 0 || x.dim(4) % f != 0))
     return Status::errorf(what, ": frame size ", x.dim(4), "x", x.dim(3), " is not a multiple of ",
                           f, " (the VAE's downsampling factor)");
-  if (!first_.empty() &&
-      (x.dim(0) != first_[0] || x.dim(3) != first_[3] || x.dim(4) != first_[4]))
+  if (!first_.empty() && (x.dim(0) != first_[0] || x.dim(3) != first_[3] || x.dim(4) != first_[4]))
     return Status::errorf(what, ": push of ", shape_str(x.shape()),
                           " does not continue the clip begun with ", shape_str(first_),
                           " (N, H and W must stay; reset() starts a new clip)");
@@ -569,21 +614,30 @@ Result<Tensor> TaehvStream::push(const Tensor& x) {
   if (encoder_) {
     LATENT_ASSIGN_OR_RETURN(Tensor in, be.affine(x, 0.5f, 0.5f));  // [-1, 1] -> taehv's [0, 1]
     for (int64_t t = 0; t < x.dim(2); ++t) {
-      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(in, t));
+      int pad_b = 0, pad_r = 0;  // frame sides are multiples of 8: never padded
+      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(in, t, &pad_b, &pad_r, &zeros_));
       LATENT_TRY(encode_frame(frame, &out));
     }
   } else {
-    const int64_t trim = cfg.temporal_upscale() - 1;  // taehv.py's frames_to_trim
     for (int64_t t = 0; t < x.dim(2); ++t) {
-      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(x, t));
+      int pad_b = 0, pad_r = 0;
+      LATENT_ASSIGN_OR_RETURN(Tensor frame, model_.io_.frame(x, t, &pad_b, &pad_r, &zeros_));
       std::vector<Tensor> raw;
-      LATENT_TRY(run_frame(be, *model_.decoder_, state_, frame, 0, &raw));
+      const Net& net = *model_.decoder_;
+      if (pad_b || pad_r) {
+        // Layers 0 (Clamp) and 1 (the 3x3 conv) read the zero row / column as the conv's padding.
+        LATENT_ASSIGN_OR_RETURN(Tensor y, soft_clamp(be, frame));
+        const Layer& first = net.layers[1];
+        Conv c = first.conv;
+        c.p.pad_bottom -= pad_b;
+        c.p.pad_right -= pad_r;
+        LATENT_ASSIGN_OR_RETURN(y, c(be, y, Tensor(), first.act));
+        LATENT_TRY(run_frame(be, net, state_, std::move(y), 2, &raw));
+      } else {
+        LATENT_TRY(run_frame(be, net, state_, frame, 0, &raw));
+      }
       ++seen_;
       for (Tensor& r : raw) {
-        if (trimmed_ < trim) {
-          ++trimmed_;
-          continue;
-        }
         LATENT_ASSIGN_OR_RETURN(Tensor y, model_.postprocess(r));
         out.push_back(std::move(y));
       }
@@ -646,7 +700,8 @@ Result<TaehvConfig> infer_taehv_config(const WeightStore& w) {
   TaehvConfig cfg;
   const std::string file = lower_file_name(w.path());
   if (w.contains("decoder.1.conv.0.weight"))
-    return Status::errorf(w.path(), ": a TAEHV \"super\" decoder (SuperMemBlock, e.g. "
+    return Status::errorf(w.path(),
+                          ": a TAEHV \"super\" decoder (SuperMemBlock, e.g. "
                           "taew2_2_super / taehv1_5_super) is not supported; use taew2_2 / "
                           "taehv1_5");
   if (contains(file, "taecvx") || contains(file, "taeh3") || contains(file, "taeltx"))
@@ -689,8 +744,8 @@ Result<TaehvConfig> infer_taehv_config(const WeightStore& w) {
     cfg.latent_channels = enc_latent;
     cfg.patch_size = enc_patch;
     if (cfg.temporal_factor() != 4)
-      return Status::errorf(w.path(), ": the encoder's temporal pools (", cfg.encoder_pool[0],
-                            ", ", cfg.encoder_pool[1], ", ", cfg.encoder_pool[2],
+      return Status::errorf(w.path(), ": the encoder's temporal pools (", cfg.encoder_pool[0], ", ",
+                            cfg.encoder_pool[1], ", ", cfg.encoder_pool[2],
                             ") make a temporal factor of ", cfg.temporal_factor(),
                             "; the supported TAEHV files pool by 4 (2, 2, 1)");
   }
@@ -760,7 +815,8 @@ Result<std::unique_ptr<VaeModel>> load_taehv(const ModelSource& source, const Co
   const bool want_enc = options.encoder && cfg.has_encoder;
   const bool want_dec = options.decoder && cfg.has_decoder;
   if (!want_enc && !want_dec)
-    return Status::errorf(weights.path(), " holds no TAEHV ", options.encoder ? "encoder" : "decoder");
+    return Status::errorf(weights.path(), " holds no TAEHV ",
+                          options.encoder ? "encoder" : "decoder");
 
   // The backend's image layout: what upload() makes of a 4-D tensor.
   LATENT_ASSIGN_OR_RETURN(Tensor probe, backend->upload(Tensor::zeros({1, 2, 2, 2}, DType::kF32)));
@@ -791,17 +847,18 @@ Result<std::unique_ptr<VaeModel>> load_taehv(const ModelSource& source, const Co
   info.variant = sn.variant;
   info.latent_space = LatentSpace::from_scalars(sn.space, static_cast<int>(cfg.latent_channels),
                                                 cfg.downsample(), 1.0, 0.0);
-  info.description = str_cat(
-      "layout: taehv.py single file\n", "latent_channels: ", cfg.latent_channels, "\n",
-      "patch_size: ", cfg.patch_size, "\n", "encoder_width: ", cfg.encoder_width, "\n",
-      "decoder_widths: [", cfg.decoder_widths[0], ", ", cfg.decoder_widths[1], ", ",
-      cfg.decoder_widths[2], ", ", cfg.decoder_widths[3], "]\n",
-      "encoder_time_pool: ", arr_str(cfg.encoder_pool.data(), 3), "\n",
-      "decoder_time_grow: ", arr_str(cfg.decoder_grow.data(), 3), "\n",
-      "temporal_factor: ", cfg.temporal_factor(), " (latent frame k: frames 4k .. 4k+3; the "
-      "decoder drops the clip's first ", cfg.temporal_upscale() - 1, " frames)\n",
-      "downsample: ", cfg.downsample(), "\n", "latent_space: ", sn.space,
-      " (taehv latents are the normalised ones)");
+  info.description =
+      str_cat("layout: taehv.py single file\n", "latent_channels: ", cfg.latent_channels, "\n",
+              "patch_size: ", cfg.patch_size, "\n", "encoder_width: ", cfg.encoder_width, "\n",
+              "decoder_widths: [", cfg.decoder_widths[0], ", ", cfg.decoder_widths[1], ", ",
+              cfg.decoder_widths[2], ", ", cfg.decoder_widths[3], "]\n",
+              "encoder_time_pool: ", arr_str(cfg.encoder_pool.data(), 3), "\n",
+              "decoder_time_grow: ", arr_str(cfg.decoder_grow.data(), 3), "\n",
+              "temporal_factor: ", cfg.temporal_factor(),
+              " (latent frame k: frames 4k .. 4k+3; the "
+              "decoder drops the clip's first ",
+              cfg.temporal_upscale() - 1, " frames)\n", "downsample: ", cfg.downsample(), "\n",
+              "latent_space: ", sn.space, " (taehv latents are the normalised ones)");
   model->info_ = std::move(info);
   LATENT_INFO("loaded TAEHV from ", source.given.empty() ? weights.path() : source.given, " (",
               model->info_.variant, ")");

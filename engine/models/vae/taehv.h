@@ -61,9 +61,9 @@ namespace latent {
 
 struct TaehvConfig {
   int64_t image_channels = 3;
-  int patch_size = 1;           // 1 (TAEW2.1), 2 (TAEW2.2: pixel (un)shuffle of 2x2 patches)
+  int patch_size = 1;  // 1 (TAEW2.1), 2 (TAEW2.2: pixel (un)shuffle of 2x2 patches)
   int64_t latent_channels = 16;
-  int64_t encoder_width = 64;   // every encoder layer's channels
+  int64_t encoder_width = 64;                               // every encoder layer's channels
   std::array<int64_t, 4> decoder_widths{256, 128, 64, 64};  // the 3 stages, then the last conv
   std::array<int, 3> encoder_pool{2, 2, 1};                 // TPool strides
   std::array<int, 3> decoder_grow{1, 2, 2};                 // TGrow strides
