@@ -14,6 +14,11 @@ stream` (its "compute only" figure, the planned graphs without copies); the pipe
   python3 bench/bench_stream_nvdec.py --models models/default,qwen --tool /tmp/dev/bin/latent-tool \\
       --out bench/results/stream-nvdec.json
 
+`--models wan` runs the Wan 2.1 VAE (full config, random weights, bf16, written with diffusers) in
+video mode (`vaeencode mode=video`: causal chunks of 4 frames, caches carried along the clip) at
+--video-size (720p); its bound is the engine's streamed rates from `latent-bench-video` (encoder
+and decoder pushed frame by frame as the elements push them): 1 / (1/encode + 1/decode) frames/s.
+
 Needs gst-launch-1.0 with nvcodec and openh264 (the carried .gstrt) and the latent plugin.
 Writes JSON after every row and prints a table last.
 """
@@ -66,6 +71,35 @@ def stream_compute_ms(tool, model, size, timeout):
     return pick(json.loads(lines[-1]), "compute"), ""
 
 
+def ensure_wan(workdir):
+    """The Wan 2.1 VAE (diffusers' AutoencoderKLWan default config), random weights, bf16."""
+    d = os.path.join(workdir, "wan21-vae")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        import torch
+        from bench_video_vae import make_model
+        make_model(False, "wan2.1").to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+    return d
+
+
+def video_bound_fps(bench, model, size, frames, timeout):
+    """Encoder and decoder streamed rates (frames/s) from latent-bench-video; (None, why) if absent."""
+    if not bench or not os.path.exists(bench):
+        return None, f"no latent-bench-video at {bench}"
+    rates = {}
+    for part in ("encoder", "decoder"):
+        cmd = [bench, "--model", model, "--device", "cuda", "--dtype", "bf16", "--size", size,
+               "--frames", str(frames), "--part", part, "--json"]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None, f"latent-bench-video --part {part} timed out"
+        lines = [l for l in p.stdout.splitlines() if l.strip().startswith("{")]
+        if p.returncode != 0 or not lines:
+            return None, (p.stderr or p.stdout).strip()[-300:]
+        rates[part] = json.loads(lines[-1])["fps"]
+    return rates, ""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="models/default", help="comma-separated model paths, or 'qwen'")
@@ -78,6 +112,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=2, help="pairs of runs per row; the median frames/s")
     ap.add_argument("--timeout", type=int, default=200)
     ap.add_argument("--out", default="bench/results/stream-nvdec.json")
+    ap.add_argument("--video-size", default="1280x720", help="clip size for --models wan")
+    ap.add_argument("--video-frames", type=int, default=241, help="frames of wan's long clip (1 + 4k)")
+    ap.add_argument("--bench", default="/tmp/dev/bin/latent-bench-video")
     args = ap.parse_args()
     w, h = args.size.split("x")
     os.makedirs(args.workdir, exist_ok=True)
@@ -92,21 +129,25 @@ def main():
 
     clips = {}
 
-    def clip(n):
-        if n not in clips:
-            p = os.path.join(args.workdir, f"clip-{args.size}-{n}.mp4")
+    def clip(n, size=args.size):
+        if (n, size) not in clips:
+            p = os.path.join(args.workdir, f"clip-{size}-{n}.mp4")
             t0 = time.time()
-            make_clip(p, n, w, h, max(args.timeout, n))
+            cw, ch = size.split("x")
+            make_clip(p, n, cw, ch, max(args.timeout, n))
             print(f"# clip {p}: {n} frames ({time.time() - t0:.1f} s to make)", flush=True)
-            clips[n] = p
-        return clips[n]
+            clips[(n, size)] = p
+        return clips[(n, size)]
 
-    def timed(kind, model, desc_for, n2):
+    def timed(kind, model, desc_for, n2, size=args.size):
         n1 = max(10, n2 // 5)
+        if kind.startswith("video"):
+            n1 = 1 + 4 * ((n1 - 1) // 4)  # whole chunks
+            n2 = 1 + 4 * ((n2 - 1) // 4)
         row = {"kind": kind, "model": os.path.basename(model.rstrip("/")) if model else "-", "frames": [n1, n2],
-               "pipeline": desc_for("CLIP")}
+               "size": size, "pipeline": desc_for("CLIP")}
         try:
-            c1, c2 = clip(n1), clip(n2)
+            c1, c2 = clip(n1, size), clip(n2, size)
             fps = []
             for _ in range(args.repeat):
                 t1 = gst(desc_for(c1), args.timeout)
@@ -124,6 +165,25 @@ def main():
     src = "filesrc location={} ! qtdemux ! h264parse ! nvh264dec ! video/x-raw(memory:CUDAMemory)"
     timed("decoder only", None, lambda c: f"{src.format(c)} ! fakesink sync=false", args.frames)
     for m in args.models.split(","):
+        if m == "wan":
+            m = ensure_wan(args.workdir)
+            vs = args.video_size
+            rates, why = video_bound_fps(args.bench, m, vs, 81, args.timeout)
+            bound = 1.0 / (1.0 / rates["encoder"] + 1.0 / rates["decoder"]) if rates else None
+            stages = f"vaeencode model={m} device=cuda mode=video ! vaedecode model={m} device=cuda"
+            for out, caps in (("cuda", "video/x-raw(memory:CUDAMemory)"), ("system", "video/x-raw")):
+                r = timed(f"video nvdec ! vae ! {out}", m,
+                          lambda c: f"{src.format(c)} ! {stages} ! {caps} ! fakesink sync=false",
+                          args.video_frames, vs)
+                r["engine_fps"] = rates
+                r["kernel_bound_fps"] = bound
+                r["compute_ms"] = 1000.0 / bound if bound else None
+                if bound and "fps" in r:
+                    r["of_bound"] = r["fps"] / bound
+                if why:
+                    r["bound_note"] = why
+                dump()
+            continue
         if m == "qwen":
             from bench_pipelines import ensure_qwen
             m = ensure_qwen(args.qwen_dir)
@@ -141,10 +201,10 @@ def main():
                 r["bound_note"] = why
             dump()
     nan = float("nan")
-    print(f"\n{'pipeline':22} {'model':16} {'frames/s':>9} {'compute ms':>10} {'bound fps':>9} {'of bound':>8}")
+    print(f"\n{'pipeline':26} {'model':16} {'frames/s':>9} {'compute ms':>10} {'bound fps':>9} {'of bound':>8}")
     for r in rows:
         f = lambda k: r.get(k) if r.get(k) is not None else nan
-        print(f"{r['kind'][:22]:22} {r['model'][:16]:16} {f('fps'):9.1f} {f('compute_ms'):10.2f} "
+        print(f"{r['kind'][:26]:26} {r['model'][:16]:16} {f('fps'):9.1f} {f('compute_ms'):10.2f} "
               f"{f('kernel_bound_fps'):9.1f} {f('of_bound'):8.2f}" + (f"  ERROR {r['error'][:160]}" if "error" in r else ""))
     print(f"\nwrote {args.out}")
 

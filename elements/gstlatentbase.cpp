@@ -72,7 +72,7 @@ struct LatencyStats {
 
 struct State {
   std::shared_ptr<latent::Backend> backend;
-  std::shared_ptr<std::mutex> run_lock;  // backend's (latent::backend_run_lock)
+  std::shared_ptr<std::mutex> run_lock;   // backend's (latent::backend_run_lock)
   std::shared_ptr<GstLatentModel> model;  // VAE stages
   // This stage's plan (on model's backend); destroyed under model->run_lock only.
   std::shared_ptr<latent::PlannedPart> plan;
@@ -290,7 +290,8 @@ static const char* dtype_nick(GstLatentDtype dtype) {
 // use and cannot change.
 static bool running(GstElement* element) {
   GST_OBJECT_LOCK(element);
-  const bool out = GST_STATE(element) > GST_STATE_READY || GST_STATE_NEXT(element) > GST_STATE_READY;
+  const bool out =
+      GST_STATE(element) > GST_STATE_READY || GST_STATE_NEXT(element) > GST_STATE_READY;
   GST_OBJECT_UNLOCK(element);
   return out;
 }
@@ -300,12 +301,12 @@ static bool running(GstElement* element) {
 static bool refuse_while_running(GstLatentBase* self, GParamSpec* pspec,
                                  const std::string& current) {
   if (!running(GST_ELEMENT(self))) return false;
-  GST_ELEMENT_WARNING(self, CORE, STATE_CHANGE,
-                      ("%s: `%s` cannot change while PAUSED or PLAYING; it stays '%s' (set it in "
-                       "the NULL or READY state)",
-                       gst_latent_base_stage_name(self), g_param_spec_get_name(pspec),
-                       current.c_str()),
-                      (nullptr));
+  GST_ELEMENT_WARNING(
+      self, CORE, STATE_CHANGE,
+      ("%s: `%s` cannot change while PAUSED or PLAYING; it stays '%s' (set it in "
+       "the NULL or READY state)",
+       gst_latent_base_stage_name(self), g_param_spec_get_name(pspec), current.c_str()),
+      (nullptr));
   return true;
 }
 
@@ -379,8 +380,8 @@ static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue*
     else if (prop_id == PROP_FRAMES_DROPPED)
       g_value_set_uint64(value, st.dropped);
     else
-      g_value_set_double(value, st.processed ? GST_TIME_AS_USECONDS(st.total) / 1000.0 / st.processed
-                                             : 0.0);
+      g_value_set_double(
+          value, st.processed ? GST_TIME_AS_USECONDS(st.total) / 1000.0 / st.processed : 0.0);
     return;
   }
   std::lock_guard<std::mutex> lock(impl->settings_lock);
@@ -438,7 +439,8 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
   auto backend = latent::get_backend(bo);
   if (!backend.ok()) {
     // The message names the device or dtype at fault.
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s: %s", stage, backend.status().message().c_str()),
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("%s: %s", stage, backend.status().message().c_str()),
                       ("device=%s dtype=%s", settings.device.c_str(), dtype_nick(settings.dtype)));
     return FALSE;
   }
@@ -509,7 +511,8 @@ static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
   return TRUE;
 }
 
-gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps, const std::string& message) {
+gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps,
+                                     const std::string& message) {
   auto* impl = impl_of(self);
   GST_WARNING_OBJECT(self, "refusing %" GST_PTR_FORMAT ": %s", caps, message.c_str());
   {
@@ -871,6 +874,31 @@ void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames) {
   auto* impl = impl_of(self);
   std::lock_guard<std::mutex> lock(impl->latency_lock);
   impl->latency.held = frames;
+}
+
+GstFlowReturn gst_latent_base_acquire_output(GstLatentBase* self, gsize bytes, GstBuffer** out) {
+  *out = nullptr;
+  GstBufferPool* pool = gst_base_transform_get_buffer_pool(GST_BASE_TRANSFORM(self));
+  if (!pool) {
+    *out = gst_buffer_new_allocate(nullptr, bytes, nullptr);
+    return *out ? GST_FLOW_OK : GST_FLOW_ERROR;
+  }
+  GstFlowReturn ret = GST_FLOW_OK;
+  if (!gst_buffer_pool_is_active(pool) && !gst_buffer_pool_set_active(pool, TRUE)) {
+    if (GST_PAD_IS_FLUSHING(GST_BASE_TRANSFORM_SRC_PAD(self))) {
+      ret = GST_FLOW_FLUSHING;
+    } else {
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                        ("%s: cannot activate the output buffer pool %s", GST_ELEMENT_NAME(self),
+                         GST_OBJECT_NAME(pool)),
+                        (nullptr));
+      ret = GST_FLOW_ERROR;
+    }
+  }
+  if (ret == GST_FLOW_OK) ret = gst_buffer_pool_acquire_buffer(pool, out, nullptr);
+  GST_LOG_OBJECT(self, "output buffer from %" GST_PTR_FORMAT ": %s", pool, gst_flow_get_name(ret));
+  gst_object_unref(pool);
+  return ret;
 }
 
 GstFlowReturn gst_latent_base_drain(GstLatentBase* self, bool* draining,

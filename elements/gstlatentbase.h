@@ -200,6 +200,12 @@ void gst_latent_base_set_frames_held(GstLatentBase* self, guint frames);
 GstFlowReturn gst_latent_base_drain(GstLatentBase* self, bool* draining,
                                     const std::function<bool()>& held,
                                     const std::function<GstFlowReturn(GstBuffer**)>& next);
+// An output buffer for a result made outside GstBaseTransform's generate_output (the video modes
+// hand out results that no single input buffer maps to): from the negotiated pool, activated
+// first as the base class's prepare_output_buffer would (a fresh pool is inactive, and acquiring
+// from it answers FLUSHING, which pauses upstream's task without a word), else `bytes` of system
+// memory. FLUSHING while really flushing; an element error when the pool cannot be activated.
+GstFlowReturn gst_latent_base_acquire_output(GstLatentBase* self, gsize bytes, GstBuffer** out);
 // The `prefetch-depth` property: frames uploaded ahead while earlier ones compute (GPU only).
 guint gst_latent_base_prefetch_depth(GstLatentBase* self);
 // This stage's own latency as a LATENCY query would add it.

@@ -269,11 +269,6 @@ static gboolean gst_vae_decode_set_info(GstLatentBase* base, GstCaps* incaps, Gs
           "vaedecode: mode=video but the latents are image-mode (temporal-factor=1); use "
           "mode=auto or mode=image";
     const bool video = says ? factor > 1 : mode == GST_LATENT_VAE_MODE_VIDEO;
-    // Known defect (issue 10, see vaeencode): video mode stalls on CUDA; refuse, never hang.
-    if (refusal.empty() && video && !model->backend->device().is_cpu())
-      refusal = latent::str_cat("vaedecode: video-mode latents do not decode on ",
-                                model->backend->name(),
-                                " yet (a known stall on CUDA, issue 10); use device=cpu");
     if (!refusal.empty()) return gst_latent_base_refuse_caps(base, incaps, refusal);
     n.video = video;
   }
@@ -665,16 +660,13 @@ static GstFlowReturn video_generate(GstVaeDecode* self, GstBuffer** outbuf) {
   VideoFrameOut f = std::move(v.ready.front());
   v.ready.pop_front();
   GstBuffer* out = nullptr;
-  if (GstBufferPool* pool = gst_base_transform_get_buffer_pool(GST_BASE_TRANSFORM(self))) {
-    const GstFlowReturn ret = gst_buffer_pool_acquire_buffer(pool, &out, nullptr);
-    gst_object_unref(pool);
-    if (ret != GST_FLOW_OK) {
-      std::lock_guard<std::mutex> run(*model->run_lock);
-      f.image = latent::Tensor();
-      return ret;
-    }
+  if (const GstFlowReturn ret = gst_latent_base_acquire_output(
+          GST_LATENT_BASE(self), GST_VIDEO_INFO_SIZE(&n.out_info), &out);
+      ret != GST_FLOW_OK) {
+    std::lock_guard<std::mutex> run(*model->run_lock);
+    f.image = latent::Tensor();
+    return ret;
   }
-  if (!out) out = gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&n.out_info), nullptr);
   std::string problem;
   {
     std::lock_guard<std::mutex> run(*model->run_lock);
@@ -902,7 +894,6 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   GstBaseTransformClass* trans_class = GST_BASE_TRANSFORM_CLASS(klass);
 
   GST_DEBUG_CATEGORY_INIT(gst_vae_decode_debug, "vaedecode", 0, "VAE decoder");
-
 
   gst_element_class_set_static_metadata(
       element_class, "VAE decoder", "Filter/Converter/Video",

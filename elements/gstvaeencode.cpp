@@ -148,7 +148,7 @@ struct Prefetch {
   std::unique_ptr<latent::FrameStager> stager;
   std::deque<Pending> pending;
   bool draining = false;
-  bool has_current = false;  // transform() converts `current` from the stager
+  bool has_current = false;        // transform() converts `current` from the stager
   bool current_converted = false;  // it did (QoS may drop the frame before transform())
   Pending current;
 };
@@ -794,15 +794,11 @@ static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
   if (!model) return GST_FLOW_FLUSHING;
   GstBuffer* out = nullptr;
   const size_t bytes = n.out_info.frame_bytes();
-  if (GstBufferPool* pool = gst_base_transform_get_buffer_pool(GST_BASE_TRANSFORM(self))) {
-    const GstFlowReturn ret = gst_buffer_pool_acquire_buffer(pool, &out, nullptr);
-    gst_object_unref(pool);
-    if (ret != GST_FLOW_OK) {
-      release();
-      return ret;
-    }
+  if (const GstFlowReturn ret = gst_latent_base_acquire_output(GST_LATENT_BASE(self), bytes, &out);
+      ret != GST_FLOW_OK) {
+    release();
+    return ret;
   }
-  if (!out) out = gst_buffer_new_allocate(nullptr, bytes, nullptr);
   std::string problem;
   {
     std::lock_guard<std::mutex> run(*model->run_lock);
@@ -1031,24 +1027,6 @@ static gboolean gst_vae_encode_open(GstLatentBase* base, const std::shared_ptr<l
   }
   bool video = mode == GST_LATENT_VAE_MODE_VIDEO ||
                (mode == GST_LATENT_VAE_MODE_AUTO && gst_latent_model_video_by_default(*model));
-  // Known defect (issue 10): video mode through these elements stalls on a CUDA device (seen on
-  // an H100: the first latent never leaves vaeencode); the engine's video streams themselves run
-  // on CUDA (latent-tool run, the model tests). Until it is found, refuse rather than hang.
-  if (video && !model->backend->device().is_cpu()) {
-    if (mode == GST_LATENT_VAE_MODE_VIDEO) {
-      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
-                        ("vaeencode: mode=video does not run on %s yet (a known stall on CUDA, "
-                         "issue 10); use device=cpu for video mode, or mode=image",
-                         model->backend->name().c_str()),
-                        ("model=%s", gst_latent_base_model_setting(base).c_str()));
-      return FALSE;
-    }
-    GST_WARNING_OBJECT(self,
-                       "%s would stream in video mode, which does not run on %s yet (issue 10): "
-                       "image mode (each frame alone); device=cpu for video mode",
-                       model->describe().c_str(), model->backend->name().c_str());
-    video = false;
-  }
   GST_INFO_OBJECT(self, "%s mode (%s, temporal factor %d)", video ? "video" : "image",
                   model->vae->info().architecture.c_str(), model->vae->temporal_factor());
   std::lock_guard<std::mutex> lock(self->impl->lock);

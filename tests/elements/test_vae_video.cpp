@@ -3,6 +3,7 @@
 // the decoded frames, EOS padding, flush / DISCONT resets, the `mode` property per model,
 // latentsink / latentsrc files in video mode, latency and bounded memory.
 #include <gst/app/gstappsink.h>
+#include <gst/video/video.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -587,6 +588,74 @@ TEST(VaeVideo, LatentsinkWritesVideoModeFilesThatLatentsrcDecodesToTheSameFrames
   for (size_t i = 0; i < direct.size(); ++i) EXPECT_TRUE(played[i] == direct[i]) << "frame " << i;
 }
 
+// ---- output buffer pools ----
+
+// Runs `line` (ending in "appsink name=sink") with the appsink offering a buffer pool in its
+// ALLOCATION answer, as video sinks and encoders do. Returns how many buffers arrived, and how
+// many of them came from a pool; a stage that stalls fails after 30 s instead of hanging.
+struct PooledRun {
+  int buffers = 0;
+  int pooled = 0;
+  bool eos = false;
+};
+
+PooledRun run_with_downstream_pool(const std::string& line) {
+  PooledRun r;
+  GError* error = nullptr;
+  GstElement* pipeline = gst_parse_launch(line.c_str(), &error);
+  EXPECT_NE(pipeline, nullptr) << (error ? error->message : "");
+  if (!pipeline) return r;
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
+  GstPad* pad = gst_element_get_static_pad(sink, "sink");
+  gst_pad_add_probe(
+      pad, GST_PAD_PROBE_TYPE_QUERY_DOWNSTREAM,
+      [](GstPad*, GstPadProbeInfo* info, gpointer) {
+        GstQuery* q = GST_PAD_PROBE_INFO_QUERY(info);
+        if (GST_QUERY_TYPE(q) != GST_QUERY_ALLOCATION) return GST_PAD_PROBE_OK;
+        GstCaps* caps = nullptr;
+        gst_query_parse_allocation(q, &caps, nullptr);
+        GstVideoInfo vinfo;
+        const bool video = caps && gst_video_info_from_caps(&vinfo, caps);
+        GstBufferPool* pool = video ? gst_video_buffer_pool_new() : gst_buffer_pool_new();
+        gst_query_add_allocation_pool(q, pool, video ? GST_VIDEO_INFO_SIZE(&vinfo) : 1 << 20, 0, 0);
+        gst_object_unref(pool);
+        return GST_PAD_PROBE_OK;
+      },
+      nullptr, nullptr);
+  gst_object_unref(pad);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  while (GstSample* s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 30 * GST_SECOND)) {
+    ++r.buffers;
+    if (gst_sample_get_buffer(s)->pool) ++r.pooled;
+    gst_sample_unref(s);
+  }
+  r.eos = gst_app_sink_is_eos(GST_APP_SINK(sink));
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  return r;
+}
+
+// Video mode hands out results outside GstBaseTransform's generate_output; a pool negotiated
+// with downstream starts inactive, and acquiring from it answered FLUSHING, which paused the
+// source's task without an error: the pipeline hung after the first frame (seen on CUDA, where
+// latents always go to a pool).
+TEST(VaeVideo, PoolsOfferedDownstreamAreActivatedAndUsed) {
+  const std::string src =
+      "videotestsrc num-buffers=7 ! video/x-raw,format=RGB,width=32,height=32 ! ";
+  const std::string enc = "vaeencode model=\"" + wan_model() + "\" mode=video ! ";
+  PooledRun latents = run_with_downstream_pool(src + enc + "appsink name=sink sync=false");
+  EXPECT_TRUE(latents.eos);
+  EXPECT_EQ(latents.buffers, 3);  // 1 + 4 + (2 padded to 4) frames
+  EXPECT_EQ(latents.pooled, latents.buffers);
+  PooledRun frames =
+      run_with_downstream_pool(src + enc + "vaedecode model=\"" + wan_model() +
+                               "\" ! video/x-raw,format=RGB ! appsink name=sink sync=false");
+  EXPECT_TRUE(frames.eos);
+  EXPECT_EQ(frames.buffers, 7);
+  EXPECT_EQ(frames.pooled, frames.buffers);
+}
+
 // ---- bounded memory ----
 
 // Heap bytes in use now (all arenas, small blocks and mmapped ones). Unlike peak RSS this does
@@ -611,9 +680,10 @@ TEST(VaeVideo, MemoryDoesNotGrowWithTheLengthOfTheClip) {
     int frames = 0;
     std::vector<size_t> at;
   } samples;
-  const std::string line = "videotestsrc num-buffers=700 ! video/x-raw,format=RGB,width=64,height=64 "
-                           "! vaeencode model=\"" + wan_model() + "\" mode=video ! vaedecode model=\"" +
-                           wan_model() + "\" ! fakesink name=sink";
+  const std::string line =
+      "videotestsrc num-buffers=700 ! video/x-raw,format=RGB,width=64,height=64 "
+      "! vaeencode model=\"" +
+      wan_model() + "\" mode=video ! vaedecode model=\"" + wan_model() + "\" ! fakesink name=sink";
   GError* error = nullptr;
   GstElement* pipeline = gst_parse_launch(line.c_str(), &error);
   ASSERT_NE(pipeline, nullptr) << (error ? error->message : "");
