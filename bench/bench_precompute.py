@@ -4,8 +4,8 @@
 On a set of 720p H.264 clips (generated here when --clips-dir has none), for each model:
 
   ray      scripts/latent-precompute --engine ray --workers NGPU --gpus-per-worker 1
-           (filesrc ! decodebin ! videoconvert ! vaeencode ! latentsink per actor; decodebin
-           picks nvh264dec when GStreamer's nvcodec plugin is there)
+           (filesrc ! decodebin ! vaeencode ! latentsink per actor; decodebin picks nvh264dec
+           when GStreamer's nvcodec plugin is there, and its CUDA memory goes straight in)
   encoder  the encoder alone: videotestsrc 1280x720 ! vaeencode ! fakesink, start-up removed by
            two frame counts (the "standalone frames/s" the target compares with)
   torch    a plain PyTorch + diffusers loop over the same clips: decode (PyAV, else torchvision,
@@ -151,7 +151,9 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray") -> dict:
         failed = sum(1 for _ in open(fpath))
     return {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
             "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus,
-            "log_tail": p.stderr.strip().splitlines()[-1:] if p.stderr else []}
+            "log_tail": p.stderr.strip().splitlines()[-2:] if p.stderr else [],
+            "decoded_by": next((l.split("decoded by ", 1)[1] for l in p.stderr.splitlines()
+                                if "decoded by " in l), "")}
 
 
 def run_encoder_alone(model, args) -> dict:

@@ -88,7 +88,7 @@ def video_bound_fps(bench, model, size, frames, timeout):
     rates = {}
     for part in ("encoder", "decoder"):
         cmd = [bench, "--model", model, "--device", "cuda", "--dtype", "bf16", "--size", size,
-               "--frames", str(frames), "--part", part, "--json"]
+               "--frames", str(frames), "--warmup", "41", "--part", part, "--json"]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -168,7 +168,7 @@ def main():
         if m == "wan":
             m = ensure_wan(args.workdir)
             vs = args.video_size
-            rates, why = video_bound_fps(args.bench, m, vs, 81, args.timeout)
+            rates, why = video_bound_fps(args.bench, m, vs, args.video_frames, args.timeout)
             bound = 1.0 / (1.0 / rates["encoder"] + 1.0 / rates["decoder"]) if rates else None
             stages = f"vaeencode model={m} device=cuda mode=video ! vaedecode model={m} device=cuda"
             for out, caps in (("cuda", "video/x-raw(memory:CUDAMemory)"), ("system", "video/x-raw")):

@@ -1,9 +1,12 @@
 """One encoding pipeline on one device, reused clip after clip.
 
-    filesrc ! decodebin ! videoconvert ! vaeencode device=D ! latentsink
+    filesrc ! decodebin ! [videoconvert !] vaeencode device=D ! latentsink
 
-decodebin picks the decoder (nvh264dec / nvh265dec on a GPU machine when GStreamer's nvcodec
-plugin is installed, so frames stay in GPU memory up to vaeencode). The model is loaded once: an
+decodebin picks the decoder. Its output goes straight to vaeencode whenever vaeencode takes what
+the decoder can give (NV12, I420 and the RGB orders, in system or CUDA memory): nvh264dec /
+nvh265dec then hand over frames in GPU memory (no download, no CPU conversion, vaeencode reads
+them in place), software decoders their planes as they are. Only other formats (10-bit, 4:4:4,
+...) go through videoconvert. Each result names the decoder and the memory its frames came in. The model is loaded once: an
 idle `vaeencode` with the same model, device and dtype stays started for the encoder's lifetime,
 and the stages of one process share a loaded model, so each clip's pipeline start finds it in
 memory.
@@ -43,6 +46,8 @@ class ClipResult:
     frames: int = 0  # video frames encoded
     latent_frames: int = 0
     seconds: float = 0.0
+    decoder: str = ""  # the decoder decodebin picked (its factory name)
+    frames_memory: str = ""  # "CUDAMemory" or "SystemMemory": what vaeencode received
     error: str = ""  # empty on success
 
 
@@ -111,8 +116,9 @@ class ClipEncoder:
             linked = self._encode.link_filtered(self._sink, caps)
         else:
             linked = self._encode.link(self._sink)
-        if not (linked and self._src.link(self._decode) and self._convert.link(self._encode)):
-            raise PipelineError("cannot link filesrc ! decodebin, videoconvert ! vaeencode ! latentsink")
+        if not (linked and self._src.link(self._decode)):
+            raise PipelineError("cannot link filesrc ! decodebin, vaeencode ! latentsink")
+        self._link_error = ""
         self._decode.connect("pad-added", self._on_pad_added)
 
     @staticmethod
@@ -132,12 +138,36 @@ class ClipEncoder:
         return el
 
     def _on_pad_added(self, _decodebin, pad):
+        Gst = gst()
         caps = pad.get_current_caps() or pad.query_caps(None)
         if caps is None or caps.is_empty() or not caps.get_structure(0).get_name().startswith("video/"):
             return  # audio and other streams stay unlinked
-        sink = self._convert.get_static_pad("sink")
-        if not sink.is_linked():
-            pad.link(sink)
+        encode_sink = self._encode.get_static_pad("sink")
+        convert_sink = self._convert.get_static_pad("sink")
+        if convert_sink.is_linked():
+            return  # a second video stream: the first one is encoded
+        peer = encode_sink.get_peer()
+        if peer is not None:
+            if peer.get_parent_element() is not self._convert:
+                return  # a second video stream
+            self._convert.unlink(self._encode)  # the last clip went through videoconvert
+        # Straight to vaeencode when it takes something the decoder gives (the decoder then
+        # negotiates CUDA memory where it can); else through videoconvert.
+        if pad.query_caps(None).can_intersect(encode_sink.query_caps(None)) and \
+                pad.link(encode_sink) == Gst.PadLinkReturn.OK:
+            return
+        if pad.link(convert_sink) != Gst.PadLinkReturn.OK or not self._convert.link(self._encode):
+            self._link_error = f"cannot link {caps.to_string()} from decodebin to vaeencode"
+
+    def _decoder_name(self) -> str:
+        it = self._decode.iterate_recurse()
+        while True:
+            ok, el = it.next()
+            if ok != gst().IteratorResult.OK:
+                return ""
+            factory = el.get_factory()
+            if factory and "Decoder" in (factory.get_metadata("klass") or ""):
+                return factory.get_name()
 
     def encode(self, clip: str, output: str, source: str) -> ClipResult:
         """Encodes `clip` into `output` (its folder must exist); `source` is recorded in the file.
@@ -152,12 +182,21 @@ class ClipEncoder:
         self._src.set_property("location", clip)
         self._sink.set_property("location", output)
         self._sink.set_property("source", source)
+        self._link_error = ""
         try:
             if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
                 msg = self._pipeline.get_bus().pop_filtered(Gst.MessageType.ERROR)
                 res.error = _bus_error(msg) if msg else "the pipeline could not start"
             else:
                 res.error = _wait(self._pipeline, self.timeout)
+            if self._link_error and res.error:
+                res.error = f"{self._link_error}: {res.error}"
+            res.decoder = self._decoder_name()
+            caps = self._encode.get_static_pad("sink").get_current_caps()
+            if caps is not None and not caps.is_empty():
+                features = caps.get_features(0)
+                res.frames_memory = "CUDAMemory" if features and features.contains("memory:CUDAMemory") \
+                    else "SystemMemory"
         finally:
             self._pipeline.set_state(Gst.State.NULL)
             self._pipeline.get_bus().set_flushing(True)  # drop what is left of this clip

@@ -3,7 +3,7 @@
     latent-precompute --model M --input DIR|LIST --output DIR [--engine local|ray]
                       [--workers N] [--gpus-per-worker G] [--device D] [--resume]
 
-Each worker owns one pipeline on one device (filesrc ! decodebin ! videoconvert ! vaeencode !
+Each worker owns one pipeline on one device (filesrc ! decodebin ! [videoconvert !] vaeencode !
 latentsink, gst_latent.pipeline), loads the model once and encodes its clips one after another.
 `--engine ray` maps a Ray Data dataset of paths over a pool of such workers (one actor per GPU
 with --gpus-per-worker 1), on a local Ray or on the cluster RAY_ADDRESS names; `--engine local`
@@ -270,6 +270,7 @@ def main(argv=None) -> int:
 
     failures_path = os.path.join(output, "failures.jsonl")
     failed = done = frames = 0
+    paths = {}  # (decoder, memory) -> clips
     t0 = time.monotonic()
     if args.engine == "ray":
         gpus = args.gpus_per_worker
@@ -291,6 +292,8 @@ def main(argv=None) -> int:
                 else:
                     done += 1
                     frames += int(row["frames"])
+                    key = (row.get("decoder") or "?", row.get("frames_memory") or "?")
+                    paths[key] = paths.get(key, 0) + 1
                 elapsed = max(time.monotonic() - t0, 1e-9)
                 bar.set_postfix({"frames/s": f"{frames / elapsed:.1f}", "failed": failed}, refresh=False)
                 bar.update(1)
@@ -303,6 +306,10 @@ def main(argv=None) -> int:
     print(f"latent-precompute: {done} written, {failed} failed, {skipped} skipped (complete); "
           f"{frames} frames in {elapsed:.1f} s ({frames / max(elapsed, 1e-9):.1f} frames/s)"
           + (f"; failures in {failures_path}" if failed else ""), file=sys.stderr)
+    if paths:
+        print("latent-precompute: decoded by " + ", ".join(
+            f"{d} into {m} ({n} clip{'s' if n != 1 else ''})" for (d, m), n in sorted(paths.items())),
+            file=sys.stderr)
     if not failed and os.path.getsize(failures_path) == 0:
         os.remove(failures_path)
     return EXIT_FAILED_CLIPS if failed else 0

@@ -107,6 +107,32 @@ def test_metadata_describes_the_clip(local_out):
     assert img["latent_frames"] == 1 and img["source"] == "sub/img.png"
 
 
+def test_decoded_frames_go_straight_to_vaeencode(clips, tmp_path):
+    # vp8dec's I420 and pngdec's RGB are formats vaeencode takes: no videoconvert on the way (on a
+    # GPU machine nvh264dec's CUDA memory goes the same way); the summary names the decoders.
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "out"))
+    assert r.returncode == 3, r.stderr
+    assert "decoded by " in r.stderr, r.stderr
+    assert "vp8dec into SystemMemory (2 clips)" in r.stderr, r.stderr
+    assert "pngdec into SystemMemory (1 clip)" in r.stderr, r.stderr
+
+
+def test_a_video_vae_writes_video_mode_latents(clips, tmp_path):
+    # The tiny Wan VAE streams in video mode (mode=auto): 6 frames are 1 + 4 + 1 (padded), 3 latents.
+    wan = os.path.join(FIXTURES, "wan_vae_video_tiny")
+    src, out = tmp_path / "in", tmp_path / "wan"
+    src.mkdir()
+    shutil.copy(clips / "a.webm", src / "a.webm")
+    r = run_job("--input", str(src), "--output", str(out), "--model", wan)
+    assert r.returncode == 0, r.stderr
+    (path,) = [p for p in out.rglob("*.safetensors")]
+    latents, meta = read_latents(str(path))
+    assert meta["video_mode"] and meta["temporal_factor"] == 4
+    assert meta["frame_count"] == 6 and meta["latent_frames"] == 3
+    assert latents.shape[0] == 3
+    assert meta["offsets"] == [0, 1, 5] and meta["offset_ends"] == [1, 5, 6]
+
+
 def test_the_file_round_trips_through_safetensors(local_out):
     pytest.importorskip("safetensors")
     from safetensors import safe_open
