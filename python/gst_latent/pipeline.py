@@ -119,6 +119,7 @@ class ClipEncoder:
         if not (linked and self._src.link(self._decode)):
             raise PipelineError("cannot link filesrc ! decodebin, vaeencode ! latentsink")
         self._link_error = ""
+        self._video_linked = False
         self._decode.connect("pad-added", self._on_pad_added)
 
     @staticmethod
@@ -142,22 +143,28 @@ class ClipEncoder:
         caps = pad.get_current_caps() or pad.query_caps(None)
         if caps is None or caps.is_empty() or not caps.get_structure(0).get_name().startswith("video/"):
             return  # audio and other streams stay unlinked
+        if self._video_linked:
+            return  # a second video stream: the first one is encoded
         encode_sink = self._encode.get_static_pad("sink")
         convert_sink = self._convert.get_static_pad("sink")
-        if convert_sink.is_linked():
-            return  # a second video stream: the first one is encoded
-        peer = encode_sink.get_peer()
-        if peer is not None:
-            if peer.get_parent_element() is not self._convert:
-                return  # a second video stream
-            self._convert.unlink(self._encode)  # the last clip went through videoconvert
-        # Straight to vaeencode when it takes something the decoder gives (the decoder then
-        # negotiates CUDA memory where it can); else through videoconvert.
-        if pad.query_caps(None).can_intersect(encode_sink.query_caps(None)) and \
+        # Straight to vaeencode when it takes what the decoder gives (its current caps once it has
+        # them; a decoder that can give CUDA memory then renegotiates to it); else videoconvert.
+        if caps.can_intersect(encode_sink.query_caps(None)) and \
                 pad.link(encode_sink) == Gst.PadLinkReturn.OK:
+            self._video_linked = True
             return
-        if pad.link(convert_sink) != Gst.PadLinkReturn.OK or not self._convert.link(self._encode):
+        if pad.link(convert_sink) == Gst.PadLinkReturn.OK and self._convert.link(self._encode):
+            self._video_linked = True
+        else:
             self._link_error = f"cannot link {caps.to_string()} from decodebin to vaeencode"
+
+    def _unlink_last_clip(self):
+        """Undoes the last clip's links into videoconvert / vaeencode (decodebin's pads go at NULL)."""
+        for sink in (self._encode.get_static_pad("sink"), self._convert.get_static_pad("sink")):
+            peer = sink.get_peer()
+            if peer is not None:
+                peer.unlink(sink)
+        self._video_linked = False
 
     def _decoder_name(self) -> str:
         it = self._decode.iterate_recurse()
@@ -183,6 +190,7 @@ class ClipEncoder:
         self._sink.set_property("location", output)
         self._sink.set_property("source", source)
         self._link_error = ""
+        self._unlink_last_clip()
         try:
             if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
                 msg = self._pipeline.get_bus().pop_filtered(Gst.MessageType.ERROR)

@@ -117,6 +117,24 @@ def test_decoded_frames_go_straight_to_vaeencode(clips, tmp_path):
     assert "pngdec into SystemMemory (1 clip)" in r.stderr, r.stderr
 
 
+def test_formats_vaeencode_does_not_take_go_through_videoconvert(clips, tmp_path):
+    # A grey PNG (GRAY8) needs videoconvert; the clips around it do not: one worker switches the
+    # links clip by clip and every file comes out.
+    src = tmp_path / "in"
+    src.mkdir()
+    for name in ("a_grey.png", "c_grey.png"):
+        gst_launch("videotestsrc", "num-buffers=1", "pattern=ball", "!",
+                   "video/x-raw,format=GRAY8,width=40,height=32", "!", "pngenc", "!", "filesink",
+                   f"location={src / name}")
+    shutil.copy(clips / "a.webm", src / "b.webm")
+    r = run_job("--input", str(src), "--output", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "pngdec into SystemMemory (2 clips)" in r.stderr and "vp8dec" in r.stderr, r.stderr
+    for name, frames in (("a_grey.png", 1), ("b.webm", 6), ("c_grey.png", 1)):
+        _, meta = read_header(str(tmp_path / "out" / (name + ".safetensors")))
+        assert meta["frame_count"] == frames and (meta["frame_width"], meta["frame_height"]) != (0, 0)
+
+
 def test_a_video_vae_writes_video_mode_latents(clips, tmp_path):
     # The tiny Wan VAE streams in video mode (mode=auto): 6 frames are 1 + 4 + 1 (padded), 3 latents.
     wan = os.path.join(FIXTURES, "wan_vae_video_tiny")
