@@ -3,13 +3,13 @@
     filesrc ! decodebin ! [videoconvert !] vaeencode device=D ! latentsink
 
 decodebin picks the decoder. Its output goes straight to vaeencode whenever vaeencode takes what
-the decoder can give (NV12, I420 and the RGB orders, in system or CUDA memory): nvh264dec /
+the decoder gives (NV12, I420 and the RGB orders, in system or CUDA memory): nvh264dec /
 nvh265dec then hand over frames in GPU memory (no download, no CPU conversion, vaeencode reads
-them in place), software decoders their planes as they are. Only other formats (10-bit, 4:4:4,
-...) go through videoconvert. Each result names the decoder and the memory its frames came in. The model is loaded once: an
-idle `vaeencode` with the same model, device and dtype stays started for the encoder's lifetime,
-and the stages of one process share a loaded model, so each clip's pipeline start finds it in
-memory.
+them in place), software decoders their planes as they are. Only other formats (grey, 10-bit,
+4:4:4, ...) go through videoconvert. Each result names the decoder and the memory its frames came
+in. The model is loaded once: an idle `vaeencode` with the same model, device and dtype stays
+started for the encoder's lifetime, and the stages of one process share a loaded model, so each
+clip's pipeline start finds it in memory.
 """
 
 from __future__ import annotations
