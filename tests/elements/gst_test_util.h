@@ -2,6 +2,7 @@
 // GST_PLUGIN_PATH_1_0 (set by ctest); models come from tests/fixtures ($LATENT_FIXTURES).
 #pragma once
 
+#include <gst/app/gstappsink.h>
 #include <gst/check/gstharness.h>
 #include <gst/gst.h>
 #include <gst/video/video.h>
@@ -157,6 +158,36 @@ inline GstCaps* output_caps(GstHarness* h) { return gst_pad_get_current_caps(h->
 inline std::vector<uint8_t> buffer_bytes(GstBuffer* b) {
   std::vector<uint8_t> out(gst_buffer_get_size(b));
   gst_buffer_extract(b, 0, out.data(), out.size());
+  return out;
+}
+
+// Runs a gst-launch `line` to EOS (60 s at most; an ERROR or no EOS fails the test) and returns
+// the bytes of each buffer the appsink named "sink" received (none when the line has no such
+// sink).
+inline std::vector<std::vector<uint8_t>> run_to_eos(const std::string& line) {
+  GError* error = nullptr;
+  GstElement* pipeline = gst_parse_launch(line.c_str(), &error);
+  EXPECT_NE(pipeline, nullptr) << (error ? error->message : "");
+  if (error) g_error_free(error);
+  if (!pipeline) return {};
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  std::vector<std::vector<uint8_t>> out;
+  while (sink) {
+    GstSample* s = gst_app_sink_pull_sample(GST_APP_SINK(sink));
+    if (!s) break;
+    out.push_back(buffer_bytes(gst_sample_get_buffer(s)));
+    gst_sample_unref(s);
+  }
+  GstBus* bus = gst_element_get_bus(pipeline);
+  GstMessage* m = gst_bus_timed_pop_filtered(
+      bus, 60 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  EXPECT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) << line;
+  if (m) gst_message_unref(m);
+  gst_object_unref(bus);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  if (sink) gst_object_unref(sink);
+  gst_object_unref(pipeline);
   return out;
 }
 

@@ -389,35 +389,6 @@ TEST(LatentSrc, BadFilesAreErrorsNamingTheFileAndTheProblem) {
 
 // ---- through the stages -----------------------------------------------------------------
 
-// The RGB frames out of `line` (an appsink named sink).
-std::vector<std::vector<uint8_t>> frames_of(const std::string& line) {
-  GError* error = nullptr;
-  GstElement* pipeline = gst_parse_launch(line.c_str(), &error);
-  EXPECT_NE(pipeline, nullptr) << (error ? error->message : "");
-  if (!pipeline) return {};
-  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
-  gst_element_set_state(pipeline, GST_STATE_PLAYING);
-  std::vector<std::vector<uint8_t>> out;
-  while (GstSample* s = gst_app_sink_pull_sample(GST_APP_SINK(sink))) {
-    GstMapInfo map;
-    GstBuffer* b = gst_sample_get_buffer(s);
-    gst_buffer_map(b, &map, GST_MAP_READ);
-    out.emplace_back(map.data, map.data + map.size);
-    gst_buffer_unmap(b, &map);
-    gst_sample_unref(s);
-  }
-  GstBus* bus = gst_element_get_bus(pipeline);
-  GstMessage* m = gst_bus_timed_pop_filtered(
-      bus, 60 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
-  EXPECT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) << line;
-  if (m) gst_message_unref(m);
-  gst_object_unref(bus);
-  gst_element_set_state(pipeline, GST_STATE_NULL);
-  gst_object_unref(sink);
-  gst_object_unref(pipeline);
-  return out;
-}
-
 TEST(LatentFile, LatentsrcVaedecodeReproducesVaeencodeVaedecode) {
   const std::string model = taesd_model();
   const std::string path = tmp("through.safetensors");
@@ -427,7 +398,7 @@ TEST(LatentFile, LatentsrcVaedecodeReproducesVaeencodeVaedecode) {
   const std::string enc = "vaeencode model=\"" + model + "\" dtype=fp32 ! ";
   const std::string dec =
       "vaedecode model=\"" + model + "\" ! video/x-raw,format=RGB ! appsink name=sink sync=false";
-  const auto direct = frames_of(src + enc + dec);
+  const auto direct = run_to_eos(src + enc + dec);
   ASSERT_EQ(direct.size(), 4u);
   // Written through latentsink (an appsink-free pipeline), then played back.
   const std::string write = src + enc + "latentsink location=\"" + path + "\"";
@@ -447,7 +418,7 @@ TEST(LatentFile, LatentsrcVaedecodeReproducesVaeencodeVaedecode) {
   EXPECT_EQ(f->info.model, model);  // found on vaeencode upstream
   EXPECT_EQ(f->info.model_config_sha256.size(), 64u);
   EXPECT_EQ(f->info.frame_width, 60);
-  const auto played = frames_of("latentsrc location=\"" + path + "\" ! " + dec);
+  const auto played = run_to_eos("latentsrc location=\"" + path + "\" ! " + dec);
   ASSERT_EQ(played.size(), direct.size());
   for (size_t i = 0; i < direct.size(); ++i) EXPECT_TRUE(played[i] == direct[i]) << "frame " << i;
 }

@@ -532,34 +532,6 @@ TEST(VaeVideo, LatencyIncludesTheFramesHeldForAChunk) {
 
 // ---- latent files ----
 
-// Runs `line` (ending in an appsink named sink, or a latentsink) to EOS; the frames an appsink
-// got.
-std::vector<std::vector<uint8_t>> run_line(const std::string& line) {
-  GError* error = nullptr;
-  GstElement* pipeline = gst_parse_launch(line.c_str(), &error);
-  EXPECT_NE(pipeline, nullptr) << (error ? error->message : "");
-  if (!pipeline) return {};
-  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
-  gst_element_set_state(pipeline, GST_STATE_PLAYING);
-  std::vector<std::vector<uint8_t>> out;
-  while (sink) {
-    GstSample* s = gst_app_sink_pull_sample(GST_APP_SINK(sink));
-    if (!s) break;
-    out.push_back(buffer_bytes(gst_sample_get_buffer(s)));
-    gst_sample_unref(s);
-  }
-  GstBus* bus = gst_element_get_bus(pipeline);
-  GstMessage* m = gst_bus_timed_pop_filtered(
-      bus, 60 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
-  EXPECT_TRUE(m && GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) << line;
-  if (m) gst_message_unref(m);
-  gst_object_unref(bus);
-  gst_element_set_state(pipeline, GST_STATE_NULL);
-  if (sink) gst_object_unref(sink);
-  gst_object_unref(pipeline);
-  return out;
-}
-
 TEST(VaeVideo, LatentsinkWritesVideoModeFilesThatLatentsrcDecodesToTheSameFrames) {
   const std::string model = wan_model();
   const std::string path = latent::test::temp_dir() + "/video_mode.safetensors";
@@ -569,9 +541,9 @@ TEST(VaeVideo, LatentsinkWritesVideoModeFilesThatLatentsrcDecodesToTheSameFrames
   const std::string enc = "vaeencode model=\"" + model + "\" mode=video ! ";
   const std::string dec =
       "vaedecode model=\"" + model + "\" ! video/x-raw,format=RGB ! appsink name=sink sync=false";
-  const auto direct = run_line(src + enc + dec);
+  const auto direct = run_to_eos(src + enc + dec);
   ASSERT_EQ(direct.size(), 7u);
-  run_line(src + enc + "latentsink location=\"" + path + "\"");
+  run_to_eos(src + enc + "latentsink location=\"" + path + "\"");
   auto f = latent::open_latent_file(path);
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_TRUE(f->info.video_mode());
@@ -582,7 +554,7 @@ TEST(VaeVideo, LatentsinkWritesVideoModeFilesThatLatentsrcDecodesToTheSameFrames
   EXPECT_EQ(f->info.offset_ends, (std::vector<int64_t>{1, 5, 7}));
   EXPECT_EQ(f->info.pts, (std::vector<int64_t>{0, 40000000, 200000000}));
   EXPECT_EQ(f->info.durations, (std::vector<int64_t>{40000000, 160000000, 80000000}));
-  const auto played = run_line("latentsrc location=\"" + path + "\" ! " + dec);
+  const auto played = run_to_eos("latentsrc location=\"" + path + "\" ! " + dec);
   ASSERT_EQ(played.size(), direct.size());
   for (size_t i = 0; i < direct.size(); ++i) EXPECT_TRUE(played[i] == direct[i]) << "frame " << i;
 }

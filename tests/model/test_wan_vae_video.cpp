@@ -115,22 +115,28 @@ Tensor stream_in_chunks(VaeModel& vae, bool encoder, const Tensor& clip,
   return outs.empty() ? Tensor() : host_join(outs);
 }
 
+// Whole clips through encode_video / decode_video against diffusers' outputs in the fixture:
+// 9 frames, 3 latent frames, and 7 frames (finish() pads with the last frame to 9, as diffusers
+// on the padded clip).
+void expect_clips_match_diffusers(VaeModel& vae, std::map<std::string, Tensor>& t) {
+  Backend& b = vae.backend();
+  expect_close(down(b, vae.encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
+               "encode_video");
+  expect_close(down(b, vae.decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
+               "decode_video");
+  expect_close(down(b, vae.encode_video(up(b, t["sample_odd"]))), t["latent_mean_odd"], kTolerance,
+               "encode_video of 7 frames");
+}
+
 class WanVideo : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(WanVideo, MatchesDiffusers) {
   auto vae = test::load_ok(model_path(GetParam()));
   ASSERT_TRUE(vae);
   auto t = io(GetParam());
-  Backend& b = vae->backend();
   EXPECT_EQ(vae->temporal_factor(), 4);
   EXPECT_TRUE(vae->supports_video());
-  expect_close(down(b, vae->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
-               "encode_video");
-  expect_close(down(b, vae->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
-               "decode_video");
-  // 7 frames: finish() pads with the last frame to 9, as diffusers on the padded clip.
-  expect_close(down(b, vae->encode_video(up(b, t["sample_odd"]))), t["latent_mean_odd"], kTolerance,
-               "encode_video of 7 frames");
+  expect_clips_match_diffusers(*vae, t);
 }
 
 TEST_P(WanVideo, StreamingInAnyChunkingEqualsWholeClip) {
@@ -398,16 +404,10 @@ TEST_P(Wan22Video, MatchesDiffusers) {
   auto vae = test::load_ok(model_path(GetParam()));
   ASSERT_TRUE(vae);
   auto t = io(GetParam());
-  Backend& b = vae->backend();
   EXPECT_EQ(vae->temporal_factor(), 4);
   EXPECT_EQ(vae->downsample(), 16);
   EXPECT_EQ(vae->latent_space().channels, 16);
-  expect_close(down(b, vae->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
-               "encode_video");
-  expect_close(down(b, vae->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
-               "decode_video");
-  expect_close(down(b, vae->encode_video(up(b, t["sample_odd"]))), t["latent_mean_odd"], kTolerance,
-               "encode_video of 7 frames");
+  expect_clips_match_diffusers(*vae, t);
 }
 
 // (One case: both hold the same network.)
