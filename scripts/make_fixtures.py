@@ -807,25 +807,36 @@ def check(args, out, taesd_mod):
 
 # ---------------------------------------------------------------------------------------------
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_fixture_args(ap, cases):
+    """The options every fixture script takes (--out, --device, --cases, --check, --tolerance)."""
     ap.add_argument("--out", default="tests/fixtures", help="fixtures folder (default: tests/fixtures)")
     ap.add_argument("--device", default="cpu", help="torch device for the reference outputs (cpu, cuda)")
-    ap.add_argument("--taesd-py", default=None,
-                    help="path to madebyollin/taesd's taesd.py (commit 5cccb12 or later); needed for "
-                         "tiny_taef2 and for the taesd.py cross-check of tiny_taesd_single")
-    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of: " + ", ".join(CASES))
+    ap.add_argument("--cases", default=",".join(cases), help="comma-separated subset of: " + ", ".join(cases))
     ap.add_argument("--check", action="store_true", help="compare the existing fixtures instead of writing")
     ap.add_argument("--tolerance", type=float, default=1e-4,
                     help="--check: max |diff| allowed, relative to max(1, max|reference|)")
+
+
+def parse_fixture_args(ap, cases):
+    """ap.parse_args() with --cases split and checked and --device a torch.device."""
     args = ap.parse_args()
     args.cases = [c for c in args.cases.split(",") if c]
     for c in args.cases:
-        if c not in CASES:
+        if c not in cases:
             ap.error(f"unknown case {c}")
     args.device = torch.device(args.device)
     if args.device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda but torch sees no CUDA device")
+    return args
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_fixture_args(ap, CASES)
+    ap.add_argument("--taesd-py", default=None,
+                    help="path to madebyollin/taesd's taesd.py (commit 5cccb12 or later); needed for "
+                         "tiny_taef2 and for the taesd.py cross-check of tiny_taesd_single")
+    args = parse_fixture_args(ap, CASES)
 
     setup_determinism()
     taesd_mod = load_taesd_module(args.taesd_py)

@@ -77,24 +77,8 @@ QWEN_VIDEO_TINY_CONFIG = dict(mf.QWEN_TINY_CONFIG, base_dim=3,
 # AutoencoderKLWan (Wan 2.2 layout): is_residual, patch_size 2 (12 channels after the patchify),
 # dim_mult / num_res_blocks / temperal_downsample as published, narrowed widths (decoder_base_dim
 # differs, as 160 / 256 do) and z_dim 16 instead of 48 to keep the files small.
-WAN22_VIDEO_TINY_CONFIG = dict(
-    base_dim=3,
-    decoder_base_dim=2,
-    z_dim=16,
-    dim_mult=[1, 2, 4, 4],
-    num_res_blocks=2,
-    attn_scales=[],
-    temperal_downsample=[False, True, True],
-    dropout=0.0,
-    latents_mean=mf.QWEN_TINY_CONFIG["latents_mean"],
-    latents_std=mf.QWEN_TINY_CONFIG["latents_std"],
-    is_residual=True,
-    in_channels=12,
-    out_channels=12,
-    patch_size=2,
-    scale_factor_temporal=4,
-    scale_factor_spatial=16,
-)
+WAN22_VIDEO_TINY_CONFIG = dict(WAN_VIDEO_TINY_CONFIG, base_dim=3, decoder_base_dim=2, is_residual=True,
+                               in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16)
 
 SEEDS = {"wan_vae_video_tiny": 2001, "qwen_image_vae_video_tiny": 2002,
          "wan22_vae_video_tiny": 2003}
@@ -359,20 +343,8 @@ def check(args, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="tests/fixtures", help="fixtures folder (default: tests/fixtures)")
-    ap.add_argument("--device", default="cpu", help="torch device for the reference outputs")
-    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of: " + ", ".join(CASES))
-    ap.add_argument("--check", action="store_true", help="compare the existing fixtures instead of writing")
-    ap.add_argument("--tolerance", type=float, default=1e-4,
-                    help="--check: max |diff| allowed, relative to max(1, max|reference|)")
-    args = ap.parse_args()
-    args.cases = [c for c in args.cases.split(",") if c]
-    for c in args.cases:
-        if c not in CASES:
-            ap.error(f"unknown case {c}")
-    args.device = torch.device(args.device)
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda but torch sees no CUDA device")
+    mf.add_fixture_args(ap, CASES)
+    args = mf.parse_fixture_args(ap, CASES)
     mf.setup_determinism()
     out = Path(args.out)
     print(f"diffusers {mf.diffusers.__version__}, torch {torch.__version__}, device {args.device}")
