@@ -40,6 +40,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_fixtures import save_file  # noqa: E402  (sorted headers: byte-identical reruns)
+
 import diffusers
 from diffusers import (
     AutoencoderKLQwenImage,
@@ -147,33 +150,8 @@ def gen(seed):
     return g
 
 
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
-def save_file(tensors, path, metadata):
-    """A safetensors file with a sorted header, so reruns give byte-identical files."""
-    header = {"__metadata__": dict(sorted(metadata.items()))}
-    blobs, offset = [], 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
-    os.replace(tmp, path)
-    back = load_file(path)
-    for name, t in tensors.items():
-        if not torch.equal(back[name], t.detach().to("cpu")):
-            raise SystemExit(f"{path}: {name} does not read back")
 
 
 def metadata(args, case, extra=None):

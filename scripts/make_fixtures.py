@@ -226,7 +226,7 @@ def save_file(tensors, path, metadata):
         for blob in blobs:
             f.write(blob)
     os.replace(tmp, path)  # a new inode: tensors still mapped from the old file stay valid
-    back = load_file(path)  # the reference reader must agree with what was meant
+    back = load_file(str(path))  # the reference reader must agree with what was meant
     for name, t in tensors.items():
         if not torch.equal(back[name], t.detach().to("cpu")):
             raise SystemExit(f"{path}: {name} does not read back")

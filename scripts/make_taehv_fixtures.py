@@ -39,7 +39,9 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_fixtures import save_file  # noqa: E402  (sorted headers: byte-identical reruns)
 
 SEEDS = {"taew2_1_tiny": 2101, "taew2_2_tiny": 2201}
 FRAMES = 9  # 1 + 4k with k = 2: 3 latent frames
@@ -51,7 +53,6 @@ CASES = {
     "taew2_1_tiny": ("taew2_1.safetensors", 1, 16, 2, (16, 32)),
     "taew2_2_tiny": ("taew2_2.safetensors", 2, 48, 1, (32, 48)),
 }
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def load_taehv_module(path):
@@ -117,30 +118,6 @@ def randomize(model, seed):
         last.add_(0.5)
 
 
-def save_file(tensors, path, metadata):
-    """A safetensors file with sorted header keys (reruns give identical bytes)."""
-    header = {"__metadata__": dict(sorted(metadata.items()))}
-    blobs, offset = [], 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
-    os.replace(tmp, path)
-    back = load_file(str(path))
-    for name, t in tensors.items():
-        if not torch.equal(back[name], t.detach().to("cpu")):
-            raise SystemExit(f"{path}: {name} does not read back")
 
 
 def sha256_file(path):
