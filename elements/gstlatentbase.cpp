@@ -777,6 +777,22 @@ GstLatentVaeMode gst_latent_base_vae_mode(GstLatentBase* self) {
   return impl->settings.mode;
 }
 
+gboolean gst_latent_base_checked_vae_mode(GstLatentBase* self, const GstLatentModel& model,
+                                          GstLatentVaeMode* mode) {
+  *mode = gst_latent_base_vae_mode(self);
+  if (*mode == GST_LATENT_VAE_MODE_VIDEO && !model.vae->supports_video()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("%s: mode=video needs a causal video VAE (AutoencoderKLWan, "
+                       "AutoencoderKLQwenImage or a TAEW model) but %s is an image model (%s); "
+                       "use mode=image or mode=auto",
+                       gst_latent_base_stage_name(self), model.describe().c_str(),
+                       model.vae->info().architecture.c_str()),
+                      ("model=%s", gst_latent_base_model_setting(self).c_str()));
+    return FALSE;
+  }
+  return TRUE;
+}
+
 bool gst_latent_model_video_by_default(const GstLatentModel& model) {
   if (!model.vae->supports_video()) return false;
   const std::string& arch = model.vae->info().architecture;

@@ -108,7 +108,8 @@ GstLatentVaeMode gst_latent_base_vae_mode(GstLatentBase* self);
 // negotiation error once, however often upstream retries the same caps (it resends them with
 // every buffer), and returns FALSE. Called from set_info only, on the streaming thread: never
 // from a caps or accept-caps query, which answer with FALSE alone.
-gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps, const std::string& message);
+gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps,
+                                     const std::string& message);
 
 // Debug categories and the engine's log callback (pointed at gst_debug_log under
 // "latent-engine"). Idempotent; every element registration calls it.
@@ -147,6 +148,10 @@ std::shared_ptr<std::mutex> gst_latent_base_run_lock(GstLatentBase* self);
 // The `model` setting as the user gave it.
 std::string gst_latent_base_model_setting(GstLatentBase* self);
 
+// The `mode` setting for `model`, checked at open(): mode=video with an image model is an element
+// error naming the stage and the model (FALSE).
+gboolean gst_latent_base_checked_vae_mode(GstLatentBase* self, const GstLatentModel& model,
+                                          GstLatentVaeMode* mode);
 // Whether mode=auto means video for this model: a causal video VAE (supports_video()) whose
 // config class is AutoencoderKLWan, or a TAEW (TAEHV family) model. AutoencoderKLQwenImage
 // folders and single files without a config stay in image mode (Qwen-Image is an image model).

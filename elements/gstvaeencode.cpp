@@ -1015,16 +1015,8 @@ static gboolean gst_vae_encode_open(GstLatentBase* base, const std::shared_ptr<l
   GstVaeEncode* self = GST_VAE_ENCODE(base);
   auto model = gst_latent_base_get_model(base);
   if (!model) return FALSE;
-  const GstLatentVaeMode mode = gst_latent_base_vae_mode(base);
-  if (mode == GST_LATENT_VAE_MODE_VIDEO && !model->vae->supports_video()) {
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
-                      ("vaeencode: mode=video needs a causal video VAE (AutoencoderKLWan, "
-                       "AutoencoderKLQwenImage or a TAEW model) but %s is an image model (%s); "
-                       "use mode=image or mode=auto",
-                       model->describe().c_str(), model->vae->info().architecture.c_str()),
-                      ("model=%s", gst_latent_base_model_setting(base).c_str()));
-    return FALSE;
-  }
+  GstLatentVaeMode mode;
+  if (!gst_latent_base_checked_vae_mode(base, *model, &mode)) return FALSE;
   bool video = mode == GST_LATENT_VAE_MODE_VIDEO ||
                (mode == GST_LATENT_VAE_MODE_AUTO && gst_latent_model_video_by_default(*model));
   GST_INFO_OBJECT(self, "%s mode (%s, temporal factor %d)", video ? "video" : "image",
