@@ -506,13 +506,6 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
 // dropped, so a clip comes back with as many frames as went in. A DISCONT latent, a flush, a
 // new segment and new caps start a new clip (the causal cache is dropped).
 
-// Frame i of frames [T, C, H, W] on a backend: a view [1, C, H, W] sharing its storage.
-static latent::Tensor frame_view(const latent::Tensor& x, int64_t i) {
-  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
-  return latent::Tensor::from_storage(x.storage(), x.byte_offset() + frame * static_cast<size_t>(i),
-                                      {1, x.dim(1), x.dim(2), x.dim(3)}, x.dtype(), x.layout());
-}
-
 // Image [1, 3, H, W] on the backend -> `outbuf` (CUDA memory of our context in place, else
 // through a system-memory mapping). The caller holds model.run_lock. A message on failure.
 static std::string write_frame(GstVaeDecode* self, const Negotiated& n, GstLatentModel& model,
@@ -617,7 +610,7 @@ static GstFlowReturn video_submit(GstVaeDecode* self, const Negotiated& n, GstLa
     };
     for (int64_t i = 0; i < keep; ++i) {
       VideoFrameOut f;
-      f.image = frame_view(*frames, i);
+      f.image = latent::frame_view(*frames, i);
       f.pts = at(i);
       const GstClockTime next = at(i + 1);
       f.duration = GST_CLOCK_TIME_IS_VALID(f.pts) && GST_CLOCK_TIME_IS_VALID(next)

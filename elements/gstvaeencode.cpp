@@ -613,13 +613,6 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
 // frame, DURATION of all it covers, OFFSET the first frame's index in the clip and OFFSET_END
 // one past the last real frame (a chunk padded at the end of a clip covers fewer).
 
-// Frame i of frames [T, C, h, w] on a backend: a view [1, C, h, w] sharing its storage.
-static latent::Tensor frame_view(const latent::Tensor& x, int64_t i) {
-  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
-  return latent::Tensor::from_storage(x.storage(), x.byte_offset() + frame * static_cast<size_t>(i),
-                                      {1, x.dim(1), x.dim(2), x.dim(3)}, x.dtype(), x.layout());
-}
-
 // Forgets the clip's bookkeeping: the next frame starts a new clip (offsets from 0).
 static void video_new_clip(VideoEncode& v) {
   v.frames.clear();
@@ -652,7 +645,7 @@ static latent::Status video_queue(GstVaeEncode* self, GstLatentModel& model,
       continue;
     }
     VideoLatent out;
-    out.latent = frame_view(norm, i);
+    out.latent = latent::frame_view(norm, i);
     out.offset = static_cast<guint64>(first);
     out.offset_end = static_cast<guint64>(end);
     out.discont = v.discont;

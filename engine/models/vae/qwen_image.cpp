@@ -43,14 +43,8 @@ using vae_common::Conv;
 
 // ---------------------------------------------------------------------------------------------
 // Frames: a chunk of one clip is [T, C, H, W] in the backend's image layout, frames along dim 0
-// (outermost in NCHW and NHWC alike, so a run of frames is one block of memory).
-
-// Frames [start, start + count) of x, sharing its storage.
-Tensor frame_view(const Tensor& x, int64_t start, int64_t count) {
-  const size_t frame = x.nbytes() / static_cast<size_t>(x.dim(0));
-  return Tensor::from_storage(x.storage(), x.byte_offset() + frame * static_cast<size_t>(start),
-                              {count, x.dim(1), x.dim(2), x.dim(3)}, x.dtype(), x.layout());
-}
+// (outermost in NCHW and NHWC alike, so a run of frames is one block of memory; frame_view in
+// vae.h).
 
 // The frames of `parts` one after another, in new storage (also for a single part: a copy that
 // lets the part's larger storage go).

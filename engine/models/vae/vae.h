@@ -54,6 +54,10 @@ struct ModelInfo {
 // chunks while each layer keeps the last frames it has seen (the causal cache): memory stays
 // constant whatever the clip's length. Video tensors are [N, C, T, H, W] (diffusers' order).
 //
+// Frames [start, start + count) of `frames` ([T, C, H, W] in the backend's image layout, frames
+// outermost in NCHW and NHWC alike), sharing its storage: [count, C, H, W].
+Tensor frame_view(const Tensor& frames, int64_t start, int64_t count = 1);
+//
 // A VaeStream is one clip in progress through one part (encoder or decoder) of one model. It is
 // not thread-safe; several streams of one model may exist (each has its own caches) but they
 // share the model's backend, so callers serialise engine calls on it as for encode()/decode().

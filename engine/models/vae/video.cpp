@@ -6,10 +6,17 @@
 
 namespace latent {
 
+Tensor frame_view(const Tensor& frames, int64_t start, int64_t count) {
+  const size_t frame = frames.nbytes() / static_cast<size_t>(frames.dim(0));
+  return Tensor::from_storage(
+      frames.storage(), frames.byte_offset() + frame * static_cast<size_t>(start),
+      {count, frames.dim(1), frames.dim(2), frames.dim(3)}, frames.dtype(), frames.layout());
+}
+
 Result<std::unique_ptr<VaeStream>> VaeModel::open_stream(bool encoder) {
   return Status::errorf(info().architecture, " (", info().variant,
-                        ") is an image model: it has no video mode (", encoder ? "encoder" : "decoder",
-                        " stream requested)");
+                        ") is an image model: it has no video mode (",
+                        encoder ? "encoder" : "decoder", " stream requested)");
 }
 
 namespace {
@@ -18,7 +25,8 @@ namespace {
 Result<Tensor> run_clip(VaeModel& model, const Tensor& x, bool encoder) {
   const char* what = encoder ? "encode_video" : "decode_video";
   if (x.shape().size() != 5)
-    return Status::errorf(what, ": expected a 5-D tensor [N, C, T, H, W], got ", shape_str(x.shape()));
+    return Status::errorf(what, ": expected a 5-D tensor [N, C, T, H, W], got ",
+                          shape_str(x.shape()));
   auto stream = model.open_stream(encoder);
   if (!stream.ok()) return stream.status();
   std::vector<Tensor> parts;
@@ -35,8 +43,12 @@ Result<Tensor> run_clip(VaeModel& model, const Tensor& x, bool encoder) {
 
 }  // namespace
 
-Result<Tensor> VaeModel::encode_video(const Tensor& sample) { return run_clip(*this, sample, true); }
+Result<Tensor> VaeModel::encode_video(const Tensor& sample) {
+  return run_clip(*this, sample, true);
+}
 
-Result<Tensor> VaeModel::decode_video(const Tensor& latent) { return run_clip(*this, latent, false); }
+Result<Tensor> VaeModel::decode_video(const Tensor& latent) {
+  return run_clip(*this, latent, false);
+}
 
 }  // namespace latent
