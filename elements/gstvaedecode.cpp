@@ -400,6 +400,34 @@ static latent::FrameDownloader* staging_downloader(GstVaeDecode* self, GstLatent
   return st.downloader.get();
 }
 
+// Image [1, 3, H, W] on the backend -> `outbuf` (CUDA memory of our context in place, else
+// through a system-memory mapping). The caller holds model.run_lock. A message on failure;
+// *mapped says whether the buffer could be mapped (if not, the message says so).
+static std::string write_frame(GstVaeDecode* self, const Negotiated& n, GstLatentModel& model,
+                               const latent::Tensor& image, GstBuffer* outbuf,
+                               bool* mapped = nullptr) {
+  GstVideoFrame frame;
+  GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
+  const bool on_device = n.cuda_out && cuda->map_frame(&frame, &n.out_info, outbuf, GST_MAP_WRITE);
+  const bool ok = on_device || gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE);
+  if (mapped) *mapped = ok;
+  if (!ok)
+    return latent::str_cat("cannot map the ", gst_buffer_get_size(outbuf),
+                           "-byte output buffer as a ", GST_VIDEO_INFO_WIDTH(&n.out_info), "x",
+                           GST_VIDEO_INFO_HEIGHT(&n.out_info), " frame");
+  // On a GPU the image is converted to the frame's bytes there; only those come back.
+  latent::FrameDesc desc;
+  desc.format = latent::frame_format(n.pixel_format);
+  desc.width = GST_VIDEO_INFO_WIDTH(&n.out_info);
+  desc.height = GST_VIDEO_INFO_HEIGHT(&n.out_info);
+  if (on_device) desc.device = cuda->device();
+  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
+  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
+  latent::Status s = latent::tensor_to_frame(*model.backend, image, n.geometry, desc);
+  gst_video_frame_unmap(&frame);
+  return s.ok() ? std::string() : s.message();
+}
+
 static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer* inbuf,
                                               GstBuffer* outbuf) {
   GstVaeDecode* self = GST_VAE_DECODE(trans);
@@ -463,33 +491,17 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
     return GST_FLOW_OK;
   }
 
-  GstVideoFrame frame;
-  GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
-  const bool on_device = n.cuda_out && cuda->map_frame(&frame, &n.out_info, outbuf, GST_MAP_WRITE);
-  if (!on_device && !gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
-    release();
-    GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
-                      ("vaedecode: cannot map the %zu-byte output buffer as a %dx%d frame",
-                       gst_buffer_get_size(outbuf), GST_VIDEO_INFO_WIDTH(&n.out_info),
-                       GST_VIDEO_INFO_HEIGHT(&n.out_info)),
-                      (nullptr));
+  bool mapped = false;
+  const std::string problem = write_frame(self, n, *model, *image, outbuf, &mapped);
+  release();
+  if (!mapped) {
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaedecode: %s", problem.c_str()), (nullptr));
     return GST_FLOW_ERROR;
   }
-  // On a GPU the image is converted to the frame's bytes there; only those come back.
-  latent::FrameDesc desc;
-  desc.format = latent::frame_format(n.pixel_format);
-  desc.width = GST_VIDEO_INFO_WIDTH(&n.out_info);
-  desc.height = GST_VIDEO_INFO_HEIGHT(&n.out_info);
-  if (on_device) desc.device = cuda->device();
-  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
-  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
-  latent::Status s = latent::tensor_to_frame(*model->backend, *image, n.geometry, desc);
-  release();
-  gst_video_frame_unmap(&frame);
-  if (!s.ok()) {
+  if (!problem.empty()) {
     GST_ELEMENT_ERROR(self, STREAM, DECODE,
                       ("vaedecode: %s returned an unexpected image: %s", model->describe().c_str(),
-                       s.message().c_str()),
+                       problem.c_str()),
                       (nullptr));
     return GST_FLOW_ERROR;
   }
@@ -505,29 +517,6 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
 // frames beyond OFFSET_END - OFFSET (the chunk vaeencode padded at the end of a clip) are
 // dropped, so a clip comes back with as many frames as went in. A DISCONT latent, a flush, a
 // new segment and new caps start a new clip (the causal cache is dropped).
-
-// Image [1, 3, H, W] on the backend -> `outbuf` (CUDA memory of our context in place, else
-// through a system-memory mapping). The caller holds model.run_lock. A message on failure.
-static std::string write_frame(GstVaeDecode* self, const Negotiated& n, GstLatentModel& model,
-                               const latent::Tensor& image, GstBuffer* outbuf) {
-  GstVideoFrame frame;
-  GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
-  const bool on_device = n.cuda_out && cuda->map_frame(&frame, &n.out_info, outbuf, GST_MAP_WRITE);
-  if (!on_device && !gst_video_frame_map(&frame, &n.out_info, outbuf, GST_MAP_WRITE))
-    return latent::str_cat("cannot map the ", gst_buffer_get_size(outbuf),
-                           "-byte output buffer as a ", GST_VIDEO_INFO_WIDTH(&n.out_info), "x",
-                           GST_VIDEO_INFO_HEIGHT(&n.out_info), " frame");
-  latent::FrameDesc desc;
-  desc.format = latent::frame_format(n.pixel_format);
-  desc.width = GST_VIDEO_INFO_WIDTH(&n.out_info);
-  desc.height = GST_VIDEO_INFO_HEIGHT(&n.out_info);
-  if (on_device) desc.device = cuda->device();
-  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
-  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
-  latent::Status s = latent::tensor_to_frame(*model.backend, image, n.geometry, desc);
-  gst_video_frame_unmap(&frame);
-  return s.ok() ? std::string() : s.message();
-}
 
 // Drops the clip: its stream (caches) and the frames not yet out.
 static void video_drop(GstVaeDecode* self) {
