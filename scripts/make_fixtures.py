@@ -202,7 +202,14 @@ def cast(sd, dtype):
     return {k: v.to(dtype).contiguous() for k, v in sd.items()}
 
 
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+                      torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+def same_bits(a, b):
+    """Equal values bit for bit (torch.equal has no float8 kernels; NaN bytes compare too)."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def save_file(tensors, path, metadata):
@@ -228,7 +235,7 @@ def save_file(tensors, path, metadata):
     os.replace(tmp, path)  # a new inode: tensors still mapped from the old file stay valid
     back = load_file(str(path))  # the reference reader must agree with what was meant
     for name, t in tensors.items():
-        if not torch.equal(back[name], t.detach().to("cpu")):
+        if not same_bits(back[name], t.detach().to("cpu")):
             raise SystemExit(f"{path}: {name} does not read back")
 
 

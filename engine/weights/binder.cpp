@@ -61,6 +61,8 @@ Tensor WeightBinder::take_impl(const std::string& name, const Shape& shape, bool
     }
     return Tensor();
   }
+  // Its FP8 scale is read with it (WeightStore::get), which reports a bad one.
+  if (const TensorRecord* scale = store_.fp8_scale_of(stored)) used_.insert(scale->name);
   if (!shape.empty() && rec->shape != shape) {
     errors_.push_back(str_cat("tensor ", label, " in ", store_.path(), " has shape ",
                               shape_str(rec->shape), ", expected ", shape_str(shape)));
@@ -73,7 +75,12 @@ Tensor WeightBinder::take_impl(const std::string& name, const Shape& shape, bool
   }
   if (first_take) {
     parameters_ += host->numel();
-    dtypes_[dtype_name(host->dtype())] += host->numel();
+    // As stored: "fp8_e4m3 scaled" for a ComfyUI scaled-FP8 weight (decoded to fp32 here).
+    const std::string stored_as =
+        rec->fp8 == Fp8Format::kNone
+            ? std::string(dtype_name(host->dtype()))
+            : str_cat(fp8_format_name(rec->fp8), store_.fp8_scale_of(stored) ? " scaled" : "");
+    dtypes_[stored_as] += host->numel();
   }
   if (!upload) return host->to_dtype(DType::kF32);
   auto dev = backend_.upload(*host);
@@ -97,7 +104,15 @@ Status WeightBinder::finish() const {
     if (used_.count(n)) continue;
     bool ignored = std::any_of(ignored_prefixes_.begin(), ignored_prefixes_.end(),
                                [&](const std::string& p) { return starts_with(n, p); });
-    if (!ignored) unexpected.push_back(n);
+    if (ignored) continue;
+    // The scales and marker of ComfyUI's scaled FP8 (Fp8Companion): consumed with their
+    // weight or ignored; a scale beside a weight that is not FP8, or misshaped, is an error.
+    if (fp8_companion(n).kind != Fp8Companion::kNone) {
+      const std::string why = store_.check_fp8_companion(n);
+      if (!why.empty()) other.push_back(why);
+      continue;
+    }
+    unexpected.push_back(n);
   }
   if (missing.empty() && other.empty() && unexpected.empty()) return ok_status();
 

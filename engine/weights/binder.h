@@ -36,10 +36,14 @@ class WeightBinder {
   // Marks store tensors matching `prefix` as deliberately unused (e.g. a decoder-only load).
   void ignore_prefix(const std::string& prefix);
 
-  // Errors for missing / misshaped tensors and for tensors in the store that were never taken.
+  // Errors for missing / misshaped tensors and for tensors in the store that were never taken,
+  // except the scales and marker of FP8 weights (safetensors.h, Fp8Companion), which are
+  // consumed with their weight or ignored; those are errors only when they scale a weight that
+  // is not FP8 or are misshaped.
   Status finish() const;
   int64_t parameters_taken() const { return parameters_; }
-  // Storage dtypes seen among the taken tensors ("bf16" -> count).
+  // Storage dtypes seen among the taken tensors, in parameters ("bf16" -> count; FP8 weights as
+  // "fp8_e4m3", or "fp8_e4m3 scaled" with a scale).
   const std::map<std::string, int64_t>& storage_dtypes() const { return dtypes_; }
 
  private:

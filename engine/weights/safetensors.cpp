@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -54,14 +55,21 @@ const char* safetensors_dtype_name(DType t) {
   return "?";
 }
 
-// Bits per element of the safetensors dtypes this engine does not compute in. A tensor of one
+// The FP8 dtypes read (decoded to fp32, fp8.h).
+Fp8Format parse_fp8_dtype(const std::string& s) {
+  if (s == "F8_E4M3") return Fp8Format::kE4M3;
+  if (s == "F8_E5M2") return Fp8Format::kE5M2;
+  return Fp8Format::kNone;
+}
+
+// Bits per element of the safetensors dtypes this engine does not read. A tensor of one
 // of these is skipped when the file is opened (its byte range is still checked) and named as
 // unsupported when it is asked for.
 bool unsupported_dtype_bits(const std::string& s, uint64_t* bits) {
   static const std::map<std::string, uint64_t> sizes = {
-      {"BOOL", 8},    {"U8", 8},      {"I8", 8},      {"U16", 16},    {"I16", 16}, {"U32", 32},
-      {"I32", 32},    {"U64", 64},    {"I64", 64},    {"F64", 64},    {"C64", 64}, {"F8_E4M3", 8},
-      {"F8_E5M2", 8}, {"F8_E8M0", 8}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
+      {"BOOL", 8}, {"U8", 8},      {"I8", 8},      {"U16", 16},    {"I16", 16},
+      {"U32", 32}, {"I32", 32},    {"U64", 64},    {"I64", 64},    {"F64", 64},
+      {"C64", 64}, {"F8_E8M0", 8}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
   auto it = sizes.find(s);
   if (it == sizes.end()) return false;
   *bits = it->second;
@@ -236,6 +244,9 @@ Status parse_header_entries(const uint8_t* data, size_t size, const std::string&
     uint64_t elem_bits = 0;
     if (parse_supported_dtype(e.dtype_string, &e.record.dtype)) {
       elem_bits = dtype_size(e.record.dtype) * 8;
+    } else if ((e.record.fp8 = parse_fp8_dtype(e.dtype_string)) != Fp8Format::kNone) {
+      e.record.dtype = DType::kF32;
+      elem_bits = 8;
     } else if (unsupported_dtype_bits(e.dtype_string, &elem_bits)) {
       e.supported = false;
     } else {
@@ -377,11 +388,18 @@ Result<Tensor> SafetensorsFile::tensor(const std::string& name) const {
       for (const auto& e : entries)
         if (e.record.name == name && !e.supported)
           return Status::errorf("unsupported dtype ", e.dtype_string, " for tensor '", name,
-                                "' in ", path_, " (only F32, BF16 and F16 are supported)");
+                                "' in ", path_,
+                                " (only F32, BF16, F16, F8_E4M3 and F8_E5M2 are supported)");
     }
     return Status::errorf("no tensor '", name, "' in ", path_);
   }
   const size_t offset = static_cast<size_t>(data_start_ + r->begin);
+  if (r->fp8 != Fp8Format::kNone) {
+    Tensor t = Tensor::empty(r->shape, DType::kF32);
+    fp8_decode(r->fp8, static_cast<const uint8_t*>(mapping_->data()) + offset, t.data_as<float>(),
+               static_cast<size_t>(t.numel()));
+    return t;
+  }
   if (offset % dtype_size(r->dtype) != 0) {
     // Misaligned for its element type (a header length that is not a multiple of 8): copy
     // rather than hand out a view that typed loads would read unaligned.
@@ -757,9 +775,106 @@ const TensorRecord* WeightStore::find(const std::string& name) const {
   return it == owner_.end() ? nullptr : files_[it->second]->find(name);
 }
 
+namespace {
+
+constexpr const char* kWeightScaleSuffixes[] = {".scale_weight", ".weight_scale"};
+constexpr const char* kInputScaleSuffixes[] = {".scale_input", ".input_scale"};
+constexpr char kScaledFp8Marker[] = "scaled_fp8";
+
+std::string stored_dtype_name(const TensorRecord& r) {
+  return r.fp8 != Fp8Format::kNone ? fp8_safetensors_name(r.fp8) : safetensors_dtype_name(r.dtype);
+}
+
+}  // namespace
+
+Fp8Companion fp8_companion(const std::string& name) {
+  Fp8Companion c;
+  auto scale = [&](const char* const* suffixes, Fp8Companion::Kind kind) {
+    for (int i = 0; i < 2; ++i) {
+      const std::string suffix = suffixes[i];
+      if (name.size() > suffix.size() && ends_with(name, suffix)) {
+        c.kind = kind;
+        c.weight = name.substr(0, name.size() - suffix.size()) + ".weight";
+        return true;
+      }
+    }
+    return false;
+  };
+  if (scale(kWeightScaleSuffixes, Fp8Companion::kWeightScale)) return c;
+  if (scale(kInputScaleSuffixes, Fp8Companion::kInputScale)) return c;
+  if (name == kScaledFp8Marker || ends_with(name, std::string(".") + kScaledFp8Marker))
+    c.kind = Fp8Companion::kMarker;
+  return c;
+}
+
+const TensorRecord* WeightStore::fp8_scale_of(const std::string& weight) const {
+  if (!ends_with(weight, ".weight")) return nullptr;
+  const std::string base = weight.substr(0, weight.size() - std::strlen(".weight"));
+  for (const char* suffix : kWeightScaleSuffixes)
+    if (const TensorRecord* r = find(base + suffix)) return r;
+  return nullptr;
+}
+
+std::string WeightStore::check_fp8_companion(const std::string& name) const {
+  const Fp8Companion c = fp8_companion(name);
+  const TensorRecord* r = find(name);
+  if (c.kind == Fp8Companion::kNone || !r) return "not an FP8 scale";
+  const int64_t n = shape_numel(r->shape);
+  if (c.kind == Fp8Companion::kMarker) {
+    if (n > 2)
+      return str_cat("tensor '", name, "' in ", path_, " has ", n,
+                     " values: not ComfyUI's scaled_fp8 marker (at most 2)");
+    return "";
+  }
+  const TensorRecord* w = find(c.weight);
+  if (!w)
+    return str_cat("tensor '", name, "' in ", path_, " is an FP8 scale, but there is no '",
+                   c.weight, "' beside it");
+  if (w->fp8 == Fp8Format::kNone)
+    return str_cat("tensor '", name, "' in ", path_, " scales '", c.weight,
+                   "', which is stored as ", stored_dtype_name(*w), ", not FP8");
+  if (r->fp8 != Fp8Format::kNone)
+    return str_cat("tensor '", name, "' in ", path_, " is an FP8 scale stored as ",
+                   stored_dtype_name(*r), "; scales are F32, BF16 or F16");
+  if (c.kind == Fp8Companion::kInputScale) {
+    if (n != 1)
+      return str_cat("tensor '", name, "' in ", path_, " has shape ", shape_str(r->shape),
+                     ": an input scale holds one value");
+    return "";
+  }
+  // One value, or one per output row ([R] or [R, 1] for a weight [R, ...]).
+  const bool per_tensor = n == 1;
+  const bool per_row = !w->shape.empty() && n == w->shape[0] && r->shape.size() >= 1 &&
+                       r->shape.size() <= 2 && r->shape[0] == w->shape[0];
+  if (!per_tensor && !per_row)
+    return str_cat("tensor '", name, "' in ", path_, " has shape ", shape_str(r->shape),
+                   ": a scale of '", c.weight, "' ", shape_str(w->shape),
+                   " holds one value or one per row");
+  return "";
+}
+
 Result<Tensor> WeightStore::get(const std::string& name) const {
   auto it = owner_.find(name);
-  if (it != owner_.end()) return files_[it->second]->tensor(name);
+  if (it != owner_.end()) {
+    const TensorRecord* rec = files_[it->second]->find(name);
+    const TensorRecord* scale = fp8_scale_of(name);
+    if (!scale) return files_[it->second]->tensor(name);
+    if (std::string why = check_fp8_companion(scale->name); !why.empty()) return Status::error(why);
+    LATENT_ASSIGN_OR_RETURN(Tensor w, files_[it->second]->tensor(name));  // fp32, decoded
+    LATENT_ASSIGN_OR_RETURN(Tensor s, get(scale->name));
+    const std::vector<float> sv = s.to_floats();
+    for (float v : sv)
+      if (!std::isfinite(v))
+        return Status::errorf("tensor '", scale->name, "' in ", path_, " holds ", v,
+                              ": a weight scale must be finite");
+    // weight [R, ...] x scale (one value, or one per row R)
+    float* p = w.data_as<float>();
+    const int64_t rows = sv.size() == 1 ? 1 : rec->shape[0];
+    const int64_t per_row = w.numel() / std::max<int64_t>(rows, 1);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < per_row; ++i) p[r * per_row + i] *= sv[static_cast<size_t>(r)];
+    return w;
+  }
   for (const auto& f : files_) {
     auto probe = f->tensor(name);
     if (!probe.ok() && probe.status().message().rfind("unsupported dtype", 0) == 0)

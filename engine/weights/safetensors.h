@@ -13,25 +13,27 @@
 
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
+#include "engine/weights/fp8.h"
 
 namespace latent {
 
 struct TensorRecord {
   std::string name;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;  // what tensor() returns: fp32 for an FP8 tensor
   Shape shape;
   uint64_t begin = 0;  // byte offsets into the data block
   uint64_t end = 0;
+  Fp8Format fp8 = Fp8Format::kNone;  // stored as F8_E4M3 / F8_E5M2 (fp8.h), decoded on read
 };
 
 // Parses and validates a whole safetensors image held in memory (used by the file loader and
-// the fuzzer): header length, JSON, dtypes (F32/BF16/F16 accepted; others named as unsupported),
-// shapes, offsets inside the data block, sizes matching shape x dtype, no overlaps.
+// the fuzzer): header length, JSON, dtypes (F32/BF16/F16 and F8_E4M3/F8_E5M2 accepted; others
+// named as unsupported), shapes, offsets inside the data block, sizes matching shape x dtype,
+// no overlaps.
 // `what` names the file in messages.
 Status parse_safetensors_header(const uint8_t* data, size_t size, const std::string& what,
                                 std::vector<TensorRecord>* records,
-                                std::map<std::string, std::string>* metadata,
-                                uint64_t* data_start);
+                                std::map<std::string, std::string>* metadata, uint64_t* data_start);
 
 class SafetensorsFile {
  public:
@@ -41,7 +43,8 @@ class SafetensorsFile {
   const std::vector<TensorRecord>& records() const { return records_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const TensorRecord* find(const std::string& name) const;
-  // Zero-copy host view of one tensor; error naming the tensor and file if absent.
+  // Zero-copy host view of one tensor; error naming the tensor and file if absent. An FP8
+  // tensor comes back decoded to fp32 (a copy), without any scale applied.
   Result<Tensor> tensor(const std::string& name) const;
 
  private:
@@ -116,6 +119,22 @@ class SafetensorsStreamWriter {
   int64_t frames_ = 0;
 };
 
+// What a tensor of ComfyUI's "scaled FP8" checkpoints is to the FP8 weight beside it. Those
+// files store a linear layer's `<m>.weight` in F8_E4M3 (or F8_E5M2) with `<m>.scale_weight`
+// (F32; one value, or one per output row): the real weight is weight x scale_weight. They may
+// also hold `<m>.scale_input` (one value: the scale an FP8 x FP8 matmul divides its input by;
+// weights dequantised at load never use it, so it is ignored) and a marker tensor `scaled_fp8`
+// (at the top level, after any key prefix; its dtype names the format). Newer ComfyUI files
+// spell the scales `<m>.weight_scale` / `<m>.input_scale`, read the same way.
+struct Fp8Companion {
+  enum Kind { kNone, kWeightScale, kInputScale, kMarker };
+  Kind kind = kNone;
+  std::string weight;  // `<m>.weight` for the scales
+};
+// By name alone: `<m>.scale_weight` / `.weight_scale`, `<m>.scale_input` / `.input_scale`,
+// `scaled_fp8` / `<prefix>.scaled_fp8`.
+Fp8Companion fp8_companion(const std::string& name);
+
 // All weights of one model part: a single .safetensors file, or the shards named by a
 // *.safetensors.index.json ({"weight_map": {name: shard file}}).
 class WeightStore {
@@ -125,8 +144,19 @@ class WeightStore {
   bool contains(const std::string& name) const;
   std::vector<std::string> names() const;  // sorted
   const TensorRecord* find(const std::string& name) const;
+  // A host tensor. FP8 weights come back dequantised to fp32: decoded exactly and multiplied by
+  // their `<m>.scale_weight` when the file has one (see Fp8Companion); a scale of the wrong
+  // shape or dtype, or a scale beside a weight that is not FP8, is an error naming the scale.
   Result<Tensor> get(const std::string& name) const;
   const std::string& path() const { return path_; }
+
+  // The scale record of an FP8 weight (`<m>.scale_weight` or `<m>.weight_scale`), or nullptr.
+  const TensorRecord* fp8_scale_of(const std::string& weight) const;
+  // Empty when `name` (present in the store) is a scale or marker as Fp8Companion describes it
+  // beside an FP8 weight, which is ignored or consumed with its weight; otherwise why it is
+  // not one ("'<m>.scale_weight' scales '<m>.weight', which is stored as BF16, not FP8").
+  // A name that is no companion at all gives "not an FP8 scale".
+  std::string check_fp8_companion(const std::string& name) const;
 
  private:
   std::string path_;
