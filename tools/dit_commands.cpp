@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "engine/backends/registry.h"
-#include "tools/lora_commands.h"
 #include "engine/models/dit/denoise.h"
 #include "engine/models/dit/flow_match_scheduler.h"
 #include "engine/models/dit/pipeline_inputs.h"
@@ -19,6 +18,7 @@
 #include "engine/weights/config.h"
 #include "engine/weights/model_source.h"
 #include "engine/weights/safetensors.h"
+#include "tools/lora_commands.h"
 
 #if LATENT_TOOL_OPENCV
 #include <opencv2/core.hpp>
@@ -453,5 +453,84 @@ int cmd_denoise(const Options& o, const std::vector<std::string>& positional) {
       req.steps, req.reference_latents.size(),
       req.negative.defined() && req.true_cfg_scale > 1 ? "true CFG" : "no CFG",
       (*backend)->name().c_str(), loop_ms);
+  return 0;
+}
+
+// --- inspect FILE (a transformer checkpoint) ---------------------------------------------
+int inspect_transformer_file(const std::string& path) {
+  auto ends_with = [&](const std::string& s) {
+    return path.size() >= s.size() && path.compare(path.size() - s.size(), s.size(), s) == 0;
+  };
+  if (!ends_with(".safetensors") && !ends_with(".safetensors.index.json")) return -1;
+  auto store = latent::WeightStore::open(path);
+  if (!store.ok()) return -1;  // the model inspection reports it
+  const std::string prefix = latent::qwen_image_mmdit_key_prefix(*store);
+  if (!store->contains(prefix + "img_in.weight") ||
+      !store->contains(prefix + "transformer_blocks.0.img_mod.1.weight"))
+    return -1;
+  std::printf("kind:       Qwen-Image transformer (QwenImageTransformer2DModel), one checkpoint\n");
+  std::printf("file:       %s\n", path.c_str());
+  std::printf("key prefix: %s\n",
+              prefix.empty() ? "none (diffusers names)" : (prefix + " (ComfyUI)").c_str());
+
+  // Tensors and parameters by stored dtype; FP8 weights with their scales.
+  std::map<std::string, std::pair<int64_t, int64_t>> by_dtype;  // dtype -> tensors, parameters
+  int64_t fp8 = 0, scaled = 0, per_row = 0, input_scales = 0;
+  std::string marker;
+  for (const std::string& n : store->names()) {
+    const latent::TensorRecord* r = store->find(n);
+    const std::string dt = r->fp8 != latent::Fp8Format::kNone ? latent::fp8_format_name(r->fp8)
+                                                              : latent::dtype_name(r->dtype);
+    by_dtype[dt].first += 1;
+    by_dtype[dt].second += latent::shape_numel(r->shape);
+    const latent::Fp8Companion c = latent::fp8_companion(n);
+    if (c.kind == latent::Fp8Companion::kInputScale) ++input_scales;
+    if (c.kind == latent::Fp8Companion::kMarker) marker = dt;
+    if (r->fp8 == latent::Fp8Format::kNone || c.kind != latent::Fp8Companion::kNone) continue;
+    ++fp8;
+    if (const latent::TensorRecord* s = store->fp8_scale_of(n)) {
+      ++scaled;
+      per_row += latent::shape_numel(s->shape) > 1;
+    }
+  }
+  std::printf("dtypes:    ");
+  for (const auto& [dt, c] : by_dtype)
+    std::printf("%s %s %lld tensors (%lld parameters)", dt == by_dtype.begin()->first ? "" : ";",
+                dt.c_str(), static_cast<long long>(c.first), static_cast<long long>(c.second));
+  std::printf("\n");
+  if (fp8 == 0)
+    std::printf("fp8:        no\n");
+  else if (scaled == 0)
+    std::printf("fp8:        %lld weights, unscaled (cast to FP8)%s\n", static_cast<long long>(fp8),
+                marker.empty() ? "" : ", scaled_fp8 marker");
+  else
+    std::printf(
+        "fp8:        %lld weights, scaled: %lld with a scale_weight (%lld per row), %lld "
+        "scale_input (ignored)%s\n",
+        static_cast<long long>(fp8), static_cast<long long>(scaled),
+        static_cast<long long>(per_row), static_cast<long long>(input_scales),
+        marker.empty() ? "" : latent::str_cat(", scaled_fp8 marker (", marker, ")").c_str());
+  if (fp8 > 0)
+    std::printf("            dequantised at load to the compute dtype%s\n",
+                scaled > 0 ? " (weight x scale_weight)" : "");
+
+  // The config: the file's own x.json, else from the shapes.
+  auto source = latent::resolve_model_source(path, "transformer");
+  if (source.ok() && !source->config_path.empty()) {
+    std::printf("config:     %s\n", source->config_path.c_str());
+    return 0;
+  }
+  auto cfg = latent::infer_qwen_image_mmdit_config(*store, prefix);
+  if (!cfg.ok()) {
+    std::printf("config:     not from the shapes: %s\n", cfg.status().message().c_str());
+    return 0;
+  }
+  std::printf(
+      "config:     from the shapes: %lld layers, %lld x %lld heads, joint_attention_dim "
+      "%lld, in/out channels %lld / %lld\n",
+      static_cast<long long>(cfg->num_layers), static_cast<long long>(cfg->num_attention_heads),
+      static_cast<long long>(cfg->attention_head_dim),
+      static_cast<long long>(cfg->joint_attention_dim), static_cast<long long>(cfg->in_channels),
+      static_cast<long long>(cfg->out_channels));
   return 0;
 }

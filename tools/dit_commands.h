@@ -14,5 +14,10 @@ int cmd_run_transformer(const std::map<std::string, std::string>& options,
 int cmd_denoise(const std::map<std::string, std::string>& options,
                 const std::vector<std::string>& positional);
 
+// `latent-tool inspect FILE` of a Qwen-Image transformer checkpoint (diffusers names or
+// ComfyUI's prefixed single files): key prefix, dtypes, FP8 and its scales, the config. -1 when
+// the file is no such checkpoint (the caller tries other kinds), else the exit status.
+int inspect_transformer_file(const std::string& path);
+
 // The usage lines of these commands, to append to latent-tool's usage text.
 const char* dit_usage();

@@ -97,6 +97,9 @@ int cmd_inspect(const Args& a) {
   // A LoRA file: what it is and which transformer it fits.
   if (const std::string p = a.positional.empty() ? a.get("model") : a.positional[0]; !p.empty())
     if (const int rc = inspect_lora(p); rc >= 0) return rc;
+  // A transformer checkpoint (e.g. ComfyUI's FP8 single files): what it holds.
+  if (a.positional.size() == 1)
+    if (const int rc = inspect_transformer_file(a.positional[0]); rc >= 0) return rc;
   if (a.positional.size() == 1 && is_latent_file(a.positional[0])) return inspect_latent_file(a.positional[0]);
   if (a.options.count("model") && !a.positional.empty())
     return fail(Status::errorf("inspect: give the model once, as --model or as MODEL (got --model ",

@@ -310,17 +310,10 @@ struct QwenImageMmdit::RuntimeLora : LinearLora {};
 
 namespace {
 
-// The sizes of config.json that set how much is built (layers, widths), checked against the
-// weights' shapes before anything is: a config of another model, or a typo such as num_layers
-// 1000000, is named here instead of building a million blocks that each report missing tensors.
-Status check_config_against_weights(const QwenImageMmditConfig& c, const std::string& config_path,
-                                    const WeightStore& store) {
-  auto mismatch = [&](const char* key, int64_t given, const std::string& held) {
-    return Status::errorf(config_path, ": '", key, "' is ", given, " but the weights in ",
-                          store.path(), " ", held, ": the config does not describe these weights");
-  };
+// transformer_blocks.<i> for the largest i, + 1 (0 when there are none).
+int64_t count_blocks(const WeightStore& store, const std::string& key_prefix) {
   int64_t layers = 0;
-  const std::string prefix = "transformer_blocks.";
+  const std::string prefix = key_prefix + "transformer_blocks.";
   for (const std::string& n : store.names()) {
     if (n.compare(0, prefix.size(), prefix) != 0) continue;
     const size_t dot = n.find('.', prefix.size());
@@ -329,9 +322,22 @@ Status check_config_against_weights(const QwenImageMmditConfig& c, const std::st
       continue;
     layers = std::max<int64_t>(layers, std::stoll(idx) + 1);
   }
+  return layers;
+}
+
+// The sizes of config.json that set how much is built (layers, widths), checked against the
+// weights' shapes before anything is: a config of another model, or a typo such as num_layers
+// 1000000, is named here instead of building a million blocks that each report missing tensors.
+Status check_config_against_weights(const QwenImageMmditConfig& c, const std::string& config_path,
+                                    const WeightStore& store, const std::string& key_prefix) {
+  auto mismatch = [&](const char* key, int64_t given, const std::string& held) {
+    return Status::errorf(config_path, ": '", key, "' is ", given, " but the weights in ",
+                          store.path(), " ", held, ": the config does not describe these weights");
+  };
+  const int64_t layers = count_blocks(store, key_prefix);
   if (layers > 0 && c.num_layers != layers)
     return mismatch("num_layers", c.num_layers, str_cat("hold ", layers, " transformer_blocks"));
-  if (const TensorRecord* r = store.find("img_in.weight"); r && r->shape.size() == 2) {
+  if (const TensorRecord* r = store.find(key_prefix + "img_in.weight"); r && r->shape.size() == 2) {
     if (c.in_channels != r->shape[1])
       return mismatch("in_channels", c.in_channels,
                       str_cat("take ", r->shape[1], " (img_in.weight ", shape_str(r->shape), ")"));
@@ -342,7 +348,7 @@ Status check_config_against_weights(const QwenImageMmditConfig& c, const std::st
                             r->shape[0], " (img_in.weight ", shape_str(r->shape),
                             "): the config does not describe these weights");
   }
-  if (const TensorRecord* r = store.find("txt_in.weight"); r && r->shape.size() == 2)
+  if (const TensorRecord* r = store.find(key_prefix + "txt_in.weight"); r && r->shape.size() == 2)
     if (c.joint_attention_dim != r->shape[1])
       return mismatch("joint_attention_dim", c.joint_attention_dim,
                       str_cat("take ", r->shape[1], " (txt_in.weight ", shape_str(r->shape), ")"));
@@ -350,6 +356,58 @@ Status check_config_against_weights(const QwenImageMmditConfig& c, const std::st
 }
 
 }  // namespace
+
+std::string qwen_image_mmdit_key_prefix(const WeightStore& store) {
+  for (const char* prefix : {"model.diffusion_model.", "diffusion_model."})
+    if (store.contains(str_cat(prefix, "img_in.weight"))) return prefix;
+  return "";
+}
+
+Result<QwenImageMmditConfig> infer_qwen_image_mmdit_config(const WeightStore& store,
+                                                           const std::string& prefix) {
+  auto matrix = [&](const std::string& name, int rank) -> Result<Shape> {
+    const TensorRecord* r = store.find(prefix + name);
+    if (!r)
+      return Status::errorf(store.path(), " has no '", prefix + name,
+                            "': not a Qwen-Image transformer (QwenImageTransformer2DModel) "
+                            "checkpoint");
+    if (static_cast<int>(r->shape.size()) != rank)
+      return Status::errorf(store.path(), ": '", prefix + name, "' has shape ", shape_str(r->shape),
+                            ", not that of a Qwen-Image transformer");
+    return r->shape;
+  };
+  LATENT_ASSIGN_OR_RETURN(Shape img_in, matrix("img_in.weight", 2));
+  LATENT_ASSIGN_OR_RETURN(Shape txt_in, matrix("txt_in.weight", 2));
+  LATENT_ASSIGN_OR_RETURN(Shape proj_out, matrix("proj_out.weight", 2));
+  LATENT_ASSIGN_OR_RETURN(Shape norm_q, matrix("transformer_blocks.0.attn.norm_q.weight", 1));
+  const int64_t d = img_in[0], hd = norm_q[0];
+  const std::string what = str_cat(store.path(), " (no config.json: sizes from the weights)");
+  if (hd < 1 || d % hd != 0)
+    return Status::errorf(what, ": the inner dim ", d,
+                          " (img_in.weight) is no multiple of the "
+                          "head dim ",
+                          hd, " (attn.norm_q.weight)");
+  // Qwen-Image's patch size; out_channels follows from proj_out [p * p * out, D].
+  const int64_t patch = 2;
+  if (proj_out[0] % (patch * patch) != 0)
+    return Status::errorf(what, ": proj_out.weight ", shape_str(proj_out),
+                          " is no 2x2 patch of channels");
+  // The rotary axes are no tensor's shape: Qwen-Image's own split of its 128-dim heads.
+  if (hd != 128)
+    return Status::errorf(what, ": heads of ", hd,
+                          " dims need their axes_dims_rope; put the transformer's config.json "
+                          "beside the file under the file's name (x.safetensors -> x.json)");
+  nlohmann::json j = {{"_class_name", "QwenImageTransformer2DModel"},
+                      {"patch_size", patch},
+                      {"in_channels", img_in[1]},
+                      {"out_channels", proj_out[0] / (patch * patch)},
+                      {"num_layers", count_blocks(store, prefix)},
+                      {"attention_head_dim", hd},
+                      {"num_attention_heads", d / hd},
+                      {"joint_attention_dim", txt_in[1]},
+                      {"axes_dims_rope", {16, 56, 56}}};
+  return parse_qwen_image_mmdit_config(Config(std::move(j), what));
+}
 
 QwenImageMmdit::~QwenImageMmdit() = default;
 
@@ -372,14 +430,21 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
                                                              const MmditLoras& loras) {
   const std::string where = source.given.empty() ? source.root : source.given;
   if (!backend) return Status::errorf("loading ", where, ": no backend");
-  if (source.config_path.empty())
+  if (source.config_path.empty() && !source.single_file)
     return Status::errorf("loading ", where,
                           ": a QwenImageTransformer2DModel needs its "
                           "config.json (a diffusers transformer/ folder or pipeline root)");
-  LATENT_ASSIGN_OR_RETURN(Config config, Config::load(source.config_path));
-  LATENT_ASSIGN_OR_RETURN(QwenImageMmditConfig cfg, parse_qwen_image_mmdit_config(config));
   LATENT_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(source.weights_path));
-  LATENT_TRY(check_config_against_weights(cfg, source.config_path, store));
+  // ComfyUI's single files prefix the diffusers names.
+  const std::string prefix = qwen_image_mmdit_key_prefix(store);
+  QwenImageMmditConfig cfg;
+  if (!source.config_path.empty()) {
+    LATENT_ASSIGN_OR_RETURN(Config config, Config::load(source.config_path));
+    LATENT_ASSIGN_OR_RETURN(cfg, parse_qwen_image_mmdit_config(config));
+    LATENT_TRY(check_config_against_weights(cfg, source.config_path, store, prefix));
+  } else {
+    LATENT_ASSIGN_OR_RETURN(cfg, infer_qwen_image_mmdit_config(store, prefix));
+  }
 
   std::unique_ptr<QwenImageMmdit> m(new QwenImageMmdit());
   m->config_ = cfg;
@@ -388,7 +453,9 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   m->w_ = std::make_unique<Weights>();
   Weights& w = *m->w_;
   const int64_t d = cfg.inner_dim();
-  WeightBinder binder(store, *backend);
+  std::function<std::string(const std::string&)> rename;
+  if (!prefix.empty()) rename = [prefix](const std::string& n) { return prefix + n; };
+  WeightBinder binder(store, *backend, rename);
   w.img_in = Linear::bind(binder, "img_in", cfg.in_channels, d);
   w.txt_norm = binder.take("txt_norm.weight", {cfg.joint_attention_dim});
   w.txt_in = Linear::bind(binder, "txt_in", cfg.joint_attention_dim, d);
@@ -406,8 +473,9 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   LATENT_INFO("loaded QwenImageTransformer2DModel (", cfg.num_layers, " layers, ",
               cfg.num_attention_heads, " x ", cfg.attention_head_dim, " heads",
               cfg.zero_cond_t ? ", zero_cond_t" : "", ") from ", where, " onto ", backend->name(),
-              loras.specs.empty() ? "" : str_cat(" with ", loras.specs.size(), " LoRA(s), ",
-                                                 lora_mode_name(loras.mode)));
+              loras.specs.empty() ? ""
+                                  : str_cat(" with ", loras.specs.size(), " LoRA(s), ",
+                                            lora_mode_name(loras.mode)));
   return m;
 }
 
@@ -483,7 +551,8 @@ Status QwenImageMmdit::apply_loras(const MmditLoras& loras) {
         // W' = W + strength * (alpha / rank) * up @ down; up @ down = linear(up, down^T).
         LATENT_ASSIGN_OR_RETURN(Tensor up, be.upload(mod.up));
         LATENT_ASSIGN_OR_RETURN(Tensor down_t, be.upload(transposed(mod.down)));
-        LATENT_ASSIGN_OR_RETURN(Tensor delta, be.linear(up, down_t, Tensor(), DitActivation::kNone));
+        LATENT_ASSIGN_OR_RETURN(Tensor delta,
+                                be.linear(up, down_t, Tensor(), DitActivation::kNone));
         LATENT_ASSIGN_OR_RETURN(lin->w,
                                 be.scaled_add(lin->w, delta, 1.f, spec.strength * mod.scale()));
       } else {
@@ -523,8 +592,7 @@ Status QwenImageMmdit::set_lora_strengths(const std::vector<float>& strengths) {
         "LoRA strengths are merged into the weights (lora-mode merged); reload the model to "
         "change them, or load with lora-mode runtime");
   if (strengths.size() != loras_.size())
-    return Status::errorf(strengths.size(), " LoRA strengths given for ", loras_.size(),
-                          " LoRAs");
+    return Status::errorf(strengths.size(), " LoRA strengths given for ", loras_.size(), " LoRAs");
   for (float s : strengths)
     if (!std::isfinite(s)) return Status::errorf("LoRA strength ", s, " is not finite");
   bool same = true;
@@ -546,7 +614,9 @@ std::string QwenImageMmdit::description() const {
                      ")\n");
   return str_cat(
       "architecture: QwenImageTransformer2DModel\n", "weights: ", source_.weights_path, " (",
-      dtypes, ")\n", "parameters: ", parameters_, "\n", "num_layers: ", c.num_layers, "\n",
+      dtypes, ")\n",
+      source_.config_path.empty() ? "config: from the weights' shapes (no config.json)\n" : "",
+      "parameters: ", parameters_, "\n", "num_layers: ", c.num_layers, "\n",
       "heads: ", c.num_attention_heads, " x ", c.attention_head_dim, " (inner dim ", c.inner_dim(),
       ")\n", "joint_attention_dim: ", c.joint_attention_dim, "\n",
       "in/out channels: ", c.in_channels, " / ", c.out_channels, ", patch ", c.patch_size, "\n",

@@ -54,6 +54,17 @@ struct QwenImageMmditConfig {
 // file and key.
 Result<QwenImageMmditConfig> parse_qwen_image_mmdit_config(const Config& config);
 
+// The prefix of a checkpoint's keys before the diffusers names: "model.diffusion_model." or
+// "diffusion_model." (ComfyUI's single files), else "".
+std::string qwen_image_mmdit_key_prefix(const WeightStore& store);
+// The config of a single-file checkpoint without config.json, from its tensors' shapes: layers
+// (transformer_blocks.N), inner and head dims (img_in, attn.norm_q), in / out channels (img_in,
+// proj_out, patch 2), joint_attention_dim (txt_in). axes_dims_rope is Qwen-Image's [16, 56, 56],
+// so heads must have 128 dims; zero_cond_t (Qwen-Image-Edit-2511) is false: such a model needs
+// its config.json beside the file (x.safetensors -> x.json).
+Result<QwenImageMmditConfig> infer_qwen_image_mmdit_config(const WeightStore& store,
+                                                           const std::string& prefix);
+
 // One image of the token sequence, in patches: diffusers' img_shapes entry (frame, height,
 // width). Its tokens are frames x height x width, row-major.
 struct ImageShape {
@@ -150,7 +161,7 @@ class QwenImageMmdit {
   // denoising loop over the same schedule, frame after frame), it uploads nothing.
   Result<Tensor> timestep_projections(const std::vector<float>& timesteps);
 
- // Implementation details (qwen_image_mmdit.cpp).
+  // Implementation details (qwen_image_mmdit.cpp).
   struct Weights;
   struct RuntimeLora;
 

@@ -1,0 +1,257 @@
+// FP8 checkpoints of the Qwen-Image transformer on the CPU (dequantised at load) against
+// diffusers running the dequantised fp32 weights (scripts/make_dit_fp8_fixtures.py:
+// tests/fixtures/dit_fp8): ComfyUI's scaled F8_E4M3 single file and an unscaled F8_E5M2 one,
+// the config of a ComfyUI single file from its shapes, and latent-tool inspect.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "engine/models/dit/qwen_image_mmdit.h"
+#include "engine/weights/safetensors.h"
+#include "tests/util/test_util.h"
+
+namespace latent {
+namespace {
+
+// Relative L2 vs diffusers with the same (dequantised) weights, fp32 on the CPU: what the fp32
+// checkpoint itself reaches (test_qwen_image_mmdit.cpp), far below the FP8 rounding (~1e-2).
+constexpr double kTolerance = 1e-5;
+
+std::string fixture(const std::string& name) { return test::fixtures_dir() + "/" + name; }
+std::string fp8_file(const std::string& name) {
+  return fixture("dit_fp8/" + name + ".safetensors");
+}
+
+Tensor io(const std::string& name) {
+  auto f = SafetensorsFile::open(fixture("dit_fp8/io_fp8.safetensors"));
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  auto t = (*f)->tensor(name);
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return t.ok() ? *t : Tensor();
+}
+
+// The "masked_batch" transformer case (B = 2, padded text) and its fp32 checkpoint's output.
+MmditInputs inputs(Backend& b) {
+  auto f = SafetensorsFile::open(fixture("dit_qwen_image_tiny/io_transformer.safetensors"));
+  EXPECT_TRUE(f.ok());
+  auto get = [&](const char* k) { return *(*f)->tensor(std::string("masked_batch.") + k); };
+  MmditInputs in;
+  in.hidden_states = *b.upload(get("hidden_states"));
+  in.encoder_hidden_states = *b.upload(get("encoder_hidden_states"));
+  in.encoder_hidden_states_mask = get("encoder_hidden_states_mask").to_floats();
+  in.timestep = get("timestep").to_floats();
+  std::vector<float> s = get("img_shapes").to_floats();
+  for (size_t i = 0; i + 2 < s.size(); i += 3)
+    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
+                             static_cast<int64_t>(s[i + 2])});
+  return in;
+}
+
+Tensor fp32_sample() {
+  auto f = SafetensorsFile::open(fixture("dit_qwen_image_tiny/io_transformer.safetensors"));
+  return *(*f)->tensor("masked_batch.sample");
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != DType::kF32 || b.dtype() != DType::kF32) return false;
+  return std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+TEST(QwenImageFp8, SingleFilesMatchDiffusersWithDequantisedWeights) {
+  struct Case {
+    const char* file;
+    const char* prefix;
+    const char* dtype;  // as the model reports it
+  };
+  for (const Case& c : {Case{"comfyui_scaled", "model.diffusion_model.", "fp8_e4m3 scaled"},
+                        Case{"e5m2", "diffusion_model.", "fp8_e5m2"}}) {
+    SCOPED_TRACE(c.file);
+    // The dequantised weights: bit for bit what PyTorch computes (fp8 -> fp32, x scale).
+    auto store = WeightStore::open(fp8_file(c.file));
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    EXPECT_EQ(qwen_image_mmdit_key_prefix(*store), c.prefix);
+    for (const char* w : {"transformer_blocks.0.attn.to_q.weight",
+                          "transformer_blocks.1.img_mlp.net.2.weight",  // per-row scales
+                          "transformer_blocks.0.img_mod.1.weight"}) {
+      auto got = store->get(c.prefix + std::string(w));
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      EXPECT_TRUE(same_bits(*got, io(str_cat(c.file, ".dequant.", w)))) << w;
+    }
+
+    // The whole transformer: a single file with its config beside it as <stem>.json.
+    auto m = QwenImageMmdit::load(fp8_file(c.file), test::cpu_backend());
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_EQ((*m)->source().form, "single file");
+    EXPECT_EQ((*m)->config().num_layers, 2);
+    EXPECT_NE((*m)->description().find(c.dtype), std::string::npos) << (*m)->description();
+    auto y = (*m)->forward(inputs((*m)->backend()));
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    const Tensor out = *(*m)->backend().download(*y);
+    const Tensor ref = io(str_cat(c.file, ".sample"));
+    ASSERT_EQ(out.shape(), ref.shape());
+    const double err = relative_l2(out, ref);
+    EXPECT_LT(err, kTolerance) << "relative L2 " << err;
+    // FP8 moved the output off the fp32 checkpoint's: the reference is the FP8 model's own.
+    const double quantisation = relative_l2(ref, fp32_sample());
+    EXPECT_GT(quantisation, 100 * kTolerance);
+    std::printf("%s: relative L2 %.2e vs diffusers (dequantised), FP8 vs fp32 weights %.2e\n",
+                c.file, err, quantisation);
+  }
+}
+
+// The tiny fixture's heads have 16 dims: without its <stem>.json the rotary axes cannot be told.
+TEST(QwenImageFp8, SingleFileWithoutConfigNeedsQwenImageHeads) {
+  const std::string dir = test::temp_dir() + "/noconfig";
+  std::filesystem::create_directories(dir);
+  const std::string copy = dir + "/qwen_image_fp8_e4m3fn.safetensors";
+  std::filesystem::copy_file(fp8_file("comfyui_scaled"), copy,
+                             std::filesystem::copy_options::overwrite_existing);
+  auto m = QwenImageMmdit::load(copy, test::cpu_backend());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("heads of 16 dims need their axes_dims_rope"),
+            std::string::npos)
+      << m.status().message();
+  EXPECT_NE(m.status().message().find("x.safetensors -> x.json"), std::string::npos);
+}
+
+// Every tensor of a Qwen-Image transformer with 128-dim heads (zeros, BF16), keys `prefix<m>`.
+std::map<std::string, Tensor> transformer_tensors(const std::string& prefix, int64_t heads,
+                                                  int64_t layers, int64_t joint) {
+  const int64_t d = heads * 128;
+  std::map<std::string, Tensor> t;
+  auto linear = [&](const std::string& m, int64_t in, int64_t out) {
+    t[prefix + m + ".weight"] = Tensor::zeros({out, in}, DType::kBF16);
+    t[prefix + m + ".bias"] = Tensor::zeros({out}, DType::kBF16);
+  };
+  linear("img_in", 64, d);
+  t[prefix + "txt_norm.weight"] = Tensor::zeros({joint}, DType::kBF16);
+  linear("txt_in", joint, d);
+  linear("time_text_embed.timestep_embedder.linear_1", 256, d);
+  linear("time_text_embed.timestep_embedder.linear_2", d, d);
+  linear("norm_out.linear", d, 2 * d);
+  linear("proj_out", d, 64);
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string b = str_cat("transformer_blocks.", i, ".");
+    linear(b + "img_mod.1", d, 6 * d);
+    linear(b + "txt_mod.1", d, 6 * d);
+    for (const char* p : {"to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
+                          "add_v_proj", "to_add_out"})
+      linear(b + "attn." + p, d, d);
+    for (const char* n : {"norm_q", "norm_k", "norm_added_q", "norm_added_k"})
+      t[prefix + b + "attn." + n + ".weight"] = Tensor::zeros({128}, DType::kBF16);
+    linear(b + "img_mlp.net.0.proj", d, 4 * d);
+    linear(b + "img_mlp.net.2", 4 * d, d);
+    linear(b + "txt_mlp.net.0.proj", d, 4 * d);
+    linear(b + "txt_mlp.net.2", 4 * d, d);
+  }
+  return t;
+}
+
+TEST(QwenImageFp8, ConfigOfAComfyUiSingleFileFromItsShapes) {
+  for (const char* prefix : {"model.diffusion_model.", "diffusion_model.", ""}) {
+    SCOPED_TRACE(prefix);
+    const std::string path = test::temp_dir() + "/shapes.safetensors";
+    ASSERT_TRUE(write_safetensors(path, transformer_tensors(prefix, 1, 2, 24)).ok());
+    auto store = WeightStore::open(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_EQ(qwen_image_mmdit_key_prefix(*store), prefix);
+    auto cfg = infer_qwen_image_mmdit_config(*store, prefix);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+    EXPECT_EQ(cfg->num_layers, 2);
+    EXPECT_EQ(cfg->num_attention_heads, 1);
+    EXPECT_EQ(cfg->attention_head_dim, 128);
+    EXPECT_EQ(cfg->joint_attention_dim, 24);
+    EXPECT_EQ(cfg->in_channels, 64);
+    EXPECT_EQ(cfg->out_channels, 16);
+    EXPECT_EQ(cfg->patch_size, 2);
+    EXPECT_EQ(cfg->axes_dims_rope, std::vector<int64_t>({16, 56, 56}));
+    EXPECT_FALSE(cfg->zero_cond_t);
+    // The whole load: every tensor found under the prefix, nothing left over.
+    auto m = QwenImageMmdit::load(path, test::cpu_backend());
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_NE((*m)->description().find("config: from the weights' shapes"), std::string::npos);
+  }
+  // Not a transformer, and a transformer whose blocks lack their norms.
+  const std::string path = test::temp_dir() + "/other.safetensors";
+  ASSERT_TRUE(
+      write_safetensors(path, {{"decoder.conv_in.weight", Tensor::zeros({4}, DType::kF32)}}).ok());
+  auto m = QwenImageMmdit::load(path, test::cpu_backend());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("has no 'img_in.weight': not a Qwen-Image transformer"),
+            std::string::npos)
+      << m.status().message();
+  auto t = transformer_tensors("diffusion_model.", 1, 1, 8);
+  t.erase("diffusion_model.transformer_blocks.0.attn.norm_q.weight");
+  ASSERT_TRUE(write_safetensors(path, t).ok());
+  m = QwenImageMmdit::load(path, test::cpu_backend());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(
+      m.status().message().find("has no 'diffusion_model.transformer_blocks.0.attn.norm_q.weight'"),
+      std::string::npos)
+      << m.status().message();
+}
+
+// An FP8 weight whose scale is misshaped fails the whole load, naming the key.
+TEST(QwenImageFp8, BadScaleFailsTheLoadNamingTheKey) {
+  auto t = transformer_tensors("model.diffusion_model.", 1, 1, 8);
+  t["model.diffusion_model.transformer_blocks.0.attn.to_q.scale_weight"] =
+      Tensor::from_floats({3}, {1.f, 2.f, 3.f});
+  const std::string path = test::temp_dir() + "/badscale.safetensors";
+  ASSERT_TRUE(write_safetensors(path, t).ok());
+  auto m = QwenImageMmdit::load(path, test::cpu_backend());
+  ASSERT_FALSE(m.ok());
+  // The weight is BF16 here: a scale beside it is an error of its own.
+  EXPECT_NE(m.status().message().find("'model.diffusion_model.transformer_blocks.0.attn.to_q."
+                                      "scale_weight' in " +
+                                      path + " scales"),
+            std::string::npos)
+      << m.status().message();
+}
+
+struct ToolRun {
+  int status = -1;
+  std::string output;
+};
+
+ToolRun run_tool(const std::string& args) {
+  const std::string cmd = std::string(std::getenv("LATENT_TOOL")) + " " + args + " 2>&1";
+  ToolRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(QwenImageFp8, LatentToolInspectsAndRunsFp8Files) {
+  if (!std::getenv("LATENT_TOOL")) GTEST_SKIP() << "LATENT_TOOL is not set (run through ctest)";
+  ToolRun r = run_tool("inspect " + fp8_file("comfyui_scaled"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* part : {"Qwen-Image transformer", "model.diffusion_model. (ComfyUI)",
+                           "fp8_e4m3 ", "scaled: ", "1 per row", "scale_input (ignored)",
+                           "scaled_fp8 marker (fp8_e4m3)", "comfyui_scaled.json"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  r = run_tool("inspect " + fp8_file("e5m2"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("unscaled (cast to FP8)"), std::string::npos) << r.output;
+  // A forward through the tool.
+  const std::string out = test::temp_dir() + "/fp8_sample.safetensors";
+  r = run_tool("run --device cpu --part transformer --model " + fp8_file("comfyui_scaled") +
+               " --inputs " + fixture("dit_qwen_image_tiny/io_transformer.safetensors") +
+               " --case masked_batch --outputs " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto f = SafetensorsFile::open(out);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_LT(relative_l2(*(*f)->tensor("sample"), io("comfyui_scaled.sample")), kTolerance);
+}
+
+}  // namespace
+}  // namespace latent
