@@ -217,6 +217,18 @@ class Backend {
     (void)x, (void)w, (void)kt, (void)bias, (void)p, (void)residual, (void)act;
     return Status::errorf("conv3d_frames is not supported by backend ", name());
   }
+  // conv3d_frames over the frames of `past` followed by those of x, without joining them where
+  // the backend can read both in place (CUDA's implicit-GEMM kernel: a causal convolution's
+  // cache needs no copy of the chunk). The default joins them (concat) and calls
+  // conv3d_frames().
+  virtual Result<Tensor> conv3d_frames_after(const Tensor& past, const Tensor& x, const Tensor& w,
+                                             int kt, const Tensor& bias, const Conv2dParams& p,
+                                             const Tensor& residual = Tensor(),
+                                             Activation act = Activation::kNone) {
+    Result<Tensor> xx = concat({past, x}, 0);
+    if (!xx.ok()) return xx.status();
+    return conv3d_frames(xx.value(), w, kt, bias, p, residual, act);
+  }
   // === end of video clips ===================================================================
   // === Frame, latent and staging I/O ========================================================
   // Each backend converts frames and latents its own way (the CPU on the host, CUDA with its

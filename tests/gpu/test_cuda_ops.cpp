@@ -60,7 +60,8 @@ class CudaOps : public test::CudaOpTest {
 
   // conv2d on both backends with the same inputs. Weights scaled by 1/sqrt(fan_in).
   void check_conv(const std::string& what, const Shape& xs, int64_t cout, int kernel,
-                  const Conv2dParams& p, bool bias, bool residual, Activation act, uint64_t seed) {
+                  const Conv2dParams& p, bool bias, bool residual, Activation act, uint64_t seed,
+                  Backend* gpu = nullptr) {
     const float ws = 1.f / std::sqrt(static_cast<float>(xs[1] * kernel * kernel));
     Tensor x = input(xs, seed);
     Tensor w = input({cout, xs[1], kernel, kernel}, seed + 1, -ws, ws);
@@ -68,9 +69,35 @@ class CudaOps : public test::CudaOpTest {
     const int64_t ho = (xs[2] + p.pad_top + p.pad_bottom - kernel) / p.stride + 1;
     const int64_t wo = (xs[3] + p.pad_left + p.pad_right - kernel) / p.stride + 1;
     Tensor r = residual ? input({xs[0], cout, ho, wo}, seed + 3) : Tensor();
-    Result<Tensor> got = gpu_->conv2d(on_gpu(x), on_gpu(w), on_gpu(b), p, on_gpu(r), act);
+    Result<Tensor> got =
+        gpu ? gpu->conv2d(up(*gpu, x), up(*gpu, w), up(*gpu, b), p, up(*gpu, r), act)
+            : gpu_->conv2d(on_gpu(x), on_gpu(w), on_gpu(b), p, on_gpu(r), act);
+    if (gpu) EXPECT_TRUE(gpu->synchronize().ok());
     Result<Tensor> want = cpu_->conv2d(on_cpu(x), on_cpu(w), on_cpu(b), p, on_cpu(r), act);
     EXPECT_TRUE(close(what, got, want, conv_tol()));
+  }
+
+  // Uploads to another backend on the same device (undefined stays undefined).
+  static Tensor up(Backend& b, const Tensor& t) {
+    if (!t.defined()) return Tensor();
+    Result<Tensor> r = b.upload(t);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? r.value() : Tensor();
+  }
+
+  // A poisoned backend that runs every convolution the Hopper implicit-GEMM kernel takes through
+  // it (LATENT_CUDA_CONV=wgmma), not only the shapes where it beats cuDNN; cuDNN elsewhere.
+  std::shared_ptr<Backend> wgmma_backend() {
+    static std::map<DType, std::shared_ptr<Backend>> cache;
+    auto it = cache.find(dtype());
+    if (it != cache.end()) return it->second;
+    setenv("LATENT_CUDA_CONV", "wgmma", 1);
+    setenv("LATENT_CUDA_POISON", "1", 1);
+    Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype());
+    unsetenv("LATENT_CUDA_CONV");
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (!r.ok()) return nullptr;
+    return cache[dtype()] = r.value();
   }
 
   void check_attention(const std::string& what, Backend& gpu, const Shape& s, int heads,
@@ -226,6 +253,111 @@ TEST_P(CudaOps, ConvOddChannels) {
              false, Activation::kNone, 410);
   check_conv("conv 1x1 [1,16,32,32] -> 32 (latent)", {1, 16, 32, 32}, 32, 1, Conv2dParams(), true,
              false, Activation::kNone, 420);
+}
+
+// Shapes of the video VAEs' convolutions for the Hopper implicit-GEMM kernel (conv_wgmma.cu;
+// bf16/fp16 on a 9.0 device, cuDNN elsewhere): 96 channels (a 64-wide K step spans two taps),
+// every output-channel tile (64, 96, 128, 192, 256), pixel counts that leave a partial tile,
+// the smallest channel count it takes (8).
+TEST_P(CudaOps, ConvWgmmaShapes) {
+  const Conv2dParams same = Conv2dParams::same(3);
+  std::shared_ptr<Backend> forced = wgmma_backend();
+  ASSERT_TRUE(forced);
+  auto check_conv = [&](const std::string& what, const Shape& xs, int64_t cout, int kernel,
+                        const Conv2dParams& p, bool bias, bool residual, Activation act,
+                        uint64_t seed) {
+    this->check_conv(what, xs, cout, kernel, p, bias, residual, act, seed);
+    this->check_conv(what + " [LATENT_CUDA_CONV=wgmma]", xs, cout, kernel, p, bias, residual, act,
+                     seed, forced.get());
+  };
+  check_conv("conv 3x3 [1,96,45,80] -> 96 +bias +residual, SiLU", {1, 96, 45, 80}, 96, 3, same,
+             true, true, Activation::kSiLU, 600);
+  check_conv("conv 3x3 [1,384,23,40] -> 384 +bias", {1, 384, 23, 40}, 384, 3, same, true, false,
+             Activation::kNone, 610);
+  check_conv("conv 3x3 [1,192,17,30] -> 384 +bias", {1, 192, 17, 30}, 384, 3, same, true, false,
+             Activation::kNone, 620);
+  check_conv("conv 3x3 [3,64,19,21] -> 64 +bias, ReLU", {3, 64, 19, 21}, 64, 3, same, true, false,
+             Activation::kReLU, 630);
+  check_conv("conv 3x3 [1,8,33,31] -> 256", {1, 8, 33, 31}, 256, 3, same, false, false,
+             Activation::kNone, 640);
+  check_conv("conv 1x1 [1,96,30,50] -> 192 +bias", {1, 96, 30, 50}, 192, 1, Conv2dParams(), true,
+             false, Activation::kNone, 650);
+  check_conv("conv 3x3 [1,128,40,40] -> 128 +bias +residual, GELU", {1, 128, 40, 40}, 128, 3, same,
+             true, true, Activation::kGELU, 660);
+}
+
+// A causal 3x3x3 convolution over frames (Backend::conv3d_frames): [T + 2] frames in, [T] out.
+TEST_P(CudaOps, Conv3dFrames) {
+  struct Case {
+    int64_t frames, cin, cout, h, w;
+    bool residual;
+    Activation act;
+  };
+  for (const Case& c : {Case{6, 96, 96, 18, 33, true, Activation::kSiLU},
+                        Case{3, 192, 384, 9, 16, false, Activation::kNone},
+                        Case{4, 64, 64, 12, 12, false, Activation::kReLU}}) {
+    const uint64_t seed = 700 + static_cast<uint64_t>(c.cin + c.cout);
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.cin * 27));
+    Tensor x = input({c.frames + 2, c.cin, c.h, c.w}, seed);
+    Tensor w = input({c.cout, c.cin, 9, 3}, seed + 1, -ws, ws);
+    Tensor b = input({c.cout}, seed + 2);
+    Tensor r = c.residual ? input({c.frames, c.cout, c.h, c.w}, seed + 3) : Tensor();
+    const Conv2dParams p = Conv2dParams::same(3);
+    if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
+    Result<Tensor> got =
+        gpu_->conv3d_frames(on_gpu(x), on_gpu(w), 3, on_gpu(b), p, on_gpu(r), c.act);
+    std::shared_ptr<Backend> forced = wgmma_backend();
+    ASSERT_TRUE(forced);
+    Result<Tensor> got_forced = forced->conv3d_frames(up(*forced, x), up(*forced, w), 3,
+                                                      up(*forced, b), p, up(*forced, r), c.act);
+    EXPECT_TRUE(forced->synchronize().ok());
+    // Reference: one CPU conv2d per temporal tap dt over frames [dt, dt + T), summed through the
+    // residual input (what a causal convolution is), bias and activation on the last.
+    const int64_t plane = c.cin * c.h * c.w, tap = 9;
+    auto frames_of = [&](int64_t first) {
+      Tensor t = Tensor::empty({c.frames, c.cin, c.h, c.w}, DType::kF32);
+      std::copy(x.data_as<float>() + first * plane, x.data_as<float>() + (first + c.frames) * plane,
+                t.data_as<float>());
+      return t;
+    };
+    auto tap_of = [&](int64_t dt) {
+      Tensor t = Tensor::empty({c.cout, c.cin, 3, 3}, DType::kF32);
+      for (int64_t oi = 0; oi < c.cout * c.cin; ++oi)
+        std::copy(w.data_as<float>() + oi * 3 * tap + dt * tap,
+                  w.data_as<float>() + oi * 3 * tap + (dt + 1) * tap,
+                  t.data_as<float>() + oi * tap);
+      return t;
+    };
+    Result<Tensor> want = cpu_->conv2d(on_cpu(frames_of(0)), on_cpu(tap_of(0)), Tensor(), p,
+                                       on_cpu(r), Activation::kNone);
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    want = cpu_->conv2d(on_cpu(frames_of(1)), on_cpu(tap_of(1)), Tensor(), p, want.value(),
+                        Activation::kNone);
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    want = cpu_->conv2d(on_cpu(frames_of(2)), on_cpu(tap_of(2)), on_cpu(b), p, want.value(), c.act);
+    const std::string what = "conv3d_frames " + std::to_string(c.frames) + "+2 frames " +
+                             std::to_string(c.cin) + "->" + std::to_string(c.cout);
+    EXPECT_TRUE(close(what, got, want, conv_tol()));
+    EXPECT_TRUE(close(what + " [LATENT_CUDA_CONV=wgmma]", got_forced, want, conv_tol()));
+    // The same with the 2 past frames and the chunk in separate tensors (a causal cache read in
+    // place), on both backends.
+    auto slice = [&](int64_t first, int64_t count) {
+      Tensor t = Tensor::empty({count, c.cin, c.h, c.w}, DType::kF32);
+      std::copy(x.data_as<float>() + first * plane, x.data_as<float>() + (first + count) * plane,
+                t.data_as<float>());
+      return t;
+    };
+    Result<Tensor> after =
+        gpu_->conv3d_frames_after(on_gpu(slice(0, 2)), on_gpu(slice(2, c.frames)), on_gpu(w), 3,
+                                  on_gpu(b), p, on_gpu(r), c.act);
+    EXPECT_TRUE(close(what + " (past, x)", after, want, conv_tol()));
+    Result<Tensor> after_forced =
+        forced->conv3d_frames_after(up(*forced, slice(0, 2)), up(*forced, slice(2, c.frames)),
+                                    up(*forced, w), 3, up(*forced, b), p, up(*forced, r), c.act);
+    EXPECT_TRUE(forced->synchronize().ok());
+    EXPECT_TRUE(
+        close(what + " (past, x) [LATENT_CUDA_CONV=wgmma]", after_forced, want, conv_tol()));
+  }
 }
 
 TEST_P(CudaOps, ConvPlanCacheReuse) {

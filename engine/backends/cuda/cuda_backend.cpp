@@ -19,6 +19,11 @@
 //                                  convolutions from one cuDNN 2-D convolution per temporal tap)
 //   LATENT_CUDA_CONV3D=taps        video: conv3d_frames by its fallback, one 2-D conv per tap
 //                                  (what runs where cuDNN has no 3-D plan; tests)
+//   LATENT_CUDA_CONV=cudnn         every convolution through cuDNN (plus a separate epilogue pass);
+//                   wgmma          the Hopper implicit-GEMM kernel (conv_wgmma.cu, epilogue fused)
+//                                  for every convolution it takes (stride 1, "same", bf16/fp16,
+//                                  9.0 devices); default (auto): that kernel only for the shapes
+//                                  where it beat cuDNN on the H100 (conv_wgmma_preferred)
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
@@ -41,6 +46,7 @@
 #include "engine/backends/cuda/attention.cuh"
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/conv2d.cuh"
+#include "engine/backends/cuda/conv_wgmma.cuh"
 #include "engine/backends/cuda/convert.cuh"
 #include "engine/backends/cuda/dit_ops.h"  // cuda-dit
 #include "engine/backends/cuda/elementwise.cuh"
@@ -84,6 +90,8 @@ class CudaBackend final : public Backend {
     bool tensor_core_attention = true;
     bool conv3d = true;         // video: cuDNN 3-D convolutions for conv3d_frames()
     bool conv3d_taps = false;   // video: conv3d_frames through its 2-D fallback (tests)
+    // The Hopper implicit-GEMM convolution: 0 never, 1 where it beats cuDNN, 2 wherever it fits.
+    int conv_wgmma = 1;
   };
 
   CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
@@ -193,6 +201,38 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv3d_frames(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                const Conv2dParams& p, const Tensor& residual,
                                Activation act) override;
+  // The frames of `past` then those of x read in place by the implicit-GEMM kernel where it takes
+  // the call (no join); else the default (join, then conv3d_frames).
+  Result<Tensor> conv3d_frames_after(const Tensor& past, const Tensor& x, const Tensor& w, int kt,
+                                     const Tensor& bias, const Conv2dParams& p,
+                                     const Tensor& residual, Activation act) override {
+    Result<Tensor> y = run("conv3d_frames", [&]() -> Result<Tensor> {
+      if (!options_.conv3d) return Tensor();
+      LATENT_TRY(check_tensor("past frames", past, 4, "[P, Cin, H, W]"));
+      LATENT_TRY(check_tensor("input x", x, 4, "[T, Cin, H, W]"));
+      LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
+      if (past.dim(1) != x.dim(1) || past.dim(2) != x.dim(2) || past.dim(3) != x.dim(3))
+        return Status::errorf("past frames ", shape_str(past.shape()), " and x ",
+                              shape_str(x.shape()), " differ in channels or size");
+      const int64_t frames = past.dim(0) + x.dim(0) - kt + 1;
+      if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || frames < 1)
+        return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
+                              " temporal taps does not fit past ", shape_str(past.shape()),
+                              " and x ", shape_str(x.shape()));
+      const Shape out_shape = {frames, w.dim(0), x.dim(2), x.dim(3)};
+      if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
+      if (residual.defined()) {
+        LATENT_TRY(check_tensor("residual", residual, 4));
+        if (residual.shape() != out_shape)
+          return Status::errorf("residual ", shape_str(residual.shape()),
+                                " does not match the output ", shape_str(out_shape));
+      }
+      LATENT_TRY(check_activation(act));
+      return conv_wgmma(past, x, w, kt, bias, p, residual, act, frames);
+    });
+    if (!y.ok() || y.value().defined()) return y;
+    return Backend::conv3d_frames_after(past, x, w, kt, bias, p, residual, act);
+  }
 
   // === plans: graph capture and the on-disk plan cache (graph.h) ===
   bool supports_capture() const override { return true; }
@@ -250,6 +290,54 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv2d_locked(const Tensor& x, const Tensor& w, const Tensor& bias,
                                const Conv2dParams& p, const Tensor& residual, Activation act);
   // video: conv3d_frames as one conv2d per temporal tap (where cuDNN has no 3-D plan).
+  // The Hopper implicit-GEMM convolution (conv_wgmma.cu) over `frames` output frames: input
+  // frames are those of x0, then those of x1 (if defined), output frame t reads input frames
+  // t .. t + kt - 1; w [Cout, Cin, kt * kh, kw]. Arguments already checked by the caller. An
+  // undefined tensor (no error) when the kernel does not take this call (not a 9.0 device,
+  // LATENT_CUDA_CONV=cudnn, fp32, a stride or padding other than 1 and "same", channels).
+  Result<Tensor> conv_wgmma(const Tensor& x0, const Tensor& x1, const Tensor& w, int kt,
+                            const Tensor& bias, const Conv2dParams& p, const Tensor& residual,
+                            Activation act, int64_t frames) {
+#ifdef LATENT_CONV_WGMMA
+    if (options_.conv_wgmma == 0) return Tensor();
+    const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
+    if (p.stride != 1 || p.pad_top != kh / 2 || p.pad_bottom != kh / 2 || p.pad_left != kw / 2 ||
+        p.pad_right != kw / 2 || frames < 1)
+      return Tensor();
+    const int64_t big = std::numeric_limits<int32_t>::max();
+    if (x0.dim(1) > big || x0.dim(2) > big || x0.dim(3) > big || w.dim(0) > big ||
+        frames > big || x0.dim(0) > big)
+      return Tensor();
+    const Shape out_shape = {frames, w.dim(0), x0.dim(2), x0.dim(3)};
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+    cuda::ConvWgmmaArgs a;
+    a.x0 = x0.data();
+    a.n0 = static_cast<int>(x0.dim(0));
+    a.x1 = x1.defined() ? x1.data() : nullptr;
+    a.frames = static_cast<int>(frames);
+    a.h = static_cast<int>(x0.dim(2));
+    a.w = static_cast<int>(x0.dim(3));
+    a.c = static_cast<int>(x0.dim(1));
+    a.k = static_cast<int>(w.dim(0));
+    a.kt = kt;
+    a.r = static_cast<int>(kh);
+    a.s = static_cast<int>(kw);
+    a.weight = w.data();
+    a.bias = bias.defined() ? bias.data() : nullptr;
+    a.residual = residual.defined() ? residual.data() : nullptr;
+    a.y = y.data();
+    a.act = act;
+    if (!cuda::conv_wgmma_fits(a, dtype_, launch_)) return Tensor();
+    if (options_.conv_wgmma == 1 && !cuda::conv_wgmma_preferred(a)) return Tensor();
+    LATENT_TRY(cuda::launch_conv_wgmma(a, dtype_, launch_));
+    return y;
+#else
+    (void)x0, (void)x1, (void)w, (void)kt, (void)bias, (void)p, (void)residual, (void)act,
+        (void)frames;
+    return Tensor();
+#endif
+  }
+
   Result<Tensor> conv3d_by_taps(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                 const Conv2dParams& p, const Tensor& residual, Activation act);
   bool conv3d_failed_ = false;  // video: cuDNN refused a 3-D plan once; taps from then on
@@ -612,6 +700,11 @@ Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, cons
                             shape_str(x.shape()), " * w ", shape_str(w.shape()));
   }
   LATENT_TRY(check_activation(act));
+  {
+    // The Hopper implicit-GEMM kernel: stride 1, "same" padding, epilogue fused.
+    LATENT_ASSIGN_OR_RETURN(Tensor y, conv_wgmma(x, Tensor(), w, 1, bias, p, residual, act, x.dim(0)));
+    if (y.defined()) return y;
+  }
 
   // cuDNN pads symmetrically; whatever one side has beyond the other is padded here.
   const int sym_h = std::min(p.pad_top, p.pad_bottom), sym_w = std::min(p.pad_left, p.pad_right);
@@ -985,6 +1078,11 @@ Result<Tensor> CudaBackend::conv3d_frames(const Tensor& x, const Tensor& w, int 
                               " does not match the output ", shape_str(out_shape));
     }
     LATENT_TRY(check_activation(act));
+    {
+      LATENT_ASSIGN_OR_RETURN(Tensor y,
+                              conv_wgmma(x, Tensor(), w, kt, bias, p, residual, act, s.out_d()));
+      if (y.defined()) return y;
+    }
     if (conv3d_failed_) return conv3d_by_taps(x, w, kt, bias, p, residual, act);
     // [T, Cout, Ho, Wo] NHWC = NDHWC [1][T][Ho][Wo][Cout]
     LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
@@ -1125,6 +1223,7 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
   options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
   options.conv3d_taps = env_is("LATENT_CUDA_CONV3D", "taps");
+  options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn") ? 0 : env_is("LATENT_CUDA_CONV", "wgmma") ? 2 : 1;
   LATENT_INFO("cuda backend: ", label, ", ", dtype_name(dtype), ", ",
               ctx->properties().multiProcessorCount, " SMs, cuDNN ", cudnnGetVersion(),
               options.tf32 ? "" : ", no TF32",

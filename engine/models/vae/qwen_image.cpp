@@ -147,12 +147,22 @@ struct CausalConv {
     if (!past.defined()) {
       LATENT_ASSIGN_OR_RETURN(past, zero_frames(b, 2, x));
     }
-    // xx: [T + 2, Cin, H, W], the 2 past frames then x
-    LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, {past, x}));
     Tensor y;
     if (fused.defined()) {
-      LATENT_ASSIGN_OR_RETURN(y, b.conv3d_frames(xx, fused, 3, bias, params, residual, act));
-    } else {
+      // The 2 past frames then x, read in place where the backend can (no join of the chunk).
+      LATENT_ASSIGN_OR_RETURN(
+          y, b.conv3d_frames_after(past, x, fused, 3, bias, params, residual, act));
+      // The next chunk's past: the last 2 of [past, x] (a copy of 2 frames).
+      if (t >= 2) {
+        LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(x, t - 2, 2)}));
+      } else {
+        LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(past, 1, 1), x}));
+      }
+      return y;
+    }
+    // xx: [T + 2, Cin, H, W], the 2 past frames then x
+    LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, {past, x}));
+    {
       LATENT_ASSIGN_OR_RETURN(y,
                               b.conv2d(frame_view(xx, 0, t), taps[0], Tensor(), params, residual));
       LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));

@@ -1,0 +1,386 @@
+// Hopper implicit-GEMM convolution (see conv_wgmma.cuh): wgmma.mma_async (sm_90a) with A (input
+// pixels x 64 channels of one filter tap) and B (output channels x the same 64 K) from 128B-
+// swizzled shared tiles filled by cp.async, fp32 accumulators, the epilogue fused.
+//
+// A block: 256 threads, two warpgroups of 64 x kMt output pixels each (a tile of 128 kMt pixels)
+// by kBn output channels. The K loop walks K = kt * r * s * c in steps of 64 (a step may span two
+// taps when c is not a multiple of 64: every 16-byte chunk of 8 channels finds its own tap; K is
+// zero-filled to a multiple of 64). kStages shared buffers; the step kc + kStages - 2 is requested
+// while step kc multiplies, and a buffer is refilled only after both warpgroups' wgmmas that read
+// it are complete (wait_group 1 before the next step's barrier).
+//
+// Shared tile layout (rows of 64 channels = 128 bytes): chunk j of row r at r * 128 + ((j ^ (r %
+// 8)) * 16), tiles 1024-byte aligned: the 128B-swizzle K-major layout of the wgmma descriptors
+// (SBO 1024 = 8 rows; a k16 step advances the start address by 32 bytes). Out-of-image taps and
+// rows past M are zero-filled by cp.async's source size 0.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/backends/cuda/check.h"
+#include "engine/backends/cuda/common.cuh"
+#include "engine/backends/cuda/conv_wgmma.cuh"
+#include "engine/backends/cuda/mma.cuh"
+
+namespace latent::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBk = 64;  // K elements a step: one 128-byte row
+constexpr int kStages = 4;
+
+struct Params {
+  const void* x0;
+  const void* x1;
+  const void* weight;
+  const void* bias;
+  const void* residual;
+  void* y;
+  int64_t frame_elems;  // h * w * c
+  int n0, m, hw, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+#include "engine/backends/cuda/wgmma_ss.inc"
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&c)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(c[i])::"memory");
+}
+// 16 bytes, or 16 zero bytes when `bytes` is 0 (src is then not read).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);  // 128B swizzle
+}
+
+template <typename T, int kBn, int kMt>
+__global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
+    conv_wgmma_kernel(const Params p) {
+  constexpr int kBm = 128 * kMt;
+  constexpr int kRowsA = kBm / 32;  // A rows a thread loads a step (chunk column tid % 8)
+  constexpr uint32_t kABytes = kBm * 128, kBBytes = kBn * 128, kStageBytes = kABytes + kBBytes;
+  constexpr int kAcc = kBn / 2;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = warp >> 2, wl = warp & 3;
+  const int m0 = blockIdx.x * kBm, n0 = blockIdx.y * kBn;
+  const T* x0 = static_cast<const T*>(p.x0);
+  const T* x1 = static_cast<const T*>(p.x1);
+  const T* wt = static_cast<const T*>(p.weight);
+
+  // This thread's A rows (r = tid / 8 + 32 i, 16-byte chunk column jc = tid % 8 of every step):
+  // element offset of the output pixel's own position from its frame's start in x0 (frame *
+  // frame_elems + pixel * c), its frame, and which of the r * s spatial taps stay inside the
+  // image (bit dy * s + dx; 0 for rows past M, whose chunks are zero-filled).
+  const int jc = tid & 7;
+  int64_t roff[kRowsA];
+  int rframe[kRowsA];
+  uint32_t rmask[kRowsA];
+#pragma unroll
+  for (int i = 0; i < kRowsA; ++i) {
+    const int m = m0 + (tid >> 3) + 32 * i;
+    rmask[i] = 0;
+    rframe[i] = 0;
+    roff[i] = 0;
+    if (m < p.m) {
+      const int f = m / p.hw, rem = m - f * p.hw, y = rem / p.w, x = rem - y * p.w;
+      rframe[i] = f;
+      roff[i] = static_cast<int64_t>(f) * p.frame_elems + static_cast<int64_t>(rem) * p.c;
+      for (int dy = 0; dy < p.r; ++dy)
+        for (int dx = 0; dx < p.s; ++dx) {
+          const int iy = y + dy - p.pad_h, ix = x + dx - p.pad_w;
+          if (iy >= 0 && iy < p.h && ix >= 0 && ix < p.w) rmask[i] |= 1u << (dy * p.s + dx);
+        }
+    }
+  }
+  // This thread's position in K, advanced by 64 a step (steps are loaded in order): channel ch
+  // of spatial tap (dy, dx) = sp of temporal tap dt.
+  int ch = jc * 8, sp = 0, dy = 0, dx = 0, dt = 0;
+  while (ch >= p.c) {
+    ch -= p.c;
+    ++sp;
+    if (++dx == p.s) {
+      dx = 0;
+      if (++dy == p.r) dy = 0, sp = 0, ++dt;
+    }
+  }
+  // The thread's B chunk rows n = tid / 8 + 32 it, column jc: weight pointers of step 0.
+  const T* bptr = wt + static_cast<int64_t>(n0 + (tid >> 3)) * p.ktot + jc * 8;
+  const uint32_t swz = (jc ^ ((tid >> 3) & 7)) << 4;  // r % 8 == (tid / 8) % 8 for every row
+  const uint32_t row_dst = (tid >> 3) * 128 + swz;
+  // Input frames past x0 continue in x1: a pointer to where x1's frame -n0 would be.
+  const T* x1_shifted = x1 - static_cast<int64_t>(p.n0) * p.frame_elems;
+
+  auto load_step = [&](int kc, int slot) {
+    const uint32_t as = base + slot * kStageBytes + row_dst,
+                   bs = base + slot * kStageBytes + kABytes + row_dst;
+    const bool kin = dt < p.kt;
+    // This step's offset from an output pixel to the input element it reads, for either
+    // segment of frames.
+    const int64_t delta = static_cast<int64_t>(dt) * p.frame_elems +
+                          static_cast<int64_t>((dy - p.pad_h) * p.w + (dx - p.pad_w)) * p.c + ch;
+    const T* base0 = x0 + delta;
+    const T* base1 = x1_shifted + delta;
+#pragma unroll
+    for (int i = 0; i < kRowsA; ++i) {
+      const bool ok = kin && ((rmask[i] >> sp) & 1u);
+      const T* src = (rframe[i] + dt < p.n0 ? base0 : base1) + roff[i];
+      cp_async16_zfill(as + i * 32 * 128, src, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int it = 0; it < kBn / 32; ++it)
+      cp_async16_zfill(bs + it * 32 * 128, bptr + static_cast<int64_t>(it) * 32 * p.ktot,
+                       kc * kBk + jc * 8 < p.ktot ? 16 : 0);
+    bptr += kBk;
+    ch += kBk;
+    while (ch >= p.c) {
+      ch -= p.c;
+      ++sp;
+      if (++dx == p.s) {
+        dx = 0;
+        if (++dy == p.r) dy = 0, sp = 0, ++dt;
+      }
+    }
+  };
+
+  float acc[kMt][kAcc];
+#pragma unroll
+  for (int t = 0; t < kMt; ++t)
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[t][i] = 0.f;
+
+  const int steps = (p.ktot + kBk - 1) / kBk;
+  constexpr int kAhead = kStages - 2;
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < steps) load_step(s, s);
+    cp_async_commit();
+  }
+  for (int kc = 0; kc < steps; ++kc) {
+    cp_async_wait<kAhead - 1>();
+    fence_proxy_async();
+    __syncthreads();  // step kc resident; step kc - 2's wgmmas done in both warpgroups
+    if (kc + kAhead < steps) load_step(kc + kAhead, (kc + kAhead) % kStages);
+    cp_async_commit();
+    const uint32_t as = base + (kc % kStages) * kStageBytes, bs = as + kABytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk) {
+      const uint64_t db = smem_desc(bs + kk * 32);
+#pragma unroll
+      for (int t = 0; t < kMt; ++t)
+        wgmma_ss<T, kBn>(acc[t], smem_desc(as + (wg * kMt + t) * 64 * 128 + kk * 32), db);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int t = 0; t < kMt; ++t) fence_regs(acc[t]);
+
+  // Epilogue: acc[t][4 i + e] is row 16 wl + g (e = 0, 1) or + 8 (e = 2, 3) of this warpgroup's
+  // m64 tile t, column 8 i + 2 tig + e % 2.
+  const int g = lane >> 2, tig = lane & 3;
+  const T* bias = static_cast<const T*>(p.bias);
+  const T* res = static_cast<const T*>(p.residual);
+  T* y = static_cast<T*>(p.y);
+  const Activation act = static_cast<Activation>(p.act);
+#pragma unroll
+  for (int t = 0; t < kMt; ++t) {
+    const int row0 = m0 + (wg * kMt + t) * 64 + wl * 16 + g;
+#pragma unroll
+    for (int i = 0; i < kBn / 8; ++i) {
+      const int col = n0 + i * 8 + tig * 2;
+      float b0 = 0.f, b1 = 0.f;
+      if (bias) {
+        b0 = to_f32(bias[col]);
+        b1 = to_f32(bias[col + 1]);
+      }
+#pragma unroll
+      for (int hrow = 0; hrow < 2; ++hrow) {
+        const int row = row0 + hrow * 8;
+        if (row >= p.m) continue;
+        const int64_t off = static_cast<int64_t>(row) * p.k + col;
+        float v0 = acc[t][4 * i + 2 * hrow] + b0, v1 = acc[t][4 * i + 2 * hrow + 1] + b1;
+        if (res) {
+          v0 += to_f32(res[off]);
+          v1 += to_f32(res[off + 1]);
+        }
+        *reinterpret_cast<uint32_t*>(y + off) = pack2<T>(activate(v0, act), activate(v1, act));
+      }
+    }
+  }
+}
+
+#else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
+
+template <typename T, int kBn, int kMt>
+__global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
+    conv_wgmma_kernel(const Params) {
+  __trap();
+}
+
+#endif
+
+constexpr size_t smem_for(int bn, int mt) {
+  return 1024 /* alignment slack */ + static_cast<size_t>(kStages) * (128 * mt + bn) * 128;
+}
+
+// A block's tile: 128 mt output pixels by bn output channels. mt = 1 with bn <= 128 fits two
+// blocks an SM (16 warps hide the gather's latency: 1.7x the one-block 256 x 96 tile at the Wan
+// VAE's full-resolution 96-channel convolutions, bench_conv on the H100).
+struct Tile {
+  int mt = 0, bn = 0;
+};
+
+// LATENT_CONV_WGMMA_TILE=<128|256>x<64|96|128|192|256> forces a tile where it divides the output
+// channels (bench_conv's sweeps); otherwise the default below.
+Tile forced_tile() {
+  static const Tile t = [] {
+    Tile f;
+    const char* e = std::getenv("LATENT_CONV_WGMMA_TILE");
+    int bm = 0, bn = 0;
+    if (e && std::sscanf(e, "%dx%d", &bm, &bn) == 2 && (bm == 128 || (bm == 256 && bn <= 128)) &&
+        (bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 256))
+      f = {bm / 128, bn};
+    return f;
+  }();
+  return t;
+}
+
+// The default: the narrowest of 96, 128, 64 that divides k, else the widest of 256, 192; two
+// blocks an SM where bn <= 128. {0, 0}: no tile divides k.
+Tile tile_for(int k) {
+  const Tile f = forced_tile();
+  if (f.bn && k % f.bn == 0) return f;
+  for (int bn : {96, 128, 64})
+    if (k % bn == 0) return {1, bn};
+  for (int bn : {256, 192})
+    if (k % bn == 0) return {1, bn};
+  return {};
+}
+
+template <typename T, int kBn, int kMt>
+Status run_tile(const Params& p, const Launch& l) {
+  constexpr size_t kSmem = smem_for(kBn, kMt);
+  auto kernel = conv_wgmma_kernel<T, kBn, kMt>;
+  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmem)));
+  const dim3 grid((p.m + 128 * kMt - 1) / (128 * kMt), p.k / kBn);
+  kernel<<<grid, kThreads, kSmem, l.stream>>>(p);
+  LATENT_CUDA_CHECK_LAUNCH("conv_wgmma_kernel");
+  return ok_status();
+}
+
+template <typename T, int kBn>
+Status run(const Params& p, int mt, const Launch& l) {
+  if constexpr (kBn <= 128) {
+    if (mt == 2) return run_tile<T, kBn, 2>(p, l);
+  }
+  return run_tile<T, kBn, 1>(p, l);
+}
+
+template <typename T>
+Status run_for(const Params& p, const Launch& l) {
+  const Tile t = tile_for(p.k);
+  switch (t.bn) {
+    case 256:
+      return run<T, 256>(p, t.mt, l);
+    case 192:
+      return run<T, 192>(p, t.mt, l);
+    case 128:
+      return run<T, 128>(p, t.mt, l);
+    case 96:
+      return run<T, 96>(p, t.mt, l);
+    case 64:
+      return run<T, 64>(p, t.mt, l);
+    default:
+      return Status::errorf("conv_wgmma: no channel tile divides ", p.k, " output channels");
+  }
+}
+
+}  // namespace
+
+bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
+  const Tile t = tile_for(a.k);
+  if (dtype == DType::kF32 || a.c % 8 != 0 || a.c < 8 || t.bn == 0) return false;
+  if (a.r % 2 == 0 || a.s % 2 == 0 || a.r * a.s > 32 || a.kt < 1 || a.frames < 1 || a.h < 1 ||
+      a.w < 1)
+    return false;
+  if (smem_for(t.bn, t.mt) > l.smem_optin) return false;
+  const int64_t m = static_cast<int64_t>(a.frames) * a.h * a.w;
+  const int64_t ktot = static_cast<int64_t>(a.kt) * a.r * a.s * a.c;
+  if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
+  if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || !aligned16(a.weight) || !aligned16(a.y) ||
+      (a.residual && !aligned16(a.residual)))
+    return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;  // sm_90a machine code runs on compute capability 9.0 only
+}
+
+bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
+  // bench_conv, H100, bf16 (2026-11-24, bench/NOTES.md): ahead of cuDNN + its epilogue pass at 96
+  // output channels (3x3x3 at 720p, the Wan VAEs' full-resolution convolutions: 1.31 against
+  // 2.26 ms) and at 192 without temporal taps (3x3 96 -> 192 at 360p 0.29 against 0.56 ms, 192
+  // -> 192 0.51 / 0.58, 1x1 96 -> 192 0.29 / 0.46); behind it at 3x3x3 192 / 384 (by 10-15%) and
+  // at the image VAEs' 64 / 128 channels (by 25-50%), which stay on cuDNN.
+  return a.k == 96 || (a.k == 192 && a.kt == 1);
+}
+
+Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
+  Params p{};
+  p.x0 = a.x0;
+  p.x1 = a.x1 ? a.x1 : a.x0;
+  p.weight = a.weight;
+  p.bias = a.bias;
+  p.residual = a.residual;
+  p.y = a.y;
+  p.frame_elems = static_cast<int64_t>(a.h) * a.w * a.c;
+  p.n0 = a.x1 ? a.n0 : a.frames + a.kt;  // no x1: every frame from x0
+  p.m = a.frames * a.h * a.w;
+  p.hw = a.h * a.w;
+  p.h = a.h;
+  p.w = a.w;
+  p.c = a.c;
+  p.k = a.k;
+  p.ktot = a.kt * a.r * a.s * a.c;
+  p.kt = a.kt;
+  p.r = a.r;
+  p.s = a.s;
+  p.pad_h = a.r / 2;
+  p.pad_w = a.s / 2;
+  p.act = static_cast<int>(a.act);
+  if (dtype == DType::kBF16) return run_for<bf16>(p, l);
+  if (dtype == DType::kF16) return run_for<f16>(p, l);
+  return Status::error("conv_wgmma: bf16 or fp16 only");
+}
+
+}  // namespace latent::cuda

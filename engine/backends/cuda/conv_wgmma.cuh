@@ -1,0 +1,47 @@
+// Hopper implicit-GEMM convolution (conv_wgmma.cu): stride 1, "same" spatial padding, any
+// number of temporal taps, NHWC activations and K(T)RSC filters in bf16/fp16, with the bias,
+// residual and activation epilogue fused (cuDNN's path runs it as a second pass). Built only
+// where the CUDA architectures include 90 (LATENT_CONV_WGMMA is then defined for the engine) and
+// launched only on compute capability 9.0 devices.
+//
+// The GEMM: M = output pixels (frames x H x W), N = output channels, K = taps x R x S x Cin.
+// Input frames come from two places so a causal cache needs no join: output frame t reads input
+// frames t .. t + kt - 1, and input frame f is frame f of `x0` when f < n0, else frame f - n0
+// of `x1` (a 2-D convolution: kt = 1, n0 = the batch, x1 unused).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/cuda/launch.h"
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+
+namespace latent::cuda {
+
+struct ConvWgmmaArgs {
+  const void* x0 = nullptr;  // input frames [0, n0): [n0][h][w][c]
+  const void* x1 = nullptr;  // input frames [n0, frames + kt - 1): [..][h][w][c]
+  int n0 = 0;
+  int frames = 0;            // output frames (or images)
+  int h = 0, w = 0, c = 0;   // input height, width, channels (c % 8 == 0)
+  int k = 0;                 // output channels
+  int kt = 1, r = 1, s = 1;  // temporal taps, filter height and width (odd: padding r / 2, s / 2)
+  const void* weight = nullptr;    // [k][kt][r][s][c]
+  const void* bias = nullptr;      // [k] or null
+  const void* residual = nullptr;  // [frames][h][w][k] or null
+  void* y = nullptr;               // [frames][h][w][k]
+  Activation act = Activation::kNone;
+};
+
+// Whether the kernel runs this call: bf16/fp16, a compute capability 9.0 device, c % 8 == 0, an
+// output-channel tile that divides k, odd r and s, 16-byte aligned pointers, sizes within int32.
+bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
+
+// Whether the kernel beat cuDNN (with its separate epilogue pass) at this shape on the H100
+// (bench_conv): the backend's default runs it only there.
+bool conv_wgmma_preferred(const ConvWgmmaArgs& a);
+
+Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
+
+}  // namespace latent::cuda

@@ -1,0 +1,168 @@
+// Convolution benchmark: the Hopper implicit-GEMM kernel (conv_wgmma.cu, fused epilogue; forced
+// with LATENT_CUDA_CONV=wgmma, LATENT_CONV_WGMMA_TILE picks its tile) against cuDNN plus its
+// separate epilogue pass (LATENT_CUDA_CONV=cudnn), through the CUDA backend's
+// conv2d / conv3d_frames at the shapes of the video and image VAEs (bf16, bias, and the residual
+// + SiLU where the VAEs have them). Per row: median milliseconds of --reps calls (each call
+// synchronised, after --warmup untimed ones), TFLOP/s counted as 2 M N K, and the fraction of
+// the FLOP floor at --peak TFLOP/s (default 800: cuBLAS bf16 GEMM as measured on the H100).
+// Prints one JSON object per row as it goes, then a table.
+//
+//   bench_conv [--reps 10] [--warmup 3] [--peak 800] [--only NAME-SUBSTRING]
+//
+// Not a ctest test (no GPU time on CI); built as its own target.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/cuda/cuda_backend.h"
+#include "engine/backends/registry.h"
+#include "tests/util/test_util.h"
+
+namespace {
+
+using namespace latent;
+
+struct Case {
+  std::string name;
+  int64_t frames;  // output frames (or images)
+  int kt;          // temporal taps: 3 = conv3d_frames with 2 cached frames, 1 = conv2d
+  int64_t cin, cout, h, w;
+  int k;  // spatial kernel (3 or 1)
+  bool residual_silu;
+};
+
+struct Row {
+  std::string name, variant;
+  double ms, tflops, of_floor;
+};
+
+std::shared_ptr<Backend> backend(const char* conv) {
+  setenv("LATENT_CUDA_CONV", conv, 1);
+  Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, DType::kBF16);
+  unsetenv("LATENT_CUDA_CONV");
+  if (!r.ok()) {
+    std::fprintf(stderr, "bench_conv: %s\n", r.status().message().c_str());
+    std::exit(1);
+  }
+  return r.value();
+}
+
+Tensor up(Backend& b, const Tensor& t) {
+  Result<Tensor> r = b.upload(t);
+  if (!r.ok()) {
+    std::fprintf(stderr, "bench_conv: upload: %s\n", r.status().message().c_str());
+    std::exit(1);
+  }
+  return r.value();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 10, warmup = 3;
+  double peak = 800.0;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_conv: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--reps") {
+      reps = std::atoi(next().c_str());
+    } else if (a == "--warmup") {
+      warmup = std::atoi(next().c_str());
+    } else if (a == "--peak") {
+      peak = std::atof(next().c_str());
+    } else if (a == "--only") {
+      only = next();
+    } else {
+      std::fprintf(stderr, "bench_conv: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (reps < 1 || warmup < 0 || !(peak > 0)) {
+    std::fprintf(stderr, "bench_conv: --reps >= 1, --warmup >= 0, --peak > 0\n");
+    return 2;
+  }
+  const std::vector<Case> cases = {
+      // Wan 2.1 VAE at 1280x720 (frame-by-frame levels, then 2- and 1-frame chunks)
+      {"wan 3x3x3 96->96 720p", 1, 3, 96, 96, 720, 1280, 3, true},
+      {"wan 3x3x3 192->192 360p", 1, 3, 192, 192, 360, 640, 3, true},
+      {"wan 3x3x3 192->192 360p x2", 2, 3, 192, 192, 360, 640, 3, true},
+      {"wan 3x3x3 384->384 180p x2", 2, 3, 384, 384, 180, 320, 3, true},
+      {"wan 3x3 96->192 360p", 1, 1, 96, 192, 360, 640, 3, false},
+      {"wan 3x3 192->192 360p", 1, 1, 192, 192, 360, 640, 3, true},
+      {"wan 3x3x3 384->384 180p", 1, 3, 384, 384, 180, 320, 3, true},
+      {"wan 3x3x3 384->384 90p", 1, 3, 384, 384, 90, 160, 3, true},
+      {"wan 1x1 96->192 360p x2", 2, 1, 96, 192, 360, 640, 1, false},
+      // image VAEs: Qwen-Image at 1024^2, TAESD-size at 1080p
+      {"qwen 3x3 128->128 1024^2", 1, 1, 128, 128, 1024, 1024, 3, true},
+      {"qwen 3x3 512->512 128^2", 1, 1, 512, 512, 128, 128, 3, true},
+      {"taesd 3x3 64->64 1080p", 1, 1, 64, 64, 1080, 1920, 3, true},
+  };
+  std::shared_ptr<Backend> wgmma = backend("wgmma"), cudnn = backend("cudnn");
+  std::vector<Row> rows;
+  for (const Case& c : cases) {
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    const int64_t in_frames = c.kt == 3 ? c.frames + 2 : c.frames;
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.cin * c.k * c.k * c.kt));
+    Tensor x = test::random_tensor({in_frames, c.cin, c.h, c.w}, 1);
+    Tensor w = test::random_tensor({c.cout, c.cin, c.kt * c.k, c.k}, 2, -ws, ws);
+    Tensor b = test::random_tensor({c.cout}, 3);
+    Tensor r = c.residual_silu ? test::random_tensor({c.frames, c.cout, c.h, c.w}, 4) : Tensor();
+    const double flop = 2.0 * c.frames * c.h * c.w * c.cout * c.cin * c.k * c.k * c.kt;
+    for (auto& [variant, be] : {std::make_pair(std::string("wgmma"), wgmma),
+                                std::make_pair(std::string("cudnn"), cudnn)}) {
+      Tensor gx = up(*be, x), gw = up(*be, w), gb = up(*be, b), gr = r.defined() ? up(*be, r) : r;
+      const Conv2dParams p = Conv2dParams::same(c.k);
+      const Activation act = c.residual_silu ? Activation::kSiLU : Activation::kNone;
+      auto call = [&]() -> Status {
+        Result<Tensor> y = c.kt == 3 ? be->conv3d_frames(gx, gw, 3, gb, p, gr, act)
+                                     : be->conv2d(gx, gw, gb, p, gr, act);
+        if (!y.ok()) return y.status();
+        return be->synchronize();
+      };
+      std::vector<double> ms;
+      bool failed = false;
+      for (int i = 0; i < warmup + reps && !failed; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status st = call();
+        const auto t1 = std::chrono::steady_clock::now();
+        if (!st.ok()) {
+          std::fprintf(stderr, "bench_conv: %s [%s]: %s\n", c.name.c_str(), variant.c_str(),
+                       st.message().c_str());
+          failed = true;
+        } else if (i >= warmup) {
+          ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+      }
+      if (failed) continue;
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2], tf = flop / (med * 1e-3) / 1e12;
+      rows.push_back({c.name, variant, med, tf, tf / peak});
+      std::printf(
+          "{\"shape\": \"%s\", \"variant\": \"%s\", \"frames\": %lld, \"cin\": %lld, \"cout\": "
+          "%lld, \"h\": %lld, \"w\": %lld, \"taps\": %d, \"k\": %d, \"ms\": %.4f, \"tflops\": "
+          "%.1f, \"of_floor\": %.3f}\n",
+          c.name.c_str(), variant.c_str(), static_cast<long long>(c.frames),
+          static_cast<long long>(c.cin), static_cast<long long>(c.cout),
+          static_cast<long long>(c.h), static_cast<long long>(c.w), c.kt, c.k, med, tf, tf / peak);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n%-30s %-6s %9s %8s %8s\n", "shape", "kernel", "ms", "TFLOP/s", "of peak");
+  for (const Row& r : rows)
+    std::printf("%-30s %-6s %9.3f %8.1f %7.0f%%\n", r.name.c_str(), r.variant.c_str(), r.ms,
+                r.tflops, 100.0 * r.of_floor);
+  return 0;
+}
