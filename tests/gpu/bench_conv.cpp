@@ -35,6 +35,7 @@ struct Case {
   int64_t cin, cout, h, w;
   int k;  // spatial kernel (3 or 1)
   bool residual_silu;
+  int stride = 1;  // 2: diffusers' downsampling, zero padding (0, 1, 0, 1)
 };
 
 struct Row {
@@ -105,6 +106,11 @@ int main(int argc, char** argv) {
       {"wan 3x3x3 384->384 180p", 1, 3, 384, 384, 180, 320, 3, true},
       {"wan 3x3x3 384->384 90p", 1, 3, 384, 384, 90, 160, 3, true},
       {"wan 1x1 96->192 360p x2", 2, 1, 96, 192, 360, 640, 1, false},
+      {"wan 3x3 s2 96->96 720p", 1, 1, 96, 96, 720, 1280, 3, false, 2},
+      {"wan 3x3 s2 192->192 360p", 1, 1, 192, 192, 360, 640, 3, false, 2},
+      {"wan 3x3 s2 384->384 180p", 1, 1, 384, 384, 180, 320, 3, false, 2},
+      {"taesd 3x3 s2 64->64 1080p", 1, 1, 64, 64, 1080, 1920, 3, false, 2},
+      {"qwen 3x3 s2 128->128 1024^2", 1, 1, 128, 128, 1024, 1024, 3, false, 2},
       // image VAEs: Qwen-Image at 1024^2, TAESD-size at 1080p
       {"qwen 3x3 128->128 1024^2", 1, 1, 128, 128, 1024, 1024, 3, true},
       {"qwen 3x3 512->512 128^2", 1, 1, 512, 512, 128, 128, 3, true},
@@ -119,12 +125,18 @@ int main(int argc, char** argv) {
     Tensor x = test::random_tensor({in_frames, c.cin, c.h, c.w}, 1);
     Tensor w = test::random_tensor({c.cout, c.cin, c.kt * c.k, c.k}, 2, -ws, ws);
     Tensor b = test::random_tensor({c.cout}, 3);
-    Tensor r = c.residual_silu ? test::random_tensor({c.frames, c.cout, c.h, c.w}, 4) : Tensor();
-    const double flop = 2.0 * c.frames * c.h * c.w * c.cout * c.cin * c.k * c.k * c.kt;
+    const int64_t ho = c.h / c.stride, wo = c.w / c.stride;
+    Tensor r = c.residual_silu ? test::random_tensor({c.frames, c.cout, ho, wo}, 4) : Tensor();
+    const double flop = 2.0 * c.frames * ho * wo * c.cout * c.cin * c.k * c.k * c.kt;
     for (auto& [variant, be] : {std::make_pair(std::string("wgmma"), wgmma),
                                 std::make_pair(std::string("cudnn"), cudnn)}) {
       Tensor gx = up(*be, x), gw = up(*be, w), gb = up(*be, b), gr = r.defined() ? up(*be, r) : r;
-      const Conv2dParams p = Conv2dParams::same(c.k);
+      Conv2dParams p = Conv2dParams::same(c.k);
+      if (c.stride == 2) {
+        p.stride = 2;
+        p.pad_top = p.pad_left = 0;
+        p.pad_bottom = p.pad_right = 1;
+      }
       const Activation act = c.residual_silu ? Activation::kSiLU : Activation::kNone;
       auto call = [&]() -> Status {
         Result<Tensor> y = c.kt == 3 ? be->conv3d_frames(gx, gw, 3, gb, p, gr, act)

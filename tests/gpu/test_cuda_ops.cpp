@@ -284,6 +284,18 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
              false, Activation::kNone, 650);
   check_conv("conv 3x3 [1,128,40,40] -> 128 +bias +residual, GELU", {1, 128, 40, 40}, 128, 3, same,
              true, true, Activation::kGELU, 660);
+  Conv2dParams down;  // diffusers' downsampling: F.pad(x, (0, 1, 0, 1)), stride 2
+  down.stride = 2;
+  down.pad_bottom = down.pad_right = 1;
+  check_conv("conv 3x3 s2 pad(0,1,0,1) [1,96,45,81] -> 96 +bias", {1, 96, 45, 81}, 96, 3, down,
+             true, false, Activation::kNone, 670);
+  check_conv("conv 3x3 s2 pad(0,1,0,1) [2,192,20,34] -> 192 +residual", {2, 192, 20, 34}, 192, 3,
+             down, false, true, Activation::kNone, 680);
+  Conv2dParams lopsided;  // all height padding on top, stride 1
+  lopsided.pad_top = 2;
+  lopsided.pad_left = lopsided.pad_right = 1;
+  check_conv("conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 64", {1, 32, 19, 23}, 64, 3, lopsided, true,
+             false, Activation::kNone, 690);
 }
 
 // A causal 3x3x3 convolution over frames (Backend::conv3d_frames): [T + 2] frames in, [T] out.

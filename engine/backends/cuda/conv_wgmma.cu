@@ -37,7 +37,8 @@ struct Params {
   const void* residual;
   void* y;
   int64_t frame_elems;  // h * w * c
-  int n0, m, hw, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
+  int n0, m, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
+  int ohw, ow, stride;  // output pixels a frame, output width, spatial stride
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -107,12 +108,15 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
     rframe[i] = 0;
     roff[i] = 0;
     if (m < p.m) {
-      const int f = m / p.hw, rem = m - f * p.hw, y = rem / p.w, x = rem - y * p.w;
+      const int f = m / p.ohw, rem = m - f * p.ohw, y = rem / p.ow, x = rem - y * p.ow;
+      // the input pixel under the filter's top-left tap (may lie in the padding)
+      const int iy0 = y * p.stride - p.pad_h, ix0 = x * p.stride - p.pad_w;
       rframe[i] = f;
-      roff[i] = static_cast<int64_t>(f) * p.frame_elems + static_cast<int64_t>(rem) * p.c;
+      roff[i] =
+          static_cast<int64_t>(f) * p.frame_elems + (static_cast<int64_t>(iy0) * p.w + ix0) * p.c;
       for (int dy = 0; dy < p.r; ++dy)
         for (int dx = 0; dx < p.s; ++dx) {
-          const int iy = y + dy - p.pad_h, ix = x + dx - p.pad_w;
+          const int iy = iy0 + dy, ix = ix0 + dx;
           if (iy >= 0 && iy < p.h && ix >= 0 && ix < p.w) rmask[i] |= 1u << (dy * p.s + dx);
         }
     }
@@ -141,8 +145,8 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
     const bool kin = dt < p.kt;
     // This step's offset from an output pixel to the input element it reads, for either
     // segment of frames.
-    const int64_t delta = static_cast<int64_t>(dt) * p.frame_elems +
-                          static_cast<int64_t>((dy - p.pad_h) * p.w + (dx - p.pad_w)) * p.c + ch;
+    const int64_t delta =
+        static_cast<int64_t>(dt) * p.frame_elems + static_cast<int64_t>(dy * p.w + dx) * p.c + ch;
     const T* base0 = x0 + delta;
     const T* base1 = x1_shifted + delta;
 #pragma unroll
@@ -328,15 +332,19 @@ Status run_for(const Params& p, const Launch& l) {
 bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   const Tile t = tile_for(a.k);
   if (dtype == DType::kF32 || a.c % 8 != 0 || a.c < 8 || t.bn == 0) return false;
-  if (a.r % 2 == 0 || a.s % 2 == 0 || a.r * a.s > 32 || a.kt < 1 || a.frames < 1 || a.h < 1 ||
-      a.w < 1)
+  if (a.r < 1 || a.s < 1 || a.r * a.s > 32 || a.kt < 1 || a.frames < 1 || a.h < 1 || a.w < 1 ||
+      a.out_h < 1 || a.out_w < 1 || (a.stride != 1 && a.stride != 2) || a.pad_top < 0 ||
+      a.pad_left < 0 || a.pad_top >= a.r || a.pad_left >= a.s)
+    return false;
+  // every output pixel's filter window starts inside the padded input
+  if ((a.out_h - 1) * a.stride - a.pad_top >= a.h || (a.out_w - 1) * a.stride - a.pad_left >= a.w)
     return false;
   if (smem_for(t.bn, t.mt) > l.smem_optin) return false;
-  const int64_t m = static_cast<int64_t>(a.frames) * a.h * a.w;
+  const int64_t m = static_cast<int64_t>(a.frames) * a.out_h * a.out_w;
   const int64_t ktot = static_cast<int64_t>(a.kt) * a.r * a.s * a.c;
   if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
-  if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || !aligned16(a.weight) || !aligned16(a.y) ||
-      (a.residual && !aligned16(a.residual)))
+  if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || !aligned16(a.weight) ||
+      (a.y && !aligned16(a.y)) || (a.residual && !aligned16(a.residual)))
     return false;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -352,7 +360,7 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
   // 2.26 ms) and at 192 without temporal taps (3x3 96 -> 192 at 360p 0.29 against 0.56 ms, 192
   // -> 192 0.51 / 0.58, 1x1 96 -> 192 0.29 / 0.46); behind it at 3x3x3 192 / 384 (by 10-15%) and
   // at the image VAEs' 64 / 128 channels (by 25-50%), which stay on cuDNN.
-  return a.k == 96 || (a.k == 192 && a.kt == 1);
+  return a.k == 96 || (a.k == 192 && a.kt == 1) || a.stride == 2;
 }
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
@@ -365,8 +373,10 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.y = a.y;
   p.frame_elems = static_cast<int64_t>(a.h) * a.w * a.c;
   p.n0 = a.x1 ? a.n0 : a.frames + a.kt;  // no x1: every frame from x0
-  p.m = a.frames * a.h * a.w;
-  p.hw = a.h * a.w;
+  p.stride = a.stride;
+  p.ow = a.out_w;
+  p.ohw = a.out_h * a.out_w;
+  p.m = a.frames * p.ohw;
   p.h = a.h;
   p.w = a.w;
   p.c = a.c;
@@ -375,8 +385,8 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.kt = a.kt;
   p.r = a.r;
   p.s = a.s;
-  p.pad_h = a.r / 2;
-  p.pad_w = a.s / 2;
+  p.pad_h = a.pad_top;
+  p.pad_w = a.pad_left;
   p.act = static_cast<int>(a.act);
   if (dtype == DType::kBF16) return run_for<bf16>(p, l);
   if (dtype == DType::kF16) return run_for<f16>(p, l);

@@ -1,8 +1,9 @@
-// Hopper implicit-GEMM convolution (conv_wgmma.cu): stride 1, "same" spatial padding, any
-// number of temporal taps, NHWC activations and K(T)RSC filters in bf16/fp16, with the bias,
-// residual and activation epilogue fused (cuDNN's path runs it as a second pass). Built only
-// where the CUDA architectures include 90 (LATENT_CONV_WGMMA is then defined for the engine) and
-// launched only on compute capability 9.0 devices.
+// Hopper implicit-GEMM convolution (conv_wgmma.cu): spatial stride 1 or 2, any zero padding
+// (diffusers' asymmetric (0, 1, 0, 1) downsampling included), any number of temporal taps, NHWC
+// activations and K(T)RSC filters in bf16/fp16, with the bias, residual and activation epilogue
+// fused (cuDNN's path runs it as a second pass). Built only where the CUDA architectures include 90
+// (LATENT_CONV_WGMMA is then defined for the engine) and launched only on compute capability 9.0
+// devices.
 //
 // The GEMM: M = output pixels (frames x H x W), N = output channels, K = taps x R x S x Cin.
 // Input frames come from two places so a causal cache needs no join: output frame t reads input
@@ -23,19 +24,24 @@ struct ConvWgmmaArgs {
   const void* x0 = nullptr;  // input frames [0, n0): [n0][h][w][c]
   const void* x1 = nullptr;  // input frames [n0, frames + kt - 1): [..][h][w][c]
   int n0 = 0;
-  int frames = 0;            // output frames (or images)
-  int h = 0, w = 0, c = 0;   // input height, width, channels (c % 8 == 0)
-  int k = 0;                 // output channels
-  int kt = 1, r = 1, s = 1;  // temporal taps, filter height and width (odd: padding r / 2, s / 2)
+  int frames = 0;                  // output frames (or images)
+  int h = 0, w = 0, c = 0;         // input height, width, channels (c % 8 == 0)
+  int k = 0;                       // output channels
+  int kt = 1, r = 1, s = 1;        // temporal taps, filter height and width
+  int stride = 1;                  // spatial stride, 1 or 2
+  int pad_top = 0, pad_left = 0;   // zero padding before the first row / column (the bottom and
+                                   // right padding follow from out_h, out_w)
+  int out_h = 0, out_w = 0;        // output height and width
   const void* weight = nullptr;    // [k][kt][r][s][c]
   const void* bias = nullptr;      // [k] or null
-  const void* residual = nullptr;  // [frames][h][w][k] or null
-  void* y = nullptr;               // [frames][h][w][k]
+  const void* residual = nullptr;  // [frames][out_h][out_w][k] or null
+  void* y = nullptr;               // [frames][out_h][out_w][k]
   Activation act = Activation::kNone;
 };
 
 // Whether the kernel runs this call: bf16/fp16, a compute capability 9.0 device, c % 8 == 0, an
-// output-channel tile that divides k, odd r and s, 16-byte aligned pointers, sizes within int32.
+// output-channel tile that divides k, r * s <= 32, stride 1 or 2, padding smaller than the
+// filter, 16-byte aligned pointers, sizes within int32.
 bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
 
 // Whether the kernel beat cuDNN (with its separate epilogue pass) at this shape on the H100

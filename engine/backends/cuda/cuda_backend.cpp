@@ -219,7 +219,14 @@ class CudaBackend final : public Backend {
         return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
                               " temporal taps does not fit past ", shape_str(past.shape()),
                               " and x ", shape_str(x.shape()));
-      const Shape out_shape = {frames, w.dim(0), x.dim(2), x.dim(3)};
+      if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
+        return Status::errorf("invalid stride ", p.stride, " or padding");
+      const int64_t ho = (x.dim(2) + p.pad_top + p.pad_bottom - w.dim(2) / kt) / p.stride + 1,
+                    wo = (x.dim(3) + p.pad_left + p.pad_right - w.dim(3)) / p.stride + 1;
+      if (ho < 1 || wo < 1)
+        return Status::errorf("kernel of w ", shape_str(w.shape()),
+                              " is larger than the padded frames of x ", shape_str(x.shape()));
+      const Shape out_shape = {frames, w.dim(0), ho, wo};
       if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
       if (residual.defined()) {
         LATENT_TRY(check_tensor("residual", residual, 4));
@@ -301,16 +308,19 @@ class CudaBackend final : public Backend {
 #ifdef LATENT_CONV_WGMMA
     if (options_.conv_wgmma == 0) return Tensor();
     const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
-    if (p.stride != 1 || p.pad_top != kh / 2 || p.pad_bottom != kh / 2 || p.pad_left != kw / 2 ||
-        p.pad_right != kw / 2 || frames < 1)
-      return Tensor();
+    const int64_t ho = (x0.dim(2) + p.pad_top + p.pad_bottom - kh) / p.stride + 1,
+                  wo = (x0.dim(3) + p.pad_left + p.pad_right - kw) / p.stride + 1;
+    if (p.stride < 1 || p.stride > 2 || ho < 1 || wo < 1 || frames < 1) return Tensor();
     const int64_t big = std::numeric_limits<int32_t>::max();
     if (x0.dim(1) > big || x0.dim(2) > big || x0.dim(3) > big || w.dim(0) > big ||
         frames > big || x0.dim(0) > big)
       return Tensor();
-    const Shape out_shape = {frames, w.dim(0), x0.dim(2), x0.dim(3)};
-    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
     cuda::ConvWgmmaArgs a;
+    a.stride = p.stride;
+    a.pad_top = p.pad_top;
+    a.pad_left = p.pad_left;
+    a.out_h = static_cast<int>(ho);
+    a.out_w = static_cast<int>(wo);
     a.x0 = x0.data();
     a.n0 = static_cast<int>(x0.dim(0));
     a.x1 = x1.defined() ? x1.data() : nullptr;
@@ -325,10 +335,12 @@ class CudaBackend final : public Backend {
     a.weight = w.data();
     a.bias = bias.defined() ? bias.data() : nullptr;
     a.residual = residual.defined() ? residual.data() : nullptr;
-    a.y = y.data();
     a.act = act;
     if (!cuda::conv_wgmma_fits(a, dtype_, launch_)) return Tensor();
     if (options_.conv_wgmma == 1 && !cuda::conv_wgmma_preferred(a)) return Tensor();
+    const Shape out_shape = {frames, w.dim(0), ho, wo};
+    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+    a.y = y.data();
     LATENT_TRY(cuda::launch_conv_wgmma(a, dtype_, launch_));
     return y;
 #else
