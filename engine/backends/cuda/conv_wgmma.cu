@@ -355,12 +355,16 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
 }
 
 bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
-  // bench_conv, H100, bf16 (2026-11-24, bench/NOTES.md): ahead of cuDNN + its epilogue pass at 96
-  // output channels (3x3x3 at 720p, the Wan VAEs' full-resolution convolutions: 1.31 against
-  // 2.26 ms) and at 192 without temporal taps (3x3 96 -> 192 at 360p 0.29 against 0.56 ms, 192
-  // -> 192 0.51 / 0.58, 1x1 96 -> 192 0.29 / 0.46); behind it at 3x3x3 192 / 384 (by 10-15%) and
-  // at the image VAEs' 64 / 128 channels (by 25-50%), which stay on cuDNN.
-  return a.k == 96 || (a.k == 192 && a.kt == 1) || a.stride == 2;
+  // bench_conv, H100, bf16 (2026-11-24, bench/NOTES.md): per call the kernel is ahead of cuDNN +
+  // its epilogue pass at 3x3x3 with 96 output channels (720p, the Wan VAEs' full-resolution
+  // convolutions: 1.31 against 2.26 ms), at 2-D 3x3 / 1x1 convolutions with 192 output channels
+  // at 360p (0.29 against 0.45-0.56 ms) and at every stride-2 shape (1.3-2.9x); behind it at
+  // 3x3x3 192 / 384 (by 10-15%) and at 2-D 3x3 with 64 / 96 / 128 output channels (short K: by
+  // 10-50%). Whole models disagree with the per-call numbers outside the first case: with the
+  // 2-D 192-channel and stride-2 shapes on the kernel as well, the Qwen-Image VAE's image mode at
+  // 1024^2 ran 31.2 ms a frame against 29.9 all-cuDNN and the Wan streams gained nothing more,
+  // so only the first case is the default.
+  return a.k == 96 && a.kt == 3;
 }
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
