@@ -9,6 +9,9 @@
 // while step kc multiplies, and a buffer is refilled only after both warpgroups' wgmmas that read
 // it are complete (wait_group 1 before the next step's barrier).
 //
+// Output pixel (y, x) reads input (y * stride - pad_top + dy, x * stride - pad_left + dx): any zero
+// padding, stride 1 or 2.
+//
 // Shared tile layout (rows of 64 channels = 128 bytes): chunk j of row r at r * 128 + ((j ^ (r %
 // 8)) * 16), tiles 1024-byte aligned: the 128B-swizzle K-major layout of the wgmma descriptors
 // (SBO 1024 = 8 rows; a k16 step advances the start address by 32 bytes). Out-of-image taps and
@@ -94,9 +97,10 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
   const T* wt = static_cast<const T*>(p.weight);
 
   // This thread's A rows (r = tid / 8 + 32 i, 16-byte chunk column jc = tid % 8 of every step):
-  // element offset of the output pixel's own position from its frame's start in x0 (frame *
-  // frame_elems + pixel * c), its frame, and which of the r * s spatial taps stay inside the
-  // image (bit dy * s + dx; 0 for rows past M, whose chunks are zero-filled).
+  // element offset, from x0's start, of the input pixel under the filter's top-left tap (frame *
+  // frame_elems + (iy0 * w + ix0) * c; negative or past the frame where that tap is padding),
+  // the output pixel's frame, and which of the r * s spatial taps stay inside the image (bit
+  // dy * s + dx; 0 for rows past M, whose chunks are zero-filled).
   const int jc = tid & 7;
   int64_t roff[kRowsA];
   int rframe[kRowsA];
