@@ -24,6 +24,7 @@
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/conv_wgmma.cuh"
 #include "engine/backends/cuda/mma.cuh"
+#include "engine/core/log.h"
 
 namespace latent::cuda {
 namespace {
@@ -272,9 +273,14 @@ Tile forced_tile() {
     Tile f;
     const char* e = std::getenv("LATENT_CONV_WGMMA_TILE");
     int bm = 0, bn = 0;
-    if (e && std::sscanf(e, "%dx%d", &bm, &bn) == 2 && (bm == 128 || (bm == 256 && bn <= 128)) &&
+    if (!e || !*e) return f;
+    if (std::sscanf(e, "%dx%d", &bm, &bn) == 2 && (bm == 128 || (bm == 256 && bn <= 128)) &&
         (bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 256))
       f = {bm / 128, bn};
+    else
+      LATENT_WARN("LATENT_CONV_WGMMA_TILE=", e,
+                  " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, 256x96, "
+                  "256x128): using the default tiles");
     return f;
   }();
   return t;

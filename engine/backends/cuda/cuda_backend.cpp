@@ -21,9 +21,11 @@
 //                                  (what runs where cuDNN has no 3-D plan; tests)
 //   LATENT_CUDA_CONV=cudnn         every convolution through cuDNN (plus a separate epilogue pass);
 //                   wgmma          the Hopper implicit-GEMM kernel (conv_wgmma.cu, epilogue fused)
-//                                  for every convolution it takes (stride 1, "same", bf16/fp16,
-//                                  9.0 devices); default (auto): that kernel only for the shapes
-//                                  where it beat cuDNN on the H100 (conv_wgmma_preferred)
+//                                  for every convolution it takes (stride 1 or 2, any zero
+//                                  padding, bf16/fp16, 9.0 devices); auto (unset, the default):
+//                                  that kernel only where it beat cuDNN on the H100
+//                                  (conv_wgmma_preferred); another value is refused with a warning
+//                                  and runs the default
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
@@ -296,12 +298,12 @@ class CudaBackend final : public Backend {
  private:
   Result<Tensor> conv2d_locked(const Tensor& x, const Tensor& w, const Tensor& bias,
                                const Conv2dParams& p, const Tensor& residual, Activation act);
-  // video: conv3d_frames as one conv2d per temporal tap (where cuDNN has no 3-D plan).
   // The Hopper implicit-GEMM convolution (conv_wgmma.cu) over `frames` output frames: input
   // frames are those of x0, then those of x1 (if defined), output frame t reads input frames
   // t .. t + kt - 1; w [Cout, Cin, kt * kh, kw]. Arguments already checked by the caller. An
   // undefined tensor (no error) when the kernel does not take this call (not a 9.0 device,
-  // LATENT_CUDA_CONV=cudnn, fp32, a stride or padding other than 1 and "same", channels).
+  // LATENT_CUDA_CONV=cudnn, fp32, a stride above 2, channels) or, by default, a shape where
+  // cuDNN was faster.
   Result<Tensor> conv_wgmma(const Tensor& x0, const Tensor& x1, const Tensor& w, int kt,
                             const Tensor& bias, const Conv2dParams& p, const Tensor& residual,
                             Activation act, int64_t frames) {
@@ -350,6 +352,7 @@ class CudaBackend final : public Backend {
 #endif
   }
 
+  // video: conv3d_frames as one conv2d per temporal tap (where cuDNN has no 3-D plan).
   Result<Tensor> conv3d_by_taps(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                 const Conv2dParams& p, const Tensor& residual, Activation act);
   bool conv3d_failed_ = false;  // video: cuDNN refused a 3-D plan once; taps from then on
@@ -713,8 +716,9 @@ Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, cons
   }
   LATENT_TRY(check_activation(act));
   {
-    // The Hopper implicit-GEMM kernel: stride 1, "same" padding, epilogue fused.
-    LATENT_ASSIGN_OR_RETURN(Tensor y, conv_wgmma(x, Tensor(), w, 1, bias, p, residual, act, x.dim(0)));
+    // The Hopper implicit-GEMM kernel where it takes the call (epilogue fused, no pad copy).
+    LATENT_ASSIGN_OR_RETURN(Tensor y,
+                            conv_wgmma(x, Tensor(), w, 1, bias, p, residual, act, x.dim(0)));
     if (y.defined()) return y;
   }
 
@@ -1235,7 +1239,13 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
   options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
   options.conv3d_taps = env_is("LATENT_CUDA_CONV3D", "taps");
-  options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn") ? 0 : env_is("LATENT_CUDA_CONV", "wgmma") ? 2 : 1;
+  options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0
+                       : env_is("LATENT_CUDA_CONV", "wgmma") ? 2
+                                                             : 1;
+  if (const char* v = std::getenv("LATENT_CUDA_CONV");
+      v && *v && !env_is("LATENT_CUDA_CONV", "cudnn") && !env_is("LATENT_CUDA_CONV", "wgmma") &&
+      !env_is("LATENT_CUDA_CONV", "auto"))
+    LATENT_WARN("LATENT_CUDA_CONV=", v, " is not one of auto, cudnn, wgmma: using auto");
   LATENT_INFO("cuda backend: ", label, ", ", dtype_name(dtype), ", ",
               ctx->properties().multiProcessorCount, " SMs, cuDNN ", cudnnGetVersion(),
               options.tf32 ? "" : ", no TF32",
