@@ -328,12 +328,7 @@ Status run(const AttentionParams& p, const AttentionArgs& a, const Launch& l) {
 
 bool attention_wgmma_fits(const AttentionArgs& a, DType dtype, const Launch& l) {
   if (dtype == DType::kF32 || a.d != kD || kSmem > l.smem_optin) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;  // sm_90a machine code runs on compute capability 9.0 only
+  return current_device_runs_sm90a();
 }
 
 Status launch_attention_wgmma(const AttentionArgs& a, DType dtype, const Launch& l) {

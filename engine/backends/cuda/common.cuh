@@ -80,6 +80,17 @@ __device__ __forceinline__ void store_floats(T* p, const float (&v)[V]) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Whether the current device runs sm_90a machine code (the wgmma kernels): compute capability
+// 9.0 only.
+inline bool current_device_runs_sm90a() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+}
+
 // The activations of backend.h, in fp32 (GELU is the exact erf form, as torch's default).
 __device__ __forceinline__ float activate(float v, Activation act) {
   switch (act) {

@@ -128,15 +128,19 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
   }
   // This thread's position in K, advanced by 64 a step (steps are loaded in order): channel ch
   // of spatial tap (dy, dx) = sp of temporal tap dt.
-  int ch = jc * 8, sp = 0, dy = 0, dx = 0, dt = 0;
-  while (ch >= p.c) {
-    ch -= p.c;
-    ++sp;
-    if (++dx == p.s) {
-      dx = 0;
-      if (++dy == p.r) dy = 0, sp = 0, ++dt;
+  int ch = 0, sp = 0, dy = 0, dx = 0, dt = 0;
+  auto advance_k = [&](int elems) {
+    ch += elems;
+    while (ch >= p.c) {
+      ch -= p.c;
+      ++sp;
+      if (++dx == p.s) {
+        dx = 0;
+        if (++dy == p.r) dy = 0, sp = 0, ++dt;
+      }
     }
-  }
+  };
+  advance_k(jc * 8);
   // The thread's B chunk rows n = tid / 8 + 32 it, column jc: weight pointers of step 0.
   const T* bptr = wt + static_cast<int64_t>(n0 + (tid >> 3)) * p.ktot + jc * 8;
   const uint32_t swz = (jc ^ ((tid >> 3) & 7)) << 4;  // r % 8 == (tid / 8) % 8 for every row
@@ -165,15 +169,7 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
       cp_async16_zfill(bs + it * 32 * 128, bptr + static_cast<int64_t>(it) * 32 * p.ktot,
                        kc * kBk + jc * 8 < p.ktot ? 16 : 0);
     bptr += kBk;
-    ch += kBk;
-    while (ch >= p.c) {
-      ch -= p.c;
-      ++sp;
-      if (++dx == p.s) {
-        dx = 0;
-        if (++dy == p.r) dy = 0, sp = 0, ++dt;
-      }
-    }
+    advance_k(kBk);
   };
 
   float acc[kMt][kAcc];
@@ -356,12 +352,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || !aligned16(a.weight) ||
       (a.y && !aligned16(a.y)) || (a.residual && !aligned16(a.residual)))
     return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;  // sm_90a machine code runs on compute capability 9.0 only
+  return current_device_runs_sm90a();
 }
 
 bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
