@@ -228,15 +228,7 @@ class CudaBackend final : public Backend {
       if (ho < 1 || wo < 1)
         return Status::errorf("kernel of w ", shape_str(w.shape()),
                               " is larger than the padded frames of x ", shape_str(x.shape()));
-      const Shape out_shape = {frames, w.dim(0), ho, wo};
-      if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
-      if (residual.defined()) {
-        LATENT_TRY(check_tensor("residual", residual, 4));
-        if (residual.shape() != out_shape)
-          return Status::errorf("residual ", shape_str(residual.shape()),
-                                " does not match the output ", shape_str(out_shape));
-      }
-      LATENT_TRY(check_activation(act));
+      LATENT_TRY(check_conv3d_epilogue(bias, residual, act, w, {frames, w.dim(0), ho, wo}));
       return conv_wgmma(past, x, w, kt, bias, p, residual, act, frames);
     });
     if (!y.ok() || y.value().defined()) return y;
@@ -468,6 +460,18 @@ class CudaBackend final : public Backend {
     return ok_status();
   }
 
+  // video: conv3d_frames' epilogue arguments: bias [Cout] of w, residual shaped like the output.
+  Status check_conv3d_epilogue(const Tensor& bias, const Tensor& residual, Activation act,
+                               const Tensor& w, const Shape& out_shape) const {
+    if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
+    if (residual.defined()) {
+      LATENT_TRY(check_tensor("residual", residual, 4));
+      if (residual.shape() != out_shape)
+        return Status::errorf("residual ", shape_str(residual.shape()),
+                              " does not match the output ", shape_str(out_shape));
+    }
+    return check_activation(act);
+  }
   Status check_param(const char* what, const Tensor& t, int64_t channels, const Tensor& x) const {
     LATENT_TRY(check_tensor(what, t, -1));
     if (t.numel() != channels)
@@ -1086,14 +1090,7 @@ Result<Tensor> CudaBackend::conv3d_frames(const Tensor& x, const Tensor& w, int 
       return Status::errorf("kernel ", kh, 'x', kw, " is larger than the padded input of x ",
                             shape_str(x.shape()));
     const Shape out_shape = {s.out_d(), w.dim(0), s.out_h(), s.out_w()};
-    if (bias.defined()) LATENT_TRY(check_param("bias", bias, w.dim(0), w));
-    if (residual.defined()) {
-      LATENT_TRY(check_tensor("residual", residual, 4));
-      if (residual.shape() != out_shape)
-        return Status::errorf("residual ", shape_str(residual.shape()),
-                              " does not match the output ", shape_str(out_shape));
-    }
-    LATENT_TRY(check_activation(act));
+    LATENT_TRY(check_conv3d_epilogue(bias, residual, act, w, out_shape));
     {
       LATENT_ASSIGN_OR_RETURN(Tensor y,
                               conv_wgmma(x, Tensor(), w, kt, bias, p, residual, act, s.out_d()));
