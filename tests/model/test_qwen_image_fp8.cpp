@@ -13,6 +13,7 @@
 
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/safetensors.h"
+#include "tests/util/dit_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace latent {
@@ -36,26 +37,11 @@ Tensor io(const std::string& name) {
 }
 
 // The "masked_batch" transformer case (B = 2, padded text) and its fp32 checkpoint's output.
+std::string tiny_io() { return fixture("dit_qwen_image_tiny/io_transformer.safetensors"); }
 MmditInputs inputs(Backend& b) {
-  auto f = SafetensorsFile::open(fixture("dit_qwen_image_tiny/io_transformer.safetensors"));
-  EXPECT_TRUE(f.ok());
-  auto get = [&](const char* k) { return *(*f)->tensor(std::string("masked_batch.") + k); };
-  MmditInputs in;
-  in.hidden_states = *b.upload(get("hidden_states"));
-  in.encoder_hidden_states = *b.upload(get("encoder_hidden_states"));
-  in.encoder_hidden_states_mask = get("encoder_hidden_states_mask").to_floats();
-  in.timestep = get("timestep").to_floats();
-  std::vector<float> s = get("img_shapes").to_floats();
-  for (size_t i = 0; i + 2 < s.size(); i += 3)
-    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
-                             static_cast<int64_t>(s[i + 2])});
-  return in;
+  return test::transformer_case_inputs(b, tiny_io(), "masked_batch");
 }
-
-Tensor fp32_sample() {
-  auto f = SafetensorsFile::open(fixture("dit_qwen_image_tiny/io_transformer.safetensors"));
-  return *(*f)->tensor("masked_batch.sample");
-}
+Tensor fp32_sample() { return test::transformer_case_sample(tiny_io(), "masked_batch"); }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != DType::kF32 || b.dtype() != DType::kF32) return false;

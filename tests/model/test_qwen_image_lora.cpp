@@ -16,6 +16,7 @@
 #include "engine/models/dit/lora.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/safetensors.h"
+#include "tests/util/dit_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace latent {
@@ -36,27 +37,13 @@ nlohmann::json cases() {
   return nlohmann::json::parse(ss.str());
 }
 
-// The "masked_batch" transformer case's inputs (B = 2, padded text).
+// The "masked_batch" transformer case (B = 2, padded text): its inputs, and the base model's
+// output.
+std::string tiny_io() { return tiny_root() + "/io_transformer.safetensors"; }
 MmditInputs inputs(Backend& b) {
-  auto io = SafetensorsFile::open(tiny_root() + "/io_transformer.safetensors");
-  EXPECT_TRUE(io.ok());
-  auto get = [&](const char* k) { return *(*io)->tensor(std::string("masked_batch.") + k); };
-  MmditInputs in;
-  in.hidden_states = *b.upload(get("hidden_states"));
-  in.encoder_hidden_states = *b.upload(get("encoder_hidden_states"));
-  in.encoder_hidden_states_mask = get("encoder_hidden_states_mask").to_floats();
-  in.timestep = get("timestep").to_floats();
-  std::vector<float> s = get("img_shapes").to_floats();
-  for (size_t i = 0; i + 2 < s.size(); i += 3)
-    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
-                             static_cast<int64_t>(s[i + 2])});
-  return in;
+  return test::transformer_case_inputs(b, tiny_io(), "masked_batch");
 }
-
-Tensor base_sample() {
-  auto io = SafetensorsFile::open(tiny_root() + "/io_transformer.safetensors");
-  return *(*io)->tensor("masked_batch.sample");
-}
+Tensor base_sample() { return test::transformer_case_sample(tiny_io(), "masked_batch"); }
 
 Tensor reference(const std::string& c) {
   auto io = SafetensorsFile::open(fixture("dit_lora/io_lora.safetensors"));

@@ -19,6 +19,28 @@ Tensor fixture_tensor(const SafetensorsFile& f, const std::string& name, bool op
   return *t;
 }
 
+MmditInputs transformer_case_inputs(Backend& backend, const std::string& path,
+                                    const std::string& case_name) {
+  auto f = SafetensorsFile::open(path);
+  EXPECT_TRUE(f.ok());
+  auto get = [&](const char* k) { return *(*f)->tensor(case_name + "." + k); };
+  MmditInputs in;
+  in.hidden_states = *backend.upload(get("hidden_states"));
+  in.encoder_hidden_states = *backend.upload(get("encoder_hidden_states"));
+  in.encoder_hidden_states_mask = get("encoder_hidden_states_mask").to_floats();
+  in.timestep = get("timestep").to_floats();
+  std::vector<float> s = get("img_shapes").to_floats();
+  for (size_t i = 0; i + 2 < s.size(); i += 3)
+    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
+                             static_cast<int64_t>(s[i + 2])});
+  return in;
+}
+
+Tensor transformer_case_sample(const std::string& path, const std::string& case_name) {
+  auto f = SafetensorsFile::open(path);
+  return *(*f)->tensor(case_name + ".sample");
+}
+
 DenoiseFixture open_denoise_fixture(const std::string& name, std::shared_ptr<Backend> backend) {
   DenoiseFixture f;
   const std::string root = fixtures_dir() + "/" + name;

@@ -18,6 +18,13 @@ namespace latent::test {
 // A tensor of a fixture file; missing, an undefined tensor (a test failure unless `optional`).
 Tensor fixture_tensor(const SafetensorsFile& f, const std::string& name, bool optional = false);
 
+// One case of a transformer fixture file (io_transformer.safetensors of
+// scripts/make_dit_fixtures.py at `path`, e.g. case "masked_batch": B = 2, padded text): its inputs
+// on `backend`, and diffusers' output (`<case>.sample`).
+MmditInputs transformer_case_inputs(Backend& backend, const std::string& path,
+                                    const std::string& case_name);
+Tensor transformer_case_sample(const std::string& path, const std::string& case_name);
+
 // A DiT fixture root (tests/fixtures/<name>) opened for its loop cases: the transformer on
 // `backend`, the scheduler config and io_denoise.safetensors. What fails to load is a test
 // failure and stays empty.
