@@ -42,7 +42,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_dit_fixtures as base  # noqa: E402  (determinism, save_file, run_transformer, metadata)
-from make_fixtures import same_bits  # noqa: E402
+from make_fixtures import add_fixture_args, check_file, parse_fixture_args, same_bits  # noqa: E402
 
 import diffusers  # noqa: E402
 from diffusers import QwenImageTransformer2DModel  # noqa: E402
@@ -99,7 +99,7 @@ def e5m2(sd, linears):
     return {"diffusion_model." + k: t for k, t in out.items()}, deq
 
 
-def generate(out_root, check):
+def generate(out_root, check, tolerance):
     base.setup_determinism()
     root = out_root
     folder = root / "dit_fp8"
@@ -138,24 +138,17 @@ def generate(out_root, check):
             if k not in a or k not in b or not same_bits(a[k], b[k]):
                 print(f"MISMATCH {name} {k}")
                 bad += 1
-    a, b = load_file(str(target / "io_fp8.safetensors")), \
-        load_file(str(folder / "io_fp8.safetensors"))
-    for k in b:
-        ref = b[k].float()
-        d = (a[k].float() - ref).abs().max().item()
-        if d > 1e-4 * max(1.0, ref.abs().max().item()):
-            print(f"MISMATCH io_fp8 {k}: max|diff| {d}")
-            bad += 1
+    bad += check_file(target / "io_fp8.safetensors", folder / "io_fp8.safetensors", tolerance,
+                      "io_fp8")
     print("check:", "ok" if not bad else f"{bad} mismatches")
     return 1 if bad else 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="tests/fixtures")
-    ap.add_argument("--check", action="store_true", help="compare with the committed files")
-    args = ap.parse_args()
-    sys.exit(generate(args.out, args.check))
+    add_fixture_args(ap, device=False)
+    args = parse_fixture_args(ap)
+    sys.exit(generate(Path(args.out), args.check, args.tolerance))
 
 
 if __name__ == "__main__":

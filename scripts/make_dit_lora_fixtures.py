@@ -45,6 +45,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_dit_fixtures as base  # noqa: E402  (determinism, save_file, run_transformer, metadata)
+from make_fixtures import add_fixture_args, check_file, parse_fixture_args  # noqa: E402
 
 import diffusers  # noqa: E402
 from diffusers import (  # noqa: E402
@@ -280,7 +281,7 @@ def scheduler_tables():
     return {"configs": SCHEDULERS, "cases": out}
 
 
-def generate(out_root, check):
+def generate(out_root, check, tolerance):
     base.setup_determinism()
     g = torch.Generator("cpu").manual_seed(SEED)
     root = out_root
@@ -307,13 +308,7 @@ def generate(out_root, check):
     bad = 0
     for name in ["io_lora.safetensors", "io_fewstep.safetensors"] + \
             [p.name for p in paths.values()]:
-        a, b = load_file(str(target / name)), load_file(str(folder / name))
-        for k in b:
-            ref = b[k].float()
-            d = (a[k].float() - ref).abs().max().item()
-            if d > 1e-4 * max(1.0, ref.abs().max().item()):
-                print(f"MISMATCH {name} {k}: max|diff| {d}")
-                bad += 1
+        bad += check_file(target / name, folder / name, tolerance, name)
     if json.loads((target / "cases.json").read_text())["schedules"] != \
             json.loads((folder / "cases.json").read_text())["schedules"]:
         print("MISMATCH cases.json schedules")
@@ -324,10 +319,9 @@ def generate(out_root, check):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="tests/fixtures")
-    ap.add_argument("--check", action="store_true", help="compare with the committed files")
-    args = ap.parse_args()
-    sys.exit(generate(args.out, args.check))
+    add_fixture_args(ap, device=False)
+    args = parse_fixture_args(ap)
+    sys.exit(generate(Path(args.out), args.check, args.tolerance))
 
 
 if __name__ == "__main__":

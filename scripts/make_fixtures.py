@@ -814,27 +814,48 @@ def check(args, out, taesd_mod):
 
 # ---------------------------------------------------------------------------------------------
 
-def add_fixture_args(ap, cases):
-    """The options every fixture script takes (--out, --device, --cases, --check, --tolerance)."""
+def add_fixture_args(ap, cases=None, device=True):
+    """The options every fixture script takes (--out, --check, --tolerance), with --device where
+    the references run on a chosen torch device and --cases where the script has `cases`."""
     ap.add_argument("--out", default="tests/fixtures", help="fixtures folder (default: tests/fixtures)")
-    ap.add_argument("--device", default="cpu", help="torch device for the reference outputs (cpu, cuda)")
-    ap.add_argument("--cases", default=",".join(cases), help="comma-separated subset of: " + ", ".join(cases))
+    if device:
+        ap.add_argument("--device", default="cpu", help="torch device for the reference outputs (cpu, cuda)")
+    if cases is not None:
+        ap.add_argument("--cases", default=",".join(cases), help="comma-separated subset of: " + ", ".join(cases))
     ap.add_argument("--check", action="store_true", help="compare the existing fixtures instead of writing")
     ap.add_argument("--tolerance", type=float, default=1e-4,
                     help="--check: max |diff| allowed, relative to max(1, max|reference|)")
 
 
-def parse_fixture_args(ap, cases):
+def parse_fixture_args(ap, cases=None):
     """ap.parse_args() with --cases split and checked and --device a torch.device."""
     args = ap.parse_args()
-    args.cases = [c for c in args.cases.split(",") if c]
-    for c in args.cases:
-        if c not in cases:
-            ap.error(f"unknown case {c}")
-    args.device = torch.device(args.device)
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda but torch sees no CUDA device")
+    if cases is not None:
+        args.cases = [c for c in args.cases.split(",") if c]
+        for c in args.cases:
+            if c not in cases:
+                ap.error(f"unknown case {c}")
+    if "device" in args:
+        args.device = torch.device(args.device)
+        if args.device.type == "cuda" and not torch.cuda.is_available():
+            ap.error("--device cuda but torch sees no CUDA device")
     return args
+
+
+def check_file(fresh, committed, tolerance, label):
+    """--check of a script that writes its fixtures anew into a temporary folder: every tensor of
+    the committed safetensors file against the fresh one's, max |diff| within `tolerance` x
+    max(1, max|reference|). Prints each mismatch as `MISMATCH <label> <tensor>`; returns their
+    count."""
+    a, b = load_file(str(fresh)), load_file(str(committed))
+    bad = 0
+    for k in b:
+        ref = b[k].float()
+        d = (a[k].float() - ref).abs().max().item()
+        if d > tolerance * max(1.0, ref.abs().max().item()):
+            print(f"MISMATCH {label} {k}: max|diff| {d}")
+            bad += 1
+    return bad
 
 
 def main():
