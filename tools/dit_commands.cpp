@@ -60,7 +60,10 @@ const char* kDitUsage =
     "  LoRAs:  --lora FILE[:STRENGTH] (repeatable, they stack; strength 1 if omitted) in the\n"
     "          diffusers/PEFT, ComfyUI, kohya or Qwen-Image-Lightning layout; --lora-mode\n"
     "          merged (into the weights at load, the default) | runtime (low-rank products\n"
-    "          added every step). `latent-tool inspect FILE` describes a LoRA file.\n";
+    "          added every step). `latent-tool inspect FILE` describes a LoRA file.\n"
+    "  FP8:    --dtype fp8 quantises the transformer blocks' linear layers to FP8 e4m3 at load\n"
+    "          (a scale per output channel, inputs per token at run time; FP8 tensor cores on\n"
+    "          Hopper, emulated on the CPU); attention, norms and the rest run in bf16.\n";
 
 std::string get(const Options& o, const std::string& k, const std::string& def = "") {
   auto it = o.find(k);
@@ -91,10 +94,18 @@ Result<int64_t> integer(const Options& o, const std::string& key, int64_t def, i
   return static_cast<int64_t>(d);
 }
 
+// --dtype fp8: the transformer's block linear layers in FP8 (QwenImageMmdit, LinearFormat),
+// everything else in bf16.
+bool fp8_of(const Options& o) { return get(o, "dtype") == "fp8"; }
+
+latent::LinearFormat linears_of(const Options& o) {
+  return fp8_of(o) ? latent::LinearFormat::kFp8 : latent::LinearFormat::kComputeDtype;
+}
+
 Result<std::shared_ptr<latent::Backend>> backend_for(const Options& o) {
   latent::BackendOptions b;
   b.device = get(o, "device", "auto");
-  b.dtype = get(o, "dtype", "");
+  b.dtype = fp8_of(o) ? "bf16" : get(o, "dtype", "");
   return latent::get_backend(b);
 }
 
@@ -152,7 +163,7 @@ int cmd_run_transformer(const Options& o, const std::vector<std::string>& positi
   if (path.empty()) return fail(Status::error("run --part transformer needs --model PATH"));
   auto loras = loras_of(o);
   if (!loras.ok()) return fail(loras.status());
-  auto model = latent::QwenImageMmdit::load(path, *backend, *loras);
+  auto model = latent::QwenImageMmdit::load(path, *backend, *loras, linears_of(o));
   if (!model.ok()) return fail(model.status());
   latent::QwenImageMmdit& m = **model;
   latent::Backend& b = m.backend();
@@ -212,18 +223,22 @@ int cmd_run_transformer(const Options& o, const std::vector<std::string>& positi
   }
   auto host = b.download(y);
   if (!host.ok()) return fail(host.status());
+  // "fp8" when the linear layers ran in FP8 (the rest in the compute dtype).
+  const std::string dtype = m.linear_format() == latent::LinearFormat::kFp8
+                                ? "fp8"
+                                : latent::dtype_name(b.compute_dtype());
   Status s = latent::write_safetensors(out, {{"sample", *host}},
                                        {{"model", path},
                                         {"part", "transformer"},
                                         {"device", b.name()},
-                                        {"dtype", latent::dtype_name(b.compute_dtype())}});
+                                        {"dtype", dtype}});
   if (!s.ok()) return fail(s);
   const double med = median(times), mn = *std::min_element(times.begin(), times.end());
   std::printf(
       "QwenImageTransformer2DModel transformer: %s -> sample %s on %s (%s%s): median %.3f ms "
       "over %lld runs (min %.3f)\n",
       latent::shape_str(host_hs.shape()).c_str(), latent::shape_str(host->shape()).c_str(),
-      b.name().c_str(), latent::dtype_name(b.compute_dtype()),
+      b.name().c_str(), dtype.c_str(),
       m.loras().empty() ? ""
                         : latent::str_cat(", ", m.loras().size(), " LoRA(s) ",
                                           latent::lora_mode_name(m.lora_mode()))
@@ -234,7 +249,7 @@ int cmd_run_transformer(const Options& o, const std::vector<std::string>& positi
         "{\"part\": \"transformer\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %lld, "
         "\"peak_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\"}\n",
         med, mn, static_cast<long long>(*repeat), static_cast<long long>(b.peak_memory_bytes()),
-        b.name().c_str(), latent::dtype_name(b.compute_dtype()));
+        b.name().c_str(), dtype.c_str());
   return 0;
 }
 
@@ -332,7 +347,8 @@ int cmd_denoise(const Options& o, const std::vector<std::string>& positional) {
   // The transformer first: the prompt embeddings are checked against its text width.
   auto loras = loras_of(o);
   if (!loras.ok()) return fail(loras.status());
-  auto model = latent::QwenImageMmdit::load(get(o, "transformer", root), *backend, *loras);
+  auto model =
+      latent::QwenImageMmdit::load(get(o, "transformer", root), *backend, *loras, linears_of(o));
   if (!model.ok()) return fail(model.status());
   const int64_t joint_dim = (*model)->config().joint_attention_dim;
   // The scheduler as ditdenoise finds it (engine/models/dit/pipeline_inputs.h), or --scheduler.

@@ -8,7 +8,8 @@
 //   latent-tool compare IMAGE_A IMAGE_B     (PSNR and SSIM)
 //   latent-tool stream  [--model M] --size WxH ...  (tools/stream_command.h)
 //   latent-tool denoise --model ROOT --embeds E.safetensors ...  (tools/dit_commands.h)
-// Common options: --device auto|cpu|cuda[:N]  --dtype fp32|bf16|fp16  --verbose
+// Common options: --device auto|cpu|cuda[:N]  --dtype fp32|bf16|fp16|fp8  --verbose
+// (fp8: the transformer's linear layers, run --part transformer and denoise)
 // MODEL is a diffusers folder, a pipeline root (its vae/), a single .safetensors file, or
 // empty for the built-in default model.
 //
@@ -70,6 +71,10 @@ Result<std::shared_ptr<latent::Backend>> backend_for(const Args& a) {
   latent::BackendOptions o;
   o.device = a.get("device", "auto");
   o.dtype = a.get("dtype", "");
+  if (o.dtype == "fp8")
+    return Status::error(
+        "--dtype fp8 applies to the transformer's linear layers (run --part transformer, "
+        "denoise); VAEs run in fp32, bf16 or fp16");
   return latent::get_backend(o);
 }
 
@@ -648,8 +653,10 @@ struct Cli {
 // The options every command takes.
 void add_common(CommandOptions& c) {
   c.text("device", "auto (first GPU, else the CPU), cpu, cuda, cuda:N (default auto)");
-  c.choice("dtype", "compute dtype (default: fp32 on the CPU, bf16 on CUDA)",
-           {"fp32", "bf16", "fp16"});
+  c.choice("dtype",
+           "compute dtype (default: fp32 on the CPU, bf16 on CUDA); fp8: the transformer's "
+           "linear layers in FP8 e4m3, the rest bf16 (run --part transformer, denoise)",
+           {"fp32", "bf16", "fp16", "fp8"});
   c.flag("verbose", "engine log to stderr");
 }
 

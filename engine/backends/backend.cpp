@@ -1,6 +1,9 @@
 #include "engine/backends/backend.h"
 
 #include <memory>
+#include <vector>
+
+#include "engine/weights/fp8.h"
 
 namespace latent {
 
@@ -75,6 +78,33 @@ Result<Tensor> Backend::device_latent_to_tensor(const void* data, DType dtype, i
 Status Backend::tensor_to_device_latent(const Tensor& latent, void* data, DType dtype) {
   (void)latent, (void)data, (void)dtype;
   return Status::errorf("backend ", name(), " cannot write latents to device memory");
+}
+
+Result<Fp8Matrix> Backend::fp8_quantize_rows(const Tensor& x) {
+  if (!x.defined() || x.rank() < 1 || x.numel() == 0)
+    return Status::errorf("fp8_quantize_rows: x ",
+                          x.defined() ? shape_str(x.shape()) : std::string("undefined"),
+                          " has no rows to quantise");
+  LATENT_ASSIGN_OR_RETURN(Tensor host, download(x));
+  std::vector<float> v = host.to_floats();
+  const int64_t cols = x.dim(-1), rows = x.numel() / cols;
+  std::vector<uint8_t> q(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = v.data() + r * cols;
+    const float scale = fp8_e4m3_quantize_row(row, static_cast<size_t>(cols), q.data());
+    for (int64_t k = 0; k < cols; ++k) row[k] = fp8_e4m3_to_f32(q[k]) * scale;
+  }
+  Fp8Matrix m;
+  m.shape = x.shape();
+  LATENT_ASSIGN_OR_RETURN(m.dequant, upload(Tensor::from_floats(x.shape(), v)));
+  return m;
+}
+
+Result<Tensor> Backend::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias,
+                                   DitActivation act) {
+  if (!x.dequant.defined() || !w.dequant.defined())
+    return Status::errorf("linear_fp8: the operands were not quantised by backend ", name());
+  return linear(x.dequant, w.dequant, bias, act);
 }
 
 }  // namespace latent

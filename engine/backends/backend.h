@@ -124,6 +124,28 @@ class CapturedGraph {
 };
 // === end of graph capture types ==============================================================
 
+// A matrix quantised to FP8 (e4m3) one row at a time (ditdenoise / latent-tool dtype fp8):
+// row r holds codes q[r, :] with one fp32 scale, x[r, k] ~= q[r, k] * scale[r], scale[r] =
+// max_k |x[r, k]| / 448 (engine/weights/fp8.h, fp8_e4m3_quantize_row). A linear layer's weight
+// [N, K] is quantised once at load (one scale per output channel), its input [..., K] at every
+// call (one scale per token). Made by Backend::fp8_quantize_rows and read only by the backend
+// that made it.
+struct Fp8Matrix {
+  Shape shape;     // the quantised tensor's shape, [..., K]
+  Tensor codes;    // native FP8 backends: the e4m3 codes, row-major, one byte each (held in a
+                   // 2-byte-dtype tensor of shape [rows, K / 2]: the engine has no byte dtype)
+  Tensor scales;   // native FP8 backends: fp32 [rows]
+  Tensor dequant;  // emulating backends: q * scale in the compute dtype, shaped like `shape`
+  bool defined() const { return !shape.empty(); }
+  int64_t cols() const { return shape.back(); }
+  int64_t rows() const { return shape_numel(shape) / shape.back(); }
+  // Device bytes it holds.
+  size_t bytes() const {
+    return (codes.defined() ? codes.nbytes() : 0) + (scales.defined() ? scales.nbytes() : 0) +
+           (dequant.defined() ? dequant.nbytes() : 0);
+  }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -338,6 +360,20 @@ class Backend {
     if (act == DitActivation::kNone) return y;
     return dit_activation(y, act);
   }
+  // --- FP8 linear layers (Fp8Matrix above) ---
+  // Whether linear_fp8 multiplies FP8 codes on FP8 tensor cores (CUDA on compute capability
+  // 8.9+). Elsewhere the defaults emulate it: the same quantisation of weights and activations,
+  // their dequantised values multiplied in the compute dtype (the reference the native path is
+  // tested against; slow).
+  virtual bool supports_fp8_linear() const { return false; }
+  // x [..., K] on this backend -> its rows quantised. The default downloads x, quantises on
+  // the host and uploads the dequantised values.
+  virtual Result<Fp8Matrix> fp8_quantize_rows(const Tensor& x);
+  // y = act(x w^T + bias) from quantised operands: x [..., K] (its rows, one scale a token),
+  // w [N, K] (one scale an output channel); bias [N] or undefined -> y [..., N] in the compute
+  // dtype. The default: linear() of the two `dequant` tensors.
+  virtual Result<Tensor> linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias,
+                                    DitActivation act);
   // LayerNorm over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta (biased
   // variance). gamma, beta: [D] or undefined (no affine; either may be given alone).
   virtual Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,

@@ -59,6 +59,41 @@ float fp8_e5m2_to_f32(uint8_t v) {
   return negative ? -f : f;
 }
 
+uint8_t fp8_e4m3_from_f32(float v) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  if (std::isnan(v)) return sign | 0x7f;
+  const float a = std::fabs(v);
+  if (!(a < 448.f)) return sign | 0x7e;  // saturate (448 itself is 0x7e)
+  // nearbyint rounds half to even in the default rounding mode.
+  if (a < 0x1p-6f) {  // subnormal: steps of 2^-9; 8 steps is the smallest normal, code 0x08
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 0x1p9f));
+  }
+  int e = 0;
+  std::frexp(a, &e);  // a = f x 2^e, f in [0.5, 1): the unbiased exponent is e - 1
+  int exp = e - 1;    // -6 .. 8
+  int mant = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - exp)));  // 8 .. 16
+  if (mant == 16) {
+    mant = 8;
+    ++exp;
+  }
+  if (exp > 8 || (exp == 8 && mant > 14)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>(((exp + 7) << 3) | (mant - 8));
+}
+
+float fp8_e4m3_quantize_row(const float* v, size_t n, uint8_t* q) {
+  float amax = 0.f;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(v[i]);
+    amax = std::fmax(amax, std::fabs(v[i]));
+  }
+  const float scale = !finite        ? std::numeric_limits<float>::quiet_NaN()
+                      : amax == 0.f ? 1.f
+                                    : amax / 448.f;
+  for (size_t i = 0; i < n; ++i) q[i] = fp8_e4m3_from_f32(v[i] / scale);
+  return scale;
+}
+
 namespace {
 
 template <float (*decode)(uint8_t)>

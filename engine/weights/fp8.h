@@ -22,6 +22,15 @@ const char* fp8_safetensors_name(Fp8Format f);
 float fp8_e4m3_to_f32(uint8_t v);
 float fp8_e5m2_to_f32(uint8_t v);
 
+// fp32 -> e4m3, round to nearest even, saturating: |v| > 448 (and +-inf) gives +-448, NaN gives
+// NaN (0x7f | sign). What CUDA's __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3) returns.
+uint8_t fp8_e4m3_from_f32(float v);
+
+// One row of n values quantised to e4m3 with its own scale (ditdenoise dtype=fp8: weight rows,
+// activation rows): scale = max|v| / 448 (1 for an all-zero row), q[i] = e4m3(v[i] / scale), so
+// v[i] ~= q[i] * scale. Returns the scale. NaN / inf values make the scale non-finite.
+float fp8_e4m3_quantize_row(const float* v, size_t n, uint8_t* q);
+
 // n FP8 values -> fp32, through a 256-entry table.
 void fp8_decode(Fp8Format f, const uint8_t* in, float* out, size_t n);
 

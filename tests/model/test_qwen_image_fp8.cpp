@@ -2,6 +2,9 @@
 // diffusers running the dequantised fp32 weights (scripts/make_dit_fp8_fixtures.py:
 // tests/fixtures/dit_fp8): ComfyUI's scaled F8_E4M3 single file and an unscaled F8_E5M2 one,
 // the config of a ComfyUI single file from its shapes, and latent-tool inspect.
+// And dtype fp8 (LinearFormat::kFp8: the blocks' linear layers quantised to e4m3) on the CPU,
+// which emulates the GPU's arithmetic: it is the reference tests/gpu/test_cuda_fp8.cpp holds
+// the FP8 tensor-core path to.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -12,6 +15,7 @@
 #include <string>
 
 #include "engine/models/dit/qwen_image_mmdit.h"
+#include "engine/weights/fp8.h"
 #include "engine/weights/safetensors.h"
 #include "tests/util/dit_test_util.h"
 #include "tests/util/test_util.h"
@@ -237,6 +241,106 @@ TEST(QwenImageFp8, LatentToolInspectsAndRunsFp8Files) {
   auto f = SafetensorsFile::open(out);
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_LT(relative_l2(*(*f)->tensor("sample"), io("comfyui_scaled.sample")), kTolerance);
+}
+
+// --- dtype fp8: the blocks' linear layers in e4m3 (emulated on the CPU) -----------------------
+
+std::string tiny_root() { return fixture("dit_qwen_image_tiny"); }
+
+Tensor run_model(QwenImageMmdit& m) {
+  auto y = m.forward(inputs(m.backend()));
+  EXPECT_TRUE(y.ok()) << y.status().message();
+  if (!y.ok()) return Tensor();
+  return *m.backend().download(*y);
+}
+
+Tensor lora_reference(const std::string& c) {
+  auto f = SafetensorsFile::open(fixture("dit_lora/io_lora.safetensors"));
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  auto t = (*f)->tensor(c + ".sample");
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return t.ok() ? *t : Tensor();
+}
+
+TEST(QwenImageFp8, QuantizeRowsDefaultIsTheHostQuantisation) {
+  auto be = test::cpu_backend();
+  Tensor x = test::random_tensor({3, 32}, 5, -2.f, 2.f);
+  auto q = be->fp8_quantize_rows(*be->upload(x));
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  EXPECT_EQ(q->shape, Shape({3, 32}));
+  ASSERT_TRUE(q->dequant.defined());
+  const std::vector<float> got = be->download(q->dequant)->to_floats();
+  std::vector<uint8_t> codes(32);
+  for (int r = 0; r < 3; ++r) {
+    const float scale = fp8_e4m3_quantize_row(x.data_as<float>() + r * 32, 32, codes.data());
+    for (int k = 0; k < 32; ++k)
+      EXPECT_EQ(got[r * 32 + k], fp8_e4m3_to_f32(codes[k]) * scale) << r << ", " << k;
+  }
+  EXPECT_FALSE(be->fp8_quantize_rows(Tensor()).ok());
+}
+
+TEST(QwenImageFp8, Fp8LinearsRunEmulatedOnTheCpu) {
+  auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), {}, LinearFormat::kFp8);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ((*m)->linear_format(), LinearFormat::kFp8);
+  const std::string d = (*m)->description();
+  EXPECT_NE(d.find("linear layers: 28 in fp8 e4m3"), std::string::npos) << d;
+  EXPECT_NE(d.find("emulated"), std::string::npos) << d;
+  const Tensor y = run_model(**m);
+  // e4m3 weights and activations: ~1 % from the fp32 model; more than the fp32 path's 1e-6,
+  // so the layers really ran quantised.
+  const double err = relative_l2(y, fp32_sample());
+  std::printf("fp8 (emulated) vs diffusers fp32: relative L2 %.2e\n", err);
+  EXPECT_GT(err, 1e-3);
+  EXPECT_LT(err, 5e-2);
+}
+
+TEST(QwenImageFp8, Fp8WithLorasMergedBeforeTheQuantisationOrAtRunTime) {
+  const std::string lora = fixture("dit_lora/lora_comfyui.safetensors");
+  const Tensor ref = lora_reference("comfyui");  // strength 0.7, fp32 diffusers
+  ASSERT_TRUE(ref.defined());
+  auto base = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), {}, LinearFormat::kFp8);
+  ASSERT_TRUE(base.ok()) << base.status().message();
+  const Tensor base_y = run_model(**base);
+  for (LoraMode mode : {LoraMode::kMerged, LoraMode::kRuntime}) {
+    SCOPED_TRACE(lora_mode_name(mode));
+    auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), {{{lora, 0.7f}}, mode},
+                                  LinearFormat::kFp8);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    const Tensor y = run_model(**m);
+    const double err = relative_l2(y, ref);
+    std::printf("fp8 + LoRA (%s) vs diffusers fp32: relative L2 %.2e\n", lora_mode_name(mode),
+                err);
+    EXPECT_LT(err, 5e-2);
+    EXPECT_GT(relative_l2(y, base_y), 5e-2);  // the LoRA moved the output
+    if (mode == LoraMode::kRuntime) {
+      // Strength 0 at run time: exactly the FP8 base model.
+      ASSERT_TRUE((*m)->set_lora_strengths({0.f}).ok());
+      const Tensor y0 = run_model(**m);
+      ASSERT_EQ(y0.shape(), base_y.shape());
+      EXPECT_EQ(relative_l2(y0, base_y), 0.0);
+    }
+  }
+}
+
+TEST(QwenImageFp8, LatentToolRunsTheTransformerInFp8AndRefusesItForVaes) {
+  if (!std::getenv("LATENT_TOOL")) GTEST_SKIP() << "LATENT_TOOL is not set (run through ctest)";
+  const std::string out = test::temp_dir() + "/fp8_linears.safetensors";
+  ToolRun r = run_tool("run --device cpu --dtype fp8 --part transformer --model " + tiny_root() +
+                       " --inputs " + tiny_io() + " --case masked_batch --outputs " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("on cpu (fp8)"), std::string::npos) << r.output;
+  auto f = SafetensorsFile::open(out);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  const double err = relative_l2(*(*f)->tensor("sample"), fp32_sample());
+  EXPECT_GT(err, 1e-3);
+  EXPECT_LT(err, 5e-2);
+  r = run_tool("run --device cpu --dtype fp8 --model " + fixture("kl_tiny") +
+               " --part encoder --inputs " + out + " --outputs " + test::temp_dir() +
+               "/never_written.safetensors");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--dtype fp8 applies to the transformer"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -4,9 +4,12 @@
 // through WeightStore and WeightBinder, and every bad scale named by its key.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "engine/weights/binder.h"
@@ -115,6 +118,58 @@ TEST(Fp8Decode, EveryByteMatchesPyTorch) {
   EXPECT_EQ(fp8_e5m2_to_f32(0x01), std::ldexp(1.f, -16));
   EXPECT_EQ(fp8_e5m2_to_f32(0x3c), 1.f);
   EXPECT_TRUE(std::isinf(fp8_e5m2_to_f32(0xfc)) && fp8_e5m2_to_f32(0xfc) < 0);
+}
+
+// --- encoding (dtype=fp8 quantises weights and activations) ---------------------------------
+
+TEST(Fp8Encode, E4m3RoundsToNearestEvenAndSaturates) {
+  // Every finite code comes back to itself (both zeros keep their sign).
+  std::vector<std::pair<float, int>> finite;  // value, code, ascending over the positive codes
+  for (int i = 0; i < 256; ++i) {
+    const float v = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
+    if (std::isnan(v)) continue;
+    EXPECT_EQ(fp8_e4m3_from_f32(v), i) << "code " << i << " = " << v;
+    if (i < 0x80) finite.push_back({v, i});
+  }
+  ASSERT_EQ(finite.size(), 127u);  // 0x00 .. 0x7e
+  // Between two neighbours: below the midpoint -> the lower, above -> the upper, at it -> the
+  // even code (the one whose last mantissa bit is 0); the same with the sign flipped.
+  for (size_t j = 0; j + 1 < finite.size(); ++j) {
+    const auto [lo, lo_code] = finite[j];
+    const auto [hi, hi_code] = finite[j + 1];
+    const float mid = 0.5f * (lo + hi);  // exact in fp32
+    SCOPED_TRACE(testing::Message() << lo << " .. " << hi);
+    EXPECT_EQ(fp8_e4m3_from_f32(std::nextafter(mid, 0.f)), lo_code);
+    EXPECT_EQ(fp8_e4m3_from_f32(std::nextafter(mid, 1e9f)), hi_code);
+    EXPECT_EQ(fp8_e4m3_from_f32(mid), (lo_code % 2 == 0) ? lo_code : hi_code);
+    EXPECT_EQ(fp8_e4m3_from_f32(-mid), 0x80 | ((lo_code % 2 == 0) ? lo_code : hi_code));
+  }
+  // Saturation (CUDA's __NV_SATFINITE): past 448, infinities; NaN stays NaN.
+  for (float v : {448.f, 449.f, 464.f, 480.f, 1e6f, std::numeric_limits<float>::infinity()}) {
+    EXPECT_EQ(fp8_e4m3_from_f32(v), 0x7e) << v;
+    EXPECT_EQ(fp8_e4m3_from_f32(-v), 0xfe) << v;
+  }
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(fp8_e4m3_from_f32(std::nanf("")))));
+  // Below half the smallest subnormal: zero; just above it: the smallest subnormal.
+  EXPECT_EQ(fp8_e4m3_from_f32(std::ldexp(1.f, -10)), 0x00);  // a tie, to the even 0
+  EXPECT_EQ(fp8_e4m3_from_f32(std::ldexp(1.1f, -10)), 0x01);
+}
+
+TEST(Fp8Encode, RowsGetTheirOwnScale) {
+  const std::vector<float> row = {0.5f, -2.f, 1e-3f, 0.f, 1.75f};
+  std::vector<uint8_t> q(row.size());
+  const float scale = fp8_e4m3_quantize_row(row.data(), row.size(), q.data());
+  EXPECT_FLOAT_EQ(scale, 2.f / 448.f);
+  EXPECT_EQ(q[1], 0xfe);  // the largest magnitude lands on -448
+  for (size_t i = 0; i < row.size(); ++i)  // within half an e4m3 step (2^-4 relative) or a subnormal step
+    EXPECT_NEAR(fp8_e4m3_to_f32(q[i]) * scale, row[i],
+                std::max(std::fabs(row[i]) / 16.f, std::ldexp(1.f, -10) * scale))
+        << i;
+  const std::vector<float> zeros(4, 0.f);
+  EXPECT_EQ(fp8_e4m3_quantize_row(zeros.data(), zeros.size(), q.data()), 1.f);
+  EXPECT_EQ(q[0], 0);
+  const std::vector<float> bad = {1.f, std::numeric_limits<float>::infinity()};
+  EXPECT_TRUE(std::isnan(fp8_e4m3_quantize_row(bad.data(), bad.size(), q.data())));
 }
 
 TEST(Fp8Decode, OtherNarrowDtypesStayUnsupported) {

@@ -107,6 +107,7 @@ class CudaBackend final : public Backend {
     conv3d_failed_ = options.conv3d_taps;  // video
     launch_.stream = ctx_->stream();
     launch_.sm_count = ctx_->properties().multiProcessorCount;
+    fp8_linear_ = ctx_->properties().major == 9;
     launch_.smem_optin = ctx_->properties().sharedMemPerBlockOptin;
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
@@ -254,6 +255,23 @@ class CudaBackend final : public Backend {
                         DitActivation act) override;
   Result<Tensor> linear_add(const Tensor& x, const Tensor& w, const Tensor& residual,
                             DitActivation act) override;
+  // FP8 e4m3 x e4m3 with per-row scales on cuBLASLt: Hopper (compute capability 9.0).
+  bool supports_fp8_linear() const override { return fp8_linear_; }
+  Result<Fp8Matrix> fp8_quantize_rows(const Tensor& x) override {
+    if (!fp8_linear_) return Backend::fp8_quantize_rows(x);
+    return run("fp8_quantize_rows", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_fp8_quantize_rows(env, x);
+    });
+  }
+  Result<Tensor> linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias,
+                            DitActivation act) override {
+    if (!fp8_linear_) return Backend::linear_fp8(x, w, bias, act);
+    return run("linear_fp8", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_linear_fp8(env, x, w, bias, act);
+    });
+  }
   Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             float eps) override;
   Result<Tensor> rms_norm(const Tensor& x, const Tensor& gamma, float eps) override;
@@ -350,8 +368,11 @@ class CudaBackend final : public Backend {
   bool conv3d_failed_ = false;  // video: cuDNN refused a 3-D plan once; taps from then on
 
   // Runs an op body with the lock held and the device current; failures name op and device.
+  static const Shape& result_shape(const Tensor& t) { return t.shape(); }
+  static const Shape& result_shape(const Fp8Matrix& m) { return m.shape; }
+  // Result<Tensor> or Result<Fp8Matrix>, as `body` returns.
   template <typename F>
-  Result<Tensor> run(const char* op, F&& body) {
+  auto run(const char* op, F&& body) -> decltype(body()) {
     std::unique_lock<std::mutex> lock(mutex_);
     wait_for_capture(lock);  // plans
     DeviceGuard guard;
@@ -363,13 +384,13 @@ class CudaBackend final : public Backend {
       LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
       t0 = std::chrono::steady_clock::now();
     }
-    Result<Tensor> r = body();
+    decltype(body()) r = body();
     if (!r.ok()) return r.status().with_context(str_cat(op, " on ", ctx_->label()));
     if (timed) {
       LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      profile_.add(str_cat(op, " -> ", shape_str(r->shape())), ms);
+      profile_.add(str_cat(op, " -> ", shape_str(result_shape(*r))), ms);
     }
     return r;
   }
@@ -527,6 +548,7 @@ class CudaBackend final : public Backend {
     return env;
   }
   std::unique_ptr<cuda::DitLinear> dit_linear_;  // cuBLASLt handle and plans
+  bool fp8_linear_ = false;  // supports_fp8_linear()
   // === end cuda-dit ===
 };
 

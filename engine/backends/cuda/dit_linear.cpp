@@ -5,6 +5,8 @@
 #include "engine/backends/cuda/dit_linear.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "engine/backends/cuda/check.h"
 #include "engine/core/log.h"
@@ -50,7 +52,18 @@ struct DitLinear::Plan {
   }
 };
 
-DitLinear::DitLinear(bool tf32) : tf32_(tf32) {}
+DitLinear::DitLinear(bool tf32) : tf32_(tf32) {
+  // FP8 accumulation: cuBLASLt's fast accumulation (the tensor cores' own, as PyTorch's
+  // _scaled_mm(use_fast_accum=True) and Transformer Engine's forward pass use) unless
+  // LATENT_FP8_FAST_ACCUM=0 asks for periodic promotion to fp32 (slower, closer to exact).
+  if (const char* v = std::getenv("LATENT_FP8_FAST_ACCUM")) {
+    if (std::strcmp(v, "0") == 0) {
+      fp8_fast_accum_ = false;
+    } else if (std::strcmp(v, "1") != 0) {
+      LATENT_WARN("LATENT_FP8_FAST_ACCUM='", v, "' is neither 0 nor 1; using 1");
+    }
+  }
+}
 
 DitLinear::~DitLinear() {
   plans_.clear();
@@ -59,17 +72,19 @@ DitLinear::~DitLinear() {
 
 Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k,
                                          DType dtype, bool bias, bool gelu, uint32_t align_x,
-                                         uint32_t align_w, uint32_t align_y, bool accumulate) {
+                                         uint32_t align_w, uint32_t align_y, bool accumulate,
+                                         bool fp8) {
   // With `accumulate` the heuristic is asked for beta = 1 (C read): align_y covers C and D.
   const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(dtype), ':', bias, gelu, ':',
-                                  align_x, ',', align_w, ',', align_y, accumulate ? ":acc" : "");
+                                  align_x, ',', align_w, ',', align_y, accumulate ? ":acc" : "",
+                                  fp8 ? ":fp8" : "");
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
 
   if (!handle_) LATENT_CUDA_CHECK(cublasLtCreate(&handle_));
   auto p = std::make_unique<Plan>();
   const cudaDataType_t type = cuda_type(dtype);
-  const cublasComputeType_t compute = dtype != DType::kF32 ? CUBLAS_COMPUTE_32F
+  const cublasComputeType_t compute = fp8 || dtype != DType::kF32 ? CUBLAS_COMPUTE_32F
                                       : tf32_              ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                            : CUBLAS_COMPUTE_32F;
   LATENT_CUDA_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
@@ -83,8 +98,26 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
            : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
   LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                    &epilogue, sizeof(epilogue)));
-  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, k, n, k));  // w
-  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, k, m, k));  // x
+  if (fp8) {
+    // e4m3 A (w) and B (x), each with one fp32 scale per row (cuBLASLt's M = n, N = m); bias
+    // and D in the output dtype.
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                     &outer, sizeof(outer)));
+    LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                     &outer, sizeof(outer)));
+    const int8_t fast = fp8_fast_accum_ ? 1 : 0;
+    LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                     &fast, sizeof(fast)));
+    if (bias) {
+      const int32_t bias_type = type;
+      LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+  }
+  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : type;
+  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, in_type, k, n, k));  // w
+  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, in_type, k, m, k));  // x
   LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->c, type, n, m, n));  // y
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -111,8 +144,8 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
                                                    1, &result, &found));
   if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
     return Status::errorf("cuBLASLt has no algorithm for x [", m, ", ", k, "] . w^T [", k, ", ", n,
-                          "] in ", dtype_name(dtype), bias ? " with bias" : "",
-                          gelu ? " and GELU" : "");
+                          "] in ", fp8 ? "fp8 e4m3 (row scales) -> " : "", dtype_name(dtype),
+                          bias ? " with bias" : "", gelu ? " and GELU" : "");
   p->algo = result.algo;
   p->workspace = result.workspaceSize;
   LATENT_DEBUG("dit linear plan ", key, ": workspace ", p->workspace, " bytes");
@@ -143,6 +176,47 @@ Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const vo
   LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b,
                                    accumulate ? &one : &zero, c, p->c, y, p->c, &p->algo, workspace,
                                    p->workspace, ctx.stream()));
+  return ok_status();
+}
+
+Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_scales,
+                          const void* wq, const float* w_scales, const void* bias, void* y,
+                          int64_t m, int64_t n, int64_t k, DType out, bool gelu, bool* fused) {
+  *fused = true;
+  if (m <= 0 || n <= 0 || k <= 0) return ok_status();
+  const uint32_t ax = alignment_of(xq), aw = alignment_of(wq), ay = alignment_of(y);
+  const bool want_epilogue = bias != nullptr || gelu;
+  const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(out), ':', bias != nullptr,
+                                  gelu, ':', ax, ',', aw, ',', ay);
+  Plan* p = nullptr;
+  auto known = fp8_fused_.find(key);
+  if (want_epilogue && (known == fp8_fused_.end() || known->second)) {
+    Result<Plan*> r = plan(ctx, m, n, k, out, bias != nullptr, gelu, ax, aw, ay, false, true);
+    fp8_fused_[key] = r.ok();
+    if (r.ok()) {
+      p = r.value();
+    } else {
+      LATENT_DEBUG("fp8 linear ", key, ": ", r.status().message(), "; epilogue run apart");
+    }
+  }
+  if (!p) {
+    LATENT_ASSIGN_OR_RETURN(p, plan(ctx, m, n, k, out, false, false, ax, aw, ay, false, true));
+    *fused = !want_epilogue;
+  }
+  if (*fused && bias)
+    LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof(bias)));
+  LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                   &w_scales, sizeof(w_scales)));
+  LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                   &x_scales, sizeof(x_scales)));
+  void* workspace = nullptr;
+  if (p->workspace) {
+    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p->workspace));
+  }
+  const float one = 1.f, zero = 0.f;
+  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, wq, p->a, xq, p->b, &zero, y, p->c, y,
+                                   p->c, &p->algo, workspace, p->workspace, ctx.stream()));
   return ok_status();
 }
 

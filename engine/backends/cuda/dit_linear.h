@@ -35,6 +35,17 @@ class DitLinear {
   Status run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y, int64_t m,
              int64_t n, int64_t k, DType dtype, bool gelu, const void* accumulate = nullptr);
 
+  // FP8: y = epilogue((xq wq^T) * x_scales[m] * w_scales[n] + bias) from e4m3 codes xq [m, k]
+  // and wq [n, k] (row-major, one byte each) with one fp32 scale per row each (cuBLASLt's
+  // outer-vector scaling), fp32 accumulation, y [m, n] in `out` (bf16 / fp16 / fp32), bias [n]
+  // in `out` or null. Where cuBLASLt has no kernel with the bias / GELU epilogue for a shape,
+  // the plain product is written and *fused comes back false: the caller applies bias and
+  // GELU (else true). Per-row scaling of FP8 needs Hopper (compute capability 9.0); elsewhere
+  // the heuristic finds nothing and this fails, naming the shape.
+  Status run_fp8(DeviceContext& ctx, const void* xq, const float* x_scales, const void* wq,
+                 const float* w_scales, const void* bias, void* y, int64_t m, int64_t n,
+                 int64_t k, DType out, bool gelu, bool* fused);
+
   // Plans built so far (tests: a repeated shape reuses its plan).
   size_t plan_count() const { return plans_.size(); }
 
@@ -42,11 +53,13 @@ class DitLinear {
   struct Plan;
   Result<Plan*> plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k, DType dtype, bool bias,
                      bool gelu, uint32_t align_x, uint32_t align_w, uint32_t align_y,
-                     bool accumulate);
+                     bool accumulate, bool fp8 = false);
 
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;
   std::map<std::string, std::unique_ptr<Plan>> plans_;
+  std::map<std::string, bool> fp8_fused_;  // FP8 shape + epilogue -> whether a fused plan exists
+  bool fp8_fast_accum_ = true;             // LATENT_FP8_FAST_ACCUM (dit_linear.cpp)
   GrowableBuffer workspace_;
 };
 

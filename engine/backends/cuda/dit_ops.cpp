@@ -10,6 +10,7 @@
 
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/convert.cuh"
+#include "engine/backends/cuda/fp8_quant.cuh"
 #include "engine/backends/cuda/sdpa.h"
 #include "engine/backends/frames.h"
 
@@ -204,6 +205,72 @@ Result<Tensor> dit_linear_add(DitEnv& env, const Tensor& x, const Tensor& w,
                              gelu, residual.data()));
   if (act == DitActivation::kSiLU)
     LATENT_TRY(launch_dit_bias_act(y.data(), nullptr, y.data(), y.numel(), n, act, env.dtype,
+                                   env.launch));
+  return y;
+}
+
+Result<Fp8Matrix> dit_fp8_quantize_rows(DitEnv& env, const Tensor& x) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., K]"));
+  const int64_t k = x.dim(-1), rows = rows_of(x);
+  if (k % 16 != 0)
+    return Status::errorf("fp8 rows: x ", shape_str(x.shape()), " has ", k,
+                          " columns; FP8 matrix multiplication needs a multiple of 16");
+  Fp8Matrix q;
+  q.shape = x.shape();
+  LATENT_ASSIGN_OR_RETURN(q.codes, empty(env, {rows, k / 2}, DType::kBF16));  // k bytes a row
+  LATENT_ASSIGN_OR_RETURN(q.scales, empty(env, {rows}, DType::kF32));
+  LATENT_TRY(launch_fp8_quantize_rows(x.data(), env.dtype, rows, k,
+                                      static_cast<uint8_t*>(q.codes.data()),
+                                      static_cast<float*>(q.scales.data()), env.launch));
+  return q;
+}
+
+Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
+                              const Tensor& bias, DitActivation act) {
+  for (const Fp8Matrix* m : {&x, &w}) {
+    const char* what = m == &x ? "input x" : "weight w";
+    if (!m->defined() || !m->codes.defined() || !m->scales.defined())
+      return Status::errorf("linear_fp8: ", what, " was not quantised by ", env.name);
+    if (m->codes.device() != env.device || m->scales.device() != env.device)
+      return Status::errorf("linear_fp8: ", what, " is not on ", env.name);
+    if (m->codes.nbytes() != static_cast<size_t>(m->rows() * m->cols()) ||
+        m->scales.numel() != m->rows())
+      return Status::errorf("linear_fp8: ", what, " ", shape_str(m->shape),
+                            " does not match its codes / scales");
+  }
+  if (w.shape.size() != 2)
+    return Status::errorf("linear_fp8: weight w must be [N, K], got ", shape_str(w.shape));
+  if (w.cols() != x.cols())
+    return Status::errorf("weight w ", shape_str(w.shape), " expects ", w.cols(),
+                          " input features but x is ", shape_str(x.shape));
+  if (bias.defined()) {
+    LATENT_TRY(check(env, "bias", bias, env.dtype, -1, "a vector"));
+    if (bias.numel() != w.rows())
+      return Status::errorf("bias ", shape_str(bias.shape()), " should have ", w.rows(),
+                            " elements for weight ", shape_str(w.shape));
+  }
+  LATENT_TRY(check_act(act));
+  const int64_t m = x.rows(), n = w.rows(), k = w.cols();
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (m > big || n > big || k > big)
+    return Status::errorf("x ", shape_str(x.shape), " . w^T ", shape_str(w.shape),
+                          " is too large for cuBLASLt");
+  Shape out_shape = x.shape;
+  out_shape.back() = n;
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
+  const bool fuse_bias = !bias.defined() || aligned16(bias.data());
+  const bool gelu = act == DitActivation::kGELUTanh;
+  bool fused = false;
+  LATENT_TRY(env.linear->run_fp8(
+      *env.ctx, x.codes.data(), static_cast<const float*>(x.scales.data()), w.codes.data(),
+      static_cast<const float*>(w.scales.data()),
+      fuse_bias && bias.defined() ? bias.data() : nullptr, y.data(), m, n, k, env.dtype,
+      gelu && fuse_bias, &fused));
+  const bool bias_left = bias.defined() && !(fuse_bias && fused);
+  const bool act_left = act == DitActivation::kSiLU || (gelu && !(fuse_bias && fused));
+  if (bias_left || act_left)
+    LATENT_TRY(launch_dit_bias_act(y.data(), bias_left ? bias.data() : nullptr, y.data(), y.numel(),
+                                   n, act_left ? act : DitActivation::kNone, env.dtype,
                                    env.launch));
   return y;
 }

@@ -44,6 +44,11 @@ Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const T
 // act(x w^T + residual): cuBLASLt with residual as C (beta 1), GELU in the epilogue.
 Result<Tensor> dit_linear_add(DitEnv& env, const Tensor& x, const Tensor& w,
                               const Tensor& residual, DitActivation act);
+// Backend::fp8_quantize_rows / linear_fp8 (backend.h, Fp8Matrix): codes in a bf16 tensor
+// [rows, K / 2] (K bytes a row), scales fp32 [rows]; K a multiple of 16 (cuBLASLt's FP8).
+Result<Fp8Matrix> dit_fp8_quantize_rows(DitEnv& env, const Tensor& x);
+Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
+                              const Tensor& bias, DitActivation act);
 Result<Tensor> dit_layer_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               float eps);
 Result<Tensor> dit_rms_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, float eps);

@@ -54,23 +54,45 @@ struct LinearLora {
   }
 };
 
-// An nn.Linear: weight [out, in], bias [out]; optionally LoRAs applied at run time.
+// An nn.Linear: weight [out, in], bias [out]; optionally LoRAs applied at run time. With
+// LinearFormat::kFp8 the weight is held quantised (w8) instead of w.
 struct Linear {
   Tensor w;
   Tensor b;
   std::shared_ptr<LinearLora> lora;
+  Fp8Matrix w8;
 
   static Linear bind(WeightBinder& binder, const std::string& prefix, int64_t in, int64_t out) {
     return Linear{binder.take(prefix + ".weight", {out, in}), binder.take(prefix + ".bias", {out}),
-                  nullptr};
+                  nullptr, Fp8Matrix{}};
   }
-  // x: [..., in] -> [..., out]
-  Result<Tensor> operator()(Backend& be, const Tensor& x,
-                            DitActivation act = DitActivation::kNone) const {
-    if (!lora || !lora->up.defined()) return be.linear(x, w, b, act);
+  // w -> w8 (one scale per output channel); w is released. A failed bind (w undefined) is
+  // left for the binder to report.
+  Status quantize_fp8(Backend& be) {
+    if (!w.defined() || w8.defined()) return ok_status();
+    LATENT_ASSIGN_OR_RETURN(w8, be.fp8_quantize_rows(w));
+    w = Tensor();
+    return ok_status();
+  }
+  // x: [..., in] -> [..., out]. `xq`: x's rows already quantised (several FP8 layers reading
+  // one input share it), else quantised here when the layer is FP8.
+  Result<Tensor> operator()(Backend& be, const Tensor& x, DitActivation act = DitActivation::kNone,
+                            const Fp8Matrix* xq = nullptr) const {
+    const bool adapted = lora && lora->up.defined();
+    Tensor y;
+    if (w8.defined()) {
+      Fp8Matrix own;
+      if (!xq || !xq->defined()) {
+        LATENT_ASSIGN_OR_RETURN(own, be.fp8_quantize_rows(x));
+        xq = &own;
+      }
+      LATENT_ASSIGN_OR_RETURN(y, be.linear_fp8(*xq, w8, b, adapted ? DitActivation::kNone : act));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(y, be.linear(x, w, b, adapted ? DitActivation::kNone : act));
+    }
+    if (!adapted) return y;
     // act(x W^T + b + (x down^T) up^T): the low-rank path [..., in] -> [..., R] -> [..., out],
     // its up projection accumulated onto the base output (one GEMM on CUDA, activation fused).
-    LATENT_ASSIGN_OR_RETURN(Tensor y, be.linear(x, w, b, DitActivation::kNone));
     LATENT_ASSIGN_OR_RETURN(Tensor h, be.linear(x, lora->down, Tensor(), DitActivation::kNone));
     return be.linear_add(h, lora->up, y, act);
   }
@@ -292,6 +314,11 @@ struct Block {
     k.txt_mlp_out = Linear::bind(b, p + ".txt_mlp.net.2", 4 * d, d);
     return k;
   }
+  // The 14 linear layers (what LinearFormat::kFp8 quantises).
+  std::vector<Linear*> linears() {
+    return {&img_mod, &txt_mod, &to_q,   &to_k,       &to_v,        &to_out,     &add_q,
+            &add_k,   &add_v,   &to_add_out, &img_mlp_in, &img_mlp_out, &txt_mlp_in, &txt_mlp_out};
+  }
 };
 
 }  // namespace
@@ -420,16 +447,23 @@ std::map<std::string, Linear*> linear_index(QwenImageMmdit::Weights& w);
 
 Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const std::string& path,
                                                              std::shared_ptr<Backend> backend,
-                                                             const MmditLoras& loras) {
+                                                             const MmditLoras& loras,
+                                                             LinearFormat linears) {
   LATENT_ASSIGN_OR_RETURN(ModelSource source, resolve_model_source(path, "transformer"));
-  return load(source, std::move(backend), loras);
+  return load(source, std::move(backend), loras, linears);
 }
 
 Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& source,
                                                              std::shared_ptr<Backend> backend,
-                                                             const MmditLoras& loras) {
+                                                             const MmditLoras& loras,
+                                                             LinearFormat linears) {
   const std::string where = source.given.empty() ? source.root : source.given;
   if (!backend) return Status::errorf("loading ", where, ": no backend");
+  const bool fp8 = linears == LinearFormat::kFp8;
+  if (fp8 && !backend->supports_fp8_linear() && !backend->device().is_cpu())
+    return Status::errorf("loading ", where, ": dtype fp8 needs FP8 matrix multiplication with ",
+                          "per-row scales, which ", backend->name(),
+                          " does not have (CUDA: Hopper, compute capability 9.0); use bf16");
   if (source.config_path.empty() && !source.single_file)
     return Status::errorf("loading ", where,
                           ": a QwenImageTransformer2DModel needs its "
@@ -461,8 +495,20 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   w.txt_in = Linear::bind(binder, "txt_in", cfg.joint_attention_dim, d);
   w.time_1 = Linear::bind(binder, "time_text_embed.timestep_embedder.linear_1", kTimeProjDim, d);
   w.time_2 = Linear::bind(binder, "time_text_embed.timestep_embedder.linear_2", d, d);
-  for (int64_t i = 0; i < cfg.num_layers; ++i)
+  // FP8 without merged LoRAs: each block quantised as soon as it is bound, so the device never
+  // holds more than one block in the compute dtype (a merge needs the compute-dtype weights:
+  // then after apply_loras).
+  const bool quantize_early = fp8 && (loras.specs.empty() || loras.mode != LoraMode::kMerged);
+  m->linear_format_ = linears;
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
     w.blocks.push_back(Block::bind(binder, str_cat("transformer_blocks.", i), cfg));
+    if (quantize_early)
+      for (Linear* lin : w.blocks.back().linears()) {
+        LATENT_TRY(lin->quantize_fp8(*backend).with_context(
+            str_cat("quantising transformer_blocks.", i, " to fp8")));
+        m->fp8_layers_ += lin->w8.defined();
+      }
+  }
   w.norm_out = Linear::bind(binder, "norm_out.linear", d, 2 * d);
   w.proj_out = Linear::bind(binder, "proj_out", d, cfg.out_features());
   LATENT_TRY(binder.finish().with_context(
@@ -470,12 +516,16 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   m->parameters_ = binder.parameters_taken();
   m->storage_dtypes_ = binder.storage_dtypes();
   LATENT_TRY(m->apply_loras(loras));
+  if (fp8 && !quantize_early) LATENT_TRY(m->quantize_linears());
   LATENT_INFO("loaded QwenImageTransformer2DModel (", cfg.num_layers, " layers, ",
               cfg.num_attention_heads, " x ", cfg.attention_head_dim, " heads",
               cfg.zero_cond_t ? ", zero_cond_t" : "", ") from ", where, " onto ", backend->name(),
               loras.specs.empty() ? ""
                                   : str_cat(" with ", loras.specs.size(), " LoRA(s), ",
-                                            lora_mode_name(loras.mode)));
+                                            lora_mode_name(loras.mode)),
+              fp8 ? str_cat(", ", m->fp8_layers_, " linear layers in fp8 e4m3",
+                            backend->supports_fp8_linear() ? "" : " (emulated)")
+                  : "");
   return m;
 }
 
@@ -586,6 +636,20 @@ Status QwenImageMmdit::apply_loras(const MmditLoras& loras) {
   return be.synchronize();
 }
 
+const char* linear_format_name(LinearFormat f) {
+  return f == LinearFormat::kFp8 ? "fp8 e4m3" : "compute dtype";
+}
+
+Status QwenImageMmdit::quantize_linears() {
+  for (size_t i = 0; i < w_->blocks.size(); ++i)
+    for (Linear* lin : w_->blocks[i].linears()) {
+      LATENT_TRY(lin->quantize_fp8(*backend_).with_context(
+          str_cat("quantising transformer_blocks.", i, " to fp8")));
+      fp8_layers_ += lin->w8.defined();
+    }
+  return backend_->synchronize();
+}
+
 Status QwenImageMmdit::set_lora_strengths(const std::vector<float>& strengths) {
   if (lora_mode_ != LoraMode::kRuntime)
     return Status::error(
@@ -622,6 +686,12 @@ std::string QwenImageMmdit::description() const {
       "in/out channels: ", c.in_channels, " / ", c.out_channels, ", patch ", c.patch_size, "\n",
       "axes_dims_rope: [", join(c.axes_dims_rope), "]\n",
       "zero_cond_t: ", c.zero_cond_t ? "true (references modulated at t = 0)" : "false", "\n",
+      linear_format_ == LinearFormat::kFp8
+          ? str_cat("linear layers: ", fp8_layers_,
+                    " in fp8 e4m3 (a scale per output channel, inputs per token",
+                    backend_->supports_fp8_linear() ? "" : "; emulated on this backend",
+                    "), the rest in ", dtype_name(backend_->compute_dtype()), "\n")
+          : "",
       loras);
 }
 
@@ -694,12 +764,23 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
                           be.layer_norm_modulate(*img, im[0], im[1], c.img_groups, kNormEps));
   LATENT_ASSIGN_OR_RETURN(Tensor txt_n,
                           be.layer_norm_modulate(*txt, tm[0], tm[1], one_group, kNormEps));
-  LATENT_ASSIGN_OR_RETURN(Tensor q_i, w.to_q(be, img_n));  // [B, T_img, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor k_i, w.to_k(be, img_n));
-  LATENT_ASSIGN_OR_RETURN(Tensor v_i, w.to_v(be, img_n));
-  LATENT_ASSIGN_OR_RETURN(Tensor q_t, w.add_q(be, txt_n));  // [B, T_txt, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor k_t, w.add_k(be, txt_n));
-  LATENT_ASSIGN_OR_RETURN(Tensor v_t, w.add_v(be, txt_n));
+  // FP8 layers: each stream's normalised input quantised once for its three projections.
+  Fp8Matrix img_q, txt_q;
+  if (w.to_q.w8.defined()) {
+    LATENT_ASSIGN_OR_RETURN(img_q, be.fp8_quantize_rows(img_n));
+  }
+  if (w.add_q.w8.defined()) {
+    LATENT_ASSIGN_OR_RETURN(txt_q, be.fp8_quantize_rows(txt_n));
+  }
+  const DitActivation none = DitActivation::kNone;
+  LATENT_ASSIGN_OR_RETURN(Tensor q_i, w.to_q(be, img_n, none, &img_q));  // [B, T_img, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor k_i, w.to_k(be, img_n, none, &img_q));
+  LATENT_ASSIGN_OR_RETURN(Tensor v_i, w.to_v(be, img_n, none, &img_q));
+  LATENT_ASSIGN_OR_RETURN(Tensor q_t, w.add_q(be, txt_n, none, &txt_q));  // [B, T_txt, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor k_t, w.add_k(be, txt_n, none, &txt_q));
+  LATENT_ASSIGN_OR_RETURN(Tensor v_t, w.add_v(be, txt_n, none, &txt_q));
+  img_q = Fp8Matrix();  // released before the attention
+  txt_q = Fp8Matrix();
   LATENT_ASSIGN_OR_RETURN(q_i, qk_norm(be, q_i, w.norm_q, hd));
   LATENT_ASSIGN_OR_RETURN(k_i, qk_norm(be, k_i, w.norm_k, hd));
   LATENT_ASSIGN_OR_RETURN(q_t, qk_norm(be, q_t, w.norm_added_q, hd));

@@ -121,6 +121,17 @@ struct MmditLoras {
   LoraMode mode = LoraMode::kMerged;
 };
 
+// How the blocks' linear layers hold their weights. kFp8 (ditdenoise / latent-tool dtype fp8):
+// each weight quantised at load to FP8 e4m3 with one scale per output channel, and each input
+// per token at run time (backend.h, Fp8Matrix), on FP8 tensor cores where the backend has them
+// (CUDA on Hopper; the CPU emulates the same arithmetic). The 60 blocks' 14 linear layers each
+// (attention projections, MLPs, modulation): ~99.7 % of Qwen-Image's parameters; the top-level
+// layers (img_in, txt_in, the timestep MLP, norm_out, proj_out), norms and attention stay in the
+// compute dtype. Merged LoRAs are merged before the quantisation; runtime LoRAs' low-rank
+// products run in the compute dtype on the layer's input.
+enum class LinearFormat : uint8_t { kComputeDtype, kFp8 };
+const char* linear_format_name(LinearFormat f);  // "compute dtype", "fp8 e4m3"
+
 // Holds the weights on its backend; forward() caches the rotary table of the last shapes, so one
 // model runs one forward at a time (callers serialise, as the denoising loop does).
 class QwenImageMmdit {
@@ -129,18 +140,21 @@ class QwenImageMmdit {
   // config.json and (sharded) safetensors, or a pipeline root.
   // `loras`: LoRA files to apply (merged into the weights, or kept for run time); any file that
   // does not load or does not fit this transformer fails the load, naming the file and key.
-  static Result<std::unique_ptr<QwenImageMmdit>> load(const ModelSource& source,
-                                                      std::shared_ptr<Backend> backend,
-                                                      const MmditLoras& loras = {});
-  static Result<std::unique_ptr<QwenImageMmdit>> load(const std::string& path,
-                                                      std::shared_ptr<Backend> backend,
-                                                      const MmditLoras& loras = {});
+  // `linears`: kFp8 needs a backend with FP8 linear layers (supports_fp8_linear()) or the CPU
+  // (emulated); elsewhere the load fails saying so.
+  static Result<std::unique_ptr<QwenImageMmdit>> load(
+      const ModelSource& source, std::shared_ptr<Backend> backend, const MmditLoras& loras = {},
+      LinearFormat linears = LinearFormat::kComputeDtype);
+  static Result<std::unique_ptr<QwenImageMmdit>> load(
+      const std::string& path, std::shared_ptr<Backend> backend, const MmditLoras& loras = {},
+      LinearFormat linears = LinearFormat::kComputeDtype);
   ~QwenImageMmdit();
 
   const QwenImageMmditConfig& config() const { return config_; }
   Backend& backend() const { return *backend_; }
   const ModelSource& source() const { return source_; }
   int64_t parameters() const { return parameters_; }
+  LinearFormat linear_format() const { return linear_format_; }
   // One line per config item (latent-tool).
   std::string description() const;
 
@@ -176,6 +190,10 @@ class QwenImageMmdit {
   std::unique_ptr<Weights> w_;
   int64_t parameters_ = 0;
   std::map<std::string, int64_t> storage_dtypes_;
+  LinearFormat linear_format_ = LinearFormat::kComputeDtype;
+  int64_t fp8_layers_ = 0;  // linear layers held in FP8
+  // kFp8: the blocks' linear layers quantised (their compute-dtype weights released).
+  Status quantize_linears();
   // LoRAs (lora.h): what was loaded, and in runtime mode the adapted layers' low-rank factors.
   Status apply_loras(const MmditLoras& loras);
   std::vector<LoraSpec> loras_;

@@ -1,0 +1,201 @@
+// dtype fp8 on the GPU (backend.h, Fp8Matrix; engine/backends/cuda/fp8_quant.cu, dit_linear.cpp):
+//   - the row quantisation kernel gives the host's codes and scales bit for bit
+//     (engine/weights/fp8.h, fp8_e4m3_quantize_row), on Qwen-Image-sized and odd shapes;
+//   - linear_fp8 on cuBLASLt (e4m3 x e4m3, per-row scales, bias / GELU epilogues) matches the
+//     CPU backend's emulation of the same arithmetic (the same codes and scales, multiplied in
+//     fp32) within the bf16 output's rounding and the tensor cores' accumulation;
+//   - and is an FP8 product, not a bf16 one: its distance from the unquantised fp32 product is
+//     that of e4m3 (a few %), within a bound;
+//   - the tiny Qwen-Image transformer with LinearFormat::kFp8 on CUDA matches the CPU emulation.
+// Skips (77) without a GPU; the FP8 tests skip on GPUs other than compute capability 9.0.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/backends/registry.h"
+#include "engine/models/dit/qwen_image_mmdit.h"
+#include "engine/weights/fp8.h"
+#include "tests/util/cuda_test_util.h"
+#include "tests/util/dit_test_util.h"
+#include "tests/util/test_util.h"
+
+const bool kGpuPresent = (latent::test::exit_without_gpu("test_cuda_fp8"), true);
+
+namespace latent {
+namespace {
+
+class CudaFp8 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    gpu_ = test::poisoned_cuda_backend(DType::kBF16);
+    cpu_ = test::cpu_reference();
+    ASSERT_TRUE(gpu_ && cpu_);
+    if (!gpu_->supports_fp8_linear()) GTEST_SKIP() << gpu_->name() << " has no FP8 row scaling";
+  }
+
+  // Uniform [lo, hi) rounded to bf16 (what both backends then see).
+  static Tensor bf16_input(const Shape& shape, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+    return test::random_tensor(shape, seed, lo, hi).to_dtype(DType::kBF16).to_dtype(DType::kF32);
+  }
+  Tensor up(Backend& be, const Tensor& host) {
+    if (!host.defined()) return Tensor();
+    Result<Tensor> r = be.upload(host);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? r.value() : Tensor();
+  }
+  // The device bytes of a quantised matrix: codes and scales.
+  void fetch(const Fp8Matrix& m, std::vector<uint8_t>* codes, std::vector<float>* scales) {
+    ASSERT_TRUE(gpu_->synchronize().ok());
+    codes->resize(static_cast<size_t>(m.rows() * m.cols()));
+    scales->resize(static_cast<size_t>(m.rows()));
+    ASSERT_EQ(cudaMemcpy(codes->data(), m.codes.data(), codes->size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(scales->data(), m.scales.data(), scales->size() * sizeof(float),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  double rel(const Result<Tensor>& a, Backend& ba, const Result<Tensor>& b, Backend& bb) {
+    EXPECT_TRUE(a.ok()) << a.status().message();
+    EXPECT_TRUE(b.ok()) << b.status().message();
+    if (!a.ok() || !b.ok()) return 1e9;
+    Result<Tensor> ha = ba.download(a.value()), hb = bb.download(b.value());
+    EXPECT_TRUE(ha.ok() && hb.ok());
+    if (!ha.ok() || !hb.ok()) return 1e9;
+    EXPECT_EQ(test::count_non_finite(ha.value()), 0);
+    return relative_l2(ha.value(), hb.value());
+  }
+
+  std::shared_ptr<Backend> gpu_, cpu_;
+};
+
+TEST_F(CudaFp8, QuantizeRowsMatchesTheHostBitForBit) {
+  struct Case {
+    Shape shape;
+    float lo, hi;
+  } cases[] = {{{1, 32}, -1.f, 1.f},           {{7, 48}, -3.f, 0.5f},
+               {{2, 5, 1536}, -1e-3f, 1e-3f},  {{4096, 3072}, -4.f, 4.f},
+               {{33, 12288}, -20.f, 20.f},     {{3, 16}, 0.f, 1e-30f}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_str(c.shape));
+    Tensor x = bf16_input(c.shape, 11, c.lo, c.hi);
+    const int64_t cols = c.shape.back(), rows = x.numel() / cols;
+    float* xv = x.data_as<float>();
+    for (int64_t k = 0; k < cols; ++k) xv[k] = 0.f;  // a zero row: scale 1
+    if (rows > 2) xv[2 * cols + 5] = 8192.f;           // one large value: the rest subnormal
+    auto q = gpu_->fp8_quantize_rows(up(*gpu_, x));
+    ASSERT_TRUE(q.ok()) << q.status().message();
+    ASSERT_EQ(q->shape, c.shape);
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    fetch(*q, &codes, &scales);
+    std::vector<uint8_t> want(static_cast<size_t>(cols));
+    int64_t bad_rows = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float s = fp8_e4m3_quantize_row(xv + r * cols, static_cast<size_t>(cols), want.data());
+      const bool same = std::memcmp(&s, &scales[r], sizeof s) == 0 &&
+                        std::memcmp(want.data(), codes.data() + r * cols, want.size()) == 0;
+      if (!same && bad_rows++ < 3)
+        ADD_FAILURE() << "row " << r << ": scale " << scales[r] << " vs host " << s;
+    }
+    EXPECT_EQ(bad_rows, 0);
+    EXPECT_EQ(scales[0], 1.f);
+  }
+}
+
+TEST_F(CudaFp8, LinearMatchesTheEmulationAndIsAnFp8Product) {
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+    DitActivation act;
+  } cases[] = {
+      {1, 64, 32, false, DitActivation::kNone},       // a modulation-like single row
+      {7, 192, 64, true, DitActivation::kNone},       // odd token count
+      {15, 128, 32, true, DitActivation::kGELUTanh},  // the tiny model's MLP
+      {33, 96, 48, true, DitActivation::kSiLU},       // no SiLU epilogue: a pass after
+      {4096, 3072, 3072, true, DitActivation::kNone},       // Qwen-Image attention projection
+      {4096, 12288, 3072, true, DitActivation::kGELUTanh},  // MLP in
+      {301, 3072, 12288, true, DitActivation::kNone},       // MLP out, text stream
+  };
+  for (const Case& c : cases) {
+    const std::string what = str_cat(c.m, "x", c.n, "x", c.k, c.bias ? " bias" : "",
+                                     " act ", static_cast<int>(c.act));
+    SCOPED_TRACE(what);
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.k));
+    Tensor x = bf16_input({c.m, c.k}, 21), w = bf16_input({c.n, c.k}, 22, -ws, ws);
+    Tensor b = c.bias ? bf16_input({c.n}, 23) : Tensor();
+    auto xg = gpu_->fp8_quantize_rows(up(*gpu_, x));
+    auto wg = gpu_->fp8_quantize_rows(up(*gpu_, w));
+    ASSERT_TRUE(xg.ok() && wg.ok());
+    Result<Tensor> y = gpu_->linear_fp8(*xg, *wg, up(*gpu_, b), c.act);
+    // The CPU references only where their fp32 products take seconds at most; the 4096-token
+    // shapes (minutes on the CPU) for shape and finiteness: the 301-row case runs the same
+    // kernels against the emulation.
+    if (c.m * c.n * c.k > int64_t{301} * 3072 * 12288) {
+      ASSERT_TRUE(y.ok()) << y.status().message();
+      EXPECT_EQ(y->shape(), Shape({c.m, c.n}));
+      test::download_finite(*gpu_, *y, c.m * c.n, what);
+      continue;
+    }
+    auto xc = cpu_->fp8_quantize_rows(up(*cpu_, x));
+    auto wc = cpu_->fp8_quantize_rows(up(*cpu_, w));
+    ASSERT_TRUE(xc.ok() && wc.ok());
+    const double emu = rel(y, *gpu_, cpu_->linear_fp8(*xc, *wc, up(*cpu_, b), c.act), *cpu_);
+    const double exact =
+        rel(y, *gpu_, cpu_->linear(up(*cpu_, x), up(*cpu_, w), up(*cpu_, b), c.act), *cpu_);
+    std::printf("  fp8 linear %-36s vs emulation %.2e, vs fp32 %.2e\n", what.c_str(), emu, exact);
+    EXPECT_LT(emu, 1e-2);   // bf16 output rounding (~2e-3) and FP8 accumulation
+    EXPECT_LT(exact, 8e-2);  // e4m3 of both operands: ~2-4 % on random data
+    EXPECT_GT(exact, 3e-3);  // ... and not a bf16 product (~2e-3)
+  }
+}
+
+TEST_F(CudaFp8, RefusesWhatItCannotMultiply) {
+  auto odd = gpu_->fp8_quantize_rows(up(*gpu_, bf16_input({4, 40}, 1)));
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("multiple of 16"), std::string::npos)
+      << odd.status().message();
+  auto x = gpu_->fp8_quantize_rows(up(*gpu_, bf16_input({4, 32}, 2)));
+  auto w = gpu_->fp8_quantize_rows(up(*gpu_, bf16_input({8, 48}, 3)));
+  ASSERT_TRUE(x.ok() && w.ok());
+  auto y = gpu_->linear_fp8(*x, *w, Tensor(), DitActivation::kNone);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("expects 48 input features"), std::string::npos)
+      << y.status().message();
+  // Operands quantised by another backend (the CPU's emulation holds no codes).
+  auto xc = cpu_->fp8_quantize_rows(up(*cpu_, bf16_input({4, 48}, 4)));
+  ASSERT_TRUE(xc.ok());
+  y = gpu_->linear_fp8(*xc, *w, Tensor(), DitActivation::kNone);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("was not quantised by"), std::string::npos)
+      << y.status().message();
+}
+
+TEST_F(CudaFp8, TinyTransformerMatchesTheCpuEmulation) {
+  const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  auto g = QwenImageMmdit::load(root, gpu_, {}, LinearFormat::kFp8);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = QwenImageMmdit::load(root, cpu_, {}, LinearFormat::kFp8);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_NE((*g)->description().find("28 in fp8 e4m3"), std::string::npos)
+      << (*g)->description();
+  const Tensor ref = test::transformer_case_sample(root, "masked_batch");
+  auto yg = (*g)->forward(test::transformer_case_inputs(*gpu_, root, "masked_batch"));
+  auto yc = (*c)->forward(test::transformer_case_inputs(*cpu_, root, "masked_batch"));
+  const double emu = rel(yg, *gpu_, yc, *cpu_);
+  ASSERT_TRUE(yg.ok());
+  Result<Tensor> hg = gpu_->download(yg.value());
+  ASSERT_TRUE(hg.ok());
+  const double vs_fp32 = relative_l2(hg.value(), ref);
+  std::printf("  tiny transformer fp8: vs CPU emulation %.2e, vs diffusers fp32 %.2e\n", emu,
+              vs_fp32);
+  EXPECT_LT(emu, 2e-2);  // bf16 activations between the layers on the GPU, fp32 on the CPU
+  EXPECT_LT(vs_fp32, 5e-2);
+}
+
+}  // namespace
+}  // namespace latent
