@@ -486,8 +486,12 @@ static gboolean gst_dit_denoise_open(GstLatentBase* base,
                       (nullptr));
     return FALSE;
   }
-  auto model = latent::QwenImageMmdit::load(model_path, backend,
-                                            latent::MmditLoras{settings.loras, settings.lora_mode});
+  // dtype=fp8: the blocks' linear layers in FP8 e4m3, the backend (and the rest) in bf16.
+  const latent::LinearFormat linears = gst_latent_base_fp8(base)
+                                           ? latent::LinearFormat::kFp8
+                                           : latent::LinearFormat::kComputeDtype;
+  auto model = latent::QwenImageMmdit::load(
+      model_path, backend, latent::MmditLoras{settings.loras, settings.lora_mode}, linears);
   if (!model.ok()) {
     GST_ELEMENT_ERROR(self, RESOURCE, READ,
                       ("ditdenoise: cannot load the transformer of '%s': %s", model_path.c_str(),
@@ -980,6 +984,7 @@ static void gst_dit_denoise_class_init(GstDitDenoiseClass* klass) {
   GstLatentBaseClass* base_class = GST_LATENT_BASE_CLASS(klass);
   base_class->debug_category = gst_dit_denoise_debug;
   base_class->parts = 0;  // the transformer is loaded by open()
+  base_class->takes_fp8 = TRUE;
   base_class->open = gst_dit_denoise_open;
   base_class->close = gst_dit_denoise_close;
   base_class->set_info = gst_dit_denoise_set_info;

@@ -12,6 +12,7 @@
 #include "elements/gstlatentbase.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 
@@ -212,6 +213,7 @@ struct GstLatentBasePrivate {
     GstLatentStage* stage = nullptr;  // the subclass's, deleted in finalize
     std::mutex refusal_lock;
     std::string last_refusal;  // posted once (gst_latent_base_refuse_caps) until new caps or stop
+    std::atomic<bool> fp8{false};  // started with dtype=fp8 (gst_latent_base_fp8)
   };
   Impl* impl;
 };
@@ -249,6 +251,10 @@ GType gst_latent_dtype_get_type(void) {
       {GST_LATENT_DTYPE_FP32, "32-bit float (TF32 matrix units on CUDA)", "fp32"},
       {GST_LATENT_DTYPE_BF16, "bfloat16", "bf16"},
       {GST_LATENT_DTYPE_FP16, "IEEE half precision", "fp16"},
+      {GST_LATENT_DTYPE_FP8,
+       "ditdenoise: the transformer's linear layers in FP8 e4m3 (Hopper; emulated on the CPU), "
+       "the rest as auto",
+       "fp8"},
       {0, nullptr, nullptr},
   };
   if (g_once_init_enter(&type)) {
@@ -433,9 +439,19 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
     std::lock_guard<std::mutex> lock(impl->latency_lock);
     impl->stats = Stats();
   }
+  const bool fp8 = settings.dtype == GST_LATENT_DTYPE_FP8;
+  if (fp8 && !klass->takes_fp8) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("%s: dtype fp8 applies to ditdenoise's transformer; %s runs in fp32, bf16 "
+                       "or fp16",
+                       stage, stage),
+                      ("dtype=fp8"));
+    return FALSE;
+  }
+  impl->fp8 = fp8;
   latent::BackendOptions bo;
   bo.device = settings.device;
-  bo.dtype = dtype_nick(settings.dtype);
+  bo.dtype = fp8 ? "auto" : dtype_nick(settings.dtype);  // fp8: the rest as the device's default
   auto backend = latent::get_backend(bo);
   if (!backend.ok()) {
     // The message names the device or dtype at fault.
@@ -840,6 +856,8 @@ const char* gst_latent_base_stage_name(GstLatentBase* self) {
   if (factory) return gst_plugin_feature_get_name(GST_PLUGIN_FEATURE(factory));
   return GST_ELEMENT_NAME(self);
 }
+
+gboolean gst_latent_base_fp8(GstLatentBase* self) { return impl_of(self)->fp8; }
 
 latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self) {
   if (auto backend = gst_latent_base_backend(self)) return backend->compute_dtype();

@@ -45,6 +45,11 @@ struct _GstLatentBaseClass {
   // backend; 0 for a stage that loads its own model in `open` (ditdenoise).
   guint parts;
 
+  // Whether `dtype=fp8` applies to this stage (ditdenoise: its transformer's linear layers in
+  // FP8, the rest in the device's default dtype); elsewhere start() refuses fp8, naming the
+  // stage.
+  gboolean takes_fp8;
+
   // start(), once the backend of the `device` and `dtype` settings exists (and the VAE of `parts`
   // is loaded): loads what else the stage needs. On failure posts an element error and returns
   // FALSE. Optional.
@@ -72,6 +77,7 @@ typedef enum {
   GST_LATENT_DTYPE_FP32,
   GST_LATENT_DTYPE_BF16,
   GST_LATENT_DTYPE_FP16,
+  GST_LATENT_DTYPE_FP8,  // ditdenoise only (GstLatentBaseClass::takes_fp8)
 } GstLatentDtype;
 #define GST_TYPE_LATENT_DTYPE (gst_latent_dtype_get_type())
 GType gst_latent_dtype_get_type(void);
@@ -166,6 +172,9 @@ const char* gst_latent_base_stage_name(GstLatentBase* self);
 
 // Resolves "auto" and an empty dtype the way start() will (for caps before start()).
 latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self);
+// Whether the stage was started with dtype=fp8 (its backend then computes in the device's
+// default dtype: bf16 on CUDA, fp32 on the CPU).
+gboolean gst_latent_base_fp8(GstLatentBase* self);
 
 // ---- caps -------------------------------------------------------------------------------------
 // Whether the stage offers CUDA-memory caps: it runs on a CUDA device, or it has not started yet

@@ -63,7 +63,8 @@ const char* kDitUsage =
     "          added every step). `latent-tool inspect FILE` describes a LoRA file.\n"
     "  FP8:    --dtype fp8 quantises the transformer blocks' linear layers to FP8 e4m3 at load\n"
     "          (a scale per output channel, inputs per token at run time; FP8 tensor cores on\n"
-    "          Hopper, emulated on the CPU); attention, norms and the rest run in bf16.\n";
+    "          Hopper, emulated on the CPU); attention, norms and the rest run in bf16 on CUDA\n"
+    "          (fp32 on the CPU).\n";
 
 std::string get(const Options& o, const std::string& k, const std::string& def = "") {
   auto it = o.find(k);
@@ -95,7 +96,7 @@ Result<int64_t> integer(const Options& o, const std::string& key, int64_t def, i
 }
 
 // --dtype fp8: the transformer's block linear layers in FP8 (QwenImageMmdit, LinearFormat),
-// everything else in bf16.
+// everything else in the device's default dtype (bf16 on CUDA, fp32 on the CPU).
 bool fp8_of(const Options& o) { return get(o, "dtype") == "fp8"; }
 
 latent::LinearFormat linears_of(const Options& o) {
@@ -105,7 +106,7 @@ latent::LinearFormat linears_of(const Options& o) {
 Result<std::shared_ptr<latent::Backend>> backend_for(const Options& o) {
   latent::BackendOptions b;
   b.device = get(o, "device", "auto");
-  b.dtype = fp8_of(o) ? "bf16" : get(o, "dtype", "");
+  b.dtype = fp8_of(o) ? "" : get(o, "dtype", "");
   return latent::get_backend(b);
 }
 

@@ -655,7 +655,8 @@ void add_common(CommandOptions& c) {
   c.text("device", "auto (first GPU, else the CPU), cpu, cuda, cuda:N (default auto)");
   c.choice("dtype",
            "compute dtype (default: fp32 on the CPU, bf16 on CUDA); fp8: the transformer's "
-           "linear layers in FP8 e4m3, the rest bf16 (run --part transformer, denoise)",
+           "linear layers in FP8 e4m3, the rest as the default (run --part transformer, "
+           "denoise)",
            {"fp32", "bf16", "fp16", "fp8"});
   c.flag("verbose", "engine log to stderr");
 }

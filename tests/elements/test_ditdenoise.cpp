@@ -633,13 +633,14 @@ std::string lora_file(const std::string& name) {
 }
 
 // The engine's loop with LoRAs loaded (`mode` as the element's lora-mode).
-std::vector<float> engine_run_lora(const Settings& r, const std::vector<float>& in,
-                                   const std::vector<latent::LoraSpec>& loras,
-                                   latent::LoraMode mode,
-                                   const std::string& scheduler_file = "") {
+std::vector<float> engine_run_lora(
+    const Settings& r, const std::vector<float>& in, const std::vector<latent::LoraSpec>& loras,
+    latent::LoraMode mode, const std::string& scheduler_file = "",
+    latent::LinearFormat linears = latent::LinearFormat::kComputeDtype) {
   auto backend = latent::get_backend({"cpu", ""});
   EXPECT_TRUE(backend.ok());
-  auto model = latent::QwenImageMmdit::load(r.root, *backend, latent::MmditLoras{loras, mode});
+  auto model =
+      latent::QwenImageMmdit::load(r.root, *backend, latent::MmditLoras{loras, mode}, linears);
   EXPECT_TRUE(model.ok()) << model.status().message();
   auto cfg = latent::Config::load(scheduler_file.empty()
                                       ? r.root + "/scheduler/scheduler_config.json"
@@ -825,3 +826,49 @@ TEST(DitDenoise, BadLorasAreErrorsAtStart) {
 }
 
 }  // namespace
+
+// --- dtype fp8 -------------------------------------------------------------------------------
+
+TEST(DitDenoise, Fp8DtypeIsTheEnginesFp8LoopAndOnlyDitdenoiseTakesIt) {
+  Settings r;
+  r.prompt = prompt_file();
+  r.steps = 2;
+  r.guidance = 1.0;
+  const auto in = random_latent(31);
+  const auto want = engine_run_lora(r, in, {}, latent::LoraMode::kMerged, "",
+                                    latent::LinearFormat::kFp8);
+  ASSERT_FALSE(want.empty());
+  ASSERT_GT(max_abs_diff(want, engine_run(r, in)), 1e-4);  // quantised for real
+  GstHarness* h = harness_for("ditdenoise", {{"model", r.root},
+                                             {"prompt-embeds", r.prompt},
+                                             {"steps", "2"},
+                                             {"guidance-scale", "1"},
+                                             {"dtype", "fp8"},
+                                             {"device", "cpu"}});
+  ASSERT_NE(h, nullptr);
+  gst_harness_set_src_caps(h, latent_caps());
+  BusWatch bw(h->element);
+  EXPECT_LE(max_abs_diff(denoise_frame(h, in, 0), want), 1e-4);
+  EXPECT_EQ(bw.pop_error(), "");
+  gint dtype = 0;
+  g_object_get(h->element, "dtype", &dtype, nullptr);
+  GEnumClass* dtypes = G_ENUM_CLASS(g_type_class_ref(g_type_from_name("GstLatentDtype")));
+  GEnumValue* v = g_enum_get_value(dtypes, dtype);
+  ASSERT_NE(v, nullptr);
+  EXPECT_STREQ(v->value_nick, "fp8");
+  g_type_class_unref(dtypes);
+  gst_harness_teardown(h);
+
+  // The VAE stages refuse it at start, naming the stage.
+  GstElement* enc = gst_element_factory_make("vaeencode", nullptr);
+  ASSERT_NE(enc, nullptr);
+  gst_util_set_object_arg(G_OBJECT(enc), "dtype", "fp8");
+  gst_util_set_object_arg(G_OBJECT(enc), "device", "cpu");
+  BusWatch ebw(enc);
+  EXPECT_EQ(gst_element_set_state(enc, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
+  const std::string err = ebw.pop_error();
+  EXPECT_NE(err.find("vaeencode: dtype fp8 applies to ditdenoise"), std::string::npos) << err;
+  gst_element_set_state(enc, GST_STATE_NULL);
+  gst_object_unref(enc);
+}
+
