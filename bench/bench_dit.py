@@ -23,6 +23,9 @@ Phases, each optional, in an order that keeps at most one 41 GB copy of the weig
      upcasts each block just before it runs (exact, since bf16 -> fp32 -> bf16 is lossless; 41 GB
      + one block), `auto` picks full when the GPU has >= 120 GB. The JSON says which (`ref_mode`).
   5. ours: `latent-tool run --part transformer` on the same folder and inputs (--skip-ours skips).
+  5b. --fp8: ours again with `--dtype fp8` (the blocks' linear layers quantised to FP8 e4m3 at load,
+     inputs per token: cuBLASLt FP8 on Hopper); its time, speed-up over torch.compile bf16 and its
+     relative L2 against fp32 (with --accuracy), PyTorch bf16 and our bf16 output.
   6. --lora-rank R (e.g. 64): a random rank-R LoRA on every linear layer of the 60 blocks
      (ComfyUI layout, bf16, written once to --workdir), then ours again with it applied at run
      time (`--lora FILE:1 --lora-mode runtime`: the low-rank products added to each linear's
@@ -312,6 +315,10 @@ def main():
     ap.add_argument("--ours-device", default=None, help="latent-tool --device (default: --device)")
     ap.add_argument("--ours-dtype", default="bf16")
     ap.add_argument("--smoke", action="store_true", help="tiny config (2 layers, 8x8 grid, 8 text tokens)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="ours again with --dtype fp8 (the blocks' linear layers in FP8 e4m3): "
+                         "ours_fp8_ms, fp8_speedup_vs_compile (target >= 1.5 at 4,096 tokens) and "
+                         "its relative L2 against torch bf16, fp32 (--accuracy) and ours bf16")
     ap.add_argument("--lora-rank", type=int, default=0,
                     help="also time ours with a random LoRA of this rank on every block linear, "
                          "at run time and merged (0: off)")
@@ -485,17 +492,21 @@ def main():
                        "encoder_hidden_states_mask": ci["mask"], "timestep": ci["t"],
                        "img_shapes": torch.tensor(ci["shapes"], dtype=torch.float32)}, inp)
             variants = [("", [])]
+            if args.fp8:
+                variants += [("_fp8", ["--dtype", "fp8"])]
             if lora_path:
                 variants += [("_lora_runtime", ["--lora", f"{lora_path}:1", "--lora-mode", "runtime"]),
                              ("_lora_merged", ["--lora", f"{lora_path}:1", "--lora-mode", "merged"])]
             lora_outs = {}
+            ours_bf16 = None
             for suffix, extra in variants:
                 t0 = time.time()
                 outp_v = outp.replace(".safetensors", f"{suffix}.safetensors")
+                if "--dtype" not in extra:
+                    extra = ["--dtype", args.ours_dtype] + extra
                 cmd = [args.tool, "run", "--part", "transformer", "--model", folder, "--inputs", inp,
                        "--outputs", outp_v, "--device", args.ours_device or args.device,
-                       "--dtype", args.ours_dtype, "--warmup", str(args.warmup),
-                       "--repeat", str(args.repeat), "--json"] + extra
+                       "--warmup", str(args.warmup), "--repeat", str(args.repeat), "--json"] + extra
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ours_timeout)
                     ok = p.returncode == 0
@@ -511,10 +522,22 @@ def main():
                 j = json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
                 row[key + "_ms"], row[key + "_peak_bytes"] = j["median_ms"], j.get("peak_bytes")
                 out = next(iter(load_file(outp_v).values())).float()
-                if suffix:
+                if suffix == "_fp8":
+                    # FP8 linear layers: against PyTorch bf16, fp32, and our own bf16 output.
+                    if case in outs_bf16:
+                        row["ours_fp8_vs_torch_rel_l2"] = rel_l2(out, outs_bf16[case])
+                    if case in outs_fp32:
+                        row["ours_fp8_vs_fp32_rel_l2"] = rel_l2(out, outs_fp32[case])
+                    if ours_bf16 is not None:
+                        row["ours_fp8_vs_ours_bf16_rel_l2"] = rel_l2(out, ours_bf16)
+                    if "compile_ms" in row:
+                        row["fp8_speedup_vs_compile"] = row["compile_ms"] / row[key + "_ms"]
+                elif suffix:
                     lora_outs[suffix] = out
-                elif case in outs_bf16:
-                    row["ours_vs_torch_rel_l2"] = rel_l2(out, outs_bf16[case])
+                else:
+                    ours_bf16 = out
+                    if case in outs_bf16:
+                        row["ours_vs_torch_rel_l2"] = rel_l2(out, outs_bf16[case])
                 if not suffix and case in outs_fp32:
                     row["ours_vs_fp32_rel_l2"] = rel_l2(out, outs_fp32[case])
                 log(f"{case}: {key} {row[key + '_ms']:.1f} ms (call {row[key + '_wall_s']} s)")
@@ -537,6 +560,13 @@ def main():
               f"{r.get('torch_bf16_vs_fp32_rel_l2', nan):10.2e} {r.get('ours_vs_fp32_rel_l2', nan):10.2e}")
         if "ours_error" in r:
             print("  ours failed:", r["ours_error"][-300:])
+        if "ours_fp8_ms" in r:
+            print(f"  fp8: {r['ours_fp8_ms']:.1f} ms ({r.get('fp8_speedup_vs_compile', nan):.2f}x torch.compile bf16, "
+                  f"target >= 1.5x / <= 100 ms at 4,096 tokens); rel L2 vs fp32 "
+                  f"{r.get('ours_fp8_vs_fp32_rel_l2', nan):.2e}, vs torch bf16 {r.get('ours_fp8_vs_torch_rel_l2', nan):.2e}, "
+                  f"vs ours bf16 {r.get('ours_fp8_vs_ours_bf16_rel_l2', nan):.2e}")
+        elif "ours_fp8_error" in r:
+            print("  fp8 failed:", r["ours_fp8_error"][-300:])
         if "ours_lora_runtime_ms" in r or "ours_lora_merged_ms" in r:
             print(f"  LoRA rank {args.lora_rank}: runtime {r.get('ours_lora_runtime_ms', nan):.1f} ms "
                   f"(+{100 * r.get('lora_runtime_cost', nan):.1f} %, target <= 7 %), merged "

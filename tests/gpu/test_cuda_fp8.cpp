@@ -183,9 +183,11 @@ TEST_F(CudaFp8, TinyTransformerMatchesTheCpuEmulation) {
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_NE((*g)->description().find("28 in fp8 e4m3"), std::string::npos)
       << (*g)->description();
-  const Tensor ref = test::transformer_case_sample(root, "masked_batch");
-  auto yg = (*g)->forward(test::transformer_case_inputs(*gpu_, root, "masked_batch"));
-  auto yc = (*c)->forward(test::transformer_case_inputs(*cpu_, root, "masked_batch"));
+  const std::string io = root + "/io_transformer.safetensors";
+  const Tensor ref = test::transformer_case_sample(io, "masked_batch");
+  ASSERT_TRUE(ref.defined());
+  auto yg = (*g)->forward(test::transformer_case_inputs(*gpu_, io, "masked_batch"));
+  auto yc = (*c)->forward(test::transformer_case_inputs(*cpu_, io, "masked_batch"));
   const double emu = rel(yg, *gpu_, yc, *cpu_);
   ASSERT_TRUE(yg.ok());
   Result<Tensor> hg = gpu_->download(yg.value());

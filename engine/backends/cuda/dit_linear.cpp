@@ -73,7 +73,11 @@ DitLinear::~DitLinear() {
 Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k,
                                          DType dtype, bool bias, bool gelu, uint32_t align_x,
                                          uint32_t align_w, uint32_t align_y, bool accumulate,
-                                         bool fp8) {
+                                         const float* fp8_w_scales, const float* fp8_x_scales) {
+  // FP8 plans carry the scale vectors of their first call: cuBLASLt's heuristic refuses
+  // outer-vector scaling (CUBLAS_STATUS_INVALID_VALUE) while they are unset. run_fp8 sets each
+  // call's own.
+  const bool fp8 = fp8_w_scales != nullptr;
   // With `accumulate` the heuristic is asked for beta = 1 (C read): align_y covers C and D.
   const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(dtype), ':', bias, gelu, ':',
                                   align_x, ',', align_w, ',', align_y, accumulate ? ":acc" : "",
@@ -106,6 +110,10 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
                                                      &outer, sizeof(outer)));
     LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
                                                      &outer, sizeof(outer)));
+    LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+        p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8_w_scales, sizeof(fp8_w_scales)));
+    LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+        p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8_x_scales, sizeof(fp8_x_scales)));
     const int8_t fast = fp8_fast_accum_ ? 1 : 0;
     LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
                                                      &fast, sizeof(fast)));
@@ -140,12 +148,15 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  LATENT_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref,
-                                                   1, &result, &found));
-  if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
+  // Not LATENT_CUDA_CHECK: "no kernel for this epilogue" is an answer here (run_fp8 then runs
+  // the epilogue apart), not an error to log.
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c,
+                                                           p->c, pref, 1, &result, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
     return Status::errorf("cuBLASLt has no algorithm for x [", m, ", ", k, "] . w^T [", k, ", ", n,
                           "] in ", fp8 ? "fp8 e4m3 (row scales) -> " : "", dtype_name(dtype),
-                          bias ? " with bias" : "", gelu ? " and GELU" : "");
+                          bias ? " with bias" : "", gelu ? " and GELU" : "", " (",
+                          cublasLtGetStatusName(st), ")");
   p->algo = result.algo;
   p->workspace = result.workspaceSize;
   LATENT_DEBUG("dit linear plan ", key, ": workspace ", p->workspace, " bytes");
@@ -191,7 +202,8 @@ Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_sca
   Plan* p = nullptr;
   auto known = fp8_fused_.find(key);
   if (want_epilogue && (known == fp8_fused_.end() || known->second)) {
-    Result<Plan*> r = plan(ctx, m, n, k, out, bias != nullptr, gelu, ax, aw, ay, false, true);
+    Result<Plan*> r =
+        plan(ctx, m, n, k, out, bias != nullptr, gelu, ax, aw, ay, false, w_scales, x_scales);
     fp8_fused_[key] = r.ok();
     if (r.ok()) {
       p = r.value();
@@ -200,7 +212,8 @@ Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_sca
     }
   }
   if (!p) {
-    LATENT_ASSIGN_OR_RETURN(p, plan(ctx, m, n, k, out, false, false, ax, aw, ay, false, true));
+    LATENT_ASSIGN_OR_RETURN(
+        p, plan(ctx, m, n, k, out, false, false, ax, aw, ay, false, w_scales, x_scales));
     *fused = !want_epilogue;
   }
   if (*fused && bias)

@@ -53,7 +53,8 @@ class DitLinear {
   struct Plan;
   Result<Plan*> plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k, DType dtype, bool bias,
                      bool gelu, uint32_t align_x, uint32_t align_w, uint32_t align_y,
-                     bool accumulate, bool fp8 = false);
+                     bool accumulate, const float* fp8_w_scales = nullptr,
+                     const float* fp8_x_scales = nullptr);
 
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;

@@ -1,6 +1,7 @@
 // One block per row (grid-stride over rows): the row's largest magnitude (16-byte loads, a
-// warp then a block reduction), then the row again (from L1/L2) divided by its scale and
-// converted pairwise by cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2).
+// warp then a block reduction), then the row divided by its scale and converted pairwise by
+// cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2). Rows up to 16,384 bf16 values stay in
+// registers between the two (one read of the row); longer ones are read again.
 #include <cuda_fp8.h>
 
 #include "engine/backends/cuda/check.h"
@@ -17,67 +18,116 @@ __device__ __forceinline__ unsigned magnitude_bits(float v) {
   return __float_as_uint(v) & 0x7fffffffu;
 }
 
-template <typename T, int V>
-__global__ void fp8_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ codes,
-                                float* __restrict__ scales, int64_t rows, int cols) {
-  __shared__ unsigned warp_max_bits[kThreads / 32];
-  __shared__ float row_scale;
+// V values of a row as e4m3 codes at q (V = 1, 4 or 8).
+template <int V>
+__device__ __forceinline__ void store_codes(uint8_t* q, const float (&v)[V], float scale) {
+  if constexpr (V == 1) {
+    *q = static_cast<uint8_t>(
+        __nv_cvt_float_to_fp8(__fdiv_rn(v[0], scale), __NV_SATFINITE, __NV_E4M3));
+  } else {
+    static_assert(V == 4 || V == 8, "a 16-byte pack of fp32 or of bf16 / fp16");
+    uint16_t pairs[V / 2];
+#pragma unroll
+    for (int j = 0; j < V / 2; ++j)
+      pairs[j] = __nv_cvt_float2_to_fp8x2(
+          make_float2(__fdiv_rn(v[2 * j], scale), __fdiv_rn(v[2 * j + 1], scale)),
+          __NV_SATFINITE, __NV_E4M3);
+    if constexpr (V == 8) {
+      uint2 out;
+      out.x = pairs[0] | (static_cast<unsigned>(pairs[1]) << 16);
+      out.y = pairs[2] | (static_cast<unsigned>(pairs[3]) << 16);
+      *reinterpret_cast<uint2*>(q) = out;
+    } else {
+      *reinterpret_cast<unsigned*>(q) = pairs[0] | (static_cast<unsigned>(pairs[1]) << 16);
+    }
+  }
+}
+
+// The row's scale from its largest magnitude's bits, reduced over the block; every thread gets
+// it. `m`: this thread's largest |v| bits.
+__device__ __forceinline__ float row_scale(unsigned m, unsigned* warp_bits, float* shared_scale) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) warp_bits[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned all = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_bits[w]);
+    *shared_scale = all >= 0x7f800000u ? __uint_as_float(0x7fc00000u)  // NaN / inf
+                    : all == 0u        ? 1.f
+                                       : __fdiv_rn(__uint_as_float(all), 448.f);
+  }
+  __syncthreads();
+  const float scale = *shared_scale;
+  __syncthreads();  // warp_bits and shared_scale are reused by the block's next row
+  return scale;
+}
+
+// P > 0: each thread keeps its (at most P) packs of the row in registers between the two
+// phases, so the row is read from memory once (cols <= kThreads * V * P). P == 0: any length,
+// the row read twice (the second time mostly from L2).
+template <typename T, int V, int P>
+__global__ void __launch_bounds__(kThreads)
+    fp8_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ codes,
+                    float* __restrict__ scales, int64_t rows, int cols) {
+  __shared__ unsigned warp_bits[kThreads / 32];
+  __shared__ float shared_scale;
   const int steps = cols / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
-    unsigned m = 0;
-    for (int s = threadIdx.x; s < steps; s += kThreads) {
-      float v[V];
-      load_floats<T, V>(xr + s * V, v);
-#pragma unroll
-      for (int j = 0; j < V; ++j) m = max(m, magnitude_bits(v[j]));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) warp_max_bits[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned all = 0;
-#pragma unroll
-      for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_max_bits[w]);
-      const float amax = __uint_as_float(all);
-      const float scale = all >= 0x7f800000u ? __uint_as_float(0x7fc00000u)  // NaN / inf
-                          : all == 0u        ? 1.f
-                                             : __fdiv_rn(amax, 448.f);
-      row_scale = scale;
-      scales[r] = scale;
-    }
-    __syncthreads();
-    const float scale = row_scale;
     uint8_t* qr = codes + r * cols;
-    for (int s = threadIdx.x; s < steps; s += kThreads) {
-      float v[V];
-      load_floats<T, V>(xr + s * V, v);
-      if constexpr (V == 1) {
-        qr[s] = static_cast<uint8_t>(
-            __nv_cvt_float_to_fp8(__fdiv_rn(v[0], scale), __NV_SATFINITE, __NV_E4M3));
-      } else {
-        static_assert(V % 2 == 0, "pairs");
-        // V codes: 8 bytes (bf16 / fp16 packs) or 4 (fp32 packs).
-        uint16_t pairs[V / 2];
+    unsigned m = 0;
+    if constexpr (P > 0) {
+      float v[P][V];
 #pragma unroll
-        for (int j = 0; j < V / 2; ++j)
-          pairs[j] = __nv_cvt_float2_to_fp8x2(
-              make_float2(__fdiv_rn(v[2 * j], scale), __fdiv_rn(v[2 * j + 1], scale)),
-              __NV_SATFINITE, __NV_E4M3);
-        if constexpr (V == 8) {
-          uint2 out;
-          out.x = pairs[0] | (static_cast<unsigned>(pairs[1]) << 16);
-          out.y = pairs[2] | (static_cast<unsigned>(pairs[3]) << 16);
-          *reinterpret_cast<uint2*>(qr + s * V) = out;
-        } else {
-          *reinterpret_cast<unsigned*>(qr + s * V) =
-              pairs[0] | (static_cast<unsigned>(pairs[1]) << 16);
+      for (int i = 0; i < P; ++i) {
+        const int s = threadIdx.x + i * kThreads;
+        if (s < steps) {
+          load_floats<T, V>(xr + s * V, v[i]);
+#pragma unroll
+          for (int j = 0; j < V; ++j) m = max(m, magnitude_bits(v[i][j]));
         }
       }
+      const float scale = row_scale(m, warp_bits, &shared_scale);
+      if (threadIdx.x == 0) scales[r] = scale;
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int s = threadIdx.x + i * kThreads;
+        if (s < steps) store_codes<V>(qr + s * V, v[i], scale);
+      }
+    } else {
+      for (int s = threadIdx.x; s < steps; s += kThreads) {
+        float v[V];
+        load_floats<T, V>(xr + s * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = max(m, magnitude_bits(v[j]));
+      }
+      const float scale = row_scale(m, warp_bits, &shared_scale);
+      if (threadIdx.x == 0) scales[r] = scale;
+      for (int s = threadIdx.x; s < steps; s += kThreads) {
+        float v[V];
+        load_floats<T, V>(xr + s * V, v);
+        store_codes<V>(qr + s * V, v, scale);
+      }
     }
-    __syncthreads();  // row_scale and warp_max_bits are reused by the next row
   }
+}
+
+template <typename T, int V>
+void launch_rows(const T* x, uint8_t* codes, float* scales, int64_t rows, int cols,
+                 unsigned blocks, cudaStream_t stream) {
+  const int per_thread = (cols / V + kThreads - 1) / kThreads;
+  if (per_thread <= 1)
+    fp8_rows_kernel<T, V, 1><<<blocks, kThreads, 0, stream>>>(x, codes, scales, rows, cols);
+  else if (per_thread <= 2)
+    fp8_rows_kernel<T, V, 2><<<blocks, kThreads, 0, stream>>>(x, codes, scales, rows, cols);
+  else if (per_thread <= 4)
+    fp8_rows_kernel<T, V, 4><<<blocks, kThreads, 0, stream>>>(x, codes, scales, rows, cols);
+  else if (per_thread <= 8 && V > 1)
+    fp8_rows_kernel<T, V, 8><<<blocks, kThreads, 0, stream>>>(x, codes, scales, rows, cols);
+  else
+    fp8_rows_kernel<T, V, 0><<<blocks, kThreads, 0, stream>>>(x, codes, scales, rows, cols);
 }
 
 }  // namespace
@@ -94,11 +144,11 @@ Status launch_fp8_quantize_rows(const void* x, DType dtype, int64_t rows, int64_
     // boundaries as long as their base is 16-byte aligned.
     const bool vec = cols % kPack == 0 && aligned16(x) && aligned16(codes);
     if (vec)
-      fp8_rows_kernel<T, kPack><<<blocks, kThreads, 0, l.stream>>>(
-          static_cast<const T*>(x), codes, scales, rows, static_cast<int>(cols));
+      launch_rows<T, kPack>(static_cast<const T*>(x), codes, scales, rows, static_cast<int>(cols),
+                            blocks, l.stream);
     else
-      fp8_rows_kernel<T, 1><<<blocks, kThreads, 0, l.stream>>>(static_cast<const T*>(x), codes,
-                                                              scales, rows, static_cast<int>(cols));
+      launch_rows<T, 1>(static_cast<const T*>(x), codes, scales, rows, static_cast<int>(cols),
+                        blocks, l.stream);
     LATENT_CUDA_CHECK_LAUNCH("fp8_quantize_rows");
     return ok_status();
   });
