@@ -9,7 +9,7 @@
 //   latent-tool stream  [--model M] --size WxH ...  (tools/stream_command.h)
 //   latent-tool denoise --model ROOT --embeds E.safetensors ...  (tools/dit_commands.h)
 // Common options: --device auto|cpu|cuda[:N]  --dtype fp32|bf16|fp16|fp8  --verbose
-// (fp8: the transformer's linear layers, run --part transformer and denoise)
+// (fp8: the transformer's linear layers, in transformer runs and denoise)
 // MODEL is a diffusers folder, a pipeline root (its vae/), a single .safetensors file, or
 // empty for the built-in default model.
 //
@@ -655,8 +655,7 @@ void add_common(CommandOptions& c) {
   c.text("device", "auto (first GPU, else the CPU), cpu, cuda, cuda:N (default auto)");
   c.choice("dtype",
            "compute dtype (default: fp32 on the CPU, bf16 on CUDA); fp8: the transformer's "
-           "linear layers in FP8 e4m3, the rest as the default (run --part transformer, "
-           "denoise)",
+           "linear layers in FP8 e4m3, the rest as the default (transformer runs, denoise)",
            {"fp32", "bf16", "fp16", "fp8"});
   c.flag("verbose", "engine log to stderr");
 }

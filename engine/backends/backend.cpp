@@ -107,4 +107,26 @@ Result<Tensor> Backend::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const
   return linear(x.dequant, w.dequant, bias, act);
 }
 
+Result<Tensor> Backend::joint_qk(const Tensor& img, const Tensor& txt, const Tensor& gamma_img,
+                                 const Tensor& gamma_txt, const Tensor& freqs, int heads,
+                                 float eps) {
+  if (!img.defined() || !txt.defined() || img.rank() != 3 || txt.rank() != 3 || heads < 1 ||
+      img.dim(2) % heads != 0)
+    return Status::errorf("joint_qk: image ",
+                          img.defined() ? shape_str(img.shape()) : std::string("undefined"),
+                          " and text ",
+                          txt.defined() ? shape_str(txt.shape()) : std::string("undefined"),
+                          " must be [B, T, heads * d] with ", heads, " heads");
+  const int64_t d = img.dim(2) / heads;
+  auto norm = [&](const Tensor& x, const Tensor& gamma) -> Result<Tensor> {
+    LATENT_ASSIGN_OR_RETURN(Tensor rows, x.reshape({x.numel() / d, d}));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, rms_norm(rows, gamma, eps));
+    return y.reshape(x.shape());
+  };
+  LATENT_ASSIGN_OR_RETURN(Tensor a, norm(img, gamma_img));
+  LATENT_ASSIGN_OR_RETURN(Tensor b, norm(txt, gamma_txt));
+  LATENT_ASSIGN_OR_RETURN(Tensor joint, concat({a, b}, 1));
+  return rope(joint, freqs, heads);
+}
+
 }  // namespace latent

@@ -407,6 +407,15 @@ class Backend {
     (void)residual, (void)x, (void)gate, (void)group_starts;
     return dit_unsupported(DitOp::kGatedAdd);
   }
+  // The joint query (or key) of the dual-stream attention: per-head RMS norm of each stream
+  // with its own gamma ([d], eps; as rms_norm() over rows of d), the streams joined along the
+  // tokens ([image, text]), then rope() with freqs ([T_img + T_txt, d/2, 2] fp32).
+  // img: [B, T_img, heads * d], txt: [B, T_txt, heads * d] -> [B, T_img + T_txt, heads * d].
+  // The default composes rms_norm, concat and rope (three passes, each rounded to the compute
+  // dtype); CUDA runs it in one pass, rounding once.
+  virtual Result<Tensor> joint_qk(const Tensor& img, const Tensor& txt, const Tensor& gamma_img,
+                                  const Tensor& gamma_txt, const Tensor& freqs, int heads,
+                                  float eps);
   // Rotary embedding on interleaved pairs, as diffusers' apply_rotary_emb_qwen(use_real=False)
   // (and FLUX): for each head and i < d/2, with (c, s) = freqs[t, i],
   //   y[2i] = x[2i] c - x[2i+1] s,   y[2i+1] = x[2i] s + x[2i+1] c.

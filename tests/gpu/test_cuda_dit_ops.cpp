@@ -385,6 +385,47 @@ TEST_P(CudaDitOps, Rope) {
   }
 }
 
+TEST_P(CudaDitOps, JointQkIsNormConcatRopeInOnePass) {
+  // Backend::joint_qk against the CPU's composition (rms_norm per head, concat, rope).
+  struct Case {
+    int64_t b, t_img, t_txt;
+    int heads;
+    int64_t d;
+  };
+  const Case cases[] = {{1, 4096, 96, 24, 128}, {2, 7, 5, 3, 16}, {2, 30, 1, 2, 6}};
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    const int64_t t = c.t_img + c.t_txt, half = c.d / 2, ch = c.heads * c.d;
+    Tensor angles = random_tensor({t, half}, seed++, -3.14159f, 3.14159f);
+    std::vector<float> table(static_cast<size_t>(t * half * 2));
+    for (int64_t i = 0; i < t * half; ++i) {
+      table[2 * i] = std::cos(angles.data_as<float>()[i]);
+      table[2 * i + 1] = std::sin(angles.data_as<float>()[i]);
+    }
+    Tensor freqs = Tensor::from_floats({t, half, 2}, table);
+    Result<Tensor> gf = gpu_->upload_fp32(freqs), cf = cpu_->upload_fp32(freqs);
+    ASSERT_TRUE(gf.ok() && cf.ok());
+    Tensor img = input({c.b, c.t_img, ch}, seed++, -3.f, 3.f);
+    Tensor txt = input({c.b, c.t_txt, ch}, seed++, -0.5f, 0.5f);  // another scale per stream
+    Tensor gi = input({c.d}, seed++, 0.5f, 1.5f), gt = input({c.d}, seed++, -1.f, 1.f);
+    EXPECT_TRUE(close(str_cat("joint_qk ", c.b, "x(", c.t_img, "+", c.t_txt, ") ", c.heads,
+                              " heads of ", c.d),
+                      gpu_->joint_qk(on_gpu(img), on_gpu(txt), on_gpu(gi), on_gpu(gt), gf.value(),
+                                     c.heads, 1e-6f),
+                      cpu_->joint_qk(on_cpu(img), on_cpu(txt), on_cpu(gi), on_cpu(gt), cf.value(),
+                                     c.heads, 1e-6f),
+                      tol()));
+  }
+  // Refusals name the problem.
+  Tensor img = input({1, 4, 32}, 1), txt = input({1, 3, 16}, 2), g = input({16}, 3);
+  Tensor f = Tensor::from_floats({7, 8, 2}, std::vector<float>(7 * 16, 0.f));
+  auto r = gpu_->joint_qk(on_gpu(img), on_gpu(txt), on_gpu(g), on_gpu(g),
+                          gpu_->upload_fp32(f).value(), 2, 1e-6f);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("do not fit together"), std::string::npos)
+      << r.status().message();
+}
+
 TEST_P(CudaDitOps, AttentionDitSized) {
   // Joint attention of Qwen-Image: 512 text tokens (the last 212 padding) then 4096 image
   // tokens, 24 heads of 128; the padding sits in the middle of the key sequence.

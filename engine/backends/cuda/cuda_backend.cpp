@@ -283,6 +283,14 @@ class CudaBackend final : public Backend {
   Result<Tensor> gated_add(const Tensor& residual, const Tensor& x, const Tensor& gate,
                            const std::vector<int64_t>& group_starts) override;
   Result<Tensor> rope(const Tensor& x, const Tensor& freqs, int heads) override;
+  Result<Tensor> joint_qk(const Tensor& img, const Tensor& txt, const Tensor& gamma_img,
+                          const Tensor& gamma_txt, const Tensor& freqs, int heads,
+                          float eps) override {
+    return run("joint_qk", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_joint_qk(env, img, txt, gamma_img, gamma_txt, freqs, heads, eps);
+    });
+  }
   Result<Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
                            const Tensor& key_mask,
                            const std::vector<int64_t>& key_lengths = {}) override;

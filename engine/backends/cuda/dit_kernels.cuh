@@ -34,6 +34,14 @@ Status launch_dit_norm(const void* x, void* y, int64_t rows, int64_t d, DitNorm 
 Status launch_dit_gated_add(const void* residual, const void* x, const void* gate, void* y,
                             int64_t d, const DitGroups& groups, DType dtype, const Launch& l);
 
+// Backend::joint_qk: img [batch][t_img][heads * d], txt [batch][t_txt][heads * d] -> y
+// [batch][t_img + t_txt][heads * d]: per-head RMS norm (gamma_img / gamma_txt [d], eps) then
+// the rotation with freqs [t_img + t_txt][d / 2][2] fp32, one pass.
+Status launch_dit_joint_qk(const void* img, const void* txt, const void* gamma_img,
+                           const void* gamma_txt, const float* freqs, void* y, int64_t batch,
+                           int64_t t_img, int64_t t_txt, int heads, int64_t d, float eps,
+                           DType dtype, const Launch& l);
+
 // x, y: [batch * tokens][heads * d]; freqs: [tokens][d / 2][2] fp32.
 Status launch_dit_rope(const void* x, const float* freqs, void* y, int64_t rows, int64_t tokens,
                        int heads, int64_t d, DType dtype, const Launch& l);

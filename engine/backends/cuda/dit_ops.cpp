@@ -350,6 +350,33 @@ Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int h
   return y;
 }
 
+Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
+                            const Tensor& gamma_img, const Tensor& gamma_txt, const Tensor& freqs,
+                            int heads, float eps) {
+  LATENT_TRY(check(env, "image stream", img, env.dtype, 3, "[B, T_img, heads * d]"));
+  LATENT_TRY(check(env, "text stream", txt, env.dtype, 3, "[B, T_txt, heads * d]"));
+  if (txt.dim(0) != img.dim(0) || txt.dim(2) != img.dim(2))
+    return Status::errorf("joint_qk: image ", shape_str(img.shape()), " and text ",
+                          shape_str(txt.shape()), " streams do not fit together");
+  if (heads < 1 || img.dim(2) % heads != 0 || (img.dim(2) / heads) % 2 != 0)
+    return Status::errorf(img.dim(2), " features of ", shape_str(img.shape()),
+                          " do not split into ", heads, " heads of an even size");
+  const int64_t d = img.dim(2) / heads, t_all = img.dim(1) + txt.dim(1);
+  LATENT_TRY(check_vector(env, "gamma (image)", gamma_img, d, img));
+  LATENT_TRY(check_vector(env, "gamma (text)", gamma_txt, d, txt));
+  if (!gamma_img.defined() || !gamma_txt.defined())
+    return Status::error("joint_qk: both streams need their RMS norm gamma");
+  LATENT_TRY(check(env, "freqs", freqs, DType::kF32, 3, "[T, d/2, 2] fp32 (upload_fp32)"));
+  if (freqs.dim(0) != t_all || freqs.dim(1) != d / 2 || freqs.dim(2) != 2)
+    return Status::errorf("freqs ", shape_str(freqs.shape()), " should be [", t_all, ", ", d / 2,
+                          ", 2] for ", img.dim(1), " image and ", txt.dim(1), " text tokens");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {img.dim(0), t_all, img.dim(2)}, env.dtype));
+  LATENT_TRY(launch_dit_joint_qk(img.data(), txt.data(), gamma_img.data(), gamma_txt.data(),
+                                 freqs.data_as<float>(), y.data(), img.dim(0), img.dim(1),
+                                 txt.dim(1), heads, d, eps, env.dtype, env.launch));
+  return y;
+}
+
 Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
                              int heads, const Tensor& key_mask,
                              const std::vector<int64_t>& key_lengths) {

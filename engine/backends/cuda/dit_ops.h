@@ -57,6 +57,9 @@ Result<Tensor> dit_modulate(DitEnv& env, const Tensor& x, const Tensor& shift, c
 Result<Tensor> dit_gated_add(DitEnv& env, const Tensor& residual, const Tensor& x,
                              const Tensor& gate, const std::vector<int64_t>& group_starts);
 Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int heads);
+Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
+                            const Tensor& gamma_img, const Tensor& gamma_txt, const Tensor& freqs,
+                            int heads, float eps);
 // key_lengths (backend.h: the promise that key_mask is a prefix of valid keys) go to cuDNN's
 // padding mask; they cannot be checked against the device mask here, only their count and range.
 Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,

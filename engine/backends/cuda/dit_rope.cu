@@ -42,6 +42,49 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The joint q (or k) of the dual-stream attention in one pass (Backend::joint_qk): one warp a
+// (joint row, head); lane j takes pairs j, j + 32, ... of the head. The row's source is the
+// image stream for joint tokens t < t_img, else the text stream; per-head RMS norm with that
+// stream's gamma, then the rotation of each pair with freqs[t], stored once.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    dit_joint_qk_kernel(const T* __restrict__ img, const T* __restrict__ txt,
+                        const T* __restrict__ gamma_img, const T* __restrict__ gamma_txt,
+                        const float* __restrict__ freqs, T* __restrict__ y, int64_t batch,
+                        int64_t t_img, int64_t t_txt, int heads, int d, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t_all = t_img + t_txt;
+  const int64_t items = batch * t_all * heads;
+  const int64_t first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  const int64_t warps = (int64_t{gridDim.x} * blockDim.x) >> 5;
+  const int half = d / 2;
+  const int64_t channels = int64_t{heads} * d;
+  for (int64_t w = first; w < items; w += warps) {
+    const int h = static_cast<int>(w % heads);
+    const int64_t row = w / heads;  // b * t_all + t
+    const int64_t b = row / t_all, t = row - b * t_all;
+    const bool image = t < t_img;
+    const T* src = image ? img + (b * t_img + t) * channels : txt + (b * t_txt + t - t_img) * channels;
+    src += int64_t{h} * d;
+    const T* gamma = image ? gamma_img : gamma_txt;
+    float q = 0.f;
+    for (int p = lane; p < half; p += 32) {
+      const float a = to_f32(src[2 * p]), c = to_f32(src[2 * p + 1]);
+      q = fmaf(a, a, fmaf(c, c, q));
+    }
+    const float inv = rsqrtf(warp_sum(q) / static_cast<float>(d) + eps);
+    const float2* f = reinterpret_cast<const float2*>(freqs) + t * half;
+    T* out = y + row * channels + int64_t{h} * d;
+    for (int p = lane; p < half; p += 32) {
+      const float re = to_f32(src[2 * p]) * inv * to_f32(gamma[2 * p]);
+      const float im = to_f32(src[2 * p + 1]) * inv * to_f32(gamma[2 * p + 1]);
+      const float2 cs = f[p];
+      out[2 * p] = from_f32<T>(re * cs.x - im * cs.y);
+      out[2 * p + 1] = from_f32<T>(re * cs.y + im * cs.x);
+    }
+  }
+}
+
 }  // namespace
 
 Status launch_dit_rope(const void* x, const float* freqs, void* y, int64_t rows, int64_t tokens,
@@ -64,6 +107,25 @@ Status launch_dit_rope(const void* x, const float* freqs, void* y, int64_t rows,
           static_cast<const T*>(x), freqs, static_cast<T*>(y), packs, tokens, channels, d);
     }
     LATENT_CUDA_CHECK_LAUNCH("dit_rope_kernel");
+    return ok_status();
+  });
+}
+
+Status launch_dit_joint_qk(const void* img, const void* txt, const void* gamma_img,
+                           const void* gamma_txt, const float* freqs, void* y, int64_t batch,
+                           int64_t t_img, int64_t t_txt, int heads, int64_t d, float eps,
+                           DType dtype, const Launch& l) {
+  const int64_t items = batch * (t_img + t_txt) * heads;
+  if (items <= 0) return ok_status();
+  if (d % 2 != 0 || d > 0x7fffffff) return Status::errorf("joint_qk: head size ", d);
+  if (reinterpret_cast<uintptr_t>(freqs) % 8 != 0)
+    return Status::error("joint_qk: freqs are not 8-byte aligned (a view at an odd offset?)");
+  return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
+    dit_joint_qk_kernel<T><<<grid_for(items * 32, 256, l), 256, 0, l.stream>>>(
+        static_cast<const T*>(img), static_cast<const T*>(txt), static_cast<const T*>(gamma_img),
+        static_cast<const T*>(gamma_txt), freqs, static_cast<T*>(y), batch, t_img, t_txt, heads,
+        static_cast<int>(d), eps);
+    LATENT_CUDA_CHECK_LAUNCH("dit_joint_qk_kernel");
     return ok_status();
   });
 }

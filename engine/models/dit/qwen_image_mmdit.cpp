@@ -737,17 +737,10 @@ Result<Tensor> chunk(Backend& be, const Tensor& mod, int k, int64_t d) {
   return be.slice(mod, 1, k * d, d);
 }
 
-// Per-head RMS QK norm: x [B, T, H*d] viewed as [B*T*H, d] -> [B, T, H*d].
-Result<Tensor> qk_norm(Backend& be, const Tensor& x, const Tensor& gamma, int64_t head_dim) {
-  LATENT_ASSIGN_OR_RETURN(Tensor rows, x.reshape({x.numel() / head_dim, head_dim}));
-  LATENT_ASSIGN_OR_RETURN(Tensor y, be.rms_norm(rows, gamma, kNormEps));
-  return y.reshape(x.shape());
-}
-
 // One QwenImageTransformerBlock. img: [B, T_img, D], txt: [B, T_txt, D]; updated in place of
 // the handles.
 Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor* img, Tensor* txt) {
-  const int64_t d = c.dim, hd = d / c.heads;
+  const int64_t d = c.dim;
   const int64_t t_txt = txt->dim(1), t_img = img->dim(1);
   const std::vector<int64_t> one_group = {0};
   // Modulation: [rows, 6D] = shift1, scale1, gate1 (attention), shift2, scale2, gate2 (MLP).
@@ -781,15 +774,12 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
   LATENT_ASSIGN_OR_RETURN(Tensor v_t, w.add_v(be, txt_n, none, &txt_q));
   img_q = Fp8Matrix();  // released before the attention
   txt_q = Fp8Matrix();
-  LATENT_ASSIGN_OR_RETURN(q_i, qk_norm(be, q_i, w.norm_q, hd));
-  LATENT_ASSIGN_OR_RETURN(k_i, qk_norm(be, k_i, w.norm_k, hd));
-  LATENT_ASSIGN_OR_RETURN(q_t, qk_norm(be, q_t, w.norm_added_q, hd));
-  LATENT_ASSIGN_OR_RETURN(k_t, qk_norm(be, k_t, w.norm_added_k, hd));
-  LATENT_ASSIGN_OR_RETURN(Tensor q, be.concat({q_i, q_t}, 1));  // [B, T_img + T_txt, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor k, be.concat({k_i, k_t}, 1));
+  // Per-head RMS QK norm, the streams joined [image, text], rope: [B, T_img + T_txt, D].
+  LATENT_ASSIGN_OR_RETURN(Tensor q,
+                          be.joint_qk(q_i, q_t, w.norm_q, w.norm_added_q, c.rope, c.heads, kNormEps));
+  LATENT_ASSIGN_OR_RETURN(Tensor k,
+                          be.joint_qk(k_i, k_t, w.norm_k, w.norm_added_k, c.rope, c.heads, kNormEps));
   LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_i, v_t}, 1));
-  LATENT_ASSIGN_OR_RETURN(q, be.rope(q, c.rope, c.heads));
-  LATENT_ASSIGN_OR_RETURN(k, be.rope(k, c.rope, c.heads));
   LATENT_ASSIGN_OR_RETURN(Tensor o,
                           be.attention(q, k, v, c.heads, c.key_mask, c.key_lengths));  // [B, T, D]
   LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, 0, t_img));      // [B, T_img, D]
