@@ -129,4 +129,12 @@ Result<Tensor> Backend::joint_qk(const Tensor& img, const Tensor& txt, const Ten
   return rope(joint, freqs, heads);
 }
 
+Result<Fp8Matrix> Backend::layer_norm_modulate_fp8(const Tensor& x, const Tensor& shift,
+                                                  const Tensor& scale,
+                                                  const std::vector<int64_t>& group_starts,
+                                                  float eps) {
+  LATENT_ASSIGN_OR_RETURN(Tensor y, layer_norm_modulate(x, shift, scale, group_starts, eps));
+  return fp8_quantize_rows(y);
+}
+
 }  // namespace latent

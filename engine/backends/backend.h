@@ -374,6 +374,13 @@ class Backend {
   // dtype. The default: linear() of the two `dequant` tensors.
   virtual Result<Tensor> linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias,
                                     DitActivation act);
+  // layer_norm_modulate() (below) with its output's rows quantised as fp8_quantize_rows()
+  // would: the normalised input of FP8 layers, never stored in the compute dtype. The default
+  // composes the two.
+  virtual Result<Fp8Matrix> layer_norm_modulate_fp8(const Tensor& x, const Tensor& shift,
+                                                    const Tensor& scale,
+                                                    const std::vector<int64_t>& group_starts,
+                                                    float eps);
   // LayerNorm over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta (biased
   // variance). gamma, beta: [D] or undefined (no affine; either may be given alone).
   virtual Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,

@@ -154,6 +154,42 @@ TEST_F(CudaFp8, LinearMatchesTheEmulationAndIsAnFp8Product) {
   }
 }
 
+TEST_F(CudaFp8, LayerNormModulateQuantisesItsOutputRows) {
+  // The fused norm + quantisation against the CPU's composition (LayerNorm-modulate in fp32,
+  // then the rows quantised): the same codes but where the GPU's fp32 norm output lands on a
+  // rounding boundary of e4m3 differently (a few ulps of fp32): dequantised values within 1e-2.
+  struct Case {
+    int64_t b, t, d;
+    std::vector<int64_t> groups;
+  } cases[] = {{1, 4096, 3072, {0}}, {2, 37, 64, {0}}, {1, 50, 48, {0, 20}}};
+  uint64_t seed = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(str_cat(c.b, "x", c.t, "x", c.d, " groups ", c.groups.size()));
+    const int64_t g = static_cast<int64_t>(c.groups.size());
+    Tensor x = bf16_input({c.b, c.t, c.d}, seed++, -4.f, 4.f);
+    Tensor shift = bf16_input({g, c.b, c.d}, seed++), scale = bf16_input({g, c.b, c.d}, seed++);
+    auto q = gpu_->layer_norm_modulate_fp8(up(*gpu_, x), up(*gpu_, shift), up(*gpu_, scale),
+                                           c.groups, 1e-6f);
+    ASSERT_TRUE(q.ok()) << q.status().message();
+    ASSERT_EQ(q->shape, x.shape());
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    fetch(*q, &codes, &scales);
+    std::vector<float> deq(codes.size());
+    for (size_t i = 0; i < codes.size(); ++i)
+      deq[i] = fp8_e4m3_to_f32(codes[i]) * scales[i / static_cast<size_t>(c.d)];
+    auto want = cpu_->layer_norm_modulate_fp8(up(*cpu_, x), up(*cpu_, shift), up(*cpu_, scale),
+                                              c.groups, 1e-6f);
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    Result<Tensor> w = cpu_->download(want->dequant);
+    ASSERT_TRUE(w.ok());
+    const double err = relative_l2(Tensor::from_floats(x.shape(), deq), w.value());
+    std::printf("  layer_norm_modulate_fp8 %s: vs CPU emulation %.2e\n", shape_str(x.shape()).c_str(),
+                err);
+    EXPECT_LT(err, 1e-2);
+  }
+}
+
 TEST_F(CudaFp8, RefusesWhatItCannotMultiply) {
   auto odd = gpu_->fp8_quantize_rows(up(*gpu_, bf16_input({4, 40}, 1)));
   ASSERT_FALSE(odd.ok());

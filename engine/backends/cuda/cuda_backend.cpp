@@ -264,6 +264,16 @@ class CudaBackend final : public Backend {
       return cuda::dit_fp8_quantize_rows(env, x);
     });
   }
+  Result<Fp8Matrix> layer_norm_modulate_fp8(const Tensor& x, const Tensor& shift,
+                                            const Tensor& scale,
+                                            const std::vector<int64_t>& group_starts,
+                                            float eps) override {
+    if (!fp8_linear_) return Backend::layer_norm_modulate_fp8(x, shift, scale, group_starts, eps);
+    return run("layer_norm_modulate_fp8", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_layer_norm_modulate_fp8(env, x, shift, scale, group_starts, eps);
+    });
+  }
   Result<Tensor> linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias,
                             DitActivation act) override {
     if (!fp8_linear_) return Backend::linear_fp8(x, w, bias, act);

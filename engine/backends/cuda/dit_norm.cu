@@ -3,6 +3,7 @@
 // cancellation when the mean is large); the rows stay in L1 between passes, so the tensor is
 // read from memory once and written once.
 #include "engine/backends/cuda/dit_common.cuh"
+#include "engine/backends/cuda/fp8_codes.cuh"
 
 namespace latent::cuda {
 namespace {
@@ -19,6 +20,11 @@ struct NormArgs {
   const void* shift;
   const void* scale;
   DitGroups groups;
+  // With codes: the output row quantised to FP8 (fp8_codes.cuh) into codes [rows][d] and
+  // scales [rows] instead of stored in T (y unused): one more pass over the row in L1 for its
+  // largest magnitude.
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
 };
 
 template <typename T, int V>
@@ -66,8 +72,9 @@ __global__ void __launch_bounds__(256) dit_norm_kernel(const NormArgs a) {
       inv = rsqrtf(warp_sum(q) * inv_d + a.eps);
     }
     const int64_t crow = (shift || scale) ? dit_condition_row(a.groups, r) * d : 0;
-    for (int i = lane; i < steps; i += 32) {
-      float v[V], p[V];
+    // The V outputs of pack i of the row.
+    auto values = [&](int i, float (&v)[V]) {
+      float p[V];
       load_floats<T, V>(xr + i * V, v);
 #pragma unroll
       for (int j = 0; j < V; ++j) v[j] = (v[j] - mean) * inv;
@@ -91,7 +98,30 @@ __global__ void __launch_bounds__(256) dit_norm_kernel(const NormArgs a) {
 #pragma unroll
         for (int j = 0; j < V; ++j) v[j] += p[j];
       }
-      store_floats<T, V>(yr + i * V, v);
+    };
+    if (a.codes) {
+      unsigned m = 0;
+      for (int i = lane; i < steps; i += 32) {
+        float v[V];
+        values(i, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = max(m, fp8_magnitude_bits(v[j]));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      const float s = fp8_scale_of_bits(m);
+      if (lane == 0) a.scales[r] = s;
+      for (int i = lane; i < steps; i += 32) {
+        float v[V];
+        values(i, v);
+        fp8_store_codes<V>(a.codes + r * d + i * V, v, s);
+      }
+    } else {
+      for (int i = lane; i < steps; i += 32) {
+        float v[V];
+        values(i, v);
+        store_floats<T, V>(yr + i * V, v);
+      }
     }
   }
 }
@@ -100,14 +130,16 @@ __global__ void __launch_bounds__(256) dit_norm_kernel(const NormArgs a) {
 
 Status launch_dit_norm(const void* x, void* y, int64_t rows, int64_t d, DitNorm norm, float eps,
                        const void* gamma, const void* beta, const void* shift, const void* scale,
-                       const DitGroups& groups, DType dtype, const Launch& l) {
+                       const DitGroups& groups, DType dtype, const Launch& l, uint8_t* codes,
+                       float* scales) {
   if (rows <= 0 || d <= 0) return ok_status();
   if (d > 0x7fffffff) return Status::errorf("dit norm: rows of ", d, " elements are too long");
-  const NormArgs args{x,     y,     rows,  static_cast<int>(d), norm, eps, gamma, beta,
-                      shift, scale, groups};
+  const NormArgs args{x,     y,     rows,  static_cast<int>(d), norm,  eps, gamma, beta,
+                      shift, scale, groups, codes, scales};
   return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
     constexpr int kPack = Pack<T>::kN;
-    const bool vec = d % kPack == 0 && aligned16(x) && aligned16(y) &&
+    // Packs of codes (V bytes) need their row starts V-aligned: d % V == 0 and codes 16-aligned.
+    const bool vec = d % kPack == 0 && aligned16(x) && (codes ? aligned16(codes) : aligned16(y)) &&
                      (!gamma || aligned16(gamma)) && (!beta || aligned16(beta)) &&
                      (!shift || aligned16(shift)) && (!scale || aligned16(scale));
     const unsigned blocks = grid_for(rows * 32, 256, l);

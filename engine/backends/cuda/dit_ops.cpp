@@ -316,6 +316,33 @@ Result<Tensor> dit_modulate(DitEnv& env, const Tensor& x, const Tensor& shift, c
   return y;
 }
 
+Result<Fp8Matrix> dit_layer_norm_modulate_fp8(DitEnv& env, const Tensor& x, const Tensor& shift,
+                                              const Tensor& scale,
+                                              const std::vector<int64_t>& group_starts,
+                                              float eps) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, 3, "[B, T, D]"));
+  DitGroups groups;
+  LATENT_TRY(check_groups(group_starts, x.dim(1), &groups));
+  LATENT_TRY(check_conditioning(env, "shift", shift, x, group_starts.size()));
+  LATENT_TRY(check_conditioning(env, "scale", scale, x, group_starts.size()));
+  LATENT_TRY(check_eps(eps));
+  const int64_t k = x.dim(2), rows = rows_of(x);
+  if (k % 16 != 0)
+    return Status::errorf("fp8 rows: x ", shape_str(x.shape()), " has ", k,
+                          " columns; FP8 matrix multiplication needs a multiple of 16");
+  groups.batch = x.dim(0);
+  groups.tokens = x.dim(1);
+  Fp8Matrix q;
+  q.shape = x.shape();
+  LATENT_ASSIGN_OR_RETURN(q.codes, empty(env, {rows, k / 2}, DType::kBF16));  // k bytes a row
+  LATENT_ASSIGN_OR_RETURN(q.scales, empty(env, {rows}, DType::kF32));
+  LATENT_TRY(launch_dit_norm(x.data(), nullptr, rows, k, DitNorm::kLayer, eps, nullptr, nullptr,
+                             shift.data(), scale.data(), groups, env.dtype, env.launch,
+                             static_cast<uint8_t*>(q.codes.data()),
+                             static_cast<float*>(q.scales.data())));
+  return q;
+}
+
 Result<Tensor> dit_gated_add(DitEnv& env, const Tensor& residual, const Tensor& x,
                              const Tensor& gate, const std::vector<int64_t>& group_starts) {
   LATENT_TRY(check(env, "input x", x, env.dtype, 3, "[B, T, D]"));

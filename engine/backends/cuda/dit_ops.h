@@ -54,6 +54,11 @@ Result<Tensor> dit_layer_norm(DitEnv& env, const Tensor& x, const Tensor& gamma,
 Result<Tensor> dit_rms_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, float eps);
 Result<Tensor> dit_modulate(DitEnv& env, const Tensor& x, const Tensor& shift, const Tensor& scale,
                             const std::vector<int64_t>& group_starts, bool normalize, float eps);
+// layer_norm_modulate with its output quantised by rows to FP8 (never stored in the dtype).
+Result<Fp8Matrix> dit_layer_norm_modulate_fp8(DitEnv& env, const Tensor& x, const Tensor& shift,
+                                              const Tensor& scale,
+                                              const std::vector<int64_t>& group_starts,
+                                              float eps);
 Result<Tensor> dit_gated_add(DitEnv& env, const Tensor& residual, const Tensor& x,
                              const Tensor& gate, const std::vector<int64_t>& group_starts);
 Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int heads);

@@ -3,46 +3,15 @@
 // cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2). Rows up to 8,192 bf16 values stay in
 // registers between the two (one read of the row); longer ones are read again, from L2 (on the
 // H100 a 4,096 x 12,288 input took 81 us read twice, 112 us held in 64 registers a thread).
-#include <cuda_fp8.h>
-
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/common.cuh"
+#include "engine/backends/cuda/fp8_codes.cuh"
 #include "engine/backends/cuda/fp8_quant.cuh"
 
 namespace latent::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// The bits of |v| order like the magnitudes, and every NaN above +inf (0x7f800000).
-__device__ __forceinline__ unsigned magnitude_bits(float v) {
-  return __float_as_uint(v) & 0x7fffffffu;
-}
-
-// V values of a row as e4m3 codes at q (V = 1, 4 or 8).
-template <int V>
-__device__ __forceinline__ void store_codes(uint8_t* q, const float (&v)[V], float scale) {
-  if constexpr (V == 1) {
-    *q = static_cast<uint8_t>(
-        __nv_cvt_float_to_fp8(__fdiv_rn(v[0], scale), __NV_SATFINITE, __NV_E4M3));
-  } else {
-    static_assert(V == 4 || V == 8, "a 16-byte pack of fp32 or of bf16 / fp16");
-    uint16_t pairs[V / 2];
-#pragma unroll
-    for (int j = 0; j < V / 2; ++j)
-      pairs[j] = __nv_cvt_float2_to_fp8x2(
-          make_float2(__fdiv_rn(v[2 * j], scale), __fdiv_rn(v[2 * j + 1], scale)),
-          __NV_SATFINITE, __NV_E4M3);
-    if constexpr (V == 8) {
-      uint2 out;
-      out.x = pairs[0] | (static_cast<unsigned>(pairs[1]) << 16);
-      out.y = pairs[2] | (static_cast<unsigned>(pairs[3]) << 16);
-      *reinterpret_cast<uint2*>(q) = out;
-    } else {
-      *reinterpret_cast<unsigned*>(q) = pairs[0] | (static_cast<unsigned>(pairs[1]) << 16);
-    }
-  }
-}
 
 // The row's scale from its largest magnitude's bits, reduced over the block; every thread gets
 // it. `m`: this thread's largest |v| bits.
@@ -55,9 +24,7 @@ __device__ __forceinline__ float row_scale(unsigned m, unsigned* warp_bits, floa
     unsigned all = 0;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_bits[w]);
-    *shared_scale = all >= 0x7f800000u ? __uint_as_float(0x7fc00000u)  // NaN / inf
-                    : all == 0u        ? 1.f
-                                       : __fdiv_rn(__uint_as_float(all), 448.f);
+    *shared_scale = fp8_scale_of_bits(all);
   }
   __syncthreads();
   const float scale = *shared_scale;
@@ -87,7 +54,7 @@ __global__ void __launch_bounds__(kThreads)
         if (s < steps) {
           load_floats<T, V>(xr + s * V, v[i]);
 #pragma unroll
-          for (int j = 0; j < V; ++j) m = max(m, magnitude_bits(v[i][j]));
+          for (int j = 0; j < V; ++j) m = max(m, fp8_magnitude_bits(v[i][j]));
         }
       }
       const float scale = row_scale(m, warp_bits, &shared_scale);
@@ -95,21 +62,21 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < P; ++i) {
         const int s = threadIdx.x + i * kThreads;
-        if (s < steps) store_codes<V>(qr + s * V, v[i], scale);
+        if (s < steps) fp8_store_codes<V>(qr + s * V, v[i], scale);
       }
     } else {
       for (int s = threadIdx.x; s < steps; s += kThreads) {
         float v[V];
         load_floats<T, V>(xr + s * V, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) m = max(m, magnitude_bits(v[j]));
+        for (int j = 0; j < V; ++j) m = max(m, fp8_magnitude_bits(v[j]));
       }
       const float scale = row_scale(m, warp_bits, &shared_scale);
       if (threadIdx.x == 0) scales[r] = scale;
       for (int s = threadIdx.x; s < steps; s += kThreads) {
         float v[V];
         load_floats<T, V>(xr + s * V, v);
-        store_codes<V>(qr + s * V, v, scale);
+        fp8_store_codes<V>(qr + s * V, v, scale);
       }
     }
   }

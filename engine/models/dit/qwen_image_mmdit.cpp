@@ -737,6 +737,31 @@ Result<Tensor> chunk(Backend& be, const Tensor& mod, int k, int64_t d) {
   return be.slice(mod, 1, k * d, d);
 }
 
+// The AdaLN-modulated LayerNorm of x for the linear layers `users`, in the form they read: the
+// compute dtype (*xn) and, when they are FP8, its quantised rows (*xq). When every user is FP8
+// and none adds a runtime LoRA (which reads the compute-dtype input), the norm writes the
+// quantised rows directly and *xn stays undefined.
+Status normalized_input(Backend& be, const Tensor& x, const Tensor& shift, const Tensor& scale,
+                        const std::vector<int64_t>& groups,
+                        std::initializer_list<const Linear*> users, Tensor* xn, Fp8Matrix* xq) {
+  bool fp8 = true, adapted = false;
+  for (const Linear* l : users) {
+    fp8 = fp8 && l->w8.defined();
+    adapted = adapted || (l->lora && l->lora->up.defined());
+  }
+  *xn = Tensor();
+  *xq = Fp8Matrix();
+  if (fp8 && !adapted) {
+    LATENT_ASSIGN_OR_RETURN(*xq, be.layer_norm_modulate_fp8(x, shift, scale, groups, kNormEps));
+    return ok_status();
+  }
+  LATENT_ASSIGN_OR_RETURN(*xn, be.layer_norm_modulate(x, shift, scale, groups, kNormEps));
+  if (fp8) {
+    LATENT_ASSIGN_OR_RETURN(*xq, be.fp8_quantize_rows(*xn));
+  }
+  return ok_status();
+}
+
 // One QwenImageTransformerBlock. img: [B, T_img, D], txt: [B, T_txt, D]; updated in place of
 // the handles.
 Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor* img, Tensor* txt) {
@@ -753,18 +778,12 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
   }
 
   // Attention. x: [B, T, D] per stream; joint sequence [image, text] (see the header).
-  LATENT_ASSIGN_OR_RETURN(Tensor img_n,
-                          be.layer_norm_modulate(*img, im[0], im[1], c.img_groups, kNormEps));
-  LATENT_ASSIGN_OR_RETURN(Tensor txt_n,
-                          be.layer_norm_modulate(*txt, tm[0], tm[1], one_group, kNormEps));
-  // FP8 layers: each stream's normalised input quantised once for its three projections.
-  Fp8Matrix img_q, txt_q;
-  if (w.to_q.w8.defined()) {
-    LATENT_ASSIGN_OR_RETURN(img_q, be.fp8_quantize_rows(img_n));
-  }
-  if (w.add_q.w8.defined()) {
-    LATENT_ASSIGN_OR_RETURN(txt_q, be.fp8_quantize_rows(txt_n));
-  }
+  Tensor img_n, txt_n;
+  Fp8Matrix img_q, txt_q;  // FP8 layers: each stream's input quantised once for q, k and v
+  LATENT_TRY(normalized_input(be, *img, im[0], im[1], c.img_groups, {&w.to_q, &w.to_k, &w.to_v},
+                              &img_n, &img_q));
+  LATENT_TRY(normalized_input(be, *txt, tm[0], tm[1], one_group, {&w.add_q, &w.add_k, &w.add_v},
+                              &txt_n, &txt_q));
   const DitActivation none = DitActivation::kNone;
   LATENT_ASSIGN_OR_RETURN(Tensor q_i, w.to_q(be, img_n, none, &img_q));  // [B, T_img, D]
   LATENT_ASSIGN_OR_RETURN(Tensor k_i, w.to_k(be, img_n, none, &img_q));
@@ -790,13 +809,18 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
   LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, o_t, tm[2], one_group));
 
   // MLPs. x: [B, T, D] -> [B, T, 4D] -> [B, T, D]
-  LATENT_ASSIGN_OR_RETURN(img_n,
-                          be.layer_norm_modulate(*img, im[3], im[4], c.img_groups, kNormEps));
-  LATENT_ASSIGN_OR_RETURN(Tensor h_i, w.img_mlp_in(be, img_n, DitActivation::kGELUTanh));
+  LATENT_TRY(normalized_input(be, *img, im[3], im[4], c.img_groups, {&w.img_mlp_in}, &img_n,
+                              &img_q));
+  LATENT_ASSIGN_OR_RETURN(Tensor h_i,
+                          w.img_mlp_in(be, img_n, DitActivation::kGELUTanh, &img_q));
+  img_q = Fp8Matrix();
   LATENT_ASSIGN_OR_RETURN(h_i, w.img_mlp_out(be, h_i));
   LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, h_i, im[5], c.img_groups));
-  LATENT_ASSIGN_OR_RETURN(txt_n, be.layer_norm_modulate(*txt, tm[3], tm[4], one_group, kNormEps));
-  LATENT_ASSIGN_OR_RETURN(Tensor h_t, w.txt_mlp_in(be, txt_n, DitActivation::kGELUTanh));
+  LATENT_TRY(normalized_input(be, *txt, tm[3], tm[4], one_group, {&w.txt_mlp_in}, &txt_n,
+                              &txt_q));
+  LATENT_ASSIGN_OR_RETURN(Tensor h_t,
+                          w.txt_mlp_in(be, txt_n, DitActivation::kGELUTanh, &txt_q));
+  txt_q = Fp8Matrix();
   LATENT_ASSIGN_OR_RETURN(h_t, w.txt_mlp_out(be, h_t));
   LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, h_t, tm[5], one_group));
   return ok_status();
