@@ -139,11 +139,6 @@ struct Fp8Matrix {
   bool defined() const { return !shape.empty(); }
   int64_t cols() const { return shape.back(); }
   int64_t rows() const { return shape_numel(shape) / shape.back(); }
-  // Device bytes it holds.
-  size_t bytes() const {
-    return (codes.defined() ? codes.nbytes() : 0) + (scales.defined() ? scales.nbytes() : 0) +
-           (dequant.defined() ? dequant.nbytes() : 0);
-  }
 };
 
 class Backend {

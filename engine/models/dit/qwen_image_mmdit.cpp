@@ -502,12 +502,7 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   m->linear_format_ = linears;
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     w.blocks.push_back(Block::bind(binder, str_cat("transformer_blocks.", i), cfg));
-    if (quantize_early)
-      for (Linear* lin : w.blocks.back().linears()) {
-        LATENT_TRY(lin->quantize_fp8(*backend).with_context(
-            str_cat("quantising transformer_blocks.", i, " to fp8")));
-        m->fp8_layers_ += lin->w8.defined();
-      }
+    if (quantize_early) LATENT_TRY(m->quantize_block(static_cast<size_t>(i)));
   }
   w.norm_out = Linear::bind(binder, "norm_out.linear", d, 2 * d);
   w.proj_out = Linear::bind(binder, "proj_out", d, cfg.out_features());
@@ -636,17 +631,17 @@ Status QwenImageMmdit::apply_loras(const MmditLoras& loras) {
   return be.synchronize();
 }
 
-const char* linear_format_name(LinearFormat f) {
-  return f == LinearFormat::kFp8 ? "fp8 e4m3" : "compute dtype";
+Status QwenImageMmdit::quantize_block(size_t i) {
+  for (Linear* lin : w_->blocks[i].linears()) {
+    LATENT_TRY(lin->quantize_fp8(*backend_).with_context(
+        str_cat("quantising transformer_blocks.", i, " to fp8")));
+    fp8_layers_ += lin->w8.defined();
+  }
+  return ok_status();
 }
 
 Status QwenImageMmdit::quantize_linears() {
-  for (size_t i = 0; i < w_->blocks.size(); ++i)
-    for (Linear* lin : w_->blocks[i].linears()) {
-      LATENT_TRY(lin->quantize_fp8(*backend_).with_context(
-          str_cat("quantising transformer_blocks.", i, " to fp8")));
-      fp8_layers_ += lin->w8.defined();
-    }
+  for (size_t i = 0; i < w_->blocks.size(); ++i) LATENT_TRY(quantize_block(i));
   return backend_->synchronize();
 }
 

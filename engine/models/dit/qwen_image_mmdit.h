@@ -130,7 +130,6 @@ struct MmditLoras {
 // compute dtype. Merged LoRAs are merged before the quantisation; runtime LoRAs' low-rank
 // products run in the compute dtype on the layer's input.
 enum class LinearFormat : uint8_t { kComputeDtype, kFp8 };
-const char* linear_format_name(LinearFormat f);  // "compute dtype", "fp8 e4m3"
 
 // Holds the weights on its backend; forward() caches the rotary table of the last shapes, so one
 // model runs one forward at a time (callers serialise, as the denoising loop does).
@@ -192,7 +191,8 @@ class QwenImageMmdit {
   std::map<std::string, int64_t> storage_dtypes_;
   LinearFormat linear_format_ = LinearFormat::kComputeDtype;
   int64_t fp8_layers_ = 0;  // linear layers held in FP8
-  // kFp8: the blocks' linear layers quantised (their compute-dtype weights released).
+  // kFp8: block i's linear layers quantised (their compute-dtype weights released); all blocks.
+  Status quantize_block(size_t i);
   Status quantize_linears();
   // LoRAs (lora.h): what was loaded, and in runtime mode the adapted layers' low-rank factors.
   Status apply_loras(const MmditLoras& loras);
