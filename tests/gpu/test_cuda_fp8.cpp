@@ -7,8 +7,8 @@
 //   - and is an FP8 product, not a bf16 one: its distance from the unquantised fp32 product is
 //     that of e4m3 (a few %), within a bound;
 //   - the tiny Qwen-Image transformer with LinearFormat::kFp8 on CUDA matches the CPU emulation.
-// Skips (77) without a GPU; the FP8 tests skip on GPUs other than compute capability 9.0.
-#include <cuda_runtime_api.h>
+// Skips (77) without a GPU (or in a build without CUDA); the FP8 tests skip on GPUs other than
+// compute capability 9.0.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,14 +17,21 @@
 #include <string>
 #include <vector>
 
+#include "tests/util/test_util.h"
+#ifdef LATENT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "engine/backends/registry.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/fp8.h"
 #include "tests/util/cuda_test_util.h"
 #include "tests/util/dit_test_util.h"
-#include "tests/util/test_util.h"
+#endif
 
+// Runs before gtest's main: no GPU, no test.
 const bool kGpuPresent = (latent::test::exit_without_gpu("test_cuda_fp8"), true);
+
+#ifdef LATENT_HAVE_CUDA
 
 namespace latent {
 namespace {
@@ -237,3 +244,5 @@ TEST_F(CudaFp8, TinyTransformerMatchesTheCpuEmulation) {
 
 }  // namespace
 }  // namespace latent
+
+#endif  // LATENT_HAVE_CUDA
