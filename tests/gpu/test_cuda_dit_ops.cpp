@@ -295,6 +295,8 @@ TEST_P(CudaDitOps, LayerNorm) {
       {{2, 1024, 3072}, true, true, 0.f},
       {{1, 4096, 3072}, false, false, 0.f},
       {{1, 300, 3072}, true, false, 8.f},  // mean far from 0: two-pass statistics hold
+      {{1, 96, 3072}, true, true, 8.f},    // few rows (the text stream): a block a row
+      {{2, 33, 1000}, true, true, 0.f},    // a block a row, the last packs partly held
       {{3, 7, 37}, false, true, 0.f},      // rows not a whole number of packs
   };
   uint64_t seed = 500;
@@ -335,6 +337,7 @@ TEST_P(CudaDitOps, ModulateAndGatedAdd) {
   const Case cases[] = {
       {{2, 1024, 3072}, {0}},
       {{1, 4096, 3072}, {0, 3000}},  // zero_cond_t: target tokens, then reference tokens
+      {{1, 96, 3072}, {0}},          // the text stream's few rows
       {{2, 9, 20}, {0, 4}},          // rows not a whole number of packs
       {{3, 6, 8}, {0, 1, 2}},
   };
@@ -392,7 +395,10 @@ TEST_P(CudaDitOps, JointQkIsNormConcatRopeInOnePass) {
     int heads;
     int64_t d;
   };
-  const Case cases[] = {{1, 4096, 96, 24, 128}, {2, 7, 5, 3, 16}, {2, 30, 1, 2, 6}};
+  // The packed kernel takes heads of 4 to 32 packs of 16 bytes: d = 128, 64, 256 and fp32's 16.
+  // bf16 / fp16 d = 16 (2 packs), fp32 d = 256 (64 packs) and d = 6 run the warp-a-head kernel.
+  const Case cases[] = {{1, 4096, 96, 24, 128}, {1, 60, 9, 4, 64}, {2, 33, 4, 2, 256},
+                        {2, 7, 5, 3, 16},       {2, 30, 1, 2, 6}};
   uint64_t seed = 900;
   for (const Case& c : cases) {
     const int64_t t = c.t_img + c.t_txt, half = c.d / 2, ch = c.heads * c.d;

@@ -168,7 +168,9 @@ TEST_F(CudaFp8, LayerNormModulateQuantisesItsOutputRows) {
   struct Case {
     int64_t b, t, d;
     std::vector<int64_t> groups;
-  } cases[] = {{1, 4096, 3072, {0}}, {2, 37, 64, {0}}, {1, 50, 48, {0, 20}}};
+  } cases[] = {{1, 4096, 3072, {0}},     {1, 96, 3072, {0}},  // a block a row (text-sized too)
+               {2, 40, 3072, {0, 30}}, {2, 37, 64, {0}},    // and a warp a row
+               {1, 50, 48, {0, 20}}};
   uint64_t seed = 40;
   for (const Case& c : cases) {
     SCOPED_TRACE(str_cat(c.b, "x", c.t, "x", c.d, " groups ", c.groups.size()));
