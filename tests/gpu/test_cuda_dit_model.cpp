@@ -54,19 +54,8 @@ void check(const std::string& fixture, const std::vector<std::string>& cases,
   Backend& b = **backend;
   for (const std::string& c : cases) {
     SCOPED_TRACE(fixture + " " + c);
-    MmditInputs in;
-    auto hs = b.upload(get(**io, c + ".hidden_states"));
-    auto ehs = b.upload(get(**io, c + ".encoder_hidden_states"));
-    ASSERT_TRUE(hs.ok() && ehs.ok());
-    in.hidden_states = *hs;
-    in.encoder_hidden_states = *ehs;
-    Tensor mask = get(**io, c + ".encoder_hidden_states_mask", true);
-    if (mask.defined()) in.encoder_hidden_states_mask = mask.to_floats();
-    in.timestep = get(**io, c + ".timestep").to_floats();
-    std::vector<float> s = get(**io, c + ".img_shapes").to_floats();
-    for (size_t i = 0; i + 2 < s.size(); i += 3)
-      in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
-                               static_cast<int64_t>(s[i + 2])});
+    MmditInputs in = test::transformer_case_inputs(b, root + "/io_transformer.safetensors", c);
+    ASSERT_TRUE(in.hidden_states.defined());
 #ifdef LATENT_HAVE_CUDA
     const cuda::SdpaCounters before = cuda::sdpa_counters();
 #endif
@@ -96,18 +85,9 @@ void check(const std::string& fixture, const std::vector<std::string>& cases,
 // a strength change at run time equal to diffusers at that strength.
 Tensor lora_forward(QwenImageMmdit& m) {
   const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
-  auto io = SafetensorsFile::open(root + "/io_transformer.safetensors");
-  EXPECT_TRUE(io.ok());
   Backend& b = m.backend();
-  MmditInputs in;
-  in.hidden_states = *b.upload(get(**io, "masked_batch.hidden_states"));
-  in.encoder_hidden_states = *b.upload(get(**io, "masked_batch.encoder_hidden_states"));
-  in.encoder_hidden_states_mask = get(**io, "masked_batch.encoder_hidden_states_mask").to_floats();
-  in.timestep = get(**io, "masked_batch.timestep").to_floats();
-  std::vector<float> s = get(**io, "masked_batch.img_shapes").to_floats();
-  for (size_t i = 0; i + 2 < s.size(); i += 3)
-    in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
-                             static_cast<int64_t>(s[i + 2])});
+  MmditInputs in =
+      test::transformer_case_inputs(b, root + "/io_transformer.safetensors", "masked_batch");
   auto y = m.forward(in);
   EXPECT_TRUE(y.ok()) << y.status().message();
   if (!y.ok()) return Tensor();
@@ -162,6 +142,78 @@ TEST(CudaMmdit, ZeroCondTEditFp32) {
 }
 TEST(CudaMmdit, ZeroCondTEditBf16) {
   check("dit_qwen_image_edit_tiny", {"edit", "edit_batch", "edit_single"}, "bf16", 2e-2);
+}
+
+// Forward graphs (QwenImageMmdit::set_forward_graphs): the first two forwards of a shape run
+// plainly, the second is recorded, later ones replay it. Replays equal the plain forward bit for
+// bit, take new inputs (another timestep and latent, the CFG pattern of two text inputs
+// alternating), and a runtime LoRA strength change drops the graph.
+std::vector<float> host_floats(Backend& b, const Result<Tensor>& y) {
+  EXPECT_TRUE(y.ok()) << y.status().message();
+  if (!y.ok()) return {};
+  auto h = b.download(*y);
+  EXPECT_TRUE(h.ok());
+  return h.ok() ? h->to_floats() : std::vector<float>{};
+}
+
+TEST(CudaMmdit, ForwardGraphReplaysEqualThePlainForward) {
+  const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  auto backend = get_backend(BackendOptions{"cuda", "bf16"});
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  Backend& b = **backend;
+  auto graphed = QwenImageMmdit::load(root, *backend);
+  auto plain = QwenImageMmdit::load(root, *backend);
+  ASSERT_TRUE(graphed.ok() && plain.ok());
+  (*plain)->set_forward_graphs(false);
+  ASSERT_TRUE((*graphed)->forward_graphs());
+  // Two inputs of one shape (the masked batch and the same with other values), alternating.
+  MmditInputs a =
+      test::transformer_case_inputs(b, root + "/io_transformer.safetensors", "masked_batch");
+  ASSERT_TRUE(a.hidden_states.defined());
+  MmditInputs c = a;
+  auto hs2 = b.scaled_add(a.hidden_states, a.hidden_states, -0.5f, 0.f);
+  auto ehs2 = b.scaled_add(a.encoder_hidden_states, a.encoder_hidden_states, 1.5f, 0.f);
+  ASSERT_TRUE(hs2.ok() && ehs2.ok());
+  c.hidden_states = *hs2;
+  c.encoder_hidden_states = *ehs2;
+  for (float& t : c.timestep) t *= 0.25f;
+  const std::vector<float> want_a = host_floats(b, (*plain)->forward(a));
+  const std::vector<float> want_c = host_floats(b, (*plain)->forward(c));
+  ASSERT_FALSE(want_a.empty());
+  ASSERT_NE(want_a, want_c);
+  for (int i = 0; i < 6; ++i) {
+    SCOPED_TRACE(str_cat("forward ", i + 1));
+    const bool odd = i % 2 == 1;
+    EXPECT_EQ(host_floats(b, (*graphed)->forward(odd ? c : a)), odd ? want_c : want_a);
+  }
+  EXPECT_EQ((*graphed)->graph_replays(), 4) << "plain, recorded, then 4 replays";
+  std::printf("forward graph: %lld replays of 6 forwards, equal to the plain forward\n",
+              static_cast<long long>((*graphed)->graph_replays()));
+}
+
+TEST(CudaMmditLora, RuntimeStrengthChangeDropsTheForwardGraph) {
+  const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  auto backend = get_backend(BackendOptions{"cuda", "bf16"});
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  Backend& b = **backend;
+  const MmditLoras loras{
+      {{test::fixtures_dir() + "/dit_lora/lora_comfyui.safetensors", 1.0f}}, LoraMode::kRuntime};
+  auto graphed = QwenImageMmdit::load(root, *backend, loras);
+  auto plain = QwenImageMmdit::load(root, *backend, loras);
+  ASSERT_TRUE(graphed.ok()) << graphed.status().message();
+  ASSERT_TRUE(plain.ok());
+  (*plain)->set_forward_graphs(false);
+  MmditInputs in =
+      test::transformer_case_inputs(b, root + "/io_transformer.safetensors", "masked_batch");
+  ASSERT_TRUE(in.hidden_states.defined());
+  for (float strength : {1.0f, 0.25f}) {
+    SCOPED_TRACE(str_cat("strength ", strength));
+    ASSERT_TRUE((*graphed)->set_lora_strengths({strength}).ok());
+    ASSERT_TRUE((*plain)->set_lora_strengths({strength}).ok());
+    const std::vector<float> want = host_floats(b, (*plain)->forward(in));
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(host_floats(b, (*graphed)->forward(in)), want) << i;
+  }
+  EXPECT_EQ((*graphed)->graph_replays(), 2) << "one replay per strength";
 }
 
 // ---- latent packing on the device ----------------------------------------------------------

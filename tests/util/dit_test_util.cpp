@@ -27,12 +27,23 @@ MmditInputs transformer_case_inputs(Backend& backend, const std::string& path,
     ADD_FAILURE() << f.status().message();
     return in;
   }
-  auto get = [&](const char* k) { return *(*f)->tensor(case_name + "." + k); };
-  in.hidden_states = *backend.upload(get("hidden_states"));
-  in.encoder_hidden_states = *backend.upload(get("encoder_hidden_states"));
-  in.encoder_hidden_states_mask = get("encoder_hidden_states_mask").to_floats();
-  in.timestep = get("timestep").to_floats();
-  std::vector<float> s = get("img_shapes").to_floats();
+  // A missing tensor is a test failure (the mask is optional: cases without padding have none).
+  auto get = [&](const char* k, bool optional = false) {
+    return fixture_tensor(**f, case_name + "." + k, optional);
+  };
+  Tensor hs = get("hidden_states"), ehs = get("encoder_hidden_states"), t = get("timestep");
+  Tensor shapes = get("img_shapes"), mask = get("encoder_hidden_states_mask", true);
+  if (!hs.defined() || !ehs.defined() || !t.defined() || !shapes.defined()) return in;
+  auto up_hs = backend.upload(hs), up_ehs = backend.upload(ehs);
+  if (!up_hs.ok() || !up_ehs.ok()) {
+    ADD_FAILURE() << (up_hs.ok() ? up_ehs.status() : up_hs.status()).message();
+    return in;
+  }
+  in.hidden_states = *up_hs;
+  in.encoder_hidden_states = *up_ehs;
+  if (mask.defined()) in.encoder_hidden_states_mask = mask.to_floats();
+  in.timestep = t.to_floats();
+  std::vector<float> s = shapes.to_floats();
   for (size_t i = 0; i + 2 < s.size(); i += 3)
     in.img_shapes.push_back({static_cast<int64_t>(s[i]), static_cast<int64_t>(s[i + 1]),
                              static_cast<int64_t>(s[i + 2])});

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -500,6 +501,14 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   // then after apply_loras).
   const bool quantize_early = fp8 && (loras.specs.empty() || loras.mode != LoraMode::kMerged);
   m->linear_format_ = linears;
+  if (const char* g = std::getenv("LATENT_DIT_GRAPHS"); g && *g) {
+    const std::string v = g;
+    if (v == "0" || v == "1") {
+      m->graphs_enabled_ = v == "1";
+    } else {
+      LATENT_WARN("LATENT_DIT_GRAPHS=", v, " is not 0 or 1: forward graphs stay on");
+    }
+  }
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     w.blocks.push_back(Block::bind(binder, str_cat("transformer_blocks.", i), cfg));
     if (quantize_early) LATENT_TRY(m->quantize_block(static_cast<size_t>(i)));
@@ -657,9 +666,112 @@ Status QwenImageMmdit::set_lora_strengths(const std::vector<float>& strengths) {
   bool same = true;
   for (size_t i = 0; i < strengths.size(); ++i) same = same && loras_[i].strength == strengths[i];
   if (same) return ok_status();
+  graphs_.clear();  // they read the old low-rank factors
   for (auto& r : runtime_loras_) LATENT_TRY(r->set_strengths(*backend_, strengths));
   for (size_t i = 0; i < strengths.size(); ++i) loras_[i].strength = strengths[i];
   return ok_status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward graphs
+
+struct QwenImageMmdit::ForwardGraph {
+  ForwardKey key;
+  int plain_runs = 0;   // the first forward of a shape runs plainly (plans chosen, caches filled)
+  bool failed = false;  // capture refused: this shape runs plainly
+  Tensor in_hs, in_ehs, in_proj, out;  // the graph's own input and output buffers
+  std::shared_ptr<CapturedGraph> graph;
+};
+
+bool QwenImageMmdit::ForwardKey::matches(const ForwardKey& o) const {
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return a.defined() == b.defined() && (!a.defined() || a.data() == b.data());
+  };
+  return hs == o.hs && ehs == o.ehs && proj == o.proj && t_run == o.t_run &&
+         img_groups == o.img_groups && key_lengths == o.key_lengths && same(rope, o.rope) &&
+         same(key_mask, o.key_mask);
+}
+
+void QwenImageMmdit::set_forward_graphs(bool on) {
+  graphs_enabled_ = on;
+  if (!on) graphs_.clear();
+}
+
+Status QwenImageMmdit::capture_forward(ForwardGraph& g, const ForwardBody& body, const Tensor& hs,
+                                       const Tensor& ehs, const Tensor& proj,
+                                       const Tensor& example_out) {
+  Backend& be = *backend_;
+  // Buffers of the graph's own, made before the capture (so they are not graph memory) as
+  // device copies (no host transfer): the inputs copied in before each replay, the output
+  // copied out after.
+  LATENT_ASSIGN_OR_RETURN(g.in_hs, be.concat({hs}, 0));
+  LATENT_ASSIGN_OR_RETURN(g.in_ehs, be.concat({ehs}, 0));
+  LATENT_ASSIGN_OR_RETURN(g.in_proj, be.concat({proj}, 0));
+  LATENT_ASSIGN_OR_RETURN(g.out, be.concat({example_out}, 0));
+  const Shape out_shape = example_out.shape();
+  LATENT_TRY(be.begin_capture());
+  Status st = ok_status();
+  {
+    // Every tensor made while capturing is graph memory: none outlives this scope.
+    Result<Tensor> y = body(g.in_hs, g.in_ehs, g.in_proj);
+    if (!y.ok()) {
+      st = y.status();
+    } else if (y->shape() != out_shape) {
+      st = Status::errorf("the captured forward returned ", shape_str(y->shape()), ", expected ",
+                          shape_str(out_shape));
+    } else {
+      st = be.copy_into(*y, g.out);
+    }
+  }
+  Result<std::shared_ptr<CapturedGraph>> made = be.end_capture();
+  LATENT_TRY(st);
+  if (!made.ok()) return made.status();
+  g.graph = std::move(made).value();
+  return ok_status();
+}
+
+Result<Tensor> QwenImageMmdit::run_graphed(const ForwardKey& key, const ForwardBody& body,
+                                           const Tensor& hs, const Tensor& ehs,
+                                           const Tensor& proj) {
+  Backend& be = *backend_;
+  if (!graphs_enabled_ || !be.supports_capture()) return body(hs, ehs, proj);
+  ForwardGraph* g = nullptr;
+  for (auto& e : graphs_)
+    if (e->key.matches(key)) g = e.get();
+  if (!g) {
+    if (graphs_.size() >= kCachedInputs) graphs_.erase(graphs_.begin());
+    graphs_.push_back(std::make_unique<ForwardGraph>());
+    g = graphs_.back().get();
+    g->key = key;
+  }
+  if (g->failed) return body(hs, ehs, proj);
+  if (!g->graph) {
+    // The first forward of a shape runs plainly (every GEMM and attention plan is chosen, the
+    // caches filled); the second too, and is then recorded (recording runs nothing); the third
+    // on replay the graph.
+    Result<Tensor> y = body(hs, ehs, proj);
+    if (!y.ok() || g->plain_runs++ == 0) return y;
+    const Status st = capture_forward(*g, body, hs, ehs, proj, *y);
+    if (!st.ok()) {
+      LATENT_WARN("QwenImageTransformer2DModel on ", be.name(), ": input ", shape_str(key.hs),
+                  " runs without a graph: ", st.message());
+      g->failed = true;
+      g->in_hs = g->in_ehs = g->in_proj = g->out = Tensor();
+      g->graph.reset();
+    } else {
+      LATENT_DEBUG("QwenImageTransformer2DModel on ", be.name(), ": forward graph for input ",
+                   shape_str(key.hs), ", text ", shape_str(key.ehs));
+    }
+    return y;
+  }
+  LATENT_TRY(be.copy_into(hs, g->in_hs));
+  LATENT_TRY(be.copy_into(ehs, g->in_ehs));
+  LATENT_TRY(be.copy_into(proj, g->in_proj));
+  LATENT_TRY(be.replay(*g->graph));
+  ++graph_replays_;
+  // A tensor of the caller's own: the next replay rewrites g->out (a CFG loop runs the
+  // conditional and unconditional passes through one graph).
+  return be.concat({g->out}, 0);
 }
 
 std::string QwenImageMmdit::description() const {
@@ -823,6 +935,49 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
 
 }  // namespace
 
+namespace {
+
+// The transformer's device work for prepared inputs (QwenImageMmdit::forward): timestep
+// embedding, input projections, the blocks, the output layers. Nothing here reads or writes
+// host memory or waits for the device, so a graph can record it.
+Result<Tensor> forward_body(Backend& be, const QwenImageMmdit::Weights& w, BlockContext ctx,
+                            const Tensor& hs, const Tensor& ehs, const Tensor& proj,
+                            int64_t t_run, bool two_groups, int64_t batch) {
+  const char* op = "QwenImageTransformer2DModel";
+  const int64_t t_txt = ehs.dim(1);
+  // Timestep embedding: [G*B, 256] -> [G*B, D]; every modulation reads silu(temb).
+  LATENT_ASSIGN_OR_RETURN(Tensor temb, w.time_1(be, proj, DitActivation::kSiLU));
+  LATENT_ASSIGN_OR_RETURN(temb, w.time_2(be, temb));
+  LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_img, be.dit_activation(temb, DitActivation::kSiLU));
+  if (two_groups) {
+    LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_txt, be.slice(ctx.silu_temb_img, 0, 0, batch));  // [B, D]
+  } else {
+    ctx.silu_temb_txt = ctx.silu_temb_img;
+  }
+
+  // Input projections. img: [B, T_img, D]; txt: [B, T_txt, D]
+  LATENT_ASSIGN_OR_RETURN(Tensor img, w.img_in(be, hs));
+  Tensor ehs_run = ehs;  // [B, T_run, joint_attention_dim]
+  if (t_run < t_txt) {
+    LATENT_ASSIGN_OR_RETURN(ehs_run, be.slice(ehs, 1, 0, t_run));
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor txt, be.rms_norm(ehs_run, w.txt_norm, kNormEps));
+  LATENT_ASSIGN_OR_RETURN(txt, w.txt_in(be, txt));
+
+  for (size_t i = 0; i < w.blocks.size(); ++i)
+    LATENT_TRY(
+        block_forward(be, w.blocks[i], ctx, &img, &txt).with_context(str_cat(op, " block ", i)));
+
+  // Output: AdaLayerNormContinuous (linear(silu(temb)) -> scale, shift) and proj_out.
+  LATENT_ASSIGN_OR_RETURN(Tensor emb, w.norm_out(be, ctx.silu_temb_txt));  // [B, 2D]
+  LATENT_ASSIGN_OR_RETURN(Tensor scale, be.slice(emb, 1, 0, ctx.dim));
+  LATENT_ASSIGN_OR_RETURN(Tensor shift, be.slice(emb, 1, ctx.dim, ctx.dim));
+  LATENT_ASSIGN_OR_RETURN(img, be.layer_norm_modulate(img, shift, scale, {0}, kNormEps));
+  return w.proj_out(be, img);  // [B, T_img, p*p*out]
+}
+
+}  // namespace
+
 Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
   Backend& be = *backend_;
   const auto& c = config_;
@@ -868,7 +1023,7 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
     ts.insert(ts.end(), static_cast<size_t>(batch), 0.f);
   }
 
-  // Timestep embedding: [G*B, 256] -> [G*B, D]; every modulation reads silu(temb).
+  // Timestep embedding input: [G*B, 256] (the projections), on the backend.
   Tensor proj;
   if (in.timestep_proj.defined()) {
     const Shape want = {static_cast<int64_t>(ts.size()), kTimeProjDim};
@@ -878,14 +1033,6 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
     proj = in.timestep_proj;
   } else {
     LATENT_ASSIGN_OR_RETURN(proj, be.upload(qwen_image_timestep_proj(ts)));
-  }
-  LATENT_ASSIGN_OR_RETURN(Tensor temb, w_->time_1(be, proj, DitActivation::kSiLU));
-  LATENT_ASSIGN_OR_RETURN(temb, w_->time_2(be, temb));
-  LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_img, be.dit_activation(temb, DitActivation::kSiLU));
-  if (two_groups) {
-    LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_txt, be.slice(ctx.silu_temb_img, 0, 0, batch));  // [B, D]
-  } else {
-    ctx.silu_temb_txt = ctx.silu_temb_img;
   }
 
   // The text as the blocks run it: right padding cut (see the header), or all of it.
@@ -924,25 +1071,15 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
     }
   }
 
-  // Input projections. img: [B, T_img, D]; txt: [B, T_txt, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor img, w_->img_in(be, hs));
-  Tensor ehs_run = ehs;  // [B, T_run, joint_attention_dim]
-  if (t_run < t_txt) {
-    LATENT_ASSIGN_OR_RETURN(ehs_run, be.slice(ehs, 1, 0, t_run));
-  }
-  LATENT_ASSIGN_OR_RETURN(Tensor txt, be.rms_norm(ehs_run, w_->txt_norm, kNormEps));
-  LATENT_ASSIGN_OR_RETURN(txt, w_->txt_in(be, txt));
-
-  for (size_t i = 0; i < w_->blocks.size(); ++i)
-    LATENT_TRY(
-        block_forward(be, w_->blocks[i], ctx, &img, &txt).with_context(str_cat(op, " block ", i)));
-
-  // Output: AdaLayerNormContinuous (linear(silu(temb)) -> scale, shift) and proj_out.
-  LATENT_ASSIGN_OR_RETURN(Tensor emb, w_->norm_out(be, ctx.silu_temb_txt));  // [B, 2D]
-  LATENT_ASSIGN_OR_RETURN(Tensor scale, be.slice(emb, 1, 0, ctx.dim));
-  LATENT_ASSIGN_OR_RETURN(Tensor shift, be.slice(emb, 1, ctx.dim, ctx.dim));
-  LATENT_ASSIGN_OR_RETURN(img, be.layer_norm_modulate(img, shift, scale, {0}, kNormEps));
-  return w_->proj_out(be, img);  // [B, T_img, p*p*out]
+  // The device work: everything above is host-side preparation (and cached uploads), so what
+  // follows can be captured as a graph and replayed with new inputs (run_graphed).
+  auto body = [&](const Tensor& hs_in, const Tensor& ehs_in,
+                  const Tensor& proj_in) -> Result<Tensor> {
+    return forward_body(be, *w_, ctx, hs_in, ehs_in, proj_in, t_run, two_groups, batch);
+  };
+  ForwardKey key{hs.shape(), ehs.shape(), proj.shape(), t_run, ctx.img_groups, ctx.key_lengths,
+                 ctx.rope, ctx.key_mask};
+  return run_graphed(key, body, hs, ehs, proj);
 }
 
 Result<Tensor> QwenImageMmdit::timestep_projections(const std::vector<float>& timesteps) {
