@@ -296,6 +296,9 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
   lopsided.pad_left = lopsided.pad_right = 1;
   check_conv("conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 64", {1, 32, 19, 23}, 64, 3, lopsided, true,
              false, Activation::kNone, 690);
+  // Input channels padded to a multiple of 8 (an RGB image's first convolution).
+  check_conv("conv 3x3 [2,3,21,34] -> 64 +bias, ReLU (channels padded)", {2, 3, 21, 34}, 64, 3,
+             same, true, false, Activation::kReLU, 700);
 }
 
 // A causal 3x3x3 convolution over frames (Backend::conv3d_frames): [T + 2] frames in, [T] out.
@@ -305,9 +308,13 @@ TEST_P(CudaOps, Conv3dFrames) {
     bool residual;
     Activation act;
   };
+  // 3 -> 96: an RGB clip's first convolution (the Wan encoder's conv_in), its channels padded
+  // to 8 for the implicit-GEMM kernel (the default path on a 9.0 device).
   for (const Case& c : {Case{6, 96, 96, 18, 33, true, Activation::kSiLU},
                         Case{3, 192, 384, 9, 16, false, Activation::kNone},
-                        Case{4, 64, 64, 12, 12, false, Activation::kReLU}}) {
+                        Case{4, 64, 64, 12, 12, false, Activation::kReLU},
+                        Case{5, 3, 96, 17, 30, false, Activation::kNone},
+                        Case{4, 12, 96, 9, 14, true, Activation::kSiLU}}) {
     const uint64_t seed = 700 + static_cast<uint64_t>(c.cin + c.cout);
     const float ws = 1.f / std::sqrt(static_cast<float>(c.cin * 27));
     Tensor x = input({c.frames + 2, c.cin, c.h, c.w}, seed);
@@ -419,6 +426,13 @@ TEST_P(CudaOps, RmsNormChannels) {
       {{1, 384, 32, 32}, true, false, Activation::kNone},
       {{1, 384, 32, 32}, true, true, Activation::kSiLU},
       {{1, 96, 64, 64}, false, false, Activation::kNone},
+      // Lanes a pixel: the last warp of pixels partly filled (17 x 23 pixels), one lane a pixel
+      // (8 channels), 32 lanes (1,024 bf16 channels; fp32: 256 packs, the warp-a-pixel
+      // kernel), 7 packs (no power of two divides them: the warp-a-pixel kernel).
+      {{1, 192, 17, 23}, true, true, Activation::kSiLU},
+      {{3, 8, 9, 5}, true, false, Activation::kSiLU},
+      {{1, 1024, 4, 4}, true, true, Activation::kNone},
+      {{1, 56, 7, 7}, true, true, Activation::kSiLU},
       {{2, 12, 5, 7}, true, true, Activation::kSiLU},  // channels not a multiple of 8
   };
   uint64_t seed = 700;

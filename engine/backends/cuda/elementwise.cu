@@ -166,6 +166,18 @@ __global__ void pad_kernel(const U* __restrict__ src, U* __restrict__ dst, int64
   }
 }
 
+// One output element a thread step: channel j of a pixel is the input's below c, else zero.
+template <typename U>
+__global__ void pad_channels_kernel(const U* __restrict__ src, U* __restrict__ dst,
+                                    int64_t pixels, int64_t c, int64_t c_out) {
+  const int64_t total = pixels * c_out;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t px = i / c_out, j = i - px * c_out;
+    dst[i] = j < c ? src[px * c + j] : U{};
+  }
+}
+
 template <typename T>
 bool can_vectorize(const void* a, const void* b = nullptr, const void* c = nullptr) {
   return aligned16(a) && (!b || aligned16(b)) && (!c || aligned16(c));
@@ -310,6 +322,24 @@ Status launch_pad(const void* x, void* y, int64_t n, int64_t h, int64_t w, int64
     LATENT_CUDA_CHECK_LAUNCH("pad");
     return ok_status();
   });
+}
+
+Status launch_pad_channels(const void* x, void* y, int64_t pixels, int64_t c, int64_t c_out,
+                           size_t elem_size, const Launch& l) {
+  if (pixels <= 0 || c_out <= 0) return ok_status();
+  if (c < 1 || c > c_out) return Status::errorf("pad_channels: ", c, " channels to ", c_out);
+  auto go = [&](auto unit) -> Status {
+    using U = decltype(unit);
+    pad_channels_kernel<U><<<grid_for(pixels * c_out, kThreads, l), kThreads, 0, l.stream>>>(
+        static_cast<const U*>(x), static_cast<U*>(y), pixels, c, c_out);
+    LATENT_CUDA_CHECK_LAUNCH("pad_channels");
+    return ok_status();
+  };
+  switch (elem_size) {
+    case 2: return go(uint16_t{});
+    case 4: return go(uint32_t{});
+    default: return Status::errorf("pad_channels: ", elem_size, "-byte elements");
+  }
 }
 
 }  // namespace latent::cuda

@@ -38,6 +38,11 @@ Status launch_slice_channels(const void* x, void* y, int64_t pixels, int64_t cha
 Status launch_pad(const void* x, void* y, int64_t n, int64_t h, int64_t w, int64_t c, int top,
                   int bottom, int left, int right, size_t elem_size, const Launch& l);
 
+// Zero padding of the channels: NHWC [pixels][c] -> [pixels][c_out] (c_out >= c), elements of
+// `elem_size` bytes.
+Status launch_pad_channels(const void* x, void* y, int64_t pixels, int64_t c, int64_t c_out,
+                           size_t elem_size, const Launch& l);
+
 // The widest access (16, 8, 4, 2 or 1 bytes) dividing every value given (byte offsets,
 // pitches and addresses).
 size_t access_width(std::initializer_list<uint64_t> values);
