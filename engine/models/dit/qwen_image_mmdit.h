@@ -174,9 +174,10 @@ class QwenImageMmdit {
   // second time it sees the same input shapes (and text mask), and replays it from the third
   // on: one launch a step instead of ~2,000 (the gaps between them were ~6 % of an H100 step).
   // The first two forwards of a shape run plainly (the first chooses every GEMM and attention
-  // plan); a capture that fails warns once and that shape runs plainly from then on. The graph keeps its own activation memory (one
-  // forward's worth a shape, at most two shapes). On by default; off with
-  // LATENT_DIT_GRAPHS=0 or set_forward_graphs(false). Runtime LoRA strength changes drop them.
+  // plan); a capture that fails warns once and that shape runs plainly from then on. A graph
+  // keeps its own activation memory (one forward's worth a shape, at most two shapes). On by
+  // default; off with LATENT_DIT_GRAPHS=0 or set_forward_graphs(false). Runtime LoRA strength
+  // changes drop them.
   void set_forward_graphs(bool on);
   bool forward_graphs() const { return graphs_enabled_; }
   // How many forwards replayed a graph so far (tests, logs).
