@@ -33,14 +33,41 @@ struct NormArgs {
   float* scales = nullptr;
 };
 
+// Pack i (V elements, already loaded into v) of a row normalised and modulated in place:
+// (v - mean) * inv, then gamma, beta, (1 + scale) and shift where given; `crow` is the row's
+// condition row offset (dit_condition_row * d). Both kernels below run it per element alike.
+template <typename T, int V>
+__device__ __forceinline__ void norm_affine_modulate(const NormArgs& a, int i, int64_t crow,
+                                                     float mean, float inv, float (&v)[V]) {
+  float p[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] = (v[j] - mean) * inv;
+  if (a.gamma) {
+    load_floats<T, V>(static_cast<const T*>(a.gamma) + i * V, p);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] *= p[j];
+  }
+  if (a.beta) {
+    load_floats<T, V>(static_cast<const T*>(a.beta) + i * V, p);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] += p[j];
+  }
+  if (a.scale) {
+    load_floats<T, V>(static_cast<const T*>(a.scale) + crow + i * V, p);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = fmaf(v[j], p[j], v[j]);  // v (1 + scale)
+  }
+  if (a.shift) {
+    load_floats<T, V>(static_cast<const T*>(a.shift) + crow + i * V, p);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] += p[j];
+  }
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(256) dit_norm_kernel(const NormArgs a) {
   const T* __restrict__ x = static_cast<const T*>(a.x);
   T* __restrict__ y = static_cast<T*>(a.y);
-  const T* __restrict__ gamma = static_cast<const T*>(a.gamma);
-  const T* __restrict__ beta = static_cast<const T*>(a.beta);
-  const T* __restrict__ shift = static_cast<const T*>(a.shift);
-  const T* __restrict__ scale = static_cast<const T*>(a.scale);
   const int lane = threadIdx.x & 31;
   const int64_t first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
   const int64_t warps = (int64_t{gridDim.x} * blockDim.x) >> 5;
@@ -77,33 +104,11 @@ __global__ void __launch_bounds__(256) dit_norm_kernel(const NormArgs a) {
       }
       inv = rsqrtf(warp_sum(q) * inv_d + a.eps);
     }
-    const int64_t crow = (shift || scale) ? dit_condition_row(a.groups, r) * d : 0;
+    const int64_t crow = (a.shift || a.scale) ? dit_condition_row(a.groups, r) * d : 0;
     // The V outputs of pack i of the row.
     auto values = [&](int i, float (&v)[V]) {
-      float p[V];
       load_floats<T, V>(xr + i * V, v);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = (v[j] - mean) * inv;
-      if (gamma) {
-        load_floats<T, V>(gamma + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] *= p[j];
-      }
-      if (beta) {
-        load_floats<T, V>(beta + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] += p[j];
-      }
-      if (scale) {
-        load_floats<T, V>(scale + crow + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = fmaf(v[j], p[j], v[j]);  // v (1 + scale)
-      }
-      if (shift) {
-        load_floats<T, V>(shift + crow + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] += p[j];
-      }
+      norm_affine_modulate<T, V>(a, i, crow, mean, inv, v);
     };
     if (a.codes) {
       unsigned m = 0;
@@ -166,10 +171,6 @@ template <typename T, int V, int P>
 __global__ void __launch_bounds__(kRowThreads) dit_norm_rows_kernel(const NormArgs a) {
   const T* __restrict__ x = static_cast<const T*>(a.x);
   T* __restrict__ y = static_cast<T*>(a.y);
-  const T* __restrict__ gamma = static_cast<const T*>(a.gamma);
-  const T* __restrict__ beta = static_cast<const T*>(a.beta);
-  const T* __restrict__ shift = static_cast<const T*>(a.shift);
-  const T* __restrict__ scale = static_cast<const T*>(a.scale);
   __shared__ float shf[kRowWarps];
   __shared__ unsigned shu[kRowWarps];
   const int tid = threadIdx.x, d = a.d, packs = d / V;
@@ -211,35 +212,13 @@ __global__ void __launch_bounds__(kRowThreads) dit_norm_rows_kernel(const NormAr
         for (int j = 0; j < V; ++j) q = fmaf(v[k][j], v[k][j], q);
       inv = rsqrtf(row_block_sum(q, shf) * inv_d + a.eps);
     }
-    const int64_t crow = (shift || scale) ? dit_condition_row(a.groups, r) * d : 0;
+    const int64_t crow = (a.shift || a.scale) ? dit_condition_row(a.groups, r) * d : 0;
     unsigned m = 0u;
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       const int i = tid + k * kRowThreads;
       if (i >= packs) continue;
-      float p[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[k][j] = (v[k][j] - mean) * inv;
-      if (gamma) {
-        load_floats<T, V>(gamma + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[k][j] *= p[j];
-      }
-      if (beta) {
-        load_floats<T, V>(beta + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[k][j] += p[j];
-      }
-      if (scale) {
-        load_floats<T, V>(scale + crow + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[k][j] = fmaf(v[k][j], p[j], v[k][j]);  // v (1 + scale)
-      }
-      if (shift) {
-        load_floats<T, V>(shift + crow + i * V, p);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[k][j] += p[j];
-      }
+      norm_affine_modulate<T, V>(a, i, crow, mean, inv, v[k]);
       if (a.codes) {
 #pragma unroll
         for (int j = 0; j < V; ++j) m = max(m, fp8_magnitude_bits(v[k][j]));
