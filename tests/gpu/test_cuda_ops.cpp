@@ -72,7 +72,9 @@ class CudaOps : public test::CudaOpTest {
     Result<Tensor> got =
         gpu ? gpu->conv2d(up(*gpu, x), up(*gpu, w), up(*gpu, b), p, up(*gpu, r), act)
             : gpu_->conv2d(on_gpu(x), on_gpu(w), on_gpu(b), p, on_gpu(r), act);
-    if (gpu) EXPECT_TRUE(gpu->synchronize().ok());
+    if (gpu) {
+      EXPECT_TRUE(gpu->synchronize().ok());
+    }
     Result<Tensor> want = cpu_->conv2d(on_cpu(x), on_cpu(w), on_cpu(b), p, on_cpu(r), act);
     EXPECT_TRUE(close(what, got, want, conv_tol()));
   }

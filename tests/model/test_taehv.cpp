@@ -150,7 +150,9 @@ TEST_P(Taehv, StreamFrameCounts) {
     auto y = (*enc)->push(*be.upload(host_frames(io["sample"], t, 1)));
     ASSERT_TRUE(y.ok()) << y.status().message();
     EXPECT_EQ(y->defined(), t % 4 == 3) << "frame " << t;
-    if (y->defined()) EXPECT_EQ(y->dim(2), 1);
+    if (y->defined()) {
+      EXPECT_EQ(y->dim(2), 1);
+    }
     EXPECT_EQ((*enc)->frames_seen(), t + 1);
     EXPECT_EQ((*enc)->frames_buffered(), (t + 1) % 4);
   }
