@@ -49,6 +49,12 @@ class ClipResult:
     decoder: str = ""  # the decoder decodebin picked (its factory name)
     frames_memory: str = ""  # "CUDAMemory" or "SystemMemory": what vaeencode received
     error: str = ""  # empty on success
+    # Where the clip's time went (seconds; 0 where a phase was not reached): from the start to the
+    # first latent vaeencode pushed (demuxer and decoder start, negotiation, the stage's plan and
+    # first chunk), from there to EOS (the stream), and the pipeline's return to NULL.
+    first_latent_s: float = 0.0
+    stream_s: float = 0.0
+    teardown_s: float = 0.0
 
 
 def _bus_error(msg) -> str:
@@ -121,6 +127,14 @@ class ClipEncoder:
         self._link_error = ""
         self._video_linked = False
         self._decode.connect("pad-added", self._on_pad_added)
+        # The time the current clip's first latent left vaeencode (a probe on its src pad).
+        self._first_latent = None
+        self._encode.get_static_pad("src").add_probe(Gst.PadProbeType.BUFFER, self._on_latent)
+
+    def _on_latent(self, pad, info):
+        if self._first_latent is None:
+            self._first_latent = time.monotonic()
+        return gst().PadProbeReturn.OK
 
     @staticmethod
     def _make(factory: str, name: str, props: dict):
@@ -191,12 +205,15 @@ class ClipEncoder:
         self._sink.set_property("source", source)
         self._link_error = ""
         self._unlink_last_clip()
+        self._first_latent = None
+        t_end = None
         try:
             if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
                 msg = self._pipeline.get_bus().pop_filtered(Gst.MessageType.ERROR)
                 res.error = _bus_error(msg) if msg else "the pipeline could not start"
             else:
                 res.error = _wait(self._pipeline, self.timeout)
+            t_end = time.monotonic()
             if self._link_error and res.error:
                 res.error = f"{self._link_error}: {res.error}"
             res.decoder = self._decoder_name()
@@ -209,7 +226,15 @@ class ClipEncoder:
             self._pipeline.set_state(Gst.State.NULL)
             self._pipeline.get_bus().set_flushing(True)  # drop what is left of this clip
             self._pipeline.get_bus().set_flushing(False)
-        res.seconds = time.monotonic() - t0
+        t_null = time.monotonic()
+        res.seconds = t_null - t0
+        first = self._first_latent
+        if first is not None:
+            res.first_latent_s = first - t0
+            if t_end is not None:
+                res.stream_s = max(t_end - first, 0.0)
+        if t_end is not None:
+            res.teardown_s = t_null - t_end
         if not res.error:
             try:
                 _, meta = read_header(output)

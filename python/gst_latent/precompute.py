@@ -271,6 +271,7 @@ def main(argv=None) -> int:
     failures_path = os.path.join(output, "failures.jsonl")
     failed = done = frames = 0
     paths = {}  # (decoder, memory) -> clips
+    phases = {"first_latent_s": 0.0, "stream_s": 0.0, "teardown_s": 0.0}  # sums over written clips
     t0 = time.monotonic()
     if args.engine == "ray":
         gpus = args.gpus_per_worker
@@ -294,6 +295,8 @@ def main(argv=None) -> int:
                     frames += int(row["frames"])
                     key = (row.get("decoder") or "?", row.get("frames_memory") or "?")
                     paths[key] = paths.get(key, 0) + 1
+                    for k in phases:
+                        phases[k] += float(row.get(k) or 0.0)
                 elapsed = max(time.monotonic() - t0, 1e-9)
                 bar.set_postfix({"frames/s": f"{frames / elapsed:.1f}", "failed": failed}, refresh=False)
                 bar.update(1)
@@ -310,6 +313,11 @@ def main(argv=None) -> int:
         print("latent-precompute: decoded by " + ", ".join(
             f"{d} into {m} ({n} clip{'s' if n != 1 else ''})" for (d, m), n in sorted(paths.items())),
             file=sys.stderr)
+    if done:
+        print(f"latent-precompute: per clip (mean of {done}): "
+              f"{phases['first_latent_s'] / done:.3f} s to the first latent, "
+              f"{phases['stream_s'] / done:.3f} s streaming, "
+              f"{phases['teardown_s'] / done:.3f} s teardown", file=sys.stderr)
     if not failed and os.path.getsize(failures_path) == 0:
         os.remove(failures_path)
     return EXIT_FAILED_CLIPS if failed else 0

@@ -117,6 +117,25 @@ def test_decoded_frames_go_straight_to_vaeencode(clips, tmp_path):
     assert "pngdec into SystemMemory (1 clip)" in r.stderr, r.stderr
 
 
+def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
+    # ClipEncoder times each clip's phases: to the first latent, streaming, teardown.
+    from gst_latent.pipeline import ClipEncoder
+
+    enc = ClipEncoder(model=MODEL, device="cpu")
+    try:
+        res = enc.encode(str(clips / "a.webm"), str(tmp_path / "a.safetensors"), "a.webm")
+        bad = enc.encode(str(clips / "sub" / "corrupt.mp4"), str(tmp_path / "c.safetensors"), "c")
+    finally:
+        enc.close()
+    assert not res.error, res.error
+    assert res.first_latent_s > 0 and res.stream_s >= 0 and res.teardown_s >= 0, res
+    assert res.first_latent_s + res.stream_s + res.teardown_s <= res.seconds + 1e-6, res
+    assert bad.error and bad.first_latent_s == 0 and bad.stream_s == 0, bad  # no latent left
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "out"))
+    assert r.returncode == 3, r.stderr
+    assert "per clip (mean of 3): " in r.stderr and "s to the first latent" in r.stderr, r.stderr
+
+
 def test_formats_vaeencode_does_not_take_go_through_videoconvert(clips, tmp_path):
     # A grey PNG (GRAY8) needs videoconvert; the clips around it do not: one worker switches the
     # links clip by clip and every file comes out.
