@@ -152,9 +152,12 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray") -> dict:
         failed = sum(1 for _ in open(fpath))
     return {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
             "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus,
-            "log_tail": p.stderr.strip().splitlines()[-2:] if p.stderr else [],
+            "log_tail": p.stderr.strip().splitlines()[-3:] if p.stderr else [],
             "decoded_by": next((l.split("decoded by ", 1)[1] for l in p.stderr.splitlines()
-                                if "decoded by " in l), "")}
+                                if "decoded by " in l), ""),
+            # the job's mean per-clip phases: to the first latent, streaming, teardown
+            "per_clip": next((l.split("per clip ", 1)[1] for l in p.stderr.splitlines()
+                              if "per clip (" in l), "")}
 
 
 def run_encoder_alone(model, args) -> dict:
