@@ -39,6 +39,17 @@ namespace {
 
 using test::random_tensor;
 
+// A host rotary table [t, half, 2] fp32 of (cos, sin) of random angles (seeded).
+Tensor random_rope_table(int64_t t, int64_t half, uint64_t seed) {
+  Tensor angles = random_tensor({t, half}, seed, -3.14159f, 3.14159f);
+  std::vector<float> table(static_cast<size_t>(t * half * 2));
+  for (int64_t i = 0; i < t * half; ++i) {
+    table[2 * i] = std::cos(angles.data_as<float>()[i]);
+    table[2 * i + 1] = std::sin(angles.data_as<float>()[i]);
+  }
+  return Tensor::from_floats({t, half, 2}, table);
+}
+
 // Every attention kernel variant LATENT_ATTENTION_KERNEL can force (attention_flash.cuh; "wgmma"
 // is the Hopper kernel on compute capability 9.0 and the default elsewhere, "simple" the
 // CUDA-core kernel). The untimed Hopper kernel last, so the others have run if it breaks.
@@ -372,13 +383,7 @@ TEST_P(CudaDitOps, Rope) {
   uint64_t seed = 800;
   for (const Case& c : cases) {
     const int64_t t = c.shape[1], half = c.shape[2] / c.heads / 2;
-    Tensor angles = random_tensor({t, half}, seed++, -3.14159f, 3.14159f);
-    std::vector<float> table(static_cast<size_t>(t * half * 2));
-    for (int64_t i = 0; i < t * half; ++i) {
-      table[2 * i] = std::cos(angles.data_as<float>()[i]);
-      table[2 * i + 1] = std::sin(angles.data_as<float>()[i]);
-    }
-    Tensor freqs = Tensor::from_floats({t, half, 2}, table);
+    Tensor freqs = random_rope_table(t, half, seed++);
     Result<Tensor> gf = gpu_->upload_fp32(freqs), cf = cpu_->upload_fp32(freqs);
     ASSERT_TRUE(gf.ok() && cf.ok());
     Tensor x = input(c.shape, seed++, -2.f, 2.f);
@@ -402,13 +407,7 @@ TEST_P(CudaDitOps, JointQkIsNormConcatRopeInOnePass) {
   uint64_t seed = 900;
   for (const Case& c : cases) {
     const int64_t t = c.t_img + c.t_txt, half = c.d / 2, ch = c.heads * c.d;
-    Tensor angles = random_tensor({t, half}, seed++, -3.14159f, 3.14159f);
-    std::vector<float> table(static_cast<size_t>(t * half * 2));
-    for (int64_t i = 0; i < t * half; ++i) {
-      table[2 * i] = std::cos(angles.data_as<float>()[i]);
-      table[2 * i + 1] = std::sin(angles.data_as<float>()[i]);
-    }
-    Tensor freqs = Tensor::from_floats({t, half, 2}, table);
+    Tensor freqs = random_rope_table(t, half, seed++);
     Result<Tensor> gf = gpu_->upload_fp32(freqs), cf = cpu_->upload_fp32(freqs);
     ASSERT_TRUE(gf.ok() && cf.ok());
     Tensor img = input({c.b, c.t_img, ch}, seed++, -3.f, 3.f);
