@@ -357,9 +357,9 @@ class Backend {
   }
   // --- FP8 linear layers (Fp8Matrix above) ---
   // Whether linear_fp8 multiplies FP8 codes on FP8 tensor cores (CUDA on compute capability
-  // 9.0: cuBLASLt's per-row scaled FP8). Elsewhere the defaults emulate it: the same quantisation of weights and activations,
-  // their dequantised values multiplied in the compute dtype (the reference the native path is
-  // tested against; slow).
+  // 9.0: cuBLASLt's per-row scaled FP8). Elsewhere the defaults emulate it: the same
+  // quantisation of weights and activations, their dequantised values multiplied in the
+  // compute dtype (the reference the native path is tested against; slow).
   virtual bool supports_fp8_linear() const { return false; }
   // x [..., K] on this backend -> its rows quantised. The default downloads x, quantises on
   // the host and uploads the dequantised values.
