@@ -457,8 +457,13 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
 // to the device as raw bytes and are converted there (engine/backends/frames.h).
 // Frames in CUDA memory of our context are read in place on the device (no host copy); any
 // other buffer through a system-memory mapping.
+// `wait_for_read`: a frame in device memory has been read when this returns, so the caller may
+// hand its buffer back to upstream's pool at once (video mode, which does not wait for the
+// frame's latent before taking the next frame; image mode waits for the latent anyway). The
+// wait is for the work queued on the shared stream so far, without the run lock held.
 static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negotiated& n,
-                                                 GstBuffer* inbuf, GstLatentModel& model) {
+                                                 GstBuffer* inbuf, GstLatentModel& model,
+                                                 bool wait_for_read = false) {
   GstVideoFrame frame;
   GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
   const bool on_device = n.cuda_in && cuda->map_frame(&frame, &n.in_info, inbuf, GST_MAP_READ);
@@ -481,11 +486,25 @@ static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negot
     desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
   }
   latent::Result<latent::Tensor> t = latent::Status::error("unset");
+  std::unique_ptr<latent::DeviceFence> read;
+  latent::Status waited;
   {
     std::lock_guard<std::mutex> lock(*model.run_lock);
     t = latent::frame_to_tensor(*model.backend, desc, n.geometry);
+    if (t.ok() && on_device && wait_for_read) {
+      auto fence = model.backend->fence();
+      if (fence.ok())
+        read = std::move(*fence);
+      else
+        waited = fence.status();
+    }
   }
+  if (read) waited = read->wait();
   gst_video_frame_unmap(&frame);
+  if (!waited.ok()) {
+    std::lock_guard<std::mutex> lock(*model.run_lock);  // device memory: freed under the lock
+    t = waited;
+  }
   return t;
 }
 
@@ -504,19 +523,27 @@ static latent::Result<latent::Tensor> encode_frame(GstVaeEncode* self, GstLatent
 // Latent [1, C, h, w] on the backend -> `outbuf`: in place on the device when it is CUDA memory
 // of our context, else downloaded and converted to the caps' dtype on the host. The caller holds
 // model.run_lock. Returns a message on failure.
+// The caller holds model.run_lock. A latent in CUDA memory is complete once *done's wait()
+// returns (call it after releasing the run lock: the other stages on the backend keep the
+// device busy meanwhile); system memory is complete on return (*done stays null).
 static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLatentModel& model,
-                                const latent::Tensor& latents, GstBuffer* outbuf) {
+                                const latent::Tensor& latents, GstBuffer* outbuf,
+                                std::unique_ptr<latent::DeviceFence>* done) {
   const size_t bytes = n.out_info.frame_bytes();
   GstMapInfo map;
   if (n.cuda_out && gst_latent_base_cuda(GST_LATENT_BASE(self))->map(outbuf, &map, GST_MAP_WRITE)) {
     std::string problem;
-    if (map.size < bytes)
+    if (map.size < bytes) {
       problem = latent::str_cat("output buffer of ", map.size, " bytes is smaller than a latent (",
                                 bytes, ")");
-    else if (latent::Status st = latent::tensor_to_device_latent(*model.backend, latents, map.data,
-                                                                 n.out_info.dtype);
-             !st.ok())
-      problem = st.message();
+    } else {
+      auto fence = latent::queue_tensor_to_device_latent(*model.backend, latents, map.data,
+                                                         n.out_info.dtype);
+      if (fence.ok())
+        *done = std::move(*fence);
+      else
+        problem = fence.status().message();
+    }
     gst_buffer_unmap(outbuf, &map);
     return problem;  // the buffer keeps the pool's (pitched) size, see gstlatentcuda.h
   }
@@ -592,8 +619,11 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-  const std::string problem = write_latent(self, n, *model, *latents, outbuf);
+  std::unique_ptr<latent::DeviceFence> done;
+  std::string problem = write_latent(self, n, *model, *latents, outbuf, &done);
   release();
+  if (latent::Status st = done ? done->wait() : latent::ok_status(); !st.ok() && problem.empty())
+    problem = st.message();
   if (!problem.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
     return GST_FLOW_ERROR;
@@ -720,7 +750,7 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
   }
   latent::Result<latent::Tensor> sample = latent::Status::error("unset");
   if (problem.empty()) {
-    sample = read_frame(self, n, input, model);
+    sample = read_frame(self, n, input, model, /*wait_for_read=*/true);
     if (!sample.ok()) {
       const std::string message = sample.status().message();
       gst_buffer_unref(input);
@@ -793,11 +823,14 @@ static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
     return ret;
   }
   std::string problem;
+  std::unique_ptr<latent::DeviceFence> done;
   {
     std::lock_guard<std::mutex> run(*model->run_lock);
-    problem = write_latent(self, n, *model, l.latent, out);
+    problem = write_latent(self, n, *model, l.latent, out, &done);
     l.latent = latent::Tensor();
   }
+  if (latent::Status st = done ? done->wait() : latent::ok_status(); !st.ok() && problem.empty())
+    problem = st.message();
   if (!problem.empty()) {
     gst_buffer_unref(out);
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));

@@ -80,6 +80,25 @@ Status Backend::tensor_to_device_latent(const Tensor& latent, void* data, DType 
   return Status::errorf("backend ", name(), " cannot write latents to device memory");
 }
 
+namespace {
+// The fence of a conversion that was complete on return.
+class DoneFence final : public DeviceFence {
+ public:
+  Status wait() override { return ok_status(); }
+};
+}  // namespace
+
+Result<std::unique_ptr<DeviceFence>> Backend::fence() {
+  return std::unique_ptr<DeviceFence>(std::make_unique<DoneFence>());
+}
+
+Result<std::unique_ptr<DeviceFence>> Backend::queue_tensor_to_device_latent(const Tensor& latent,
+                                                                            void* data,
+                                                                            DType dtype) {
+  LATENT_TRY(tensor_to_device_latent(latent, data, dtype));
+  return std::unique_ptr<DeviceFence>(std::make_unique<DoneFence>());
+}
+
 Result<Fp8Matrix> Backend::fp8_quantize_rows(const Tensor& x) {
   if (!x.defined() || x.rank() < 1 || x.numel() == 0)
     return Status::errorf("fp8_quantize_rows: x ",

@@ -124,6 +124,15 @@ class CapturedGraph {
 };
 // === end of graph capture types ==============================================================
 
+// A point in the work queued on a backend's stream (Backend::queue_tensor_to_device_latent):
+// wait() returns once everything queued before it has run. Waiting needs no lock: other threads
+// may queue work on the same backend meanwhile.
+class DeviceFence {
+ public:
+  virtual ~DeviceFence() = default;
+  virtual Status wait() = 0;
+};
+
 // A matrix quantised to FP8 (e4m3) one row at a time (ditdenoise / latent-tool dtype fp8):
 // row r holds codes q[r, :] with one fp32 scale, x[r, k] ~= q[r, k] * scale[r], scale[r] =
 // max_k |x[r, k]| / 448 (engine/weights/fp8.h, fp8_e4m3_quantize_row). A linear layer's weight
@@ -272,7 +281,19 @@ class Backend {
   // <-> tensor [1, C, h, w]; device to device. Backends without device memory refuse.
   virtual Result<Tensor> device_latent_to_tensor(const void* data, DType dtype, int channels,
                                                  int height, int width);
+  // Returns once `data` holds the latent (the buffer's reader may use another stream).
   virtual Status tensor_to_device_latent(const Tensor& latent, void* data, DType dtype);
+  // The same conversion, queued: `data` holds the latent once the returned fence's wait()
+  // returns. A stage waits for it after releasing the backend's run lock, so that another stage
+  // sharing the backend keeps the device busy meanwhile (a full synchronisation under the lock
+  // would drain the stream and leave the device idle until the next stage queues work).
+  virtual Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(const Tensor& latent,
+                                                                             void* data,
+                                                                             DType dtype);
+  // A fence after the work queued so far (e.g. a frame_to_tensor() that reads a frame in device
+  // memory the caller must not hand back before it has been read). Backends that run ops
+  // synchronously return one that is already passed.
+  virtual Result<std::unique_ptr<DeviceFence>> fence();
   // === end of frame, latent and staging I/O =================================================
 
   // === Graph capture and plan persistence (plans) ===========================================

@@ -166,12 +166,26 @@ Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType
   return backend.device_latent_to_tensor(data, dtype, channels, height, width);
 }
 
-Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype) {
+namespace {
+Status check_device_latent(const Tensor& latent, const void* data) {
   if (!data) return Status::error("device latent buffer is null");
   if (!latent.defined() || latent.rank() != 4 || latent.dim(0) != 1)
     return Status::errorf("expected a latent [1, C, h, w], got ",
                           latent.defined() ? latent.describe() : std::string("an empty tensor"));
+  return ok_status();
+}
+}  // namespace
+
+Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype) {
+  LATENT_TRY(check_device_latent(latent, data));
   return backend.tensor_to_device_latent(latent, data, dtype);
+}
+
+Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(Backend& backend,
+                                                                   const Tensor& latent, void* data,
+                                                                   DType dtype) {
+  LATENT_TRY(check_device_latent(latent, data));
+  return backend.queue_tensor_to_device_latent(latent, data, dtype);
 }
 
 TransferCounts transfer_counts() {

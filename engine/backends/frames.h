@@ -68,6 +68,11 @@ Result<Tensor> device_latent_to_tensor(Backend& backend, const void* data, DType
 // at `data` on the backend's device. The buffer is complete when this returns (its reader may
 // be on another stream).
 Status tensor_to_device_latent(Backend& backend, const Tensor& latent, void* data, DType dtype);
+// The same, queued (Backend::queue_tensor_to_device_latent): the buffer is complete once the
+// returned fence's wait() returns; wait without holding the backend's run lock.
+Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(Backend& backend,
+                                                                   const Tensor& latent, void* data,
+                                                                   DType dtype);
 
 // ---- transfer counters (tests check that no byte takes a needless trip) ---------------------
 // Every host -> device and device -> host copy the engine makes (backend upload/download and

@@ -163,6 +163,12 @@ class CudaBackend final : public Backend {
   Status tensor_to_device_latent(const Tensor& latent, void* data, DType dtype) override {
     return cuda::tensor_to_device_latent(io(), latent, data, dtype);
   }
+  Result<std::unique_ptr<DeviceFence>> fence() override { return cuda::stream_fence(io()); }
+  Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(const Tensor& latent,
+                                                                     void* data,
+                                                                     DType dtype) override {
+    return cuda::queue_tensor_to_device_latent(io(), latent, data, dtype);
+  }
 
   Result<Tensor> upload(const Tensor& host) override;
   Result<Tensor> download(const Tensor& t) override;

@@ -29,7 +29,11 @@ Result<Tensor> device_latent_to_tensor(const BackendIo& io, const void* data, DT
   return out;
 }
 
-Status tensor_to_device_latent(const BackendIo& io, const Tensor& t, void* data, DType dtype) {
+namespace {
+
+// Queues the conversion of `t` into `data` on the backend's stream.
+Status launch_tensor_to_device_latent(const BackendIo& io, const Tensor& t, void* data,
+                                      DType dtype) {
   Backend& backend = io.backend;
   const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   if (t.device() != backend.device())
@@ -46,9 +50,55 @@ Status tensor_to_device_latent(const BackendIo& io, const Tensor& t, void* data,
   } else {
     LATENT_TRY(launch_convert(t.data(), t.dtype(), data, dtype, t.numel(), l));
   }
-  // The buffer's reader (the next element) may use another stream.
-  LATENT_CUDA_CHECK(cudaStreamSynchronize(ctx->stream()));
   return ok_status();
+}
+
+// An event recorded on the backend's stream; destroyed with the fence.
+class EventFence final : public DeviceFence {
+ public:
+  EventFence(int device, cudaEvent_t event) : device_(device), event_(event) {}
+  ~EventFence() override {
+    DeviceGuard guard;
+    if (guard.set(device_).ok()) LATENT_CUDA_WARN(cudaEventDestroy(event_));
+  }
+  Status wait() override {
+    DeviceGuard guard;
+    LATENT_TRY(guard.set(device_));
+    LATENT_CUDA_CHECK(cudaEventSynchronize(event_));
+    return ok_status();
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_;
+};
+
+}  // namespace
+
+Status tensor_to_device_latent(const BackendIo& io, const Tensor& t, void* data, DType dtype) {
+  LATENT_TRY(launch_tensor_to_device_latent(io, t, data, dtype));
+  // The buffer's reader (the next element) may use another stream.
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(io.ctx->device()));
+  LATENT_CUDA_CHECK(cudaStreamSynchronize(io.ctx->stream()));
+  return ok_status();
+}
+
+Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(const BackendIo& io,
+                                                                   const Tensor& t, void* data,
+                                                                   DType dtype) {
+  LATENT_TRY(launch_tensor_to_device_latent(io, t, data, dtype));
+  return stream_fence(io);
+}
+
+Result<std::unique_ptr<DeviceFence>> stream_fence(const BackendIo& io) {
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(io.ctx->device()));
+  cudaEvent_t event = nullptr;
+  LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  auto fence = std::make_unique<EventFence>(io.ctx->device(), event);
+  LATENT_CUDA_CHECK(cudaEventRecord(event, io.ctx->stream()));
+  return std::unique_ptr<DeviceFence>(std::move(fence));
 }
 
 }  // namespace latent::cuda

@@ -61,5 +61,11 @@ Result<Tensor> zero_tensor(const BackendIo& io, const Shape& shape);
 Result<Tensor> device_latent_to_tensor(const BackendIo& io, const void* data, DType dtype,
                                        int channels, int height, int width);
 Status tensor_to_device_latent(const BackendIo& io, const Tensor& latent, void* data, DType dtype);
+// An event recorded on the backend's stream now, as a fence.
+Result<std::unique_ptr<DeviceFence>> stream_fence(const BackendIo& io);
+// The conversion queued on the backend's stream, with an event recorded after it as the fence.
+Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(const BackendIo& io,
+                                                                   const Tensor& latent, void* data,
+                                                                   DType dtype);
 
 }  // namespace latent::cuda
