@@ -40,7 +40,7 @@ enum {
 };
 // Installed on the VAE stages' classes (gst_latent_base_class_install_plan_properties), with ids
 // their own properties leave free; their set/get_property chain up to ours for them.
-enum { PROP_PREFETCH_DEPTH = 100, PROP_CUDA_GRAPHS, PROP_VAE_MODE };
+enum { PROP_PREFETCH_DEPTH = 100, PROP_CUDA_GRAPHS, PROP_VAE_MODE, PROP_PLANS_REUSED };
 constexpr bool kDefaultCudaGraphs = true;
 constexpr guint kDefaultPrefetchDepth = 2;
 constexpr guint kMaxPrefetchDepth = 16;
@@ -192,6 +192,7 @@ LoadResult load_shared_model(const std::string& model_path,
 GstLatentModel::~GstLatentModel() {
   if (!run_lock) return;
   std::lock_guard<std::mutex> lock(*run_lock);
+  parked_plans.clear();  // their graphs read the weights
   vae.reset();
 }
 
@@ -206,6 +207,7 @@ struct GstLatentBasePrivate {
     Settings settings;
     std::mutex state_lock;
     State state;
+    guint64 plans_reused = 0;  // under state_lock (property plans-reused)
     std::mutex latency_lock;
     LatencyStats latency;
     Stats stats;  // under latency_lock
@@ -377,6 +379,11 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
 static void gst_latent_base_get_property(GObject* object, guint prop_id, GValue* value,
                                          GParamSpec* pspec) {
   auto* impl = impl_of(GST_LATENT_BASE(object));
+  if (prop_id == PROP_PLANS_REUSED) {
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    g_value_set_uint64(value, impl->plans_reused);
+    return;
+  }
   if (prop_id == PROP_FRAMES_PROCESSED || prop_id == PROP_FRAMES_DROPPED ||
       prop_id == PROP_MEAN_FRAME_MS) {
     std::lock_guard<std::mutex> lock(impl->latency_lock);
@@ -508,7 +515,8 @@ static gboolean gst_latent_base_stop(GstBaseTransform* trans) {
   auto* impl = impl_of(self);
   GstLatentBaseClass* klass = GST_LATENT_BASE_GET_CLASS(self);
   if (klass->drop_held) klass->drop_held(self);
-  gst_latent_base_drop_plan(self);  // before the weights its graph reads
+  // Left with the model for the next start (freed with it, before the weights its graph reads).
+  gst_latent_base_drop_plan(self, /*park=*/true);
   if (klass->close) klass->close(self);
   State dropped;
   {
@@ -769,6 +777,14 @@ void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass) {
                            "negotiated and replay it for every frame (off: the plain forward, "
                            "still warmed up at negotiation)",
                            kDefaultCudaGraphs, flags));
+  g_object_class_install_property(
+      gobject_class, PROP_PLANS_REUSED,
+      g_param_spec_uint64("plans-reused", "Plans reused",
+                          "Starts (since the element was created) that took over the plan a "
+                          "stopped stage left with the shared model for the same input, instead "
+                          "of a warm-up forward and a CUDA graph capture",
+                          0, G_MAXUINT64, 0,
+                          static_cast<GParamFlags>(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));
 }
 
 void gst_latent_base_class_install_mode_property(GstLatentBaseClass* klass) {
@@ -1056,6 +1072,21 @@ latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& m
   old.reset();  // the caller holds model.run_lock: its graph and buffers go now
   latent::Backend& backend = *model.backend;
   if (backend.device().is_cpu()) return latent::ok_status();  // the plain forward, unplanned
+  // A plan a stopped stage left with the model for this input (the caller holds run_lock).
+  for (auto it = model.parked_plans.begin(); it != model.parked_plans.end(); ++it) {
+    if (it->graphs != options.graph || it->plan->part() != part || !it->plan->accepts(example))
+      continue;
+    std::shared_ptr<latent::PlannedPart> plan = std::move(it->plan);
+    model.parked_plans.erase(it);
+    GST_INFO_OBJECT(self, "took the %s plan for %s a stopped stage left (%s)",
+                    latent::vae_part_name(part), latent::shape_str(example.shape()).c_str(),
+                    plan->uses_graph() ? "CUDA graph" : "plain forward");
+    std::lock_guard<std::mutex> lock(impl->state_lock);
+    impl->state.plan = std::move(plan);
+    impl->state.plan_graphs = options.graph;
+    impl->plans_reused++;
+    return latent::ok_status();
+  }
   const gint64 started_us = g_get_monotonic_time();
   auto built = latent::PlannedPart::build(*model.vae, part, example, options);
   if (!built.ok()) return built.status();
@@ -1091,18 +1122,26 @@ latent::Status gst_latent_base_plan_for(
   return planned;
 }
 
-void gst_latent_base_drop_plan(GstLatentBase* self) {
+void gst_latent_base_drop_plan(GstLatentBase* self, bool park) {
   auto* impl = impl_of(self);
   std::shared_ptr<latent::PlannedPart> plan;
   std::shared_ptr<GstLatentModel> model;
+  bool graphs = false;
   {
     std::lock_guard<std::mutex> lock(impl->state_lock);
     plan = std::move(impl->state.plan);
+    graphs = impl->state.plan_graphs;
     model = impl->state.model;
   }
   if (!plan) return;
   if (model && model->run_lock) {
     std::lock_guard<std::mutex> run(*model->run_lock);
+    if (park) {
+      // Oldest first out: the plans of a pipeline restarted clip after clip stay.
+      while (model->parked_plans.size() >= GstLatentModel::kMaxParkedPlans)
+        model->parked_plans.erase(model->parked_plans.begin());
+      model->parked_plans.push_back({std::move(plan), graphs});
+    }
     plan.reset();
   }
   plan.reset();

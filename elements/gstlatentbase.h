@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "elements/gstlatentcuda.h"
 #include "engine/backends/backend.h"
@@ -98,10 +99,10 @@ struct GstLatentStage {
 };
 void gst_latent_base_set_stage(GstLatentBase* self, GstLatentStage* stage);
 
-// Installs `prefetch-depth` and `cuda-graphs` on a stage's class (the VAE stages, which plan a
-// model part at negotiation and stage frames on a GPU). The stage's set_property/get_property
-// chain up to the base class's for property ids it does not know (a stage with no properties of
-// its own gets the base class's handlers).
+// Installs `prefetch-depth`, `cuda-graphs` and the read-only `plans-reused` on a stage's class
+// (the VAE stages, which plan a model part at negotiation and stage frames on a GPU). The
+// stage's set_property/get_property chain up to the base class's for property ids it does not
+// know (a stage with no properties of its own gets the base class's handlers).
 void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass);
 
 // Installs `mode` (GstLatentVaeMode, MUTABLE_READY like `model`) on a VAE stage's class.
@@ -135,7 +136,21 @@ struct GstLatentModel {
   // engine call on this model's backend holds this lock (latent::backend_run_lock).
   std::shared_ptr<std::mutex> run_lock;
 
-  // Frees the weights under run_lock: another model may be running on the same backend.
+  // Plans that stopped stages left with the model (gst_latent_base_drop_plan at stop()), for the
+  // next start() of a stage that negotiates the same input: a pipeline restarted clip after
+  // clip (the precompute job) skips the warm-up forward and the graph capture. Each plan is
+  // used by one stage at a time (its replay writes the plan's own buffers), so a stage takes
+  // one out and a stopping stage puts its own back. At most kMaxParkedPlans, the oldest freed
+  // first; all of them go with the model. Guarded by run_lock (device memory).
+  static constexpr size_t kMaxParkedPlans = 2;
+  struct ParkedPlan {
+    std::shared_ptr<latent::PlannedPart> plan;
+    bool graphs = false;  // the cuda-graphs setting it was built with
+  };
+  std::vector<ParkedPlan> parked_plans;
+
+  // Frees the parked plans, then the weights, under run_lock: another model may be running on
+  // the same backend.
   ~GstLatentModel();
 
   const latent::LatentSpace& latent_space() const { return vae->latent_space(); }
@@ -231,7 +246,8 @@ void gst_latent_base_reset_latency(GstLatentBase* self);
 // At negotiation a stage plans its part of the model for the negotiated input shape: a warm-up
 // forward (cuDNN chooses and caches its algorithms) then, with `cuda-graphs` on, a CUDA graph
 // capture; each frame then replays it. One plan a stage, kept until the next negotiation or
-// stop(). On the CPU nothing is planned and frames run the plain forward.
+// stop(), where it is left with the model for the next start that negotiates the same input.
+// On the CPU nothing is planned and frames run the plain forward.
 //
 // Locking: the backend and its one stream are shared by every stage on the same device and
 // dtype. Every engine call on it, the destruction of every device tensor (frees are queued on
@@ -251,8 +267,9 @@ latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& m
 latent::Status gst_latent_base_plan_for(
     GstLatentBase* self, GstLatentModel& model, latent::VaePart part,
     const std::function<latent::Result<latent::Tensor>(latent::Backend&)>& example);
-// Drops the stage's plan (takes the model's run_lock itself; not while holding it).
-void gst_latent_base_drop_plan(GstLatentBase* self);
+// Drops the stage's plan (takes the model's run_lock itself; not while holding it); with `park`
+// (stop()) it is left with the model (GstLatentModel::parked_plans) for the next start.
+void gst_latent_base_drop_plan(GstLatentBase* self, bool park = false);
 // Runs `part` on `x`: the plan's replay when the stage has a plan taking `x`, else the plain
 // forward. The caller holds model.run_lock; with a graph the result is the plan's output
 // buffer, valid until the stage's next run (consume it, or queue what reads it, first).

@@ -7,6 +7,7 @@
 #include <gst/gst.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -395,7 +396,128 @@ TEST(GstCudaPlans, LatencyIncludesStagedFrames) {
       << staged.latency_min << " ns vs " << direct.latency_min << " ns";
 }
 
+#ifdef LATENT_HAVE_CUDA
+// A latent written by queue_tensor_to_device_latent() is complete once its fence's wait()
+// returns, with the same bytes as the synchronous write, also with a long kernel queued ahead;
+// fence() after a device frame's read passes only once the frame has been read.
+TEST(CudaFrames, QueuedLatentWritesAndFences) {
+  auto cuda = backend("cuda");
+  ASSERT_TRUE(cuda);
+  Tensor host = Tensor::empty({1, 16, 45, 80}, DType::kF32);
+  std::vector<float> v(static_cast<size_t>(host.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.01f * static_cast<float>(i));
+  std::memcpy(host.data(), v.data(), v.size() * sizeof(float));
+  auto latent = cuda->upload(host);
+  ASSERT_TRUE(latent.ok()) << latent.status().message();
+  const size_t bytes = static_cast<size_t>(host.numel()) * 2;
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
+  ASSERT_TRUE(tensor_to_device_latent(*cuda, *latent, a, DType::kBF16).ok());
+  // Work ahead of the queued write on the same stream: a few big additions.
+  auto big = cuda->zeros({1, 64, 1080, 1920});
+  ASSERT_TRUE(big.ok());
+  Tensor sum = *big;
+  for (int i = 0; i < 8; ++i) {
+    auto s2 = cuda->add(sum, *big);
+    ASSERT_TRUE(s2.ok());
+    sum = *s2;
+  }
+  auto fence = queue_tensor_to_device_latent(*cuda, *latent, b, DType::kBF16);
+  ASSERT_TRUE(fence.ok()) << fence.status().message();
+  ASSERT_TRUE((*fence)->wait().ok());
+  std::vector<uint8_t> ha(bytes), hb(bytes);
+  // Plain cudaMemcpy on the legacy stream: what another element's stream would see.
+  ASSERT_EQ(cudaMemcpy(ha.data(), a, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(hb.data(), b, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(ha, hb);
+  auto f2 = cuda->fence();
+  ASSERT_TRUE(f2.ok());
+  EXPECT_TRUE((*f2)->wait().ok());
+  EXPECT_TRUE((*f2)->wait().ok());  // passed fences stay passed
+  sum = Tensor();
+  *big = Tensor();
+  ASSERT_TRUE(cuda->synchronize().ok());
+  cudaFree(a);
+  cudaFree(b);
+  // The CPU backend's fence is passed at once.
+  auto cpu = backend("cpu");
+  ASSERT_TRUE(cpu);
+  auto f3 = cpu->fence();
+  ASSERT_TRUE(f3.ok());
+  EXPECT_TRUE((*f3)->wait().ok());
+}
+#endif
+
 // The download stager against tensor_to_frame(): same bytes, one device-to-host copy a frame,
+// Plays `p` from NULL to EOS and back to NULL; the frames of its fakesink "out".
+std::vector<std::vector<uint8_t>> play_once(GstElement* p) {
+  std::vector<std::vector<uint8_t>> frames;
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
+  g_object_set(sink, "signal-handoffs", TRUE, nullptr);
+  const gulong id = g_signal_connect(
+      sink, "handoff", G_CALLBACK(+[](GstElement*, GstBuffer* buf, GstPad*, gpointer data) {
+        GstMapInfo m;
+        if (gst_buffer_map(buf, &m, GST_MAP_READ)) {
+          static_cast<std::vector<std::vector<uint8_t>>*>(data)->emplace_back(m.data,
+                                                                              m.data + m.size);
+          gst_buffer_unmap(buf, &m);
+        }
+      }),
+      &frames);
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  GstBus* bus = gst_element_get_bus(p);
+  GstMessage* msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND,
+                                               GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  EXPECT_TRUE(msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS);
+  if (msg) gst_message_unref(msg);
+  gst_object_unref(bus);
+  gst_element_set_state(p, GST_STATE_NULL);
+  g_signal_handler_disconnect(sink, id);
+  gst_object_unref(sink);
+  return frames;
+}
+
+guint64 plans_reused(GstElement* p, const char* name) {
+  GstElement* e = gst_bin_get_by_name(GST_BIN(p), name);
+  guint64 n = 0;
+  if (e) g_object_get(e, "plans-reused", &n, nullptr);
+  if (e) gst_object_unref(e);
+  return n;
+}
+
+// A pipeline restarted clip after clip (the precompute job) while another user keeps the model
+// loaded: each stage's second start takes over the plan its first stop left with the model (no
+// warm-up, no capture) and gives the same bytes. Without that other user the model, and the
+// plans with it, go at stop, and the next start plans again.
+TEST(GstCudaPlans, APlanLeftAtStopServesTheNextStart) {
+  GError* err = nullptr;
+  GstElement* holder = gst_parse_launch(
+      str_cat("vaeencode model=", model(), " device=cuda ! vaedecode model=", model(),
+              " device=cuda ! fakesink")
+          .c_str(),
+      &err);
+  ASSERT_TRUE(holder) << (err ? err->message : "");
+  ASSERT_NE(gst_element_set_state(holder, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
+  GstElement* p =
+      gst_parse_launch(two_stages(4, "name=enc", "name=dec", "width=96,height=64").c_str(), &err);
+  ASSERT_TRUE(p) << (err ? err->message : "");
+  auto first = play_once(p);
+  EXPECT_EQ(plans_reused(p, "enc"), 0u);
+  EXPECT_EQ(plans_reused(p, "dec"), 0u);
+  auto second = play_once(p);
+  EXPECT_EQ(plans_reused(p, "enc"), 1u);
+  EXPECT_EQ(plans_reused(p, "dec"), 1u);
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(first, second);
+  gst_element_set_state(holder, GST_STATE_NULL);
+  gst_object_unref(holder);
+  auto third = play_once(p);  // the model was freed with its parked plans: planned again
+  EXPECT_EQ(plans_reused(p, "enc"), 1u);
+  EXPECT_EQ(first, third);
+  gst_object_unref(p);
+}
+
 // in order, `depth` frames in flight; a frame too many is refused, not overwritten.
 TEST(CudaFrames, DownloadedFramesMatchTensorToFrame) {
   auto cuda = backend("cuda");
