@@ -1,6 +1,10 @@
 """One encoding pipeline on one device, reused clip after clip.
 
-    filesrc ! decodebin ! [videoconvert !] vaeencode device=D ! latentsink
+    filesrc ! decodebin ! queue ! [videoconvert !] vaeencode device=D ! queue ! latentsink
+
+The queues give the decoder and the file writer threads of their own: vaeencode's thread only
+encodes (it synchronises its stream before each latent it pushes, and without the queues the GPU
+would wait while the next frames are decoded and the last latent is downloaded and written).
 
 decodebin picks the decoder. Its output goes straight to vaeencode whenever vaeencode takes what
 the decoder gives (NV12, I420 and the RGB orders, in system or CUDA memory): nvh264dec /
@@ -35,6 +39,11 @@ def gst():
     return _GST
 
 
+# Frames (and latents) a queue holds: enough to cover a video-mode chunk (4 frames) while the
+# decoder runs ahead, little enough to keep host and device memory bounded.
+QUEUE_FRAMES = 8
+
+
 class PipelineError(RuntimeError):
     """The first ERROR a pipeline posted, with its debug string."""
 
@@ -45,13 +54,16 @@ class ClipResult:
     output: str = ""
     frames: int = 0  # video frames encoded
     latent_frames: int = 0
-    seconds: float = 0.0
+    started: float = 0.0  # time.time() when the clip started
+    seconds: float = 0.0  # set_state(PLAYING) to back at NULL
     decoder: str = ""  # the decoder decodebin picked (its factory name)
     frames_memory: str = ""  # "CUDAMemory" or "SystemMemory": what vaeencode received
     error: str = ""  # empty on success
     # Where the clip's time went (seconds; 0 where a phase was not reached): from the start to the
     # first latent vaeencode pushed (demuxer and decoder start, negotiation, the stage's plan and
-    # first chunk), from there to EOS (the stream), and the pipeline's return to NULL.
+    # first chunk), from there to EOS (the stream), and the pipeline's return to NULL; and within
+    # the first, from the start to the first frame vaeencode received (demuxer and decoder).
+    first_frame_s: float = 0.0
     first_latent_s: float = 0.0
     stream_s: float = 0.0
     teardown_s: float = 0.0
@@ -84,10 +96,12 @@ class ClipEncoder:
 
     def __init__(self, model: str = "", device: str = "auto", dtype: str = "",
                  clip_timeout: float = 0.0, extra_encoder_props: dict | None = None,
-                 latent_caps: str = ""):
+                 latent_caps: str = "", hold_model: bool = True):
         """`extra_encoder_props`: more vaeencode properties, values as gst-launch strings;
         `latent_caps`: caps between vaeencode and latentsink (e.g. "application/x-latent" for
-        system memory; empty: what they negotiate, CUDA memory on a GPU)."""
+        system memory; empty: what they negotiate, CUDA memory on a GPU); `hold_model`: load
+        the model now and keep it loaded until close() (False for the second and later
+        encoders of a process, which share the instance the first one holds)."""
         Gst = gst()
         self.timeout = clip_timeout
         props = {"model": model, "device": device}
@@ -101,7 +115,7 @@ class ClipEncoder:
         self._holder = Gst.Pipeline.new("model-holder")
         holder = self._make("vaeencode", "holder", props)
         self._holder.add(holder)
-        if self._holder.set_state(Gst.State.PAUSED) == Gst.StateChangeReturn.FAILURE:
+        if hold_model and self._holder.set_state(Gst.State.PAUSED) == Gst.StateChangeReturn.FAILURE:
             msg = self._holder.get_bus().pop_filtered(Gst.MessageType.ERROR)
             text = _bus_error(msg) if msg else "vaeencode could not start"
             self._holder.set_state(Gst.State.NULL)
@@ -110,31 +124,41 @@ class ClipEncoder:
         self._pipeline = Gst.Pipeline.new("precompute")
         self._src = self._make("filesrc", "src", {})
         self._decode = self._make("decodebin", "decode", {})
+        # Bounded by frames only (a 720p frame is 1.4-3.7 MB; time is meaningless for a file).
+        bounded = {"max-size-buffers": QUEUE_FRAMES, "max-size-bytes": 0, "max-size-time": 0}
+        self._frames = self._make("queue", "frames", bounded)
         self._convert = self._make("videoconvert", "convert", {})
         self._encode = self._make("vaeencode", "encode", props)
+        self._latents = self._make("queue", "latents", bounded)
         self._sink = self._make("latentsink", "sink", {"model": model or "default"})
-        for el in (self._src, self._decode, self._convert, self._encode, self._sink):
+        for el in (self._src, self._decode, self._frames, self._convert, self._encode,
+                   self._latents, self._sink):
             self._pipeline.add(el)
         if latent_caps:
             caps = Gst.Caps.from_string(latent_caps)
             if caps is None:
                 raise PipelineError(f"invalid latent caps '{latent_caps}'")
-            linked = self._encode.link_filtered(self._sink, caps)
+            linked = self._encode.link_filtered(self._latents, caps)
         else:
-            linked = self._encode.link(self._sink)
-        if not (linked and self._src.link(self._decode)):
-            raise PipelineError("cannot link filesrc ! decodebin, vaeencode ! latentsink")
+            linked = self._encode.link(self._latents)
+        if not (linked and self._latents.link(self._sink) and self._src.link(self._decode)):
+            raise PipelineError("cannot link filesrc ! decodebin, vaeencode ! queue ! latentsink")
         self._link_error = ""
         self._video_linked = False
         self._decode.connect("pad-added", self._on_pad_added)
-        # The time the current clip's first latent left vaeencode (a probe on its src pad).
-        self._first_latent = None
-        self._encode.get_static_pad("src").add_probe(Gst.PadProbeType.BUFFER, self._on_latent)
+        # When the current clip's first frame entered vaeencode and its first latent left it
+        # (one-shot probes on its pads, added for each clip).
+        self._first = {}
 
-    def _on_latent(self, pad, info):
-        if self._first_latent is None:
-            self._first_latent = time.monotonic()
-        return gst().PadProbeReturn.OK
+    def _probe_first(self, pad_name: str):
+        Gst = gst()
+        self._first.pop(pad_name, None)
+
+        def once(pad, info):
+            self._first.setdefault(pad_name, time.monotonic())
+            return Gst.PadProbeReturn.REMOVE
+
+        self._encode.get_static_pad(pad_name).add_probe(Gst.PadProbeType.BUFFER, once)
 
     @staticmethod
     def _make(factory: str, name: str, props: dict):
@@ -160,21 +184,27 @@ class ClipEncoder:
         if self._video_linked:
             return  # a second video stream: the first one is encoded
         encode_sink = self._encode.get_static_pad("sink")
-        convert_sink = self._convert.get_static_pad("sink")
-        # Straight to vaeencode when it takes what the decoder gives (its current caps once it has
-        # them; a decoder that can give CUDA memory then renegotiates to it); else videoconvert.
-        if caps.can_intersect(encode_sink.query_caps(None)) and \
-                pad.link(encode_sink) == Gst.PadLinkReturn.OK:
-            self._video_linked = True
+        frames_sink = self._frames.get_static_pad("sink")
+        frames_src = self._frames.get_static_pad("src")
+        # Through the queue straight to vaeencode when it takes what the decoder gives (its
+        # current caps once it has them; a decoder that can give CUDA memory then renegotiates to
+        # it); else through videoconvert.
+        direct = caps.can_intersect(encode_sink.query_caps(None))
+        if direct and frames_src.link(encode_sink) == Gst.PadLinkReturn.OK:
+            pass
+        elif not (self._frames.link(self._convert) and self._convert.link(self._encode)):
+            self._link_error = f"cannot link {caps.to_string()} from decodebin to vaeencode"
             return
-        if pad.link(convert_sink) == Gst.PadLinkReturn.OK and self._convert.link(self._encode):
+        if pad.link(frames_sink) == Gst.PadLinkReturn.OK:
             self._video_linked = True
         else:
             self._link_error = f"cannot link {caps.to_string()} from decodebin to vaeencode"
 
     def _unlink_last_clip(self):
-        """Undoes the last clip's links into videoconvert / vaeencode (decodebin's pads go at NULL)."""
-        for sink in (self._encode.get_static_pad("sink"), self._convert.get_static_pad("sink")):
+        """Undoes the last clip's links into the queue, videoconvert and vaeencode (decodebin's
+        pads go at NULL)."""
+        for sink in (self._frames.get_static_pad("sink"), self._encode.get_static_pad("sink"),
+                     self._convert.get_static_pad("sink")):
             peer = sink.get_peer()
             if peer is not None:
                 peer.unlink(sink)
@@ -199,13 +229,15 @@ class ClipEncoder:
 
         Gst = gst()
         res = ClipResult(path=source, output=output)
+        res.started = time.time()
         t0 = time.monotonic()
         self._src.set_property("location", clip)
         self._sink.set_property("location", output)
         self._sink.set_property("source", source)
         self._link_error = ""
         self._unlink_last_clip()
-        self._first_latent = None
+        self._probe_first("sink")
+        self._probe_first("src")
         t_end = None
         try:
             if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
@@ -228,7 +260,9 @@ class ClipEncoder:
             self._pipeline.get_bus().set_flushing(False)
         t_null = time.monotonic()
         res.seconds = t_null - t0
-        first = self._first_latent
+        if "sink" in self._first:
+            res.first_frame_s = self._first["sink"] - t0
+        first = self._first.get("src")
         if first is not None:
             res.first_latent_s = first - t0
             if t_end is not None:

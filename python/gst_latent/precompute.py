@@ -1,10 +1,13 @@
 """Precompute the VAE latents of a dataset of clips and images: one latent file per input.
 
     latent-precompute --model M --input DIR|LIST --output DIR [--engine local|ray]
-                      [--workers N] [--gpus-per-worker G] [--device D] [--resume]
+                      [--workers N] [--gpus-per-worker G] [--pipelines-per-worker K]
+                      [--device D] [--resume]
 
-Each worker owns one pipeline on one device (filesrc ! decodebin ! [videoconvert !] vaeencode !
-latentsink, gst_latent.pipeline), loads the model once and encodes its clips one after another.
+Each worker loads the model once on one device and runs its clips through
+--pipelines-per-worker pipelines (filesrc ! decodebin ! queue ! [videoconvert !] vaeencode !
+queue ! latentsink, gst_latent.pipeline; default 2, so that one clip's start and teardown overlap
+another clip's stream), each pipeline encoding its clips one after another.
 `--engine ray` maps a Ray Data dataset of paths over a pool of such workers (one actor per GPU
 with --gpus-per-worker 1), on a local Ray or on the cluster RAY_ADDRESS names; `--engine local`
 runs the workers as local processes. The output for INPUT/rel/clip.mp4 is
@@ -18,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 
 from gst_latent.latentfile import is_complete
@@ -77,16 +82,32 @@ def output_path(output: str, rel: str) -> str:
 
 
 class Worker:
-    """One pipeline on one device; `__call__` takes a Ray Data batch of relative paths."""
+    """`pipelines` pipelines on one device sharing one loaded model; `process` may be called from
+    that many threads at once (each call takes a free pipeline), `__call__` takes a Ray Data
+    batch of relative paths.
+
+    With two or more, one clip's pipeline start (demuxer, decoder, negotiation) and return to NULL
+    overlap another clip's stream, instead of leaving the GPU idle between clips."""
 
     def __init__(self, options: dict):
         from gst_latent.pipeline import ClipEncoder
 
         self.options = options
-        self.encoder = ClipEncoder(model=options["model"], device=options["device"],
-                                   dtype=options["dtype"], clip_timeout=options["clip_timeout"],
-                                   extra_encoder_props=options.get("encoder_props"),
-                                   latent_caps=options.get("latent_caps", ""))
+        count = max(1, int(options.get("pipelines", 1)))
+        self.encoders = []
+        try:
+            for i in range(count):
+                self.encoders.append(ClipEncoder(
+                    model=options["model"], device=options["device"], dtype=options["dtype"],
+                    clip_timeout=options["clip_timeout"],
+                    extra_encoder_props=options.get("encoder_props"),
+                    latent_caps=options.get("latent_caps", ""), hold_model=i == 0))
+        except Exception:
+            self.close()
+            raise
+        self._free = queue.SimpleQueue()
+        for enc in self.encoders:
+            self._free.put(enc)
 
     def process(self, rel: str, clip: str) -> dict:
         from gst_latent.pipeline import ClipResult
@@ -97,58 +118,107 @@ class Worker:
             os.makedirs(os.path.dirname(out), exist_ok=True)
         except OSError as e:
             return asdict(ClipResult(path=rel, output=out, error=f"cannot make {os.path.dirname(out)}: {e.strerror}"))
-        return asdict(self.encoder.encode(clip, out, rel))
+        enc = self._free.get()
+        try:
+            return asdict(enc.encode(clip, out, rel))
+        finally:
+            self._free.put(enc)
+
+    def process_all(self, todo) -> Iterator[dict]:
+        """Result rows for (rel, clip) pairs, in the order they finish, every pipeline busy."""
+        if len(self.encoders) == 1:
+            for rel, clip in todo:
+                yield self.process(rel, clip)
+            return
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        with ThreadPoolExecutor(max_workers=len(self.encoders)) as pool:
+            for fut in as_completed([pool.submit(self.process, rel, clip) for rel, clip in todo]):
+                yield fut.result()
 
     def __call__(self, batch: dict) -> dict:
         rows = [self.process(str(rel), str(clip)) for rel, clip in zip(batch["path"], batch["file"])]
         return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
 
-
-_LOCAL_WORKER: Worker | None = None
-
-
-def _local_init(options: dict, devices: list[str], counter) -> None:
-    global _LOCAL_WORKER
-    with counter.get_lock():
-        index = counter.value
-        counter.value += 1
-    opts = dict(options)
-    opts["device"] = devices[index % len(devices)]
-    _LOCAL_WORKER = Worker(opts)
+    def close(self):
+        # The model holder last: the clip pipelines release their share of the model first.
+        for enc in reversed(self.encoders):
+            enc.close()
 
 
-def _local_process(rel: str, clip: str) -> dict:
-    assert _LOCAL_WORKER is not None
-    return _LOCAL_WORKER.process(rel, clip)
+def _local_worker_main(options: dict, tasks, results) -> None:
+    """A local worker process: its pipelines take (rel, clip) tasks until a None each."""
+    import threading
+
+    try:
+        worker = Worker(options)
+    except Exception as e:  # the model does not load: the job stops with this message
+        results.put({"__fatal__": f"worker on {options['device']}: {e}"})
+        return
+
+    def loop():
+        from gst_latent.pipeline import ClipResult
+
+        while (task := tasks.get()) is not None:
+            try:
+                row = worker.process(*task)
+            except Exception as e:  # encode() reports bad clips itself; anything else is a row too
+                row = asdict(ClipResult(path=task[0], output=output_path(options["output"], task[0]),
+                                        error=f"worker on {options['device']}: {e}"))
+            results.put(row)
+
+    threads = [threading.Thread(target=loop) for _ in worker.encoders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    worker.close()
 
 
 def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
     """Yields result rows; one in-process worker, or `workers` processes (devices round-robin
-    over the comma-separated --device list)."""
+    over the comma-separated --device list), each with its pipelines."""
     devices = [d.strip() for d in options["device"].split(",") if d.strip()] or ["auto"]
     if workers <= 1:
-        opts = dict(options, device=devices[0])
-        worker = Worker(opts)
+        worker = Worker(dict(options, device=devices[0]))
         try:
-            for rel, clip in todo:
-                yield worker.process(rel, clip)
+            yield from worker.process_all(todo)
         finally:
-            worker.encoder.close()
+            worker.close()
         return
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("spawn")  # GStreamer and CUDA do not survive fork
-    counter = ctx.Value("i", 0)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_local_init,
-                             initargs=(options, devices, counter)) as pool:
-        futures = {pool.submit(_local_process, rel, clip): rel for rel, clip in todo}
-        for fut in as_completed(futures):
+    tasks, results = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_local_worker_main, daemon=True,
+                         args=(dict(options, device=devices[i % len(devices)]), tasks, results))
+             for i in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        for task in todo:
+            tasks.put(task)
+        for _ in range(workers * max(1, int(options.get("pipelines", 1)))):
+            tasks.put(None)
+        remaining = len(todo)
+        while remaining:
             try:
-                yield fut.result()
-            except BrokenProcessPool as e:  # a worker could not start (model error) or died
-                raise RuntimeError(f"a worker process failed: {e}") from e
+                row = results.get(timeout=1.0)
+            except queue.Empty:  # is anybody still working?
+                if not any(p.is_alive() for p in procs):
+                    raise RuntimeError(f"the worker processes ended with {remaining} clips left "
+                                       f"(exit codes {[p.exitcode for p in procs]})") from None
+                continue
+            if "__fatal__" in row:
+                raise RuntimeError(row["__fatal__"])
+            remaining -= 1
+            yield row
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
 
 
 def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_worker: float, ray_cpus: int):
@@ -181,11 +251,15 @@ def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_w
         ctx.execution_options.preserve_order = False
         ds = ray.data.from_items([{"path": rel, "file": clip} for rel, clip in todo],
                                  override_num_blocks=max(1, min(len(todo), 4 * workers)))
+        pipelines = max(1, int(options.get("pipelines", 1)))
         ds = ds.map_batches(
             Worker,
             fn_constructor_kwargs={"options": options},
             batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=workers),
+            # One call per pipeline at a time in each actor (Worker.process is thread-safe).
+            compute=ray.data.ActorPoolStrategy(size=workers, max_concurrent_calls_per_actor=pipelines,
+                                               max_tasks_in_flight_per_actor=pipelines,
+                                               enable_true_multi_threading=pipelines > 1),
             num_gpus=gpus_per_worker,
             num_cpus=1,
             batch_format="numpy",
@@ -216,6 +290,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="vaeencode device: auto, cpu, cuda, cuda:N; "
                    "local engine: a comma-separated list is dealt to the workers in turn; Ray: the "
                    "device inside each actor (auto = the GPU Ray gave it)")
+    p.add_argument("--pipelines-per-worker", type=int, default=2, metavar="K",
+                   help="clip pipelines per worker, sharing its loaded model (default 2: one "
+                        "clip's start and teardown overlap another's stream; 1: one clip at a time)")
     p.add_argument("--dtype", default="", help="fp32, bf16 or fp16 (default: the device's)")
     p.add_argument("--encoder-prop", action="append", default=[], metavar="NAME=VALUE",
                    help="another vaeencode property, as in gst-launch (repeatable), e.g. "
@@ -229,9 +306,14 @@ def parse_args(argv=None):
     p.add_argument("--ray-cpus", type=int, default=0,
                    help="CPUs of a local Ray started here (default: all); ignored with RAY_ADDRESS")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--summary", default="", metavar="FILE",
+                   help="also write the job's summary as JSON to FILE (counts, rates, per-clip "
+                        "phases, decoders, when the first clip started and the last one ended)")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error("--workers must be at least 1")
+    if args.pipelines_per_worker < 1:
+        p.error("--pipelines-per-worker must be at least 1")
     if args.gpus_per_worker is not None and args.gpus_per_worker < 0:
         p.error("--gpus-per-worker must not be negative")
     for prop in args.encoder_prop:
@@ -264,14 +346,17 @@ def main(argv=None) -> int:
     options = {"model": args.model, "device": args.device, "dtype": args.dtype,
                "clip_timeout": args.clip_timeout, "output": output,
                "encoder_props": dict(p.split("=", 1) for p in args.encoder_prop),
-               "latent_caps": args.latent_caps}
+               "latent_caps": args.latent_caps, "pipelines": args.pipelines_per_worker}
 
     from tqdm import tqdm
 
     failures_path = os.path.join(output, "failures.jsonl")
     failed = done = frames = 0
     paths = {}  # (decoder, memory) -> clips
-    phases = {"first_latent_s": 0.0, "stream_s": 0.0, "teardown_s": 0.0}  # sums over written clips
+    # Sums over the written clips: their whole time (set-up to NULL) and its phases.
+    phases = {"seconds": 0.0, "first_frame_s": 0.0, "first_latent_s": 0.0, "stream_s": 0.0,
+              "teardown_s": 0.0}
+    span = [float("inf"), 0.0]  # the first written clip's start, the last one's end (time.time())
     t0 = time.monotonic()
     if args.engine == "ray":
         gpus = args.gpus_per_worker
@@ -297,6 +382,9 @@ def main(argv=None) -> int:
                     paths[key] = paths.get(key, 0) + 1
                     for k in phases:
                         phases[k] += float(row.get(k) or 0.0)
+                    if row.get("started"):
+                        span[0] = min(span[0], float(row["started"]))
+                        span[1] = max(span[1], float(row["started"]) + float(row["seconds"]))
                 elapsed = max(time.monotonic() - t0, 1e-9)
                 bar.set_postfix({"frames/s": f"{frames / elapsed:.1f}", "failed": failed}, refresh=False)
                 bar.update(1)
@@ -306,6 +394,7 @@ def main(argv=None) -> int:
             return EXIT_USAGE
     bar.close()
     elapsed = time.monotonic() - t0
+    while_running = frames / max(span[1] - span[0], 1e-9) / args.workers if done else 0.0
     print(f"latent-precompute: {done} written, {failed} failed, {skipped} skipped (complete); "
           f"{frames} frames in {elapsed:.1f} s ({frames / max(elapsed, 1e-9):.1f} frames/s)"
           + (f"; failures in {failures_path}" if failed else ""), file=sys.stderr)
@@ -314,10 +403,28 @@ def main(argv=None) -> int:
             f"{d} into {m} ({n} clip{'s' if n != 1 else ''})" for (d, m), n in sorted(paths.items())),
             file=sys.stderr)
     if done:
-        print(f"latent-precompute: per clip (mean of {done}): "
-              f"{phases['first_latent_s'] / done:.3f} s to the first latent, "
-              f"{phases['stream_s'] / done:.3f} s streaming, "
-              f"{phases['teardown_s'] / done:.3f} s teardown", file=sys.stderr)
+        # The rate while clips ran leaves out the job's start-up (processes, Ray, the model load):
+        # a worker's steady rate, comparable with the encoder's own.
+        print(f"latent-precompute: per clip (mean of {done}): {phases['seconds'] / done:.3f} s = "
+              f"{phases['first_latent_s'] / done:.3f} s to the first latent (the first frame at "
+              f"{phases['first_frame_s'] / done:.3f} s) + "
+              f"{phases['stream_s'] / done:.3f} s streaming + "
+              f"{phases['teardown_s'] / done:.3f} s teardown; "
+              f"{while_running:.1f} frames/s per worker while clips ran", file=sys.stderr)
+    if args.summary:
+        summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,
+                   "seconds": round(elapsed, 3), "frames_per_s": round(frames / max(elapsed, 1e-9), 2),
+                   "workers": args.workers, "pipelines_per_worker": args.pipelines_per_worker,
+                   "frames_per_s_per_worker_while_clips_ran": round(while_running, 2),
+                   "clips_ran": [span[0], span[1]] if done else None,
+                   "per_clip_mean_s": {k: round(v / done, 4) for k, v in phases.items()} if done else None,
+                   "decoded_by": [{"decoder": d, "memory": m, "clips": n} for (d, m), n in sorted(paths.items())]}
+        try:
+            with open(args.summary, "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=1)
+        except OSError as e:
+            print(f"latent-precompute: cannot write the summary {args.summary}: {e.strerror}", file=sys.stderr)
+            return EXIT_USAGE
     if not failed and os.path.getsize(failures_path) == 0:
         os.remove(failures_path)
     return EXIT_FAILED_CLIPS if failed else 0

@@ -129,11 +129,21 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
         enc.close()
     assert not res.error, res.error
     assert res.first_latent_s > 0 and res.stream_s >= 0 and res.teardown_s >= 0, res
+    assert 0 < res.first_frame_s <= res.first_latent_s, res
     assert res.first_latent_s + res.stream_s + res.teardown_s <= res.seconds + 1e-6, res
     assert bad.error and bad.first_latent_s == 0 and bad.stream_s == 0, bad  # no latent left
-    r = run_job("--input", str(clips), "--output", str(tmp_path / "out"))
+    assert bad.first_frame_s == 0, bad
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "out"),
+                "--summary", str(tmp_path / "summary.json"))
     assert r.returncode == 3, r.stderr
     assert "per clip (mean of 3): " in r.stderr and "s to the first latent" in r.stderr, r.stderr
+    assert "frames/s per worker while clips ran" in r.stderr, r.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["written"] == 3 and summary["failed"] == 1 and summary["frames"] == 6 + 4 + 1
+    start, end = summary["clips_ran"]
+    assert 0 < end - start <= summary["seconds"] and summary["frames_per_s_per_worker_while_clips_ran"] > 0
+    assert set(summary["per_clip_mean_s"]) == {"seconds", "first_frame_s", "first_latent_s", "stream_s",
+                                               "teardown_s"}
 
 
 def test_formats_vaeencode_does_not_take_go_through_videoconvert(clips, tmp_path):
@@ -205,6 +215,34 @@ def test_local_workers_give_the_same_bytes(clips, local_out, tmp_path):
     r = run_job("--input", str(clips), "--output", str(out), "--workers", "2", "--device", "cpu,cpu")
     assert r.returncode == 3, r.stderr
     assert outputs(out) == outputs(local_out)
+
+
+def test_pipelines_per_worker_overlap_clips_and_give_the_same_bytes(clips, local_out, tmp_path):
+    # Two pipelines of one worker run two clips at once on one loaded model; one runs them in
+    # turn. The files are the same either way (the default is 2). In this process the CPU
+    # thread count is pytest's (run_job's jobs use 1), so these files are compared with each other.
+    from gst_latent.precompute import Worker, list_inputs
+
+    good = [t for t in list_inputs(str(clips)) if t[0] in GOOD]
+    todo = good + [("again/" + rel, path) for rel, path in good]
+    made = []
+    for count, overlap in ((1, False), (2, True)):
+        out = tmp_path / f"p{count}"
+        worker = Worker({"model": MODEL, "device": "cpu", "dtype": "", "clip_timeout": 120.0,
+                         "output": str(out), "pipelines": count})
+        try:
+            rows = list(worker.process_all(todo))
+        finally:
+            worker.close()
+        assert len(rows) == len(todo) and not any(r["error"] for r in rows), rows
+        spans = sorted((r["started"], r["started"] + r["seconds"]) for r in rows)
+        overlapped = any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+        assert overlapped == overlap, (count, spans)
+        made.append({rel: (out / (rel + ".safetensors")).read_bytes() for rel, _ in todo})
+    assert made[0] == made[1]
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "p3"), "--pipelines-per-worker", "3")
+    assert r.returncode == 3, r.stderr
+    assert outputs(tmp_path / "p3") == outputs(local_out)
 
 
 def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
@@ -301,3 +339,5 @@ def test_bad_arguments(tmp_path):
     assert r.returncode == 2 and "no such folder or list file" in r.stderr
     r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--workers", "0")
     assert r.returncode == 2 and "--workers must be at least 1" in r.stderr
+    r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--pipelines-per-worker", "0")
+    assert r.returncode == 2 and "--pipelines-per-worker must be at least 1" in r.stderr
