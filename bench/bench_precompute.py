@@ -23,6 +23,7 @@ wall seconds. The Ray row's time is the whole job's, Ray's start-up and model lo
       --clips 32 --frames 81 --out bench/results/precompute-h100.json \\
       [--encoder-prop video-mode=true] [--dtype bf16] [--skip-torch]
       [--engine ray,local] [--gpus 1,2]   # both engines, on 1 and on 2 GPUs: the scaling rows
+      [--pipelines 1,2]                   # the job's --pipelines-per-worker (rows localx1p1, ...)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,7 +82,7 @@ class GpuSampler:
 
     def __init__(self, gpus: list[int]):
         self.gpus = gpus
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float]] = []  # (time.time(), busy fraction)
         self.proc = None
         self.thread = None
 
@@ -98,7 +100,7 @@ class GpuSampler:
     def _read(self):
         for line in self.proc.stdout:
             try:
-                self.samples.append(float(line.strip()) / 100.0)
+                self.samples.append((time.time(), float(line.strip()) / 100.0))
             except ValueError:
                 pass
 
@@ -107,8 +109,10 @@ class GpuSampler:
             self.proc.terminate()
             self.proc.wait()
 
-    def busy(self):
-        return round(sum(self.samples) / len(self.samples), 3) if self.samples else None
+    def busy(self, start: float = 0.0, end: float = float("inf")):
+        """The mean busy fraction of the samples taken between `start` and `end` (time.time())."""
+        v = [b for t, b in self.samples if start <= t <= end]
+        return round(sum(v) / len(v), 3) if v else None
 
 
 def gpu_count() -> int:
@@ -122,10 +126,13 @@ def gpu_count() -> int:
 # ---- rows ---------------------------------------------------------------------------------------
 
 
-def run_job(model, clips_dir, out_dir, gpus, args, engine="ray") -> dict:
+def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", engine, "--workers", str(gpus),
-           "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress"]
+           "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress",
+           "--pipelines-per-worker", str(pipelines)]
+    summary = os.path.join(args.work, "summary.json")
+    cmd += ["--summary", summary]
     if engine == "ray":
         cmd += ["--gpus-per-worker", "1"]
     else:  # one worker process per GPU, devices dealt in turn
@@ -146,18 +153,28 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray") -> dict:
         _, meta = read_header(f)
         frames += meta["frame_count"]
         latents += meta["latent_frames"]
+    per_clip = next((l.split("per clip ", 1)[1] for l in p.stderr.splitlines() if "per clip (" in l), "")
+    with open(summary) as f:
+        job = json.load(f)
+    inside = job.get("frames_per_s_per_worker_while_clips_ran")
+    span = job.get("clips_ran") or [0.0, 0.0]
     failed = 0
     fpath = os.path.join(out_dir, "failures.jsonl")
     if os.path.exists(fpath):
         failed = sum(1 for _ in open(fpath))
     return {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
-            "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus,
+            "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus, "pipelines_per_worker": pipelines,
+            # from the first clip's start to the last one's end (no start-up, no shutdown)
+            "gpu_busy_while_clips_ran": gpu.busy(*span) if span[1] > span[0] else None,
             "log_tail": p.stderr.strip().splitlines()[-3:] if p.stderr else [],
             "decoded_by": next((l.split("decoded by ", 1)[1] for l in p.stderr.splitlines()
                                 if "decoded by " in l), ""),
             # the job's mean per-clip phases: to the first latent, streaming, teardown
-            "per_clip": next((l.split("per clip ", 1)[1] for l in p.stderr.splitlines()
-                              if "per clip (" in l), "")}
+            "per_clip": per_clip,
+            # frames / (the last clip's end - the first one's start) / workers: the job without
+            # its start-up (processes, Ray, the model load), the figure to hold against the
+            # encoder alone
+            "frames_per_s_while_clips_ran": inside}
 
 
 def run_encoder_alone(model, args) -> dict:
@@ -180,7 +197,8 @@ def run_encoder_alone(model, args) -> dict:
                        capture_output=True)
         return time.perf_counter() - t0
 
-    n1, n2 = args.frames, args.frames * 3
+    # Five times the frames in the second run: start-up varies by some 0.3 s between runs.
+    n1, n2 = args.frames, args.frames * 5
     for i, src in enumerate(sources):
         try:
             with GpuSampler([0]) as gpu:
@@ -292,6 +310,8 @@ def main():
                     help="workers, one a GPU (default: every GPU); a comma-separated list runs the job "
                          "once per count (scaling: 1,2)")
     ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local or ray,local")
+    ap.add_argument("--pipelines", default="2",
+                    help="the job's --pipelines-per-worker; a comma-separated list runs it once per value")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--encoder-prop", action="append", default=[], help="NAME=VALUE for vaeencode")
     ap.add_argument("--skip-torch", action="store_true")
@@ -304,6 +324,7 @@ def main():
     clip_paths = make_clips(clips_dir, args.clips, args.frames, args.fps)
     counts = [int(g) for g in str(args.gpus).split(",") if g.strip()]
     counts = [g or gpu_count() for g in counts] or [gpu_count()]
+    pipelines = [int(k) for k in str(args.pipelines).split(",") if k.strip()] or [2]
     results = {"size": f"{W}x{H}", "clips": args.clips, "frames_per_clip": args.frames,
                "dtype": args.dtype, "encoder_props": args.encoder_prop, "rows": []}
 
@@ -314,9 +335,9 @@ def main():
                 json.dump(results, f, indent=1)
 
     for model in [m for m in args.models.split(",") if m]:
-        jobs = [(f"{eng}x{g}", lambda eng=eng, g=g: run_job(model, clips_dir, os.path.join(args.work, f"{eng}-out"),
-                                                             g, args, eng))
-                for eng in args.engine.split(",") for g in counts]
+        jobs = [(f"{eng}x{g}p{k}", lambda eng=eng, g=g, k=k: run_job(
+                    model, clips_dir, os.path.join(args.work, f"{eng}-out"), g, args, eng, k))
+                for eng in args.engine.split(",") for g in counts for k in pipelines]
         if not args.skip_encoder:
             jobs.append(("encoder", lambda: run_encoder_alone(model, args)))
         if not args.skip_torch:
@@ -331,22 +352,47 @@ def main():
             print(json.dumps(row), flush=True)
             save()
 
-    print(f"\n{'model':40} {'run':8} {'clips/s/GPU':>11} {'frames/s/GPU':>12} {'latents/s/GPU':>13} {'GPU busy':>8}")
+    print(f"\n{'model':32} {'run':8} {'clips/s/GPU':>11} {'frames/s/GPU':>12} {'running':>8} "
+          f"{'latents/s/GPU':>13} {'GPU busy':>8} {'running':>8}")
     for r in results["rows"]:
         if "error" in r:
-            print(f"{os.path.basename(r['model'].rstrip('/')):40} {r['run']:8} error: {r['error'][:80]}")
+            print(f"{os.path.basename(r['model'].rstrip('/')):32} {r['run']:8} error: {r['error'][:80]}")
             continue
         busy = f"{100 * r['gpu_busy']:.0f} %" if r.get("gpu_busy") is not None else "-"
-        print(f"{os.path.basename(r['model'].rstrip('/')):40} {r['run']:8} {r.get('clips_per_s_per_gpu', '-'):>11} "
-              f"{r.get('frames_per_s_per_gpu', '-'):>12} {r.get('latent_frames_per_s_per_gpu', '-'):>13} {busy:>8}")
+        busy_running = (f"{100 * r['gpu_busy_while_clips_ran']:.0f} %"
+                        if r.get("gpu_busy_while_clips_ran") is not None else "-")
+        inside = r.get("frames_per_s_while_clips_ran") or "-"
+        print(f"{os.path.basename(r['model'].rstrip('/')):32} {r['run']:8} {r.get('clips_per_s_per_gpu', '-'):>11} "
+              f"{r.get('frames_per_s_per_gpu', '-'):>12} {inside:>8} "
+              f"{r.get('latent_frames_per_s_per_gpu', '-'):>13} {busy:>8} {busy_running:>8}")
+    # The issue's ratios: the job against the encoder alone (whole job, and while clips ran:
+    # without the job's start-up) and against the PyTorch loop, per model.
+    for model in dict.fromkeys(r["model"] for r in results["rows"]):
+        rows = {r["run"]: r for r in results["rows"] if r["model"] == model and "error" not in r}
+        enc, torch_row = rows.get("encoder"), rows.get("torch")
+        for run, r in rows.items():
+            if run in ("encoder", "torch") or not r.get("frames_per_s_per_gpu"):
+                continue
+            parts = []
+            if enc and enc.get("frames_per_s_per_gpu"):
+                r["vs_encoder"] = round(r["frames_per_s_per_gpu"] / enc["frames_per_s_per_gpu"], 3)
+                parts.append(f"{r['vs_encoder']:.2f} of the encoder alone")
+                if r.get("frames_per_s_while_clips_ran"):
+                    r["while_clips_ran_vs_encoder"] = round(r["frames_per_s_while_clips_ran"] / enc["frames_per_s_per_gpu"], 3)
+                    parts.append(f"{r['while_clips_ran_vs_encoder']:.2f} while clips ran")
+            if torch_row and torch_row.get("frames_per_s_per_gpu"):
+                r["vs_torch"] = round(r["frames_per_s_per_gpu"] / torch_row["frames_per_s_per_gpu"], 2)
+                parts.append(f"{r['vs_torch']:.2f}x the PyTorch loop")
+            if parts:
+                print(f"{os.path.basename(model.rstrip('/'))} {run}: " + ", ".join(parts))
     # Scaling efficiency: frames/s on N GPUs over N x frames/s on one (issue 14).
     for r in results["rows"]:
-        run = r.get("run", "")
-        if "x" not in run or run.endswith("x1") or "error" in r:
+        m = re.fullmatch(r"(\w+)x(\d+)(p\d+)", r.get("run", ""))
+        if not m or m.group(2) == "1" or "error" in r:
             continue
-        eng, n = run.rsplit("x", 1)
-        one = next((o for o in results["rows"] if o.get("model") == r["model"] and o.get("run") == f"{eng}x1"
-                    and "error" not in o), None)
+        eng, n, p = m.groups()
+        one = next((o for o in results["rows"] if o.get("model") == r["model"]
+                    and o.get("run") == f"{eng}x1{p}" and "error" not in o), None)
         if one and one.get("frames_per_s_per_gpu"):
             r["scaling_efficiency"] = round(r["frames_per_s_per_gpu"] / one["frames_per_s_per_gpu"], 3)
             print(f"{os.path.basename(r['model'].rstrip('/'))}: {eng} on {n} GPUs: scaling efficiency "
