@@ -522,10 +522,9 @@ static latent::Result<latent::Tensor> encode_frame(GstVaeEncode* self, GstLatent
 
 // Latent [1, C, h, w] on the backend -> `outbuf`: in place on the device when it is CUDA memory
 // of our context, else downloaded and converted to the caps' dtype on the host. The caller holds
-// model.run_lock. Returns a message on failure.
-// The caller holds model.run_lock. A latent in CUDA memory is complete once *done's wait()
-// returns (call it after releasing the run lock: the other stages on the backend keep the
-// device busy meanwhile); system memory is complete on return (*done stays null).
+// model.run_lock. Returns a message on failure. A latent in CUDA memory is complete once *done's
+// wait() returns (call it after releasing the run lock: the other stages on the backend keep
+// the device busy meanwhile); one in system memory is complete on return (*done stays null).
 static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLatentModel& model,
                                 const latent::Tensor& latents, GstBuffer* outbuf,
                                 std::unique_ptr<latent::DeviceFence>* done) {

@@ -124,8 +124,8 @@ class CapturedGraph {
 };
 // === end of graph capture types ==============================================================
 
-// A point in the work queued on a backend's stream (Backend::queue_tensor_to_device_latent):
-// wait() returns once everything queued before it has run. Waiting needs no lock: other threads
+// A point in the work queued on a backend's stream (Backend::fence(),
+// queue_tensor_to_device_latent()): wait() returns once everything queued before it has run. Waiting needs no lock: other threads
 // may queue work on the same backend meanwhile.
 class DeviceFence {
  public:
