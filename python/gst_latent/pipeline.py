@@ -3,8 +3,8 @@
     filesrc ! decodebin ! queue ! [videoconvert !] vaeencode device=D ! queue ! latentsink
 
 The queues give the decoder and the file writer threads of their own: vaeencode's thread only
-encodes (it synchronises its stream before each latent it pushes, and without the queues the GPU
-would wait while the next frames are decoded and the last latent is downloaded and written).
+encodes (it waits for each latent to be complete before it pushes it, and without the queues the
+GPU would also wait while the next frames are decoded and the last latent is written).
 
 decodebin picks the decoder. Its output goes straight to vaeencode whenever vaeencode takes what
 the decoder gives (NV12, I420 and the RGB orders, in system or CUDA memory): nvh264dec /

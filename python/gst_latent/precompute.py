@@ -132,9 +132,12 @@ class Worker:
             return
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
-        with ThreadPoolExecutor(max_workers=len(self.encoders)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(self.encoders))
+        try:
             for fut in as_completed([pool.submit(self.process, rel, clip) for rel, clip in todo]):
                 yield fut.result()
+        finally:  # the caller stopped early (an error): the clips not started are not started
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def __call__(self, batch: dict) -> dict:
         rows = [self.process(str(rel), str(clip)) for rel, clip in zip(batch["path"], batch["file"])]
