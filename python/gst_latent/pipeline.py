@@ -19,23 +19,41 @@ clip's pipeline start finds it in memory.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 
 _GST = None
+_GST_LOCK = threading.Lock()
 
 
 def gst():
-    """Gst, initialised once (PyGObject from Debian's python3-gi)."""
+    """Gst, initialised once (PyGObject from Debian's python3-gi), by one thread.
+
+    PyGObject loads introspected types lazily. When two threads (two pipelines' streaming threads
+    in their first pad-added callbacks, or two Ray calls) load the same type at once, one of them
+    can end up with the raw `gi.repository.Gst.Caps` instead of the overridden `Gst.Caps`, and
+    every call mixing the two fails ("Expected Gst.Caps, but got gi.repository.Gst.Caps"). So
+    the types the callbacks meet are loaded here, under a lock, before any pipeline exists."""
     global _GST
-    if _GST is None:
-        import gi
+    with _GST_LOCK:
+        if _GST is None:
+            import gi
 
-        gi.require_version("Gst", "1.0")
-        from gi.repository import Gst
+            gi.require_version("Gst", "1.0")
+            from gi.repository import Gst
 
-        Gst.init(None)
-        _GST = Gst
+            Gst.init(None)
+            # Instances too: wrapping one registers its GType with the overridden class.
+            caps = Gst.Caps.from_string("video/x-raw")
+            caps.get_structure(0)
+            caps.get_features(0)
+            for name in ("Pad", "PadProbeInfo", "PadProbeType", "PadProbeReturn", "PadLinkReturn",
+                         "Buffer", "Structure", "CapsFeatures", "Element", "Bin", "Pipeline",
+                         "Bus", "Message", "MessageType", "Iterator", "IteratorResult",
+                         "ElementFactory", "State", "StateChangeReturn"):
+                getattr(Gst, name)
+            _GST = Gst
     return _GST
 
 
@@ -176,7 +194,20 @@ class ClipEncoder:
                 el.set_property(k, v)
         return el
 
-    def _on_pad_added(self, _decodebin, pad):
+    def _on_pad_added(self, decodebin, pad):
+        # An exception here would leave the pad unlinked and the clip waiting: fail the clip.
+        try:
+            self._link_decoded(pad)
+        except Exception as e:  # noqa: BLE001 (anything PyGObject raises)
+            Gst = gst()
+            from gi.repository import GLib
+
+            self._link_error = f"linking the decoded stream failed: {e}"
+            err = GLib.Error.new_literal(Gst.core_error_quark(), self._link_error,
+                                         int(Gst.CoreError.NEGOTIATION))
+            decodebin.post_message(Gst.Message.new_error(decodebin, err, self._link_error))
+
+    def _link_decoded(self, pad):
         Gst = gst()
         caps = pad.get_current_caps() or pad.query_caps(None)
         if caps is None or caps.is_empty() or not caps.get_structure(0).get_name().startswith("video/"):

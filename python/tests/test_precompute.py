@@ -146,6 +146,31 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
                                                "teardown_s"}
 
 
+def test_an_error_while_linking_the_decoded_stream_fails_the_clip(clips, tmp_path):
+    # Whatever goes wrong in the pad-added callback fails that clip at once (an ERROR on the
+    # bus) instead of leaving the pad unlinked and the clip waiting for its timeout; the next
+    # clip on the same pipeline is fine.
+    from gst_latent.pipeline import ClipEncoder
+
+    enc = ClipEncoder(model=MODEL, device="cpu", clip_timeout=60.0)
+    real = enc._link_decoded
+
+    def broken(pad):
+        raise TypeError("argument caps2: Expected Gst.Caps, but got gi.repository.Gst.Caps")
+
+    try:
+        enc._link_decoded = broken
+        bad = enc.encode(str(clips / "a.webm"), str(tmp_path / "a.safetensors"), "a.webm")
+        enc._link_decoded = real
+        good = enc.encode(str(clips / "a.webm"), str(tmp_path / "b.safetensors"), "a.webm")
+    finally:
+        enc.close()
+    assert "linking the decoded stream failed" in bad.error and "Expected Gst.Caps" in bad.error, bad
+    assert bad.seconds < 30, bad
+    assert not (tmp_path / "a.safetensors").exists()
+    assert not good.error and good.frames == 6, good
+
+
 def test_formats_vaeencode_does_not_take_go_through_videoconvert(clips, tmp_path):
     # A grey PNG (GRAY8) needs videoconvert; the clips around it do not: one worker switches the
     # links clip by clip and every file comes out.
