@@ -465,14 +465,7 @@ std::vector<std::vector<uint8_t>> play_once(GstElement* p) {
         }
       }),
       &frames);
-  gst_element_set_state(p, GST_STATE_PLAYING);
-  GstBus* bus = gst_element_get_bus(p);
-  GstMessage* msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND,
-                                               GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
-  EXPECT_TRUE(msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS);
-  if (msg) gst_message_unref(msg);
-  gst_object_unref(bus);
-  gst_element_set_state(p, GST_STATE_NULL);
+  EXPECT_EQ(test::play_to_end(p, 120 * GST_SECOND), "");
   g_signal_handler_disconnect(sink, id);
   gst_object_unref(sink);
   return frames;

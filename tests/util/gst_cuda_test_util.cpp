@@ -154,6 +154,24 @@ PipelineRun run_pipeline(const std::string& description) {
   return play(description, nullptr, nullptr, nullptr);
 }
 
+std::string play_to_end(GstElement* p, GstClockTime timeout) {
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  GstBus* bus = gst_element_get_bus(p);
+  GstMessage* msg =
+      gst_bus_timed_pop_filtered(bus, timeout, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  std::string result = msg ? "" : "timeout";
+  if (msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
+    GError* e = nullptr;
+    gst_message_parse_error(msg, &e, nullptr);
+    result = e ? e->message : "error";
+    g_clear_error(&e);
+  }
+  if (msg) gst_message_unref(msg);
+  gst_object_unref(bus);
+  gst_element_set_state(p, GST_STATE_NULL);
+  return result;
+}
+
 PipelineRun run_counted(const std::string& description, const char* element, const char* pad) {
   static const PluginCounters counters;
   EXPECT_TRUE(counters.ok()) << "the latent plugin's transfer counters were not found";

@@ -33,6 +33,10 @@ struct PipelineRun {
 // Plays `description` and asks the sink's peer for its latency at EOS.
 PipelineRun run_pipeline(const std::string& description);
 
+// Plays `p` (made by the caller, who keeps it) until EOS or an ERROR, at most `timeout`, then
+// sets it back to NULL: "" at EOS, else the error's message or "timeout".
+std::string play_to_end(GstElement* p, GstClockTime timeout);
+
 // Plays `description` with the engine's transfer counters (the plugin's and this binary's)
 // reset when the first buffer passes pad `pad` of element `element`. Without queues the whole
 // pipeline runs on one streaming thread, so nothing of a later frame has run by then.
