@@ -30,11 +30,11 @@ _GST_LOCK = threading.Lock()
 def gst():
     """Gst, initialised once (PyGObject from Debian's python3-gi), by one thread.
 
-    PyGObject loads introspected types lazily. When two threads (two pipelines' streaming threads
-    in their first pad-added callbacks, or two Ray calls) load the same type at once, one of them
-    can end up with the raw `gi.repository.Gst.Caps` instead of the overridden `Gst.Caps`, and
-    every call mixing the two fails ("Expected Gst.Caps, but got gi.repository.Gst.Caps"). So
-    the types the callbacks meet are loaded here, under a lock, before any pipeline exists."""
+    Once, in a Ray actor running two pipelines, every pad-added callback failed with "Expected
+    Gst.Caps, but got gi.repository.Gst.Caps": the process had wrapped a GstCaps with the raw
+    introspected class instead of the overridden one. PyGObject loads types lazily, and the likely
+    cause is two threads loading them at once; so the types the callbacks meet are loaded here,
+    under a lock, before any pipeline exists."""
     global _GST
     with _GST_LOCK:
         if _GST is None:
