@@ -153,7 +153,6 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
         _, meta = read_header(f)
         frames += meta["frame_count"]
         latents += meta["latent_frames"]
-    per_clip = next((l.split("per clip ", 1)[1] for l in p.stderr.splitlines() if "per clip (" in l), "")
     with open(summary) as f:
         job = json.load(f)
     inside = job.get("frames_per_s_per_worker_while_clips_ran")
@@ -167,10 +166,10 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
             # from the first clip's start to the last one's end (no start-up, no shutdown)
             "gpu_busy_while_clips_ran": gpu.busy(*span) if span[1] > span[0] else None,
             "log_tail": p.stderr.strip().splitlines()[-3:] if p.stderr else [],
-            "decoded_by": next((l.split("decoded by ", 1)[1] for l in p.stderr.splitlines()
-                                if "decoded by " in l), ""),
-            # the job's mean per-clip phases: to the first latent, streaming, teardown
-            "per_clip": per_clip,
+            "decoded_by": job.get("decoded_by"),
+            # the job's mean per-clip phases (s): whole clip, to the first frame and latent,
+            # streaming, teardown
+            "per_clip": job.get("per_clip_mean_s"),
             # frames / (the last clip's end - the first one's start) / workers: the job without
             # its start-up (processes, Ray, the model load), the figure to hold against the
             # encoder alone

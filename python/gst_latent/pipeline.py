@@ -129,15 +129,16 @@ class ClipEncoder:
         self.extra = dict(extra_encoder_props or {})
         self.model = model
 
-        # The model holder: started once, never fed.
-        self._holder = Gst.Pipeline.new("model-holder")
-        holder = self._make("vaeencode", "holder", props)
-        self._holder.add(holder)
-        if hold_model and self._holder.set_state(Gst.State.PAUSED) == Gst.StateChangeReturn.FAILURE:
-            msg = self._holder.get_bus().pop_filtered(Gst.MessageType.ERROR)
-            text = _bus_error(msg) if msg else "vaeencode could not start"
-            self._holder.set_state(Gst.State.NULL)
-            raise PipelineError(f"loading model '{model or 'default'}' on {device}: {text}")
+        # The model holder: started once, never fed (none for an encoder that shares another's).
+        self._holder = None
+        if hold_model:
+            self._holder = Gst.Pipeline.new("model-holder")
+            self._holder.add(self._make("vaeencode", "holder", props))
+            if self._holder.set_state(Gst.State.PAUSED) == Gst.StateChangeReturn.FAILURE:
+                msg = self._holder.get_bus().pop_filtered(Gst.MessageType.ERROR)
+                text = _bus_error(msg) if msg else "vaeencode could not start"
+                self._holder.set_state(Gst.State.NULL)
+                raise PipelineError(f"loading model '{model or 'default'}' on {device}: {text}")
 
         self._pipeline = Gst.Pipeline.new("precompute")
         self._src = self._make("filesrc", "src", {})
@@ -312,7 +313,8 @@ class ClipEncoder:
     def close(self):
         Gst = gst()
         self._pipeline.set_state(Gst.State.NULL)
-        self._holder.set_state(Gst.State.NULL)
+        if self._holder is not None:
+            self._holder.set_state(Gst.State.NULL)
 
 
 def plugin_env(root: str | None = None) -> dict:

@@ -19,6 +19,7 @@ failed (2 for a usage or model error).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -74,6 +75,11 @@ def list_inputs(spec: str) -> list[tuple[str, str]]:
     return sorted(pairs.items())
 
 
+def pipelines_per_worker(options: dict) -> int:
+    """How many clip pipelines each worker runs at once (the job's --pipelines-per-worker)."""
+    return max(1, int(options.get("pipelines", 1)))
+
+
 def output_path(output: str, rel: str) -> str:
     return os.path.join(output, rel + ".safetensors")
 
@@ -93,7 +99,7 @@ class Worker:
         from gst_latent.pipeline import ClipEncoder
 
         self.options = options
-        count = max(1, int(options.get("pipelines", 1)))
+        count = pipelines_per_worker(options)
         self.encoders = []
         try:
             for i in range(count):
@@ -201,7 +207,7 @@ def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
     try:
         for task in todo:
             tasks.put(task)
-        for _ in range(workers * max(1, int(options.get("pipelines", 1)))):
+        for _ in range(workers * pipelines_per_worker(options)):
             tasks.put(None)
         remaining = len(todo)
         while remaining:
@@ -254,7 +260,7 @@ def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_w
         ctx.execution_options.preserve_order = False
         ds = ray.data.from_items([{"path": rel, "file": clip} for rel, clip in todo],
                                  override_num_blocks=max(1, min(len(todo), 4 * workers)))
-        pipelines = max(1, int(options.get("pipelines", 1)))
+        pipelines = pipelines_per_worker(options)
         ds = ds.map_batches(
             Worker,
             fn_constructor_kwargs={"options": options},
@@ -344,6 +350,27 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"latent-precompute: cannot write to output folder {output}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
+    if not args.summary:
+        return _run(args, inputs, output, None)
+    # An unwritable summary is found now, not after the job has run.
+    created = not os.path.exists(args.summary)
+    try:
+        summary_file = open(args.summary, "w", encoding="utf-8")
+    except OSError as e:
+        print(f"latent-precompute: cannot write the summary {args.summary}: {e.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _run(args, inputs, output, summary_file)
+    finally:
+        stopped_early = not getattr(summary_file, "latent_summary_tried", False)
+        with contextlib.suppress(OSError):  # a failed write was reported by _run
+            summary_file.close()
+        if stopped_early and created and os.path.isfile(args.summary):
+            with contextlib.suppress(OSError):  # leave no empty summary behind
+                os.remove(args.summary)
+
+
+def _run(args, inputs, output, summary_file) -> int:
     todo = [(r, f) for r, f in inputs if not (args.resume and is_complete(output_path(output, r)))]
     skipped = len(inputs) - len(todo)
     options = {"model": args.model, "device": args.device, "dtype": args.dtype,
@@ -414,7 +441,8 @@ def main(argv=None) -> int:
               f"{phases['stream_s'] / done:.3f} s streaming + "
               f"{phases['teardown_s'] / done:.3f} s teardown; "
               f"{while_running:.1f} frames/s per worker while clips ran", file=sys.stderr)
-    if args.summary:
+    summary_failed = False
+    if summary_file:
         summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,
                    "seconds": round(elapsed, 3), "frames_per_s": round(frames / max(elapsed, 1e-9), 2),
                    "workers": args.workers, "pipelines_per_worker": args.pipelines_per_worker,
@@ -423,14 +451,17 @@ def main(argv=None) -> int:
                    "per_clip_mean_s": {k: round(v / done, 4) for k, v in phases.items()} if done else None,
                    "decoded_by": [{"decoder": d, "memory": m, "clips": n} for (d, m), n in sorted(paths.items())]}
         try:
-            with open(args.summary, "w", encoding="utf-8") as f:
-                json.dump(summary, f, indent=1)
-        except OSError as e:
+            summary_file.latent_summary_tried = True
+            json.dump(summary, summary_file, indent=1)
+            summary_file.flush()
+        except OSError as e:  # a full disk: the clips' files and failures.jsonl still stand
             print(f"latent-precompute: cannot write the summary {args.summary}: {e.strerror}", file=sys.stderr)
-            return EXIT_USAGE
+            summary_failed = True
     if not failed and os.path.getsize(failures_path) == 0:
         os.remove(failures_path)
-    return EXIT_FAILED_CLIPS if failed else 0
+    if failed:
+        return EXIT_FAILED_CLIPS
+    return EXIT_USAGE if summary_failed else 0
 
 
 def _cluster_has_gpus() -> bool:

@@ -327,6 +327,29 @@ def test_an_unwritable_output_is_a_clear_error(clips, tmp_path):
     assert "cannot make" in bad["sub/b.webm"]
 
 
+def test_an_unwritable_summary_is_refused_before_the_job_runs(clips, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    out = tmp_path / "out"
+    r = run_job("--input", str(clips), "--output", str(out), "--summary", str(blocker / "summary.json"))
+    assert r.returncode == 2, r.stderr
+    assert "cannot write the summary" in r.stderr and str(blocker) in r.stderr
+    assert not list(out.glob("**/*.safetensors")), "the job ran although its summary could not be written"
+    # A job that stops before its summary (here: a model that does not load) leaves no empty file.
+    summary = tmp_path / "summary.json"
+    r = run_job("--input", str(clips), "--output", str(out), "--summary", str(summary),
+                "--model", str(tmp_path / "no-such-model"))
+    assert r.returncode == 2, r.stderr
+    assert not summary.exists()
+    # A summary that cannot be written at the end (a full disk: /dev/full) keeps exit status 3
+    # for failed clips and the clips' files.
+    r = run_job("--input", str(clips), "--output", str(out), "--summary", "/dev/full")
+    assert r.returncode == 3, r.stderr
+    assert "cannot write the summary /dev/full" in r.stderr
+    assert is_complete(str(out / "a.webm.safetensors"))
+    assert {row["path"] for row in failures(out)} == {"sub/corrupt.mp4"}
+
+
 def test_a_full_disk_fails_the_clips_and_keeps_finished_files(clips, local_out, tmp_path):
     out = tmp_path / "full"
     out.mkdir()
