@@ -48,11 +48,12 @@ psnr_sum=0 ssim_sum=0
 for o in "$work"/out-*.png; do
   r="$work/ref-${o##*/out-}"
   read -r _ psnr _ _ ssim < <("$tool" compare "$r" "$o")
-  psnr_sum=$(echo "$psnr_sum + $psnr" | bc -l)
-  ssim_sum=$(echo "$ssim_sum + $ssim" | bc -l)
+  psnr_sum=$(awk -v a="$psnr_sum" -v b="$psnr" 'BEGIN { printf "%.10g", a + b }')
+  ssim_sum=$(awk -v a="$ssim_sum" -v b="$ssim" 'BEGIN { printf "%.10g", a + b }')
 done
 printf 'main job: %d frames of %dx%d through vaeencode ! vaedecode -> %s\n' "$frames" "$size" "$size" "$out/main_job.webm"
 printf 'round trip: PSNR %.2f dB, SSIM %.4f (mean over frames)\n' \
-  "$(echo "$psnr_sum / $frames" | bc -l)" "$(echo "$ssim_sum / $frames" | bc -l)"
+  "$(awk -v s="$psnr_sum" -v n="$frames" 'BEGIN { printf "%.10g", s / n }')" \
+  "$(awk -v s="$ssim_sum" -v n="$frames" 'BEGIN { printf "%.10g", s / n }')"
 printf 'throughput: %.2f frames/s end to end (including PNG and VP8 encoding)\n' \
-  "$(echo "$frames / ($end - $start)" | bc -l)"
+  "$(awk -v n="$frames" -v a="$start" -v b="$end" 'BEGIN { printf "%.10g", n / (b - a) }')"

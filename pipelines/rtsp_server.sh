@@ -46,4 +46,4 @@ timeout 120 gst-launch-1.0 -q rtspsrc location="$url" latency=100 protocols=tcp 
 end=$(date +%s.%N)
 got=$(ls "$work"/frame-*.png 2>/dev/null | wc -l)
 [ "$got" -ge "$frames" ] || { cat "$work/server.log" >&2; echo "rtsp_server: the client got $got of $frames frames" >&2; exit 1; }
-printf 'rtsp_server: %d frames of %s from %s in %.1f s\n' "$got" "$size" "$url" "$(echo "$end - $start" | bc -l)"
+printf 'rtsp_server: %d frames of %s from %s in %.1f s\n' "$got" "$size" "$url" "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.10g", b - a }')"
