@@ -768,7 +768,8 @@ void gst_latent_base_class_install_plan_properties(GstLatentBaseClass* klass) {
       gobject_class, PROP_PREFETCH_DEPTH,
       g_param_spec_uint("prefetch-depth", "Prefetch depth",
                         "On a GPU: frames uploaded (and downloaded) on a copy stream while earlier "
-                        "frames compute; each adds one frame of latency (0: none)",
+                        "frames compute; each adds one frame of latency (0: none). vaeencode in "
+                        "video mode stages every frame (at least 4 slots) without holding any",
                         0, kMaxPrefetchDepth, kDefaultPrefetchDepth, flags));
   g_object_class_install_property(
       gobject_class, PROP_CUDA_GRAPHS,

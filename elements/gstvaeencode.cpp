@@ -56,6 +56,7 @@
  */
 #include "elements/gstvaeencode.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -134,6 +135,12 @@ struct VideoEncode {
   bool discont = true;      // the next latent starts a clip
   std::deque<VideoLatent> ready;
   bool draining = false;
+  // Frames go to the device through a stager (GPU backends, prefetch-depth > 0): staged and
+  // converted at once, so nothing is held back, but the streaming thread never waits behind
+  // the work queued on a shared stream (frames in CUDA memory are copied out on the stager's
+  // copy stream). Kept for the run; freed at stop.
+  bool stager_checked = false;
+  std::unique_ptr<latent::FrameStager> stager;
 };
 
 // A frame whose upload is under way (prefetching on a GPU).
@@ -461,9 +468,13 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
 // hand its buffer back to upstream's pool at once (video mode, which does not wait for the
 // frame's latent before taking the next frame; image mode waits for the latent anyway). The
 // wait is for the work queued on the shared stream so far, without the run lock held.
+// `stager` (video mode on a GPU): the frame is staged (copied out, without the run lock) and
+// converted from its slot instead, so the caller may hand the buffer back at once without
+// waiting for the shared stream.
 static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negotiated& n,
                                                  GstBuffer* inbuf, GstLatentModel& model,
-                                                 bool wait_for_read = false) {
+                                                 bool wait_for_read = false,
+                                                 latent::FrameStager* stager = nullptr) {
   GstVideoFrame frame;
   GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
   const bool on_device = n.cuda_in && cuda->map_frame(&frame, &n.in_info, inbuf, GST_MAP_READ);
@@ -484,6 +495,13 @@ static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negot
   for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame) && i < 3; ++i) {
     desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
     desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
+  }
+  if (stager) {
+    latent::Result<uint64_t> ticket = stager->stage(desc);
+    gst_video_frame_unmap(&frame);
+    if (!ticket.ok()) return ticket.status();
+    std::lock_guard<std::mutex> lock(*model.run_lock);
+    return stager->convert(*ticket, n.geometry);
   }
   latent::Result<latent::Tensor> t = latent::Status::error("unset");
   std::unique_ptr<latent::DeviceFence> read;
@@ -731,6 +749,26 @@ static void video_drop(GstVaeEncode* self) {
   }
   video_new_clip(v);
   v.draining = false;
+  v.stager.reset();  // waits for its copies and conversions (events), then frees its slots
+  v.stager_checked = false;
+}
+
+// Video mode's stager for this run (null: frames are read in turn), made on the first frame.
+// At least a chunk of frames (4) may wait for their conversion, so that a clip collects its
+// next chunk while another stage's work holds the shared stream.
+static latent::FrameStager* video_stager(GstVaeEncode* self, GstLatentModel& model) {
+  VideoEncode& v = self->impl->clip;
+  if (v.stager_checked) return v.stager.get();
+  v.stager_checked = true;
+  const guint depth = gst_latent_base_prefetch_depth(GST_LATENT_BASE(self));
+  if (depth == 0) return nullptr;
+  auto stager = latent::create_frame_stager(*model.backend, std::max<int>(depth, 4));
+  if (!stager.ok()) {
+    GST_WARNING_OBJECT(self, "frames are read in turn: %s", stager.status().message().c_str());
+    return nullptr;
+  }
+  v.stager = std::move(*stager);
+  return v.stager.get();
 }
 
 static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLatentModel& model,
@@ -749,7 +787,7 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
   }
   latent::Result<latent::Tensor> sample = latent::Status::error("unset");
   if (problem.empty()) {
-    sample = read_frame(self, n, input, model, /*wait_for_read=*/true);
+    sample = read_frame(self, n, input, model, /*wait_for_read=*/true, video_stager(self, model));
     if (!sample.ok()) {
       const std::string message = sample.status().message();
       gst_buffer_unref(input);
@@ -930,7 +968,7 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
     n = self->impl->stream;
   }
   // Video mode: no QoS dropping (a frame missing inside a chunk would break the causal stream)
-  // and no prefetching (the stream takes the frames in turn).
+  // and no frames held back (each is staged and converted as it comes; video_stager()).
   if (negotiated && model && n.video) return video_submit(self, n, *model, is_discont, input);
   // Frames already in device memory need no staging.
   latent::FrameStager* stager =

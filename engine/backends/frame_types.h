@@ -64,11 +64,15 @@ struct FrameDesc {
 // compute stream waiting on the upload's event (the host does not wait). depth + 1 slots are
 // reused round-robin and only grow, so frames of a steady size allocate nothing. At most
 // `depth` + 1 frames may be staged and not yet converted; convert() takes them in stage order.
+// A frame already in the backend's device memory is copied device to device on the copy
+// stream, and stage() waits for that copy only: the frame's buffer can go back to its producer
+// (a decoder's pool) at once, without waiting behind the work queued on the compute stream.
+// stage() waits on the compute stream only when it reuses a slot whose conversion has not run.
 class FrameStager {
  public:
   virtual ~FrameStager() = default;
-  // The host frame may be freed or reused once this returns. Returns the frame's ticket.
-  virtual Result<uint64_t> stage(const FrameDesc& host_frame) = 0;
+  // The frame may be freed or reused once this returns. Returns the frame's ticket.
+  virtual Result<uint64_t> stage(const FrameDesc& frame) = 0;
   // The staged frame `ticket` -> backend tensor, as frame_to_tensor() would make it.
   virtual Result<Tensor> convert(uint64_t ticket, const FrameGeometry& g) = 0;
   virtual int depth() const = 0;

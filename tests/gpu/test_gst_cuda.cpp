@@ -213,6 +213,59 @@ TEST(CudaFrames, StagedFramesMatchDirectConversion) {
   EXPECT_FALSE(stager->stage(frames[1].desc).ok());
 }
 
+#ifdef LATENT_HAVE_CUDA
+// Frames in device memory (pitched NV12 planes, as a decoder's pool holds them) are copied out
+// by stage(): their buffers may be overwritten as soon as it returns, and the conversion still
+// equals frame_to_tensor() of the original frame. Nothing crosses to or from the host.
+TEST(CudaFrames, StagedDeviceFramesMayBeReusedAtOnce) {
+  auto cuda = backend("cuda");
+  ASSERT_TRUE(cuda);
+  std::unique_ptr<FrameStager> stager = made(create_frame_stager(*cuda, 4));
+  ASSERT_TRUE(stager);
+  const FrameGeometry g = plan(80, 56, SizePolicy::kPad);
+  const std::vector<HostFrame> frames = host_frames(8, FrameFormat::kNV12, 80, 56, 200);
+  // One device buffer for every frame, as a pool of one surface would hand it out again.
+  size_t bytes[3] = {};
+  for (int i = 0; i < 2; ++i) bytes[i] = frames[0].planes[i].size();
+  void* planes[2] = {};
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaMalloc(&planes[i], bytes[i]), cudaSuccess);
+  std::deque<std::pair<uint64_t, int>> tickets;
+  int converted = 0;
+  auto convert_front = [&] {
+    auto staged = stager->convert(tickets.front().first, g);
+    ASSERT_TRUE(staged.ok()) << staged.status().message();
+    auto direct = frame_to_tensor(*cuda, frames[tickets.front().second].desc, g);
+    ASSERT_TRUE(direct.ok());
+    auto a = cuda->download(*staged), b = cuda->download(*direct);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame " << tickets.front().second;
+    tickets.pop_front();
+    ++converted;
+  };
+  for (int i = 0; i < 8; ++i) {
+    FrameDesc d = frames[i].desc;
+    d.device = cuda->device();
+    for (int p = 0; p < 2; ++p) {
+      ASSERT_EQ(cudaMemcpy(planes[p], frames[i].planes[p].data(), bytes[p], cudaMemcpyHostToDevice),
+                cudaSuccess);
+      d.planes[p] = planes[p];
+    }
+    reset_transfer_counts();
+    auto t = stager->stage(d);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    EXPECT_EQ(transfer_counts().host_to_device, 0);
+    EXPECT_EQ(transfer_counts().device_to_host, 0);
+    // The source goes back to its producer, which overwrites it.
+    for (int p = 0; p < 2; ++p) ASSERT_EQ(cudaMemset(planes[p], 0x5a, bytes[p]), cudaSuccess);
+    tickets.emplace_back(*t, i);
+    if (tickets.size() > 3) convert_front();
+  }
+  while (!tickets.empty()) convert_front();
+  EXPECT_EQ(converted, 8);
+  for (void* p : planes) cudaFree(p);
+}
+#endif  // LATENT_HAVE_CUDA
+
 // ---- the elements ---------------------------------------------------------------------------
 
 std::string model() { return test::fixtures_dir() + "/tiny_taesd"; }

@@ -92,6 +92,31 @@ TEST(GstCudaVideo, CudaFramesAndLatentsMatchSystemMemory) {
     EXPECT_LE(mean_abs_diff(dev.frames[i], sys.frames[i]), 1.0) << "frame " << i;
 }
 
+// Video mode stages each frame (CUDA memory and system memory alike) and converts it at once;
+// prefetch-depth=0 reads the frames in turn instead. Both give the same bytes.
+TEST(GstCudaVideo, StagedFramesChangeNoByte) {
+  const int frames = 9;
+  auto line = [&](bool device_frames, const char* depth) {
+    return str_cat(source(frames, "NV12"),
+                   device_frames ? "cudaupload ! video/x-raw(memory:CUDAMemory) ! " : "",
+                   "vaeencode model=\"", wan(), "\" mode=video device=cuda prefetch-depth=", depth,
+                   " ! application/x-latent ! fakesink name=out sync=false");
+  };
+  for (bool device_frames : {false, true}) {
+    SCOPED_TRACE(device_frames ? "CUDA memory" : "system memory");
+    PipelineRun staged = run_pipeline(line(device_frames, "2"));
+    if (device_frames && !staged.ok && (staged.error.find("cudaupload") != std::string::npos ||
+                                        staged.error.find("no element") != std::string::npos))
+      GTEST_SKIP() << "GStreamer's CUDA elements are missing: " << staged.error;
+    PipelineRun in_turn = run_pipeline(line(device_frames, "0"));
+    ASSERT_TRUE(staged.ok) << staged.error;
+    ASSERT_TRUE(in_turn.ok) << in_turn.error;
+    ASSERT_EQ(staged.frames.size(), 3u);  // 1 + 4 + 4 frames
+    EXPECT_EQ(staged.frames, in_turn.frames);
+    EXPECT_EQ(staged.pts, in_turn.pts);
+  }
+}
+
 #ifdef LATENT_HAVE_CUDA
 // The most device memory in use (cudaMemGetInfo) seen as decoded frames pass.
 GstPadProbeReturn track_used(GstPad*, GstPadProbeInfo*, gpointer data) {

@@ -136,15 +136,16 @@ struct PinnedSlot {
   bool busy = false;               // taken by a frame not yet handed on
   uint64_t ticket = 0;
 
-  // Room for `bytes` in both buffers (contents lost); grows once per larger frame size, steady
+  // Room for `bytes` in both buffers (contents lost; `with_host` false: the device buffer
+  // only, for frames copied device to device); grows once per larger frame size, steady
   // streams never reallocate. The slot's last copy and kernel must be done.
-  Status reserve(size_t bytes) {
-    if (bytes <= capacity) return ok_status();
+  Status reserve(size_t bytes, bool with_host = true) {
+    if (bytes <= capacity && (host || !with_host)) return ok_status();
     if (host) LATENT_CUDA_CHECK(cudaFreeHost(host));
     if (device) LATENT_CUDA_CHECK(cudaFree(device));
     host = device = nullptr;
     capacity = 0;
-    LATENT_CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+    if (with_host) LATENT_CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
     LATENT_CUDA_CHECK(cudaMalloc(&device, bytes));
     capacity = bytes;
     return ok_status();
@@ -244,9 +245,10 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
   using PinnedFrameQueue::PinnedFrameQueue;
 
   Result<uint64_t> stage(const FrameDesc& frame) override {
-    if (!frame.device.is_cpu())
-      return Status::errorf("only host frames are staged (got one on ", frame.device.to_string(),
-                            ")");
+    const bool on_device = !frame.device.is_cpu();
+    if (on_device && frame.device != backend_.device())
+      return Status::errorf("a frame on ", frame.device.to_string(), " cannot be staged for ",
+                            backend_.name());
     if (frame.format > FrameFormat::kI420 || frame.width <= 0 || frame.height <= 0)
       return Status::errorf("cannot stage a ", frame.width, "x", frame.height, " frame");
     const uint64_t ticket = ring_.next_ticket();
@@ -266,8 +268,24 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
       if (!frame.planes[i] || frame.strides[i] < row[i])
         return Status::errorf(frame_format_name(frame.format), " plane ", i,
                               " is missing or its stride ", frame.strides[i], " is below ", row[i]);
-    LATENT_TRY(s.reserve(total));
+    LATENT_TRY(s.reserve(total, /*with_host=*/!on_device));
     s.src = kernel_source(frame);
+    if (on_device) {
+      // Device to device on the copy stream, waited for here: the frame's buffer may go back
+      // to its pool on return, while the compute stream may still be busy with earlier work.
+      for (int i = 0; i < planes; ++i) {
+        LATENT_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<uint8_t*>(s.device) + offset[i], row[i],
+                                            frame.planes[i], frame.strides[i], row[i], rows[i],
+                                            cudaMemcpyDeviceToDevice, ring_.copy_stream()));
+        s.src.planes[i] = static_cast<const uint8_t*>(s.device) + offset[i];
+        s.src.strides[i] = row[i];
+      }
+      LATENT_CUDA_CHECK(cudaEventRecord(s.copied, ring_.copy_stream()));
+      LATENT_CUDA_CHECK(cudaEventSynchronize(s.copied));
+      s.busy = true;
+      s.ticket = ticket;
+      return ticket;
+    }
     for (int i = 0; i < planes; ++i) {
       auto* dst = static_cast<uint8_t*>(s.host) + offset[i];
       const auto* src = static_cast<const uint8_t*>(frame.planes[i]);
