@@ -309,6 +309,12 @@ def parse_args(argv=None):
     p.add_argument("--latent-caps", default="", metavar="CAPS",
                    help="caps between vaeencode and latentsink, e.g. application/x-latent to take "
                         "latents in system memory on a GPU (default: as negotiated)")
+    p.add_argument("--conv-algorithms", choices=["heuristic", "timed"], default=None,
+                   help="how cuDNN's convolution algorithms are chosen on a GPU: heuristic "
+                        "(the engine's default: the same choice on every run and node, so the same "
+                        "bytes) or timed (each process times the candidates once per shape; outputs "
+                        "then differ between nodes and fresh runs by bf16 rounding); default: "
+                        "$LATENT_CUDNN_SEARCH when set, else heuristic")
     p.add_argument("--resume", action="store_true", help="skip inputs whose output is complete")
     p.add_argument("--clip-timeout", type=float, default=3600.0,
                    help="seconds before a clip counts as failed (0: no limit)")
@@ -333,8 +339,26 @@ def parse_args(argv=None):
     return args
 
 
+def conv_search_env(choice: str | None) -> str:
+    """LATENT_CUDNN_SEARCH for the job's pipelines (local processes and threads, Ray actors):
+    --conv-algorithms, else the variable as set (heuristic, timed or exhaustive), else heuristic."""
+    if choice is None:
+        choice = os.environ.get("LATENT_CUDNN_SEARCH") or "heuristic"
+        if choice not in ("heuristic", "timed", "exhaustive"):
+            raise ValueError(f"LATENT_CUDNN_SEARCH={choice} is not heuristic or timed "
+                             "(or use --conv-algorithms)")
+    return "heuristic" if choice == "heuristic" else "timed"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Set before any backend exists: this process's pipelines (threads), the worker processes
+    # it spawns and the Ray actors (runtime_env passes LATENT_*) all read it.
+    try:
+        os.environ["LATENT_CUDNN_SEARCH"] = conv_search_env(args.conv_algorithms)
+    except ValueError as e:
+        print(f"latent-precompute: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         inputs = list_inputs(args.input)
     except (ValueError, OSError) as e:
@@ -446,6 +470,7 @@ def _run(args, inputs, output, summary_file) -> int:
         summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,
                    "seconds": round(elapsed, 3), "frames_per_s": round(frames / max(elapsed, 1e-9), 2),
                    "workers": args.workers, "pipelines_per_worker": args.pipelines_per_worker,
+                   "conv_algorithms": os.environ["LATENT_CUDNN_SEARCH"],
                    "frames_per_s_per_worker_while_clips_ran": round(while_running, 2),
                    "clips_ran": [span[0], span[1]] if done else None,
                    "per_clip_mean_s": {k: round(v / done, 4) for k, v in phases.items()} if done else None,

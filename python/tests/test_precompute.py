@@ -144,6 +144,8 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
     assert 0 < end - start <= summary["seconds"] and summary["frames_per_s_per_worker_while_clips_ran"] > 0
     assert set(summary["per_clip_mean_s"]) == {"seconds", "first_frame_s", "first_latent_s", "stream_s",
                                                "teardown_s"}
+    # cuDNN's choices are cuDNN's heuristics unless asked otherwise: the same bytes on every node.
+    assert summary["conv_algorithms"] == "heuristic"
 
 
 def test_an_error_while_linking_the_decoded_stream_fails_the_clip(clips, tmp_path):
@@ -380,6 +382,26 @@ def test_reader_names_what_is_wrong(tmp_path):
     with pytest.raises(LatentFileError, match="not a latent file"):
         read_header(str(p))
     assert not is_complete(str(tmp_path / "missing.safetensors"))
+
+
+def test_conv_algorithms_reach_the_pipelines(clips, local_out, tmp_path):
+    # --conv-algorithms sets LATENT_CUDNN_SEARCH for every pipeline (threads, worker processes,
+    # Ray actors); an unknown value of the variable is refused, not ignored. On the CPU the
+    # files are the same either way.
+    out = tmp_path / "timed"
+    r = run_job("--input", str(clips), "--output", str(out), "--conv-algorithms", "timed",
+                "--workers", "2", "--summary", str(tmp_path / "s.json"))
+    assert r.returncode == 3, r.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["conv_algorithms"] == "timed"
+    assert outputs(out) == outputs(local_out)
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "o2"), "--summary", str(tmp_path / "t.json"),
+                env_extra={"LATENT_CUDNN_SEARCH": "timed"})
+    assert r.returncode == 3, r.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["conv_algorithms"] == "timed"
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "o3"), env_extra={"LATENT_CUDNN_SEARCH": "fast"})
+    assert r.returncode == 2 and "LATENT_CUDNN_SEARCH=fast is not heuristic or timed" in r.stderr, r.stderr
+    from gst_latent.precompute import conv_search_env
+    assert conv_search_env("heuristic") == "heuristic" and conv_search_env("timed") == "timed"
 
 
 def test_bad_arguments(tmp_path):

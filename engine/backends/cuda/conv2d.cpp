@@ -211,9 +211,14 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
         cudnnGetConvolutionForwardAlgorithm_v7(handle_, plan->x, plan->w, plan->conv, plan->y,
                                                CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
   }
+  // Deterministic algorithms first (the same input gives the same bytes on every run); a
+  // non-deterministic one only where cuDNN offers nothing else.
   const cudnnConvolutionFwdAlgoPerf_t* chosen = nullptr;
-  for (int i = 0; i < returned && !chosen; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit) chosen = &perf[i];
+  for (int pass = 0; pass < 2 && !chosen; ++pass)
+    for (int i = 0; i < returned && !chosen; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit &&
+          (pass == 1 || perf[i].determinism == CUDNN_DETERMINISTIC))
+        chosen = &perf[i];
   if (!chosen)
     return Status::errorf("conv2d: cuDNN has no algorithm for ", describe(shape), " within ",
                           limit >> 20, " MiB of workspace on ", ctx.label());

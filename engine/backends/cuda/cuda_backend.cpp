@@ -1301,7 +1301,17 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
 
   CudaBackend::Options options;
   options.tf32 = !env_is("LATENT_CUDA_TF32", "0");
-  options.exhaustive_search = !env_is("LATENT_CUDNN_SEARCH", "heuristic");
+  // LATENT_CUDNN_SEARCH: "heuristic" (default: cuDNN's own ranking, the same choice, so the same
+  // bytes, on every run and machine of one GPU model and library version) or "timed" (also
+  // "exhaustive": each candidate timed once per shape, kept in the plan cache). On the H100
+  // the two were as fast on every VAE measured, and timing cost 0.4-0.5 GiB of peak memory
+  // (bench/NOTES.md, session 9), while timed choices made outputs differ between fresh runs.
+  options.exhaustive_search =
+      env_is("LATENT_CUDNN_SEARCH", "timed") || env_is("LATENT_CUDNN_SEARCH", "exhaustive");
+  if (const char* v = std::getenv("LATENT_CUDNN_SEARCH");
+      v && *v && !env_is("LATENT_CUDNN_SEARCH", "heuristic") &&
+      !env_is("LATENT_CUDNN_SEARCH", "timed") && !env_is("LATENT_CUDNN_SEARCH", "exhaustive"))
+    LATENT_WARN("LATENT_CUDNN_SEARCH=", v, " is not one of heuristic, timed: using heuristic");
   options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
   options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
   options.conv3d_taps = env_is("LATENT_CUDA_CONV3D", "taps");
@@ -1315,7 +1325,7 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   LATENT_INFO("cuda backend: ", label, ", ", dtype_name(dtype), ", ",
               ctx->properties().multiProcessorCount, " SMs, cuDNN ", cudnnGetVersion(),
               options.tf32 ? "" : ", no TF32",
-              options.exhaustive_search ? "" : ", heuristic conv algorithms",
+              options.exhaustive_search ? ", timed conv algorithms" : "",
               options.tensor_core_attention ? "" : ", CUDA-core attention");
   return std::shared_ptr<Backend>(
       std::make_shared<CudaBackend>(std::move(ctx), dtype, cudnn, options));
