@@ -21,7 +21,7 @@ PKGS+=(python3-gi gir1.2-gstreamer-1.0 python3-tqdm python3-venv)
 # --- end of the Python side's packages ------------------------------------------------------
 # Extras for the test command: clang + sanitizer/fuzzer runtimes.
 if [ "${1:-}" = "--test" ]; then
-  PKGS+=(clang libclang-rt-14-dev)
+  PKGS+=(clang libclang-rt-14-dev libomp-14-dev)  # libomp: the fuzz build is clang + OpenMP (oneDNN)
 fi
 
 missing=()
