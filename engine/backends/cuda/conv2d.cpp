@@ -211,14 +211,26 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
         cudnnGetConvolutionForwardAlgorithm_v7(handle_, plan->x, plan->w, plan->conv, plan->y,
                                                CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
   }
-  // Deterministic algorithms first (the same input gives the same bytes on every run); a
-  // non-deterministic one only where cuDNN offers nothing else.
+  // The first candidate (fastest timed, or cuDNN's heuristic ranking) whose math keeps the
+  // precision asked for (fp32 without TF32: no tensor ops; never ALLOW_CONVERSION, which rounds
+  // inputs to fp16) and that is deterministic (the same input gives the same bytes on every
+  // run). cuDNN's heuristic list mixes math types whatever the descriptor says: without this
+  // an fp32 convolution could run on TF32 or fp16 tensor cores. Relaxed only where nothing
+  // qualifies: first determinism, then the math.
+  auto math_ok = [&](cudnnMathType_t m) {
+    if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+    return m != CUDNN_TENSOR_OP_MATH || tensor_ops;
+  };
   const cudnnConvolutionFwdAlgoPerf_t* chosen = nullptr;
-  for (int pass = 0; pass < 2 && !chosen; ++pass)
+  for (int pass = 0; pass < 3 && !chosen; ++pass)
     for (int i = 0; i < returned && !chosen; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit &&
-          (pass == 1 || perf[i].determinism == CUDNN_DETERMINISTIC))
+          (pass == 2 || math_ok(perf[i].mathType)) &&
+          (pass >= 1 || perf[i].determinism == CUDNN_DETERMINISTIC))
         chosen = &perf[i];
+  if (chosen && !math_ok(chosen->mathType))
+    LATENT_WARN("conv2d: ", describe(shape), " runs with math type ", int(chosen->mathType),
+                ": cuDNN offers no algorithm with the precision asked for");
   if (!chosen)
     return Status::errorf("conv2d: cuDNN has no algorithm for ", describe(shape), " within ",
                           limit >> 20, " MiB of workspace on ", ctx.label());
