@@ -214,9 +214,9 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
   // The first candidate (fastest timed, or cuDNN's heuristic ranking) whose math keeps the
   // precision asked for (fp32 without TF32: no tensor ops; never ALLOW_CONVERSION, which rounds
   // inputs to fp16) and that is deterministic (the same input gives the same bytes on every
-  // run). cuDNN's heuristic list mixes math types whatever the descriptor says: without this
-  // an fp32 convolution could run on TF32 or fp16 tensor cores. Relaxed only where nothing
-  // qualifies: first determinism, then the math.
+  // run). The candidate lists carry a math type per entry, which is what is checked here (the
+  // descriptor's math type is only a request). Relaxed only where nothing qualifies: first
+  // determinism, then the math.
   auto math_ok = [&](cudnnMathType_t m) {
     if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
     return m != CUDNN_TENSOR_OP_MATH || tensor_ops;
