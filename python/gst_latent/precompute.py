@@ -375,7 +375,7 @@ def main(argv=None) -> int:
         print(f"latent-precompute: cannot write to output folder {output}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
     if not args.summary:
-        return _run(args, inputs, output, None)
+        return _run(args, inputs, output)[0]
     # An unwritable summary is found now, not after the job has run.
     created = not os.path.exists(args.summary)
     try:
@@ -383,18 +383,29 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"latent-precompute: cannot write the summary {args.summary}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
+    summary = None
     try:
-        return _run(args, inputs, output, summary_file)
+        code, summary = _run(args, inputs, output)
+        if summary is not None:
+            try:
+                json.dump(summary, summary_file, indent=1)
+                summary_file.flush()
+            except OSError as e:  # a full disk: the clips' files and failures.jsonl still stand
+                print(f"latent-precompute: cannot write the summary {args.summary}: {e.strerror}",
+                      file=sys.stderr)
+                if code == 0:  # exit status 3 (failed clips) says more
+                    code = EXIT_USAGE
+        return code
     finally:
-        stopped_early = not getattr(summary_file, "latent_summary_tried", False)
-        with contextlib.suppress(OSError):  # a failed write was reported by _run
+        with contextlib.suppress(OSError):  # a failed write was reported above
             summary_file.close()
-        if stopped_early and created and os.path.isfile(args.summary):
-            with contextlib.suppress(OSError):  # leave no empty summary behind
+        if summary is None and created and os.path.isfile(args.summary):
+            with contextlib.suppress(OSError):  # the job stopped first: leave no empty summary
                 os.remove(args.summary)
 
 
-def _run(args, inputs, output, summary_file) -> int:
+def _run(args, inputs, output) -> tuple[int, dict | None]:
+    """Runs the job: its exit status and its summary (None when it stopped before the end)."""
     todo = [(r, f) for r, f in inputs if not (args.resume and is_complete(output_path(output, r)))]
     skipped = len(inputs) - len(todo)
     options = {"model": args.model, "device": args.device, "dtype": args.dtype,
@@ -445,7 +456,7 @@ def _run(args, inputs, output, summary_file) -> int:
         except Exception as e:  # a model that cannot load, a Ray cluster that went away
             bar.close()
             print(f"latent-precompute: {e}", file=sys.stderr)
-            return EXIT_USAGE
+            return EXIT_USAGE, None
     bar.close()
     elapsed = time.monotonic() - t0
     while_running = frames / max(span[1] - span[0], 1e-9) / args.workers if done else 0.0
@@ -465,28 +476,17 @@ def _run(args, inputs, output, summary_file) -> int:
               f"{phases['stream_s'] / done:.3f} s streaming + "
               f"{phases['teardown_s'] / done:.3f} s teardown; "
               f"{while_running:.1f} frames/s per worker while clips ran", file=sys.stderr)
-    summary_failed = False
-    if summary_file:
-        summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,
-                   "seconds": round(elapsed, 3), "frames_per_s": round(frames / max(elapsed, 1e-9), 2),
-                   "workers": args.workers, "pipelines_per_worker": args.pipelines_per_worker,
-                   "conv_algorithms": os.environ["LATENT_CUDNN_SEARCH"],
-                   "frames_per_s_per_worker_while_clips_ran": round(while_running, 2),
-                   "clips_ran": [span[0], span[1]] if done else None,
-                   "per_clip_mean_s": {k: round(v / done, 4) for k, v in phases.items()} if done else None,
-                   "decoded_by": [{"decoder": d, "memory": m, "clips": n} for (d, m), n in sorted(paths.items())]}
-        try:
-            summary_file.latent_summary_tried = True
-            json.dump(summary, summary_file, indent=1)
-            summary_file.flush()
-        except OSError as e:  # a full disk: the clips' files and failures.jsonl still stand
-            print(f"latent-precompute: cannot write the summary {args.summary}: {e.strerror}", file=sys.stderr)
-            summary_failed = True
+    summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,
+               "seconds": round(elapsed, 3), "frames_per_s": round(frames / max(elapsed, 1e-9), 2),
+               "workers": args.workers, "pipelines_per_worker": args.pipelines_per_worker,
+               "conv_algorithms": os.environ["LATENT_CUDNN_SEARCH"],
+               "frames_per_s_per_worker_while_clips_ran": round(while_running, 2),
+               "clips_ran": [span[0], span[1]] if done else None,
+               "per_clip_mean_s": {k: round(v / done, 4) for k, v in phases.items()} if done else None,
+               "decoded_by": [{"decoder": d, "memory": m, "clips": n} for (d, m), n in sorted(paths.items())]}
     if not failed and os.path.getsize(failures_path) == 0:
         os.remove(failures_path)
-    if failed:
-        return EXIT_FAILED_CLIPS
-    return EXIT_USAGE if summary_failed else 0
+    return (EXIT_FAILED_CLIPS if failed else 0), summary
 
 
 def _cluster_has_gpus() -> bool:
