@@ -39,11 +39,22 @@ constexpr int kGstLatentMaxSide = 8192;
   "frame-height = (int) [ 1, 8192 ], "            \
   "size-policy = (string) { pad, crop, scale }, " \
   "framerate = (fraction) [ 0/1, 2147483647/1 ]"
-#define GST_LATENT_CAPS_TEMPLATE GST_LATENT_MEDIA_TYPE ", " GST_LATENT_CAPS_FIELDS
+// The latent spaces the engine names itself (latent::known_latent_spaces(), which a test keeps
+// equal to this list). A custom VAE's space carries a generated name instead (e.g.
+// `autoencoder-kl-4ch-s0.5-t0`, `qwen-image-vae-custom`, or the `latent_space` its config names),
+// so each template has a second structure without the field: it takes those names, and the
+// elements refuse a space their model does not produce with a message during negotiation.
+#define GST_LATENT_KNOWN_SPACES                                                          \
+  "{ sd, sdxl, sd3, flux1, flux2, qwen-image, wan2.2, hunyuan-video, hunyuan-video-1.5, " \
+  "open-sora-1.3, latent-default }"
+#define GST_LATENT_CAPS_TEMPLATE_FOR(media)                                          \
+  media ", latent-space = (string) " GST_LATENT_KNOWN_SPACES ", " GST_LATENT_CAPS_FIELDS \
+        "; " media ", " GST_LATENT_CAPS_FIELDS
+#define GST_LATENT_CAPS_TEMPLATE GST_LATENT_CAPS_TEMPLATE_FOR(GST_LATENT_MEDIA_TYPE)
 
 // The same in CUDA memory (elements/gstlatentcuda.h): one GstCudaMemory holding [C, h, w].
 #define GST_LATENT_CUDA_CAPS_TEMPLATE \
-  GST_LATENT_MEDIA_TYPE "(memory:CUDAMemory), " GST_LATENT_CAPS_FIELDS
+  GST_LATENT_CAPS_TEMPLATE_FOR(GST_LATENT_MEDIA_TYPE "(memory:CUDAMemory)")
 
 struct GstLatentInfo {
   latent::DType dtype = latent::DType::kF32;

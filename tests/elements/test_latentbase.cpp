@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/models/vae/vae.h"
 #include "tests/elements/gst_test_util.h"
 
 namespace {
@@ -94,6 +95,55 @@ TEST(LatentBase, DescriptionsCarryAnExampleLaunchLine) {
     ASSERT_NE(at, std::string::npos) << d;
     const std::string script = d.substr(at, d.find(".sh", at) + 3 - at);
     EXPECT_TRUE(latent::test::file_exists(source + "/" + script)) << script;
+  }
+}
+
+// Every pad that carries latents lists the engine's known latent spaces in its template (what
+// gst-inspect-1.0 shows), and still takes a custom VAE's generated name (a second structure
+// without the field), in system and CUDA memory alike.
+TEST(LatentBase, LatentPadTemplatesListTheKnownSpaces) {
+  const std::vector<std::string> known = latent::known_latent_spaces();
+  const std::pair<const char*, const char*> pads[] = {{"vaeencode", "src"},  {"vaedecode", "sink"},
+                                                      {"ditdenoise", "sink"}, {"ditdenoise", "src"},
+                                                      {"latentsink", "sink"}, {"latentsrc", "src"}};
+  for (const auto& [factory, pad] : pads) {
+    SCOPED_TRACE(std::string(factory) + " " + pad);
+    GstElement* e = gst_element_factory_make(factory, nullptr);
+    ASSERT_NE(e, nullptr);
+    GstPadTemplate* t = gst_element_class_get_pad_template(GST_ELEMENT_GET_CLASS(e), pad);
+    ASSERT_NE(t, nullptr);
+    GstCaps* caps = gst_pad_template_get_caps(t);
+    int listed = 0, open = 0;
+    for (guint i = 0; i < gst_caps_get_size(caps); ++i) {
+      const GstStructure* s = gst_caps_get_structure(caps, i);
+      ASSERT_TRUE(gst_structure_has_name(s, "application/x-latent"));
+      const GValue* v = gst_structure_get_value(s, "latent-space");
+      if (!v) {
+        ++open;
+        continue;
+      }
+      ++listed;
+      ASSERT_TRUE(GST_VALUE_HOLDS_LIST(v));
+      std::vector<std::string> names;
+      for (guint j = 0; j < gst_value_list_get_size(v); ++j)
+        names.push_back(g_value_get_string(gst_value_list_get_value(v, j)));
+      EXPECT_EQ(names, known);
+    }
+    EXPECT_EQ(listed, open);
+    EXPECT_GE(listed, 1);
+    // A known and a generated name both fit the template.
+    for (const char* space : {"flux1", "autoencoder-kl-4ch-s0.5-t0"}) {
+      GstCaps* c = gst_caps_from_string(
+          latent::str_cat("application/x-latent,format=fp32,channels=4,width=8,height=8,"
+                          "latent-space=",
+                          space,
+                          ",frame-width=64,frame-height=64,size-policy=pad,framerate=0/1")
+              .c_str());
+      EXPECT_TRUE(gst_caps_can_intersect(c, caps)) << space;
+      gst_caps_unref(c);
+    }
+    gst_caps_unref(caps);
+    gst_object_unref(e);
   }
 }
 

@@ -342,6 +342,28 @@ TEST(AutoencoderKL, LatentSpaceNames) {
   EXPECT_EQ(autoencoder_kl_latent_space_name(16, 0.3611, 0.1159), "flux1");
   EXPECT_EQ(autoencoder_kl_latent_space_name(16, 0.18215, 0), "autoencoder-kl-16ch-s0.18215-t0");
   EXPECT_EQ(autoencoder_kl_latent_space_name(4, 0.5, 0.25), "autoencoder-kl-4ch-s0.5-t0.25");
+  // The recognised names are the engine's known spaces (the pad templates list them); the
+  // generated ones never are.
+  for (const char* name : {"sd", "sdxl", "sd3", "flux1"}) EXPECT_TRUE(is_known_latent_space(name));
+  EXPECT_FALSE(is_known_latent_space(autoencoder_kl_latent_space_name(4, 0.5, 0.25)));
+  for (const char* file : {"taesdxl.safetensors", "taesd3.safetensors", "taef1.safetensors",
+                           "taef2.safetensors", "ae.safetensors", "flux.2-vae.safetensors"})
+    EXPECT_TRUE(is_known_latent_space(latent_space_from_name(file))) << file;
+}
+
+TEST(LatentSpace, KnownNamesAreUniqueAndPlain) {
+  const auto& names = known_latent_spaces();
+  ASSERT_FALSE(names.empty());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_FALSE(names[i].empty());
+    // Caps-safe: lower-case letters, digits, '.', '-'.
+    for (char ch : names[i])
+      EXPECT_TRUE((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '-')
+          << names[i];
+    for (size_t j = i + 1; j < names.size(); ++j) EXPECT_NE(names[i], names[j]);
+  }
+  EXPECT_FALSE(is_known_latent_space(""));
+  EXPECT_FALSE(is_known_latent_space("SD"));
 }
 
 TEST(LatentSpace, NormalizeAndDenormalize) {

@@ -152,6 +152,7 @@ TEST(DefaultModelQuality, HeldOutPhotosRoundTripAt512) {
   const LatentSpace& space = model.latent_space();
   EXPECT_EQ(model.info().architecture, "AutoencoderTiny");
   EXPECT_EQ(space.name, "latent-default");
+  EXPECT_TRUE(is_known_latent_space(space.name));
   EXPECT_EQ(space.downsample, 8);
   ASSERT_TRUE(model.has_encoder() && model.has_decoder());
 

@@ -505,6 +505,8 @@ TEST(QwenImageVae, Wan22LatentSpaceName) {
             "wan2.2-vae-custom");
   EXPECT_EQ(qwen_image_latent_space_name(wan22_latents_mean(), wan22_latents_std(), false),
             "qwen-image-vae-custom");
+  EXPECT_TRUE(is_known_latent_space("wan2.2"));
+  EXPECT_FALSE(is_known_latent_space("wan2.2-vae-custom"));
 }
 
 TEST(QwenImageVae, OtherCheckpointsAreNotDetected) {
@@ -523,6 +525,8 @@ TEST(QwenImageVae, LatentSpaceNames) {
   auto mean = qwen_image_latents_mean();
   mean[3] += 0.01;
   EXPECT_EQ(qwen_image_latent_space_name(mean, qwen_image_latents_std()), "qwen-image-vae-custom");
+  EXPECT_TRUE(is_known_latent_space("qwen-image"));
+  EXPECT_FALSE(is_known_latent_space("qwen-image-vae-custom"));
 }
 
 }  // namespace

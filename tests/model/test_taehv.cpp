@@ -67,6 +67,7 @@ TEST_P(Taehv, LoadsAsPublishedFile) {
   EXPECT_EQ(info.architecture, "TAEHV");
   EXPECT_EQ(info.variant, c.variant);
   EXPECT_EQ(info.latent_space.name, c.space);
+  EXPECT_TRUE(is_known_latent_space(info.latent_space.name)) << info.latent_space.name;
   EXPECT_EQ(info.latent_space.channels, c.channels);
   EXPECT_EQ(info.latent_space.downsample, c.downsample);
   EXPECT_FLOAT_EQ(info.latent_space.scale[0], 1.f);  // taehv latents are the normalised ones

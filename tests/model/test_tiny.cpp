@@ -111,6 +111,7 @@ TEST(AutoencoderTiny, Taef2MatchesTaesdPy) {
     ASSERT_TRUE(model);
     const ModelInfo& info = model->info();
     EXPECT_EQ(info.latent_space.name, "flux2");
+    EXPECT_TRUE(is_known_latent_space(info.latent_space.name));
     EXPECT_EQ(info.latent_space.channels, 32);
     EXPECT_EQ(info.latent_space.downsample, 8);
     EXPECT_NE(info.variant.find("mid-block group norm"), std::string::npos) << info.variant;

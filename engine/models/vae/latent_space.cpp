@@ -32,6 +32,20 @@ LatentSpace LatentSpace::from_mean_std(std::string name, int channels, int downs
   return s;
 }
 
+const std::vector<std::string>& known_latent_spaces() {
+  static const std::vector<std::string> kNames = {
+      "sd",           "sdxl",          "sd3",           "flux1",
+      "flux2",        "qwen-image",    "wan2.2",        "hunyuan-video",
+      "hunyuan-video-1.5", "open-sora-1.3", "latent-default"};
+  return kNames;
+}
+
+bool is_known_latent_space(const std::string& name) {
+  for (const auto& n : known_latent_spaces())
+    if (n == name) return true;
+  return false;
+}
+
 namespace {
 
 Status check_latent(const LatentSpace& s, const Tensor& t, const char* what) {

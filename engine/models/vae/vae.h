@@ -31,6 +31,14 @@ struct LatentSpace {
   Result<Tensor> denormalize(Backend& b, const Tensor& normalised) const;
 };
 
+// The latent spaces the engine names itself, in a fixed order: the loaders give these names to
+// the models they recognise (by config, checkpoint or file name). Any other name is a custom
+// VAE's: generated from its normalisation (`autoencoder-kl-4ch-s0.5-t0`, `qwen-image-vae-custom`,
+// `taehv-24ch`) or given by its config's `latent_space`. The elements' pad templates list these
+// (elements/gstlatentcaps.h, kept equal by a test).
+const std::vector<std::string>& known_latent_spaces();
+bool is_known_latent_space(const std::string& name);
+
 struct PartInfo {
   std::string name;  // "encoder", "decoder"
   int64_t parameters = 0;
