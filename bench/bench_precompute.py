@@ -141,9 +141,10 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
         cmd += ["--encoder-prop", p]
+    env = trace_env(args, f"{engine}x{gpus}p{pipelines}")
     with GpuSampler(list(range(gpus))) as gpu:
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         wall = time.perf_counter() - t0
     if p.returncode not in (0, 3):
         raise RuntimeError(p.stderr[-1500:])
@@ -161,7 +162,7 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
     fpath = os.path.join(out_dir, "failures.jsonl")
     if os.path.exists(fpath):
         failed = sum(1 for _ in open(fpath))
-    return {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
+    row = {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
             "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus, "pipelines_per_worker": pipelines,
             # from the first clip's start to the last one's end (no start-up, no shutdown)
             "gpu_busy_while_clips_ran": gpu.busy(*span) if span[1] > span[0] else None,
@@ -173,7 +174,34 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
             # frames / (the last clip's end - the first one's start) / workers: the job without
             # its start-up (processes, Ray, the model load), the figure to hold against the
             # encoder alone
-            "frames_per_s_while_clips_ran": inside}
+            "frames_per_s_while_clips_ran": inside,
+            # the share of that span during which some clip was streaming (first latent to EOS)
+            "streaming_share": job.get("streaming_share")}
+    if env is not None and span[1] > span[0]:
+        row["trace"] = trace_summary(env["LATENT_TRACE"], span[0], span[1])
+    return row
+
+
+def trace_env(args, name: str):
+    """The environment for a traced run (LATENT_TRACE=WORK/trace-NAME.txt), None without --trace."""
+    if not args.trace:
+        return None
+    path = os.path.join(args.work, f"trace-{name}.txt")
+    if os.path.exists(path):
+        os.remove(path)
+    return dict(os.environ, LATENT_TRACE=path)
+
+
+def trace_summary(path: str, t0=None, t1=None) -> dict:
+    """bench/trace_gaps.py's reading of a trace, between t0 and t1 (time.time()), gaps >= 5 ms."""
+    from trace_gaps import analyse, read_marks
+
+    r = analyse(read_marks(path), t0, t1, gap_ms=5.0)
+    longest = sorted(r["gaps"], key=lambda g: -g["ms"])[:8]
+    return {"file": path, "device_busy_share": r["busy_share"],
+            "device_busy_share_max": r["busy_share_max"], "idle_s": r["idle_s"],
+            "idle_by_state_s": r["idle_by_state_s"], "gaps_5ms": len(r["gaps"]),
+            "gaps_5ms_total_ms": round(sum(g["ms"] for g in r["gaps"]), 1), "longest_gaps": longest}
 
 
 def run_encoder_alone(model, args) -> dict:
@@ -189,11 +217,13 @@ def run_encoder_alone(model, args) -> dict:
                f"videotestsrc num-buffers={{n}} pattern=black ! video/x-raw,format=RGBA,width={W},height={H},"
                "framerate=30/1 ! queue"]
 
+    env = trace_env(args, "encoder")
+
     def once(src, n):
         desc = f"{src.format(n=n)} ! vaeencode model={model} device=cuda {dtype} {props} ! fakesink"
         t0 = time.perf_counter()
         subprocess.run(["gst-launch-1.0", "-q"] + desc.split(), check=True, timeout=args.timeout,
-                       capture_output=True)
+                       capture_output=True, env=env)
         return time.perf_counter() - t0
 
     # Five times the frames in the second run: start-up varies by some 0.3 s between runs.
@@ -206,8 +236,18 @@ def run_encoder_alone(model, args) -> dict:
             if i + 1 < len(sources):
                 continue
             raise
-        return {"frames": n2 - n1, "seconds": round(t2 - t1, 3), "gpu_busy": gpu.busy(), "gpus": 1,
-                "source": src.format(n="N")}
+        row = {"frames": n2 - n1, "seconds": round(t2 - t1, 3), "gpu_busy": gpu.busy(), "gpus": 1,
+               "source": src.format(n="N")}
+        if env is not None and os.path.exists(env["LATENT_TRACE"]):
+            # The second, longer run's marks from its 10th frame on (start-up left out).
+            marks = [l.split() for l in open(env["LATENT_TRACE"], encoding="utf-8")]
+            runs = [i for i, m in enumerate(marks) if m[3] == "in" and m[4] == "0"]
+            if len(runs) >= 2:
+                steady = [m for m in marks[runs[-1]:] if int(m[4]) >= 10]
+                if steady:
+                    row["trace"] = trace_summary(env["LATENT_TRACE"], int(steady[0][0]) / 1e6,
+                                                 max(int(m[1]) for m in steady) / 1e6)
+        return row
 
 
 def run_torch(model, clip_paths, args) -> dict:
@@ -316,6 +356,9 @@ def main():
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-encoder", action="store_true")
     ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--trace", action="store_true",
+                    help="run the job and the encoder alone with LATENT_TRACE (WORK/trace-*.txt) and "
+                         "add bench/trace_gaps.py's reading of the device's idle time to their rows")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -384,6 +427,18 @@ def main():
                 parts.append(f"{r['vs_torch']:.2f}x the PyTorch loop")
             if parts:
                 print(f"{os.path.basename(model.rstrip('/'))} {run}: " + ", ".join(parts))
+    # The traced rows: how much of the time the device had nothing queued, and why.
+    for r in results["rows"]:
+        t = r.get("trace")
+        if not t:
+            continue
+        why = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in t["idle_by_state_s"].items())
+        print(f"{os.path.basename(r['model'].rstrip('/'))} {r['run']}: device busy "
+              f"{100 * t['device_busy_share']:.1f}-{100 * t['device_busy_share_max']:.1f} % by the "
+              f"trace (the upper bound counts launches as busy); idle {t['idle_s'] * 1e3:.0f} ms "
+              f"({why}); {t['gaps_5ms']} gaps >= 5 ms ({t['gaps_5ms_total_ms']:.0f} ms)"
+              + (f"; some clip streaming {100 * r['streaming_share']:.1f} % of the time"
+                 if r.get("streaming_share") is not None else ""))
     # Scaling efficiency: frames/s on N GPUs over N x frames/s on one (issue 14).
     for r in results["rows"]:
         m = re.fullmatch(r"(\w+)x(\d+)(p\d+)", r.get("run", ""))

@@ -13,6 +13,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <thread>
 #include <cstdlib>
 #include <map>
 
@@ -547,6 +552,93 @@ gboolean gst_latent_base_refuse_caps(GstLatentBase* self, GstCaps* caps,
   GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("%s", message.c_str()),
                     ("caps %" GST_PTR_FORMAT, caps));
   return FALSE;
+}
+
+// ---- GPU timeline trace ---------------------------------------------------------------------
+
+namespace {
+
+int64_t wall_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One thread waits for the marks in the order they were placed and writes their lines.
+class TraceWriter {
+ public:
+  static TraceWriter* get() {
+    static TraceWriter* writer = [] () -> TraceWriter* {
+      const char* path = std::getenv("LATENT_TRACE");
+      if (!path || !*path) return nullptr;
+      FILE* f = std::fopen(path, "a");
+      if (!f) {
+        GST_CAT_WARNING(gst_latent_base_debug,
+                        "LATENT_TRACE: cannot open %s for appending; no trace is written", path);
+        return nullptr;
+      }
+      return new TraceWriter(f);  // lives as long as the process (its thread is detached)
+    }();
+    return writer;
+  }
+
+  void add(std::unique_ptr<latent::DeviceFence> fence, int64_t queued_us, std::string line) {
+    {
+      std::lock_guard<std::mutex> lock(lock_);
+      items_.push_back(Item{std::move(fence), queued_us, std::move(line)});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct Item {
+    std::unique_ptr<latent::DeviceFence> fence;
+    int64_t queued_us;
+    std::string rest;
+  };
+
+  explicit TraceWriter(FILE* f) : file_(f) { std::thread([this] { run(); }).detach(); }
+
+  void run() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(lock_);
+        cv_.wait(lock, [this] { return !items_.empty(); });
+        item = std::move(items_.front());
+        items_.pop_front();
+      }
+      const bool reached = item.fence && item.fence->wait().ok();
+      std::fprintf(file_, "%lld %lld %s\n", static_cast<long long>(item.queued_us),
+                   reached ? static_cast<long long>(wall_us()) : -1LL, item.rest.c_str());
+      std::fflush(file_);
+    }
+  }
+
+  FILE* file_;
+  std::mutex lock_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+};
+
+}  // namespace
+
+bool gst_latent_trace_enabled() { return TraceWriter::get() != nullptr; }
+
+void gst_latent_trace_mark(GstLatentBase* self, latent::Backend& backend, const char* label,
+                           int64_t n) {
+  TraceWriter* w = TraceWriter::get();
+  if (!w) return;
+  const int64_t queued = wall_us();
+  auto fence = backend.fence();
+  gchar* name = gst_object_get_name(GST_OBJECT(self));
+  GstObject* parent = gst_object_get_parent(GST_OBJECT(self));
+  gchar* pipeline = parent ? gst_object_get_name(parent) : g_strdup("-");
+  if (parent) gst_object_unref(parent);
+  w->add(fence.ok() ? std::move(*fence) : nullptr, queued,
+         latent::str_cat(pipeline, "/", name, " ", label, " ", n));
+  g_free(pipeline);
+  g_free(name);
 }
 
 static GstClockTime own_latency(const LatencyStats& l, guint /*depth*/) {

@@ -207,6 +207,21 @@ GstCaps* gst_latent_base_transform_caps(
 gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
                                         bool other_is_latent, gsize* othersize);
 
+// ---- GPU timeline trace -----------------------------------------------------------------------
+// With LATENT_TRACE=FILE in the environment, every mark appends a line to FILE (shared by all
+// elements of the process) once the device has reached it:
+//   <queued> <reached> <element> <label> <n>
+// `queued`: when the mark was placed on the backend's stream, `reached`: when everything queued
+// before it had run (both microseconds of the wall clock, as Python's time.time() * 1e6; -1 when
+// the wait failed). vaeencode in video mode marks each frame: `in` when it starts reading it,
+// `locked` once it holds the model's run lock, `out` after the work it queued (n = frames before
+// it in the clip). The lines show when the device had nothing queued and what each element's
+// thread was doing then (bench/trace_gaps.py reads them). Off (no cost but a test of a flag)
+// without the variable.
+bool gst_latent_trace_enabled();
+void gst_latent_trace_mark(GstLatentBase* self, latent::Backend& backend, const char* label,
+                           int64_t n);
+
 // ---- latency --------------------------------------------------------------------------------
 // Statistics (read-only properties `frames-processed`, `frames-dropped` and `mean-frame-ms`, since
 // the last start()): every frame a stage finishes is reported with gst_latent_base_frame_done;

@@ -786,6 +786,9 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
     if (latent::Status st = video_finish(self, model); !st.ok()) problem = st.message();
   }
   latent::Result<latent::Tensor> sample = latent::Status::error("unset");
+  const bool trace = gst_latent_trace_enabled();
+  const int64_t index = v.frames_in;  // this frame's in the clip (the marks' n)
+  if (trace) gst_latent_trace_mark(GST_LATENT_BASE(self), *model.backend, "in", index);
   if (problem.empty()) {
     sample = read_frame(self, n, input, model, /*wait_for_read=*/true, video_stager(self, model));
     if (!sample.ok()) {
@@ -796,6 +799,7 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
     }
   }
   std::unique_lock<std::mutex> run(*model.run_lock);
+  if (trace) gst_latent_trace_mark(GST_LATENT_BASE(self), *model.backend, "locked", index);
   if (problem.empty() && !v.stream) {
     auto stream = model.vae->open_stream(true);
     if (stream.ok())
@@ -818,6 +822,7 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
     raw = latent::Status::error("released");
   }
   sample = latent::Status::error("released");  // device memory: under the run lock
+  if (trace) gst_latent_trace_mark(GST_LATENT_BASE(self), *model.backend, "out", index);
   run.unlock();
   gst_buffer_unref(input);
   if (!problem.empty()) {

@@ -18,6 +18,7 @@ clip's pipeline start finds it in memory.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -60,6 +61,9 @@ def gst():
 # Frames (and latents) a queue holds: enough to cover a video-mode chunk (4 frames) while the
 # decoder runs ahead, little enough to keep host and device memory bounded.
 QUEUE_FRAMES = 8
+# Each ClipEncoder's pipeline gets a name of its own (precompute0, precompute1, ...): logs and
+# LATENT_TRACE lines (pipeline/element) then tell the pipelines of one process apart.
+_PIPELINE_NUMBERS = itertools.count()
 
 
 class PipelineError(RuntimeError):
@@ -140,7 +144,7 @@ class ClipEncoder:
                 self._holder.set_state(Gst.State.NULL)
                 raise PipelineError(f"loading model '{model or 'default'}' on {device}: {text}")
 
-        self._pipeline = Gst.Pipeline.new("precompute")
+        self._pipeline = Gst.Pipeline.new(f"precompute{next(_PIPELINE_NUMBERS)}")
         self._src = self._make("filesrc", "src", {})
         self._decode = self._make("decodebin", "decode", {})
         # Bounded by frames only (a 720p frame is 1.4-3.7 MB; time is meaningless for a file).

@@ -422,6 +422,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     phases = {"seconds": 0.0, "first_frame_s": 0.0, "first_latent_s": 0.0, "stream_s": 0.0,
               "teardown_s": 0.0}
     span = [float("inf"), 0.0]  # the first written clip's start, the last one's end (time.time())
+    streaming = []  # (start, end) of each written clip's stream: first latent to EOS (time.time())
     t0 = time.monotonic()
     if args.engine == "ray":
         gpus = args.gpus_per_worker
@@ -448,8 +449,12 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
                     for k in phases:
                         phases[k] += float(row.get(k) or 0.0)
                     if row.get("started"):
-                        span[0] = min(span[0], float(row["started"]))
-                        span[1] = max(span[1], float(row["started"]) + float(row["seconds"]))
+                        start = float(row["started"])
+                        span[0] = min(span[0], start)
+                        span[1] = max(span[1], start + float(row["seconds"]))
+                        if row.get("stream_s"):
+                            first = start + float(row.get("first_latent_s") or 0.0)
+                            streaming.append((first, first + float(row["stream_s"])))
                 elapsed = max(time.monotonic() - t0, 1e-9)
                 bar.set_postfix({"frames/s": f"{frames / elapsed:.1f}", "failed": failed}, refresh=False)
                 bar.update(1)
@@ -467,6 +472,11 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
         print("latent-precompute: decoded by " + ", ".join(
             f"{d} into {m} ({n} clip{'s' if n != 1 else ''})" for (d, m), n in sorted(paths.items())),
             file=sys.stderr)
+    # The share of the time between the first clip's start and the last one's end during which
+    # some clip was streaming (from its first latent to its EOS): where it falls short of 1, every
+    # pipeline was starting or stopping a clip at once and the GPU had nothing from this job.
+    stream_share = (covered_seconds(streaming) / (span[1] - span[0])
+                    if done and span[1] > span[0] else None)
     if done:
         # The rate while clips ran leaves out the job's start-up (processes, Ray, the model load):
         # a worker's steady rate, comparable with the encoder's own.
@@ -475,18 +485,37 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
               f"{phases['first_frame_s'] / done:.3f} s) + "
               f"{phases['stream_s'] / done:.3f} s streaming + "
               f"{phases['teardown_s'] / done:.3f} s teardown; "
-              f"{while_running:.1f} frames/s per worker while clips ran", file=sys.stderr)
+              f"{while_running:.1f} frames/s per worker while clips ran"
+              + (f"; some clip streaming {100 * stream_share:.1f} % of that time"
+                 if stream_share is not None else ""), file=sys.stderr)
     summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,
                "seconds": round(elapsed, 3), "frames_per_s": round(frames / max(elapsed, 1e-9), 2),
                "workers": args.workers, "pipelines_per_worker": args.pipelines_per_worker,
                "conv_algorithms": os.environ["LATENT_CUDNN_SEARCH"],
                "frames_per_s_per_worker_while_clips_ran": round(while_running, 2),
                "clips_ran": [span[0], span[1]] if done else None,
+               "streaming_share": round(stream_share, 4) if stream_share is not None else None,
                "per_clip_mean_s": {k: round(v / done, 4) for k, v in phases.items()} if done else None,
                "decoded_by": [{"decoder": d, "memory": m, "clips": n} for (d, m), n in sorted(paths.items())]}
     if not failed and os.path.getsize(failures_path) == 0:
         os.remove(failures_path)
     return (EXIT_FAILED_CLIPS if failed else 0), summary
+
+
+def covered_seconds(intervals) -> float:
+    """The length of the union of (start, end) intervals."""
+    total = 0.0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
 
 
 def _cluster_has_gpus() -> bool:

@@ -146,6 +146,52 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
                                                "teardown_s"}
     # cuDNN's choices are cuDNN's heuristics unless asked otherwise: the same bytes on every node.
     assert summary["conv_algorithms"] == "heuristic"
+    # One pipeline: some clip streams only between a clip's first latent and its EOS.
+    assert 0 < summary["streaming_share"] < 1, summary
+    assert "some clip streaming" in r.stderr, r.stderr
+
+
+def test_trace_gaps_finds_when_the_device_had_nothing_queued():
+    # Two elements on one stream: A's frame runs 0-10 ms on the device, B's 12-20 ms; B read its
+    # frame from 10 ms (its `in`) and queued at 12 ms, so 10-12 ms are idle while B was reading;
+    # 20-25 ms idle with both between frames; A's second frame then runs 25-30 ms, its last.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from trace_gaps import analyse
+
+    ms = 1e-3
+    marks = [
+        {"queued": 0 * ms, "reached": 0 * ms, "who": "p0/encode", "label": "in", "n": 0},
+        {"queued": 0.5 * ms, "reached": 0.5 * ms, "who": "p0/encode", "label": "locked", "n": 0},
+        {"queued": 1 * ms, "reached": 10 * ms, "who": "p0/encode", "label": "out", "n": 0},
+        {"queued": 10 * ms, "reached": 10 * ms, "who": "p1/encode", "label": "in", "n": 0},
+        {"queued": 11.5 * ms, "reached": 11.5 * ms, "who": "p1/encode", "label": "locked", "n": 0},
+        {"queued": 12 * ms, "reached": 20 * ms, "who": "p1/encode", "label": "out", "n": 0},
+        {"queued": 25 * ms, "reached": 25 * ms, "who": "p0/encode", "label": "in", "n": 1},
+        {"queued": 25.2 * ms, "reached": 25.2 * ms, "who": "p0/encode", "label": "locked", "n": 1},
+        {"queued": 25.5 * ms, "reached": 30 * ms, "who": "p0/encode", "label": "out", "n": 1},
+    ]
+    r = analyse(marks, gap_ms=1.0)
+    assert abs(r["span_s"] - 0.030) < 1e-9, r
+    # Idle: 0-1 ms (A reading/launching before its work), 10-12 (B), 20-25 (between frames),
+    # 25-25.5 (A again).
+    assert abs(r["idle_s"] - (1 + 2 + 5 + 0.5) * ms) < 1e-9, r
+    by = r["idle_by_state_s"]
+    assert abs(by["between frames"] - 5 * ms) < 1e-9, r
+    assert abs(by["reading"] + by["launching"] - 3.5 * ms) < 1e-9, r
+    assert [round(g["ms"], 3) for g in r["gaps"]] == [1.0, 2.0, 5.5], r
+    # Launching (locked to out: 0.5-1, 11.5-12, 25.2-25.5 ms) may have kept the device busy with
+    # work the marks do not see: the upper bound counts it as busy.
+    assert abs(by["launching"] - 1.3 * ms) < 1e-9, r
+    assert abs(r["busy_share_max"] - (1 - (8.5 - 1.3) / 30)) < 1e-4, r
+
+
+def test_covered_seconds_is_the_union_of_intervals():
+    from gst_latent.precompute import covered_seconds
+
+    assert covered_seconds([]) == 0.0
+    assert covered_seconds([(1.0, 2.0)]) == 1.0
+    # Overlapping, nested, touching and disjoint intervals, in any order.
+    assert covered_seconds([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (1.5, 1.7), (3.0, 4.0)]) == 5.0
 
 
 def test_an_error_while_linking_the_decoded_stream_fails_the_clip(clips, tmp_path):
@@ -197,7 +243,9 @@ def test_a_video_vae_writes_video_mode_latents(clips, tmp_path):
     src, out = tmp_path / "in", tmp_path / "wan"
     src.mkdir()
     shutil.copy(clips / "a.webm", src / "a.webm")
-    r = run_job("--input", str(src), "--output", str(out), "--model", wan)
+    trace = tmp_path / "trace.txt"
+    r = run_job("--input", str(src), "--output", str(out), "--model", wan,
+                env_extra={"LATENT_TRACE": str(trace)})
     assert r.returncode == 0, r.stderr
     (path,) = [p for p in out.rglob("*.safetensors")]
     latents, meta = read_latents(str(path))
@@ -205,6 +253,17 @@ def test_a_video_vae_writes_video_mode_latents(clips, tmp_path):
     assert meta["frame_count"] == 6 and meta["latent_frames"] == 3
     assert latents.shape[0] == 3
     assert meta["offsets"] == [0, 1, 5] and meta["offset_ends"] == [1, 5, 6]
+    # LATENT_TRACE: vaeencode marked each of the 6 frames in, locked, out, in order; the marks
+    # were reached (the CPU backend's work is done when queued), and bench/trace_gaps.py reads them.
+    lines = [line.split() for line in trace.read_text().splitlines()]
+    mine = [(f[3], int(f[4])) for f in lines if f[2].endswith("/encode")]
+    assert mine == [(label, n) for n in range(6) for label in ("in", "locked", "out")], lines
+    assert all(int(f[0]) > 0 and int(f[1]) >= int(f[0]) for f in lines), lines
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from trace_gaps import analyse, read_marks
+
+    report = analyse(read_marks(str(trace), "/encode"))
+    assert report["marks"] == 18 and 0 <= report["busy_share"] <= 1, report
 
 
 def test_the_file_round_trips_through_safetensors(local_out):
