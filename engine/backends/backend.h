@@ -243,15 +243,19 @@ class Backend {
     (void)x, (void)w, (void)kt, (void)bias, (void)p, (void)residual, (void)act;
     return Status::errorf("conv3d_frames is not supported by backend ", name());
   }
-  // conv3d_frames over the frames of `past` followed by those of x, without joining them where
-  // the backend can read both in place (CUDA's implicit-GEMM kernel: a causal convolution's
-  // cache needs no copy of the chunk). The default joins them (concat) and calls
-  // conv3d_frames().
-  virtual Result<Tensor> conv3d_frames_after(const Tensor& past, const Tensor& x, const Tensor& w,
-                                             int kt, const Tensor& bias, const Conv2dParams& p,
+  // conv3d_frames over the frames of the `past` tensors (in order; one or two of them) followed
+  // by those of x, without joining them where the backend can read them in place (CUDA's
+  // implicit-GEMM kernel: a causal convolution's cache then needs no copy, neither of the chunk
+  // nor of the frames it keeps, which may stay the earlier chunks' own tensors). The default
+  // joins them (concat) and calls conv3d_frames().
+  virtual Result<Tensor> conv3d_frames_after(const std::vector<Tensor>& past, const Tensor& x,
+                                             const Tensor& w, int kt, const Tensor& bias,
+                                             const Conv2dParams& p,
                                              const Tensor& residual = Tensor(),
                                              Activation act = Activation::kNone) {
-    Result<Tensor> xx = concat({past, x}, 0);
+    std::vector<Tensor> parts(past);
+    parts.push_back(x);
+    Result<Tensor> xx = concat(parts, 0);
     if (!xx.ok()) return xx.status();
     return conv3d_frames(xx.value(), w, kt, bias, p, residual, act);
   }

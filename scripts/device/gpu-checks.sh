@@ -19,10 +19,13 @@
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
 #   pygi          builds PyGObject for the device's python3 (scripts/device/pygi-carry.sh, pygi-build.sh)  ~1 min
 #   precompute    bench_precompute.py: the precompute job on 720p H.264 clips (PRE_ENGINES=local|ray,local,
-#                 PRE_GPUS=1|1,2 for scaling) vs the encoder alone and a PyTorch loop  ~3 min
+#                 PRE_GPUS=1|1,2 for scaling; PRE_ARGS: more bench_precompute.py flags, e.g. --trace
+#                 --skip-torch) vs the encoder alone and a PyTorch loop  ~3 min
 #   nvdec         bench_stream_nvdec.py: H.264 file ! nvh264dec ! vaeencode ! vaedecode at 1080p vs the kernel bound  ~2 min
 #   video         bench_video_vae.py: Wan 2.1 VAE, 81 frames at 832x480 / 1280x720 + ~1,000-frame
 #                 streams, eager+compile+ours (VIDEO_SIZES VIDEO_PARTS VIDEO_COMPILE VIDEO_BUDGET)  ~6-9 min
+#   videoab       bench_video_ab.py: latent-bench-video on the Wan 2.1 streams, as is (A) against AB_ENV
+#                 (default LATENT_VIDEO_CACHE=copy) alternated (AB_SIZES AB_PARTS AB_FRAMES AB_REPS)  ~1-2 min
 #   attention     /tmp/dev/bin/bench_attention (ATTN_ARGS), skipped if absent  ~1-3 min
 #   dit           bench_dit.py: full-size DiT step, eager + regional compile + ours, DIT_CASES  ~5-7 min
 #                 (DIT_ACCURACY=1: also the fp32 reference in the same run, one weight write and one ours load)
@@ -182,7 +185,7 @@ if has precompute; then  # after pygi (the job needs PyGObject); the local engin
   ( . /tmp/pygi/env.sh && LATENT_VENV=${LATENT_VENV:-$(dirname "$(dirname "$(command -v python3)")")} \
     PYTHONPATH=$PWD/python:$PYTHONPATH timeout ${PRE_TIMEOUT:-420} python3 bench/bench_precompute.py \
     --models ${PRE_MODELS:-$PWD/models/default} --clips ${PRE_CLIPS:-8} --frames 81 --engine ${PRE_ENGINES:-local} \
-    --gpus ${PRE_GPUS:-1} --out $OUT/bench-precompute.json ) > $OUT/precompute.log 2>&1
+    --gpus ${PRE_GPUS:-1} ${PRE_ARGS:-} --out $OUT/bench-precompute.json ) > $OUT/precompute.log 2>&1
   rc=$?; grep -v "OpenH264\|XDG" $OUT/precompute.log | tail -8
   end precompute $rc "$(grep -v 'OpenH264\|XDG' $OUT/precompute.log | tail -6 | cut -c1-150)"
 fi
@@ -203,6 +206,15 @@ if has video; then
     --budget-s ${VIDEO_BUDGET:-480} > $OUT/video.log 2>&1
   rc=$?; tail -14 $OUT/video.log
   end video $rc "$(table $OUT/video.log 'part    size')"
+fi
+
+if has videoab; then  # one engine setting A/B on the Wan 2.1 streams, same binary, alternated
+  begin videoab; pyenv
+  timeout ${AB_TIMEOUT:-300} python3 bench/bench_video_ab.py --bench /tmp/dev/bin/latent-bench-video \
+    --b-env ${AB_ENV:-LATENT_VIDEO_CACHE=copy} --sizes ${AB_SIZES:-1280x720} --parts ${AB_PARTS:-encoder,decoder} \
+    --frames ${AB_FRAMES:-161} --reps ${AB_REPS:-2} --out $OUT/bench-video-ab.json > $OUT/videoab.log 2>&1
+  rc=$?; tail -8 $OUT/videoab.log
+  end videoab $rc "$(table $OUT/videoab.log 'part     size')"
 fi
 
 if has attention; then

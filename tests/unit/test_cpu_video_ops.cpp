@@ -3,6 +3,7 @@
 // conv3d_frames equals a plain 3-D convolution valid in time, with bias, residual and SiLU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -79,6 +80,37 @@ TEST(CpuVideoOps, Conv3dFramesIsA3dConvolution) {
   EXPECT_FALSE(b->conv3d_frames(x, test::random_tensor({K, C, 8, k}, 8), kt, bias,
                                 Conv2dParams::same(k), Tensor(), Activation::kNone)
                    .ok());
+}
+
+// conv3d_frames_after: the past frames in one tensor or in two (a causal cache that keeps its
+// frames as they came), then the chunk, give what conv3d_frames gives on the joined frames.
+TEST(CpuVideoOps, Conv3dFramesAfterPastTensors) {
+  auto b = cpu();
+  const int T = 2, kt = 3, C = 4, K = 5, H = 6, W = 7, k = 3;
+  const Tensor x = test::random_tensor({T + kt - 1, C, H, W}, 13);
+  const Tensor w = test::random_tensor({K, C, kt * k, k}, 14, -0.3f, 0.3f);
+  const Tensor bias = test::random_tensor({K}, 15);
+  auto frames = [&](int64_t first, int64_t count) {
+    Tensor t = Tensor::empty({count, C, H, W}, DType::kF32);
+    const int64_t plane = C * H * W;
+    std::copy(x.data_as<float>() + first * plane, x.data_as<float>() + (first + count) * plane,
+              t.data_as<float>());
+    return t;
+  };
+  auto want = b->conv3d_frames(x, w, kt, bias, Conv2dParams::same(k), Tensor(), Activation::kSiLU);
+  ASSERT_TRUE(want.ok()) << want.status().message();
+  auto one = b->conv3d_frames_after({frames(0, 2)}, frames(2, T), w, kt, bias,
+                                    Conv2dParams::same(k), Tensor(), Activation::kSiLU);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(relative_l2(*one, *want), 0.0);
+  auto two = b->conv3d_frames_after({frames(0, 1), frames(1, 1)}, frames(2, T), w, kt, bias,
+                                    Conv2dParams::same(k), Tensor(), Activation::kSiLU);
+  ASSERT_TRUE(two.ok()) << two.status().message();
+  EXPECT_EQ(relative_l2(*two, *want), 0.0);
+  // Past frames of another size: an error naming the tensors, not a crash.
+  auto bad = b->conv3d_frames_after({test::random_tensor({2, C, H + 1, W}, 16)}, frames(2, T), w,
+                                    kt, bias, Conv2dParams::same(k), Tensor(), Activation::kNone);
+  EXPECT_FALSE(bad.ok());
 }
 
 }  // namespace

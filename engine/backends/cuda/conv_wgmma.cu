@@ -36,12 +36,13 @@ constexpr int kStages = 4;
 struct Params {
   const void* x0;
   const void* x1;
+  const void* x2;
   const void* weight;
   const void* bias;
   const void* residual;
   void* y;
   int64_t frame_elems;  // h * w * c
-  int n0, m, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
+  int n0, n1, m, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
   int ohw, ow, stride;  // output pixels a frame, output width, spatial stride
 };
 
@@ -145,8 +146,10 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
   const T* bptr = wt + static_cast<int64_t>(n0 + (tid >> 3)) * p.ktot + jc * 8;
   const uint32_t swz = (jc ^ ((tid >> 3) & 7)) << 4;  // r % 8 == (tid / 8) % 8 for every row
   const uint32_t row_dst = (tid >> 3) * 128 + swz;
-  // Input frames past x0 continue in x1: a pointer to where x1's frame -n0 would be.
+  // Input frames past x0 continue in x1, those past x1 in x2: pointers to where x1's frame -n0
+  // and x2's frame -n1 would be.
   const T* x1_shifted = x1 - static_cast<int64_t>(p.n0) * p.frame_elems;
+  const T* x2_shifted = static_cast<const T*>(p.x2) - static_cast<int64_t>(p.n1) * p.frame_elems;
 
   auto load_step = [&](int kc, int slot) {
     const uint32_t as = base + slot * kStageBytes + row_dst,
@@ -158,10 +161,12 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
         static_cast<int64_t>(dt) * p.frame_elems + static_cast<int64_t>(dy * p.w + dx) * p.c + ch;
     const T* base0 = x0 + delta;
     const T* base1 = x1_shifted + delta;
+    const T* base2 = x2_shifted + delta;
 #pragma unroll
     for (int i = 0; i < kRowsA; ++i) {
       const bool ok = kin && ((rmask[i] >> sp) & 1u);
-      const T* src = (rframe[i] + dt < p.n0 ? base0 : base1) + roff[i];
+      const int f = rframe[i] + dt;
+      const T* src = (f < p.n0 ? base0 : f < p.n1 ? base1 : base2) + roff[i];
       cp_async16_zfill(as + i * 32 * 128, src, ok ? 16 : 0);
     }
 #pragma unroll
@@ -349,7 +354,9 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   const int64_t m = static_cast<int64_t>(a.frames) * a.out_h * a.out_w;
   const int64_t ktot = static_cast<int64_t>(a.kt) * a.r * a.s * a.c;
   if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
-  if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || !aligned16(a.weight) ||
+  if (a.x2 && (!a.x1 || a.n1 <= a.n0 || a.n1 > a.frames + a.kt - 1)) return false;
+  if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || (a.x2 && !aligned16(a.x2)) ||
+      !aligned16(a.weight) ||
       (a.y && !aligned16(a.y)) || (a.residual && !aligned16(a.residual)))
     return false;
   return current_device_runs_sm90a();
@@ -372,12 +379,14 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   Params p{};
   p.x0 = a.x0;
   p.x1 = a.x1 ? a.x1 : a.x0;
+  p.x2 = a.x2 ? a.x2 : p.x1;
   p.weight = a.weight;
   p.bias = a.bias;
   p.residual = a.residual;
   p.y = a.y;
   p.frame_elems = static_cast<int64_t>(a.h) * a.w * a.c;
   p.n0 = a.x1 ? a.n0 : a.frames + a.kt;  // no x1: every frame from x0
+  p.n1 = a.x2 ? a.n1 : a.frames + a.kt;  // no x2: every frame past x0 from x1
   p.stride = a.stride;
   p.ow = a.out_w;
   p.ohw = a.out_h * a.out_w;

@@ -6,9 +6,10 @@
 // devices.
 //
 // The GEMM: M = output pixels (frames x H x W), N = output channels, K = taps x R x S x Cin.
-// Input frames come from two places so a causal cache needs no join: output frame t reads input
-// frames t .. t + kt - 1, and input frame f is frame f of `x0` when f < n0, else frame f - n0
-// of `x1` (a 2-D convolution: kt = 1, n0 = the batch, x1 unused).
+// Input frames come from up to three places so a causal cache needs no join: output frame t
+// reads input frames t .. t + kt - 1, and input frame f is frame f of `x0` when f < n0, else
+// frame f - n0 of `x1` when f < n1, else frame f - n1 of `x2` (a 2-D convolution: kt = 1, n0 =
+// the batch, x1 and x2 unused).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,10 @@ namespace latent::cuda {
 
 struct ConvWgmmaArgs {
   const void* x0 = nullptr;  // input frames [0, n0): [n0][h][w][c]
-  const void* x1 = nullptr;  // input frames [n0, frames + kt - 1): [..][h][w][c]
+  const void* x1 = nullptr;  // input frames [n0, n1): [..][h][w][c]
+  const void* x2 = nullptr;  // input frames [n1, frames + kt - 1), or null (x1 has them all)
   int n0 = 0;
+  int n1 = 0;  // with x2 only
   int frames = 0;                  // output frames (or images)
   int h = 0, w = 0, c = 0;         // input height, width, channels (c % 8 == 0)
   int k = 0;                       // output channels

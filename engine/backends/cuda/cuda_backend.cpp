@@ -210,24 +210,31 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv3d_frames(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                const Conv2dParams& p, const Tensor& residual,
                                Activation act) override;
-  // The frames of `past` then those of x read in place by the implicit-GEMM kernel where it takes
-  // the call (no join); else the default (join, then conv3d_frames).
-  Result<Tensor> conv3d_frames_after(const Tensor& past, const Tensor& x, const Tensor& w, int kt,
-                                     const Tensor& bias, const Conv2dParams& p,
-                                     const Tensor& residual, Activation act) override {
+  // The frames of the `past` tensors then those of x read in place by the implicit-GEMM kernel
+  // where it takes the call (no join); else the default (join, then conv3d_frames).
+  Result<Tensor> conv3d_frames_after(const std::vector<Tensor>& past, const Tensor& x,
+                                     const Tensor& w, int kt, const Tensor& bias,
+                                     const Conv2dParams& p, const Tensor& residual,
+                                     Activation act) override {
     Result<Tensor> y = run("conv3d_frames", [&]() -> Result<Tensor> {
+      if (past.empty() || past.size() > 2)
+        return Status::errorf("conv3d_frames_after takes 1 or 2 past tensors, not ", past.size());
       if (!options_.conv3d) return Tensor();
-      LATENT_TRY(check_tensor("past frames", past, 4, "[P, Cin, H, W]"));
+      int64_t before = 0;
+      for (const Tensor& q : past) {
+        LATENT_TRY(check_tensor("past frames", q, 4, "[P, Cin, H, W]"));
+        if (q.dim(1) != x.dim(1) || q.dim(2) != x.dim(2) || q.dim(3) != x.dim(3))
+          return Status::errorf("past frames ", shape_str(q.shape()), " and x ",
+                                shape_str(x.shape()), " differ in channels or size");
+        before += q.dim(0);
+      }
       LATENT_TRY(check_tensor("input x", x, 4, "[T, Cin, H, W]"));
       LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
-      if (past.dim(1) != x.dim(1) || past.dim(2) != x.dim(2) || past.dim(3) != x.dim(3))
-        return Status::errorf("past frames ", shape_str(past.shape()), " and x ",
-                              shape_str(x.shape()), " differ in channels or size");
-      const int64_t frames = past.dim(0) + x.dim(0) - kt + 1;
+      const int64_t frames = before + x.dim(0) - kt + 1;
       if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || frames < 1)
         return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
-                              " temporal taps does not fit past ", shape_str(past.shape()),
-                              " and x ", shape_str(x.shape()));
+                              " temporal taps does not fit ", before, " past frames and x ",
+                              shape_str(x.shape()));
       if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
         return Status::errorf("invalid stride ", p.stride, " or padding");
       const int64_t ho = (x.dim(2) + p.pad_top + p.pad_bottom - w.dim(2) / kt) / p.stride + 1,
@@ -236,7 +243,8 @@ class CudaBackend final : public Backend {
         return Status::errorf("kernel of w ", shape_str(w.shape()),
                               " is larger than the padded frames of x ", shape_str(x.shape()));
       LATENT_TRY(check_conv3d_epilogue(bias, residual, act, w, {frames, w.dim(0), ho, wo}));
-      return conv_wgmma(past, x, w, kt, bias, p, residual, act, frames);
+      if (past.size() == 1) return conv_wgmma(past[0], x, w, kt, bias, p, residual, act, frames);
+      return conv_wgmma(past[0], past[1], w, kt, bias, p, residual, act, frames, x);
     });
     if (!y.ok() || y.value().defined()) return y;
     return Backend::conv3d_frames_after(past, x, w, kt, bias, p, residual, act);
@@ -333,14 +341,15 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv2d_locked(const Tensor& x, const Tensor& w, const Tensor& bias,
                                const Conv2dParams& p, const Tensor& residual, Activation act);
   // The Hopper implicit-GEMM convolution (conv_wgmma.cu) over `frames` output frames: input
-  // frames are those of x0, then those of x1 (if defined), output frame t reads input frames
+  // frames are those of x0, then those of x1 (if defined), then those of x2 (if defined: x1 is
+  // then too), output frame t reads input frames
   // t .. t + kt - 1; w [Cout, Cin, kt * kh, kw]. Arguments already checked by the caller. An
   // undefined tensor (no error) when the kernel does not take this call (not a 9.0 device,
   // LATENT_CUDA_CONV=cudnn, fp32, a stride above 2, channels) or, by default, a shape where
   // cuDNN was faster.
   Result<Tensor> conv_wgmma(const Tensor& x0, const Tensor& x1, const Tensor& w, int kt,
                             const Tensor& bias, const Conv2dParams& p, const Tensor& residual,
-                            Activation act, int64_t frames) {
+                            Activation act, int64_t frames, const Tensor& x2 = Tensor()) {
 #ifdef LATENT_CONV_WGMMA
     if (options_.conv_wgmma == 0) return Tensor();
     const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
@@ -360,6 +369,11 @@ class CudaBackend final : public Backend {
     a.x0 = x0.data();
     a.n0 = static_cast<int>(x0.dim(0));
     a.x1 = x1.defined() ? x1.data() : nullptr;
+    if (x2.defined()) {
+      if (x0.dim(0) + x1.dim(0) > big) return Tensor();
+      a.x2 = x2.data();
+      a.n1 = static_cast<int>(x0.dim(0) + x1.dim(0));
+    }
     a.frames = static_cast<int>(frames);
     a.h = static_cast<int>(x0.dim(2));
     a.w = static_cast<int>(x0.dim(3));
@@ -379,7 +393,7 @@ class CudaBackend final : public Backend {
     a.c = static_cast<int>(cpad);
     if (!cuda::conv_wgmma_fits(a, dtype_, launch_)) return Tensor();
     if (options_.conv_wgmma == 1 && !cuda::conv_wgmma_preferred(a)) return Tensor();
-    Tensor x0p, x1p, wp;  // the padded copies (alive until the kernel is queued)
+    Tensor x0p, x1p, x2p, wp;  // the padded copies (alive until the kernel is queued)
     if (cpad != cin) {
       const size_t es = dtype_size(dtype_);
       auto pad = [&](const Tensor& t, Tensor* out) -> Status {
@@ -394,6 +408,10 @@ class CudaBackend final : public Backend {
         LATENT_TRY(pad(x1, &x1p));
         a.x1 = x1p.data();
       }
+      if (x2.defined()) {
+        LATENT_TRY(pad(x2, &x2p));
+        a.x2 = x2p.data();
+      }
       LATENT_TRY(pad(w, &wp));
       a.weight = wp.data();
     }
@@ -404,7 +422,7 @@ class CudaBackend final : public Backend {
     return y;
 #else
     (void)x0, (void)x1, (void)w, (void)kt, (void)bias, (void)p, (void)residual, (void)act,
-        (void)frames;
+        (void)frames, (void)x2;
     return Tensor();
 #endif
   }

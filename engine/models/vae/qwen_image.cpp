@@ -27,7 +27,9 @@
 #include "engine/models/vae/qwen_image.h"
 
 #include <array>
+#include <cstdlib>
 #include <optional>
+#include <string>
 #include <variant>
 
 #include "engine/core/log.h"
@@ -61,10 +63,25 @@ Result<Tensor> zero_frames(Backend& b, int64_t n, const Tensor& x) {
 }
 
 // What a stream keeps between chunks, one slot per causal layer (diffusers' feat_cache).
+// LATENT_VIDEO_CACHE=copy: causal convs keep copies of their last 2 input frames, as before
+// session 10 (for A/B timing only; the results are the same).
+bool copy_cached_frames() {
+  static const bool copy = [] {
+    const char* e = std::getenv("LATENT_VIDEO_CACHE");
+    return e && std::string(e) == "copy";
+  }();
+  return copy;
+}
+
+// A causal conv keeps its last 2 input frames as the tensors they came in, not as a copy: `older`
+// (when defined) holds the first of them and `frames` the rest, so a chunk of one frame (the
+// full-resolution layers run frame by frame) costs no copy at all; at 720p a copy of 2 frames of
+// 96 channels moves ~0.7 GB, once per causal conv and frame.
 struct CausalCache {
-  std::vector<Tensor> frames;  // a causal conv's last 2 input frames; a downsampler's last frame
+  std::vector<Tensor> frames;  // a causal conv's last input frames; a downsampler's last frame
+  std::vector<Tensor> older;   // a causal conv's frame before `frames` (then each holds one)
   std::vector<char> started;   // resamplers: a chunk has passed (diffusers' non-None slot)
-  explicit CausalCache(int slots) : frames(slots), started(slots, 0) {}
+  explicit CausalCache(int slots) : frames(slots), older(slots), started(slots, 0) {}
 };
 
 // Pixels of p x p patches as channels, channel c*p*p + dy*p + dx (Backend::pack_latents'
@@ -137,38 +154,50 @@ struct CausalConv {
     const Tensor& last = temporal ? taps[2] : taps[0];
     if (!temporal || !cache) return b.conv2d(x, last, bias, params, residual, act);
     Tensor& past = cache->frames[slot];
+    Tensor& older = cache->older[slot];
     const int64_t t = x.dim(0);
     if (!past.defined() && t == 1) {
       // Zero past: only the last tap meets data.
-      LATENT_ASSIGN_OR_RETURN(Tensor zero, zero_frames(b, 1, x));
-      LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {zero, x}));
+      LATENT_ASSIGN_OR_RETURN(older, zero_frames(b, 1, x));
+      past = x;
       return b.conv2d(x, last, bias, params, residual, act);
     }
     if (!past.defined()) {
       LATENT_ASSIGN_OR_RETURN(past, zero_frames(b, 2, x));
+      older = Tensor();
     }
+    std::vector<Tensor> before;  // the 2 past frames, in one or two tensors
+    if (older.defined()) before.push_back(older);
+    before.push_back(past);
     Tensor y;
     if (fused.defined()) {
-      // The 2 past frames then x, read in place where the backend can (no join of the chunk).
+      // The past frames then x, read in place where the backend can (no join).
       LATENT_ASSIGN_OR_RETURN(
-          y, b.conv3d_frames_after(past, x, fused, 3, bias, params, residual, act));
-      // The next chunk's past: the last 2 of [past, x] (a copy of 2 frames).
-      if (t >= 2) {
-        LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(x, t - 2, 2)}));
-      } else {
-        LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(past, 1, 1), x}));
-      }
-      return y;
-    }
-    // xx: [T + 2, Cin, H, W], the 2 past frames then x
-    LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, {past, x}));
-    {
+          y, b.conv3d_frames_after(before, x, fused, 3, bias, params, residual, act));
+    } else {
+      std::vector<Tensor> parts = before;
+      parts.push_back(x);
+      // xx: [T + 2, Cin, H, W], the 2 past frames then x
+      LATENT_ASSIGN_OR_RETURN(Tensor xx, join_frames(b, parts));
       LATENT_ASSIGN_OR_RETURN(y,
                               b.conv2d(frame_view(xx, 0, t), taps[0], Tensor(), params, residual));
       LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));
       LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 2, t), taps[2], bias, params, y, act));
     }
-    LATENT_ASSIGN_OR_RETURN(past, join_frames(b, {frame_view(xx, t, 2)}));
+    // The next chunk's past, the last 2 frames of [past, x], as views (no copy). Nothing writes
+    // into a tensor once an op has returned it, so the views keep what the frames held.
+    if (t >= 2) {
+      older = Tensor();
+      past = frame_view(x, t - 2, 2);
+    } else {
+      older = older.defined() ? past : frame_view(past, 1, 1);
+      past = x;
+    }
+    if (copy_cached_frames()) {  // A/B against the cache of copies (bench/NOTES.md, session 10)
+      LATENT_ASSIGN_OR_RETURN(past, older.defined() ? join_frames(b, {older, past})
+                                                    : join_frames(b, {past}));
+      older = Tensor();
+    }
     return y;
   }
 };
