@@ -16,10 +16,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <thread>
 #include <cstdlib>
+#include <deque>
 #include <map>
+#include <thread>
 
 #include "elements/gstlatentcaps.h"
 #include "engine/backends/registry.h"
@@ -568,7 +568,7 @@ int64_t wall_us() {
 class TraceWriter {
  public:
   static TraceWriter* get() {
-    static TraceWriter* writer = [] () -> TraceWriter* {
+    static TraceWriter* writer = []() -> TraceWriter* {
       const char* path = std::getenv("LATENT_TRACE");
       if (!path || !*path) return nullptr;
       FILE* f = std::fopen(path, "a");
@@ -597,7 +597,9 @@ class TraceWriter {
     std::string rest;
   };
 
-  explicit TraceWriter(FILE* f) : file_(f) { std::thread([this] { run(); }).detach(); }
+  explicit TraceWriter(FILE* f) : file_(f) {
+    std::thread([this] { run(); }).detach();
+  }
 
   void run() {
     for (;;) {

@@ -44,10 +44,10 @@ constexpr int kGstLatentMaxSide = 8192;
 // `autoencoder-kl-4ch-s0.5-t0`, `qwen-image-vae-custom`, or the `latent_space` its config names),
 // so each template has a second structure without the field: it takes those names, and the
 // elements refuse a space their model does not produce with a message during negotiation.
-#define GST_LATENT_KNOWN_SPACES                                                          \
+#define GST_LATENT_KNOWN_SPACES                                                           \
   "{ sd, sdxl, sd3, flux1, flux2, qwen-image, wan2.2, hunyuan-video, hunyuan-video-1.5, " \
   "open-sora-1.3, latent-default }"
-#define GST_LATENT_CAPS_TEMPLATE_FOR(media)                                          \
+#define GST_LATENT_CAPS_TEMPLATE_FOR(media)                                              \
   media ", latent-space = (string) " GST_LATENT_KNOWN_SPACES ", " GST_LATENT_CAPS_FIELDS \
         "; " media ", " GST_LATENT_CAPS_FIELDS
 #define GST_LATENT_CAPS_TEMPLATE GST_LATENT_CAPS_TEMPLATE_FOR(GST_LATENT_MEDIA_TYPE)

@@ -380,9 +380,9 @@ TEST_P(CudaOps, Conv3dFrames) {
         close(what + " (past, x) [LATENT_CUDA_CONV=wgmma]", after_forced, want, conv_tol()));
     // The 2 past frames in two tensors of one frame each (a cache that kept the frames as they
     // came: the kernel reads three places).
-    Result<Tensor> after3 = gpu_->conv3d_frames_after(
-        {on_gpu(slice(0, 1)), on_gpu(slice(1, 1))}, on_gpu(slice(2, c.frames)), on_gpu(w), 3,
-        on_gpu(b), p, on_gpu(r), c.act);
+    Result<Tensor> after3 = gpu_->conv3d_frames_after({on_gpu(slice(0, 1)), on_gpu(slice(1, 1))},
+                                                      on_gpu(slice(2, c.frames)), on_gpu(w), 3,
+                                                      on_gpu(b), p, on_gpu(r), c.act);
     EXPECT_TRUE(close(what + " (past0, past1, x)", after3, want, conv_tol()));
     Result<Tensor> after3_forced = forced->conv3d_frames_after(
         {up(*forced, slice(0, 1)), up(*forced, slice(1, 1))}, up(*forced, slice(2, c.frames)),
@@ -395,9 +395,9 @@ TEST_P(CudaOps, Conv3dFrames) {
   {
     Tensor one = input({1, 8, 4, 4}, 790);
     Tensor w = input({8, 8, 9, 3}, 791, -0.1f, 0.1f);
-    Result<Tensor> r = gpu_->conv3d_frames_after({on_gpu(one), on_gpu(one), on_gpu(one)},
-                                                 on_gpu(one), on_gpu(w), 3, Tensor(),
-                                                 Conv2dParams::same(3));
+    Result<Tensor> r =
+        gpu_->conv3d_frames_after({on_gpu(one), on_gpu(one), on_gpu(one)}, on_gpu(one), on_gpu(w),
+                                  3, Tensor(), Conv2dParams::same(3));
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("1 or 2 past tensors"), std::string::npos)
         << r.status().message();

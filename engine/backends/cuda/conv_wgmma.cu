@@ -356,8 +356,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
   if (a.x2 && (!a.x1 || a.n1 <= a.n0 || a.n1 > a.frames + a.kt - 1)) return false;
   if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || (a.x2 && !aligned16(a.x2)) ||
-      !aligned16(a.weight) ||
-      (a.y && !aligned16(a.y)) || (a.residual && !aligned16(a.residual)))
+      !aligned16(a.weight) || (a.y && !aligned16(a.y)) || (a.residual && !aligned16(a.residual)))
     return false;
   return current_device_runs_sm90a();
 }

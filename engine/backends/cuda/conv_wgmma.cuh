@@ -26,7 +26,7 @@ struct ConvWgmmaArgs {
   const void* x1 = nullptr;  // input frames [n0, n1): [..][h][w][c]
   const void* x2 = nullptr;  // input frames [n1, frames + kt - 1), or null (x1 has them all)
   int n0 = 0;
-  int n1 = 0;  // with x2 only
+  int n1 = 0;                      // with x2 only
   int frames = 0;                  // output frames (or images)
   int h = 0, w = 0, c = 0;         // input height, width, channels (c % 8 == 0)
   int k = 0;                       // output channels

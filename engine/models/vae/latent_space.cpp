@@ -33,10 +33,17 @@ LatentSpace LatentSpace::from_mean_std(std::string name, int channels, int downs
 }
 
 const std::vector<std::string>& known_latent_spaces() {
-  static const std::vector<std::string> kNames = {
-      "sd",           "sdxl",          "sd3",           "flux1",
-      "flux2",        "qwen-image",    "wan2.2",        "hunyuan-video",
-      "hunyuan-video-1.5", "open-sora-1.3", "latent-default"};
+  static const std::vector<std::string> kNames = {"sd",
+                                                  "sdxl",
+                                                  "sd3",
+                                                  "flux1",
+                                                  "flux2",
+                                                  "qwen-image",
+                                                  "wan2.2",
+                                                  "hunyuan-video",
+                                                  "hunyuan-video-1.5",
+                                                  "open-sora-1.3",
+                                                  "latent-default"};
   return kNames;
 }
 

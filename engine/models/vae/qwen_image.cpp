@@ -62,17 +62,20 @@ Result<Tensor> zero_frames(Backend& b, int64_t n, const Tensor& x) {
   return b.zeros({n, x.dim(1), x.dim(2), x.dim(3)});
 }
 
-// What a stream keeps between chunks, one slot per causal layer (diffusers' feat_cache).
 // LATENT_VIDEO_CACHE=copy: causal convs keep copies of their last 2 input frames, as before
-// session 10 (for A/B timing only; the results are the same).
+// session 10 (for A/B timing only; the results are the same); `views` (or unset) is the default.
 bool copy_cached_frames() {
   static const bool copy = [] {
     const char* e = std::getenv("LATENT_VIDEO_CACHE");
-    return e && std::string(e) == "copy";
+    if (!e || !*e || std::string(e) == "views") return false;
+    if (std::string(e) == "copy") return true;
+    LATENT_WARN("LATENT_VIDEO_CACHE=", e, " is not views or copy: using views");
+    return false;
   }();
   return copy;
 }
 
+// What a stream keeps between chunks, one slot per causal layer (diffusers' feat_cache).
 // A causal conv keeps its last 2 input frames as the tensors they came in, not as a copy: `older`
 // (when defined) holds the first of them and `frames` the rest, so a chunk of one frame (the
 // full-resolution layers run frame by frame) costs no copy at all; at 720p a copy of 2 frames of
@@ -184,8 +187,9 @@ struct CausalConv {
       LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 1, t), taps[1], Tensor(), params, y));
       LATENT_ASSIGN_OR_RETURN(y, b.conv2d(frame_view(xx, 2, t), taps[2], bias, params, y, act));
     }
-    // The next chunk's past, the last 2 frames of [past, x], as views (no copy). Nothing writes
-    // into a tensor once an op has returned it, so the views keep what the frames held.
+    // The next chunk's past, the last 2 frames of [past, x], as views (no copy). No backend op
+    // writes into its inputs (copy_into aside, which only graph replays use: image-mode plans
+    // and the DiT, never a stream's tensors), so the views keep what the frames held.
     if (t >= 2) {
       older = Tensor();
       past = frame_view(x, t - 2, 2);
@@ -194,8 +198,8 @@ struct CausalConv {
       past = x;
     }
     if (copy_cached_frames()) {  // A/B against the cache of copies (bench/NOTES.md, session 10)
-      LATENT_ASSIGN_OR_RETURN(past, older.defined() ? join_frames(b, {older, past})
-                                                    : join_frames(b, {past}));
+      LATENT_ASSIGN_OR_RETURN(
+          past, older.defined() ? join_frames(b, {older, past}) : join_frames(b, {past}));
       older = Tensor();
     }
     return y;
