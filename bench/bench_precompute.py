@@ -240,13 +240,15 @@ def run_encoder_alone(model, args) -> dict:
                "source": src.format(n="N")}
         if env is not None and os.path.exists(env["LATENT_TRACE"]):
             # The second, longer run's marks from its 10th frame on (start-up left out).
-            marks = [l.split() for l in open(env["LATENT_TRACE"], encoding="utf-8")]
-            runs = [i for i, m in enumerate(marks) if m[3] == "in" and m[4] == "0"]
+            from trace_gaps import read_marks
+
+            marks = read_marks(env["LATENT_TRACE"])
+            runs = [i for i, m in enumerate(marks) if m["label"] == "in" and m["n"] == 0]
             if len(runs) >= 2:
-                steady = [m for m in marks[runs[-1]:] if int(m[4]) >= 10]
+                steady = [m for m in marks[runs[-1]:] if m["n"] >= 10]
                 if steady:
-                    row["trace"] = trace_summary(env["LATENT_TRACE"], int(steady[0][0]) / 1e6,
-                                                 max(int(m[1]) for m in steady) / 1e6)
+                    row["trace"] = trace_summary(env["LATENT_TRACE"], steady[0]["queued"],
+                                                 max(m["reached"] for m in steady))
         return row
 
 

@@ -787,7 +787,7 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
   }
   latent::Result<latent::Tensor> sample = latent::Status::error("unset");
   const bool trace = gst_latent_trace_enabled();
-  const int64_t index = v.frames_in;  // this frame's in the clip (the marks' n)
+  const int64_t index = v.frames_in;  // this frame's index in the clip (the marks' n)
   if (trace) gst_latent_trace_mark(GST_LATENT_BASE(self), *model.backend, "in", index);
   if (problem.empty()) {
     sample = read_frame(self, n, input, model, /*wait_for_read=*/true, video_stager(self, model));
