@@ -151,7 +151,9 @@ TEST(GstCudaVideo, DeviceMemoryDoesNotGrowWithTheClip) {
   const size_t short_clip = peak_used(50);
   const size_t long_clip = peak_used(500);
   // Caches and one chunk: 450 more 256x256 frames (768 KiB each as fp32) would add > 300 MiB.
-  EXPECT_LT(long_clip, short_clip + (32u << 20))
+  // The allowance is two of the pool's 32 MiB growth steps (cudaMemGetInfo counts what the pool
+  // reserves): on an H200 the 500-frame run once ended exactly one step above the 50-frame one.
+  EXPECT_LT(long_clip, short_clip + (64u << 20))
       << "peak device memory in use: " << (short_clip >> 20) << " MiB for 50 frames, "
       << (long_clip >> 20) << " MiB for 500";
 }
