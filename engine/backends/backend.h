@@ -177,6 +177,14 @@ class Backend {
   // (-1 where it is not tracked, e.g. the CPU).
   virtual int64_t peak_memory_bytes() const { return -1; }
   virtual void reset_peak_memory() {}
+  // Device memory now, in bytes (-1 where not tracked): `in_use` by tensors, scratch and the
+  // captured graphs' own buffers; `held` from the driver (in use plus what the backend keeps
+  // for reuse).
+  struct MemoryUse {
+    int64_t in_use = -1;
+    int64_t held = -1;
+  };
+  virtual MemoryUse memory_use() const { return {}; }
 
   // y = act(conv(x, w) + bias + residual).
   // x: [N, Cin, H, W]; w: [Cout, Cin, kh, kw]; bias: [Cout] or undefined;
@@ -310,6 +318,12 @@ class Backend {
   // Tensors the captured ops return are only valid during replays: keep none past end_capture()
   // except by copying into a tensor made before begin_capture(). The defaults: not supported.
   virtual bool supports_capture() const { return false; }
+  // Between record_allocations(true) and (false), the buffers this thread's ops allocate (a plain
+  // run of what is captured next) are recorded; the next begin_capture() of this thread lays
+  // them out by lifetime in one arena the graph keeps, instead of leaving the layout to the
+  // graph allocator. A capture whose allocations differ from the recording fails at
+  // end_capture() (capture again: the recording is used once). The default: nothing recorded.
+  virtual void record_allocations(bool on) { (void)on; }
   virtual Status begin_capture() {
     return Status::errorf("graph capture is not supported by backend ", name());
   }

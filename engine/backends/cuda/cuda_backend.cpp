@@ -186,6 +186,13 @@ class CudaBackend final : public Backend {
     ctx_->reset_peak();
     cuda::reset_graph_memory_high(ctx_->device());  // plans
   }
+  MemoryUse memory_use() const override {
+    MemoryUse m;
+    const int64_t used = ctx_->used_bytes(), reserved = ctx_->reserved_bytes();
+    if (used >= 0) m.in_use = used + cuda::graph_memory_used(ctx_->device());
+    if (reserved >= 0) m.held = reserved + cuda::graph_memory_reserved(ctx_->device());
+    return m;
+  }
 
   Result<Tensor> conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& residual, Activation act) override;
@@ -252,6 +259,7 @@ class CudaBackend final : public Backend {
 
   // === plans: graph capture and the on-disk plan cache (graph.h) ===
   bool supports_capture() const override { return true; }
+  void record_allocations(bool on) override { ctx_->record_allocations(on); }
   Status begin_capture() override;
   Result<std::shared_ptr<CapturedGraph>> end_capture() override;
   Status replay(const CapturedGraph& graph) override;
@@ -704,13 +712,34 @@ Status CudaBackend::begin_capture() {
   if (capturing_) return Status::errorf(ctx_->label(), ": this thread is already capturing");
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx_->device()));
-  // The graph keeps its own cuDNN workspace, as large as any convolution run so far needed
-  // (the shared one may be regrown, and so moved, by later shapes).
+  // The graph keeps its own cuDNN workspace, as large as any convolution run so far asked for
+  // (the shared one may be regrown, and so moved, by later shapes; its size is rounded up). It
+  // takes the shared one's place: that one is freed, and plain runs after the capture grow a new
+  // one if they need it.
   capture_workspace_.reset();
-  if (workspace_.size() > 0) {
-    LATENT_ASSIGN_OR_RETURN(capture_workspace_, ctx_->allocate_storage(workspace_.size()));
+  const size_t workspace_bytes = (workspace_.largest_request() + 255) / 256 * 256;
+  workspace_.release();
+  // With a recording of this thread's allocations (record_allocations), the graph's buffers
+  // come from one arena laid out by their lifetimes, kept with the workspace in one buffer the
+  // graph owns; without one they are graph memory.
+  const size_t arena_bytes = ctx_->has_recording() ? ctx_->plan_arena_bytes() : 0;
+  if (workspace_bytes + arena_bytes > 0) {
+    LATENT_ASSIGN_OR_RETURN(std::shared_ptr<Storage> whole,
+                            ctx_->allocate_storage(arena_bytes + workspace_bytes));
+    char* at = static_cast<char*>(whole->data());
+    capture_workspace_ = std::make_shared<Storage>(at + arena_bytes, workspace_bytes,
+                                                   whole->device(), [whole](void*) {});
+    if (arena_bytes > 0) ctx_->serve_allocations(at);
   }
-  LATENT_TRY(cuda::begin_stream_capture(*ctx_));
+  // Hand back to the driver the pool memory no buffer holds now (what the plain runs before the
+  // capture used), so that the graph's memory does not come on top of it.
+  Status trimmed = ctx_->trim();
+  if (trimmed.ok()) trimmed = cuda::begin_stream_capture(*ctx_);
+  if (!trimmed.ok()) {
+    if (arena_bytes > 0) (void)ctx_->end_serving();
+    capture_workspace_.reset();
+    return trimmed;
+  }
   conv_plans_->set_capturing(true);
   capturing_ = true;
   capture_thread_ = std::this_thread::get_id();
@@ -723,8 +752,14 @@ Result<std::shared_ptr<CapturedGraph>> CudaBackend::end_capture() {
     return Status::errorf(ctx_->label(), ": end_capture without begin_capture on this thread");
   DeviceGuard guard;
   Status st = guard.set(ctx_->device());
+  const bool planned = ctx_->has_serving();
+  const bool matched = !planned || ctx_->end_serving();
   auto made = cuda::end_stream_capture(ctx_, std::move(capture_workspace_));
   capture_workspace_.reset();
+  if (made.ok() && !matched) {
+    made = Status::errorf(ctx_->label(), ": the captured run allocated other buffers than the "
+                                         "recorded one (its arena layout does not apply)");
+  }
   conv_plans_->set_capturing(false);
   capturing_ = false;
   lock.unlock();

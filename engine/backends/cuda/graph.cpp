@@ -70,6 +70,23 @@ int64_t graph_memory_high(int device) {
   return static_cast<int64_t>(high);
 }
 
+namespace {
+int64_t graph_attribute(int device, cudaGraphMemAttributeType attr) {
+  uint64_t v = 0;
+  if (cudaDeviceGetGraphMemAttribute(device, attr, &v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(v);
+}
+}  // namespace
+
+int64_t graph_memory_used(int device) { return graph_attribute(device, cudaGraphMemAttrUsedMemCurrent); }
+
+int64_t graph_memory_reserved(int device) {
+  return graph_attribute(device, cudaGraphMemAttrReservedMemCurrent);
+}
+
 void reset_graph_memory_high(int device) {
   uint64_t zero = 0;
   LATENT_CUDA_WARN(cudaDeviceSetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &zero));

@@ -1,5 +1,6 @@
 #include "engine/backends/cuda/memory.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -61,6 +62,35 @@ DeviceContext::~DeviceContext() {
 
 Result<void*> DeviceContext::allocate(size_t bytes) {
   const size_t rounded = ((bytes > 0 ? bytes : 1) + 255) / 256 * 256;
+  bool record = false;
+  if (plan_active_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(plan_mutex_);
+    if (plan_thread_ == std::this_thread::get_id()) {
+      if (plan_mode_ == PlanMode::kServing) {
+        const size_t i = served_.size();
+        if (!plan_mismatch_ && i < recorded_.size() && recorded_[i].bytes == rounded) {
+          served_.push_back({rounded, plan_clock_++, -1});
+          void* p = arena_ + offsets_[i];
+          plan_live_[p] = i;
+          if (poison_) LATENT_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, rounded, stream_));
+          return p;
+        }
+        plan_mismatch_ = true;  // from here on the pool's own buffers (graph memory)
+      } else if (plan_mode_ == PlanMode::kRecording) {
+        record = true;
+      }
+    }
+  }
+  Result<void*> r = allocate_from_pool(rounded);
+  if (record && r.ok()) {
+    std::lock_guard<std::mutex> lock(plan_mutex_);
+    plan_live_[r.value()] = recorded_.size();
+    recorded_.push_back({rounded, plan_clock_++, -1});
+  }
+  return r;
+}
+
+Result<void*> DeviceContext::allocate_from_pool(size_t rounded) {
   DeviceGuard guard;
   LATENT_TRY(guard.set(device_));
   void* ptr = nullptr;
@@ -80,7 +110,7 @@ Result<void*> DeviceContext::allocate(size_t bytes) {
     (void)cudaGetLastError();
     LATENT_ERROR(label_, ": cudaMallocFromPoolAsync(", rounded,
                  ") failed: ", cudaGetErrorString(rc));
-    return Status::errorf(label_, ": cannot allocate ", bytes, " bytes of device memory (",
+    return Status::errorf(label_, ": cannot allocate ", rounded, " bytes of device memory (",
                           free_bytes >> 20, " MiB of ", total_bytes >> 20,
                           " MiB free): ", cudaGetErrorString(rc));
   }
@@ -90,6 +120,18 @@ Result<void*> DeviceContext::allocate(size_t bytes) {
 
 void DeviceContext::release(void* ptr) {
   if (!ptr) return;
+  if (plan_active_.load(std::memory_order_acquire)) {  // recording or serving (arena_ set)
+    std::lock_guard<std::mutex> lock(plan_mutex_);
+    auto it = plan_live_.find(ptr);
+    if (it != plan_live_.end()) {
+      auto& events = plan_mode_ == PlanMode::kServing ? served_ : recorded_;
+      if (it->second < events.size()) events[it->second].died = plan_clock_++;
+      plan_live_.erase(it);
+    }
+    // A buffer of the arena is not the pool's: the arena goes with the graph.
+    if (arena_ && static_cast<char*>(ptr) >= arena_ && static_cast<char*>(ptr) < arena_ + arena_bytes_)
+      return;
+  }
   DeviceGuard guard;
   if (!guard.set(device_).ok()) return;
   const cudaError_t rc = cudaFreeAsync(ptr, stream_);
@@ -125,6 +167,33 @@ int64_t DeviceContext::peak_bytes() const {
   return static_cast<int64_t>(high);
 }
 
+namespace {
+int64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  uint64_t v = 0;
+  if (cudaMemPoolGetAttribute(pool, attr, &v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(v);
+}
+}  // namespace
+
+int64_t DeviceContext::used_bytes() const {
+  return pool_attribute(pool_, cudaMemPoolAttrUsedMemCurrent);
+}
+
+int64_t DeviceContext::reserved_bytes() const {
+  return pool_attribute(pool_, cudaMemPoolAttrReservedMemCurrent);
+}
+
+Status DeviceContext::trim() {
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(device_));
+  LATENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  LATENT_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+  return ok_status();
+}
+
 void DeviceContext::reset_peak() {
   uint64_t zero = 0;  // the only value accepted: resets the mark to the current use
   LATENT_CUDA_WARN(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));
@@ -144,6 +213,7 @@ void TempBuffer::reset() {
 }
 
 Result<void*> GrowableBuffer::ensure(DeviceContext& ctx, size_t bytes) {
+  if (bytes > largest_) largest_ = bytes;
   if (bytes <= size_ && buffer_.get()) return buffer_.get();
   // Grow by at least half again so a sequence of slightly larger requests does not churn.
   const size_t grown = bytes > size_ + size_ / 2 ? bytes : size_ + size_ / 2;
@@ -152,6 +222,95 @@ Result<void*> GrowableBuffer::ensure(DeviceContext& ctx, size_t bytes) {
   LATENT_TRY(buffer_.allocate(ctx, grown));
   size_ = grown;
   return buffer_.get();
+}
+
+// === Planned allocations for graph captures (plans) ===
+
+void DeviceContext::record_allocations(bool on) {
+  std::lock_guard<std::mutex> lock(plan_mutex_);
+  // One thread at a time: while another thread records or is served, this one records nothing
+  // (its capture then uses graph memory).
+  if (plan_mode_ != PlanMode::kIdle && plan_thread_ != std::this_thread::get_id()) return;
+  if (on) {
+    recorded_.clear();
+    served_.clear();
+    plan_live_.clear();
+    plan_clock_ = 0;
+    plan_thread_ = std::this_thread::get_id();
+    plan_mode_ = PlanMode::kRecording;
+    plan_active_.store(true, std::memory_order_release);
+  } else if (plan_mode_ == PlanMode::kRecording) {
+    plan_mode_ = PlanMode::kIdle;
+    plan_live_.clear();  // buffers still alive count as never freed
+    plan_active_.store(false, std::memory_order_release);
+  }
+}
+
+// Greedy placement by size (largest first): each buffer goes to the lowest offset where it
+// overlaps no placed buffer whose lifetime overlaps its own.
+void DeviceContext::plan_offsets() {
+  const size_t n = recorded_.size();
+  constexpr int64_t kForever = INT64_MAX;
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return recorded_[a].bytes > recorded_[b].bytes; });
+  offsets_.assign(n, 0);
+  std::vector<size_t> placed;
+  arena_bytes_ = 0;
+  for (size_t i : order) {
+    const int64_t born = recorded_[i].born,
+                  died = recorded_[i].died < 0 ? kForever : recorded_[i].died;
+    std::vector<std::pair<size_t, size_t>> busy;  // [offset, end) of lifetime-overlapping ones
+    for (size_t j : placed) {
+      const int64_t jb = recorded_[j].born, jd = recorded_[j].died < 0 ? kForever : recorded_[j].died;
+      if (jb < died && born < jd) busy.push_back({offsets_[j], offsets_[j] + recorded_[j].bytes});
+    }
+    std::sort(busy.begin(), busy.end());
+    size_t off = 0;
+    for (const auto& [b, e] : busy) {
+      if (off + recorded_[i].bytes <= b) break;
+      off = std::max(off, e);
+    }
+    offsets_[i] = off;
+    arena_bytes_ = std::max(arena_bytes_, off + recorded_[i].bytes);
+    placed.push_back(i);
+  }
+}
+
+size_t DeviceContext::plan_arena_bytes() {
+  std::lock_guard<std::mutex> lock(plan_mutex_);
+  if (recorded_.empty()) return 0;
+  plan_offsets();
+  return arena_bytes_;
+}
+
+void DeviceContext::serve_allocations(void* arena) {
+  std::lock_guard<std::mutex> lock(plan_mutex_);
+  arena_ = static_cast<char*>(arena);
+  served_.clear();
+  plan_live_.clear();
+  plan_clock_ = 0;
+  plan_mismatch_ = false;
+  plan_thread_ = std::this_thread::get_id();
+  plan_mode_ = PlanMode::kServing;
+  plan_active_.store(true, std::memory_order_release);
+}
+
+bool DeviceContext::end_serving() {
+  std::lock_guard<std::mutex> lock(plan_mutex_);
+  bool same = !plan_mismatch_ && served_.size() == recorded_.size();
+  for (size_t i = 0; same && i < served_.size(); ++i)
+    same = served_[i].bytes == recorded_[i].bytes && served_[i].born == recorded_[i].born &&
+           served_[i].died == recorded_[i].died;
+  plan_mode_ = PlanMode::kIdle;
+  plan_active_.store(false, std::memory_order_release);
+  plan_live_.clear();
+  recorded_.clear();
+  served_.clear();
+  arena_ = nullptr;
+  arena_bytes_ = 0;
+  return same;
 }
 
 }  // namespace latent::cuda

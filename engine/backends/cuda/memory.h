@@ -9,9 +9,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
@@ -50,6 +55,7 @@ class DeviceContext : public std::enable_shared_from_this<DeviceContext> {
   // A buffer usable by work queued on stream() from now on (256-byte aligned). Retries once
   // after trimming the pool when the device is out of memory.
   Result<void*> allocate(size_t bytes);
+  Result<void*> allocate_from_pool(size_t rounded);
   // Returns a buffer to the pool once the work queued on stream() so far has run.
   void release(void* ptr);
   // A Storage on this device that releases its buffer through the pool when dropped.
@@ -61,6 +67,36 @@ class DeviceContext : public std::enable_shared_from_this<DeviceContext> {
   int64_t peak_bytes() const;
   // Restarts the peak from what is in use now.
   void reset_peak();
+  // Bytes of the pool in use now / reserved from the driver now (-1 on failure).
+  int64_t used_bytes() const;
+  int64_t reserved_bytes() const;
+  // Waits for the stream, then hands the pool memory no buffer holds back to the driver (the pool
+  // otherwise keeps everything it ever reserved).
+  Status trim();
+
+  // === Planned allocations for graph captures (plans) ===
+  // record_allocations(true) .. (false): the sizes and lifetimes of the buffers the calling
+  // thread allocates in between (a plain forward) are recorded. serve_allocations() then lays
+  // them out by lifetime in one arena of arena_bytes() (greedy, largest first) and, until
+  // end_serving(), hands the calling thread's allocations out of it in the recorded order (the
+  // same forward, captured as a graph: its buffers are then not graph memory). end_serving()
+  // says whether every allocation and free matched the recording; a graph captured while they
+  // did not must be discarded (buffers laid out for other lifetimes may overlap).
+  void record_allocations(bool on);
+  // Whether the calling thread recorded allocations not yet served.
+  bool has_recording() {
+    std::lock_guard<std::mutex> lock(plan_mutex_);
+    return plan_mode_ == PlanMode::kIdle && !recorded_.empty() &&
+           plan_thread_ == std::this_thread::get_id();
+  }
+  // The arena size the current recording needs (0 without one).
+  size_t plan_arena_bytes();
+  void serve_allocations(void* arena);
+  bool has_serving() {
+    std::lock_guard<std::mutex> lock(plan_mutex_);
+    return plan_mode_ == PlanMode::kServing;
+  }
+  bool end_serving();
 
  private:
   DeviceContext() = default;
@@ -71,6 +107,25 @@ class DeviceContext : public std::enable_shared_from_this<DeviceContext> {
   cudaDeviceProp props_{};
   std::string label_;
   bool poison_ = false;
+
+  // plans: the recording / serving state (one thread at a time; plan_mutex_ guards it).
+  struct AllocEvent {
+    size_t bytes = 0;
+    int64_t born = 0, died = -1;  // event clock; -1: not freed
+  };
+  enum class PlanMode { kIdle, kRecording, kServing };
+  std::atomic<bool> plan_active_{false};
+  std::mutex plan_mutex_;
+  PlanMode plan_mode_ = PlanMode::kIdle;
+  std::thread::id plan_thread_;
+  std::vector<AllocEvent> recorded_, served_;
+  std::vector<size_t> offsets_;
+  std::unordered_map<void*, size_t> plan_live_;
+  int64_t plan_clock_ = 0;
+  char* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  bool plan_mismatch_ = false;
+  void plan_offsets();
 };
 
 // A scratch buffer released (stream-ordered) when the scope ends.
@@ -100,10 +155,20 @@ class GrowableBuffer {
   ~GrowableBuffer() { buffer_.reset(); }
   Result<void*> ensure(DeviceContext& ctx, size_t bytes);
   size_t size() const { return size_; }
+  // The most any ensure() asked for since creation or release() (size() may be up to half as
+  // large again: growth is rounded up).
+  size_t largest_request() const { return largest_; }
+  // Frees the buffer (stream-ordered); the next ensure() allocates again.
+  void release() {
+    buffer_.reset();
+    size_ = 0;
+    largest_ = 0;
+  }
 
  private:
   TempBuffer buffer_;
   size_t size_ = 0;
+  size_t largest_ = 0;
 };
 
 }  // namespace latent::cuda

@@ -48,7 +48,28 @@ Result<std::unique_ptr<PlannedPart>> PlannedPart::build(VaeModel& model, VaePart
   if (!in.ok()) return in.status().with_context(what);
   p->input_ = std::move(in).value();
 
+  // One more plain run with its buffers' sizes and lifetimes recorded: the capture lays them out
+  // by lifetime in one arena (the graph allocator's own layout held ~30 % more than a plain
+  // run's working set: bench/NOTES.md, session 11). Its output is dropped inside the recording,
+  // as the captured run's is.
+  b.record_allocations(true);
+  {
+    Result<Tensor> again = p->forward(example);
+    if (!again.ok()) {
+      b.record_allocations(false);
+      b.record_allocations(true);  // leave no recording behind for another capture
+      b.record_allocations(false);
+      return again.status().with_context(what);
+    }
+  }
+  b.record_allocations(false);
   Status st = p->capture();
+  if (!st.ok() && options.graph) {
+    // The arena did not fit the captured run (it allocated otherwise): capture once more with
+    // the graph allocator's layout.
+    LATENT_WARN(what, ": ", st.message(), "; capturing again without the arena");
+    st = p->capture();
+  }
   if (st.ok()) {
     // One replay now maps the graph's memory, so the first frame does not pay for it.
     st = b.replay(*p->graph_);
