@@ -521,6 +521,7 @@ def main():
                     continue
                 j = json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
                 row[key + "_ms"], row[key + "_peak_bytes"] = j["median_ms"], j.get("peak_bytes")
+                row[key + "_held_bytes"] = j.get("held_bytes")  # reserved from the driver after the runs
                 out = next(iter(load_file(outp_v).values())).float()
                 if suffix == "_fp8":
                     # FP8 linear layers: against PyTorch bf16, fp32, and our own bf16 output.

@@ -8,7 +8,11 @@ and size (512x512, 1024x1024, 1280x720, 1920x1088) it times encode and decode:
     warm-up, peak memory from torch.cuda.max_memory_allocated;
   - gst-latent: `latent-tool run --json` on the same weights (saved by diffusers), which reports
     the median and the engine's peak device memory; its output is checked against PyTorch's
-    (relative L2) so a fast wrong answer shows;
+    (relative L2) so a fast wrong answer shows. Memory: `ours_peak_bytes` is the most in use
+    from before planning on, weights and input included (an upper bound: the pool's mark plus
+    the graph's own); `ours_steady_extra_bytes` is counted as PyTorch's peak is (the most in use
+    during the timed runs beyond what was resident before them); `ours_held_bytes` is what the
+    engine holds from the driver after the runs;
   - the floor: FLOPs counted by torch.utils.flop_counter over the measured matrix-unit peak.
 Writes JSON to --out after every row (a timeout still leaves the rows done) and prints a table.
 
@@ -198,7 +202,8 @@ def mb(b):
 
 def print_table(rows):
     hdr = (f"{'model':6} {'part':7} {'size':9} {'eager':>8} {'compile':>8} {'ours':>8} {'vs comp':>7} "
-           f"{'floor':>7} {'relL2':>8} {'comp s':>6} {'peak MB eager/comp/ours':>23}")
+           f"{'floor':>7} {'relL2':>8} {'comp s':>6} {'peak MB eager/comp/ours':>23} "
+           f"{'ours steady/held MB':>19}")
     print("\n" + hdr)
     nan = float("nan")
     for r in rows:
@@ -208,7 +213,8 @@ def print_table(rows):
         print(f"{r['model']:6} {r['part']:7} {r['size']:9} {r.get('eager_ms', nan):8.2f} "
               f"{comp if comp else nan:8.2f} {ours if ours else nan:8.2f} {ratio:>7} "
               f"{r.get('floor_ms', nan):7.2f} {r.get('ours_vs_torch_rel_l2', nan):8.1e} "
-              f"{r.get('compile_s', nan):6.1f} {peak:>23}")
+              f"{r.get('compile_s', nan):6.1f} {peak:>23} "
+              f"{mb(r.get('ours_steady_extra_bytes'))}/{mb(r.get('ours_held_bytes'))}")
         for k in ("ours_error", "compile_error", "compile_skipped"):
             if k in r:
                 print(f"   {k}: {str(r[k])[:300]}")
@@ -325,6 +331,12 @@ def main():
                     else:
                         row["ours_ms"] = ours["median_ms"]
                         row["ours_peak_bytes"] = ours["peak_bytes"]
+                        # counted as PyTorch's peak is: the most in use during the timed runs
+                        # beyond what was resident before (weights, input)
+                        if ours.get("steady_peak_bytes", -1) >= 0 and ours.get("base_bytes", -1) >= 0:
+                            row["ours_steady_extra_bytes"] = ours["steady_peak_bytes"] - ours["base_bytes"]
+                            row["ours_base_bytes"] = ours["base_bytes"]
+                            row["ours_held_bytes"] = ours.get("held_bytes")
                         row["ours_graph"] = ours.get("graph")
                         out = next(iter(load_file(outputs).values()))
                         row["ours_vs_torch_rel_l2"] = rel_l2(out, ref.float().cpu())

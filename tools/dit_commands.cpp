@@ -248,9 +248,9 @@ int cmd_run_transformer(const Options& o, const std::vector<std::string>& positi
   if (o.count("json"))
     std::printf(
         "{\"part\": \"transformer\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %lld, "
-        "\"peak_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\"}\n",
+        "\"peak_bytes\": %lld, \"held_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\"}\n",
         med, mn, static_cast<long long>(*repeat), static_cast<long long>(b.peak_memory_bytes()),
-        b.name().c_str(), dtype.c_str());
+        static_cast<long long>(b.memory_use().held), b.name().c_str(), dtype.c_str());
   return 0;
 }
 

@@ -451,6 +451,12 @@ int cmd_run(const Args& a) {
   std::vector<double> times;
   Tensor y;
   b.reset_peak_memory();
+  // Memory (CUDA): `base` in use before anything runs (weights and the input); `peak` the most
+  // in use at once from there, planning included (the pool's mark plus the graphs' own, so an
+  // upper bound); `steady` the most in use during the timed runs (PyTorch's max_memory_allocated
+  // after warm-up counts the same way); `held` reserved from the driver after them.
+  const int64_t base_bytes = b.memory_use().in_use;
+  int64_t plan_peak_bytes = -1;
   // plans: a plan for this shape (warm-up + graph capture), built before the timed runs.
   const bool graph = a.get("graph", b.supports_capture() ? "1" : "0") != "0";
   std::unique_ptr<latent::PlannedPart> plan;
@@ -468,6 +474,11 @@ int cmd_run(const Args& a) {
                  plan->uses_graph() ? "graph" : "no graph: plain forward");
   }
   for (int i = 0; i < warmup + repeat; ++i) {
+    if (i == warmup) {
+      // Planning and warm-up are over: the steady peak starts from here.
+      plan_peak_bytes = b.peak_memory_bytes();
+      b.reset_peak_memory();
+    }
     auto t0 = std::chrono::steady_clock::now();
     auto r = plan ? plan->run(*x) : enc ? m.encode(*x) : m.decode(*x);
     if (!r.ok()) return fail(r.status());
@@ -477,6 +488,8 @@ int cmd_run(const Args& a) {
     if (i >= warmup) times.push_back(ms);
     y = std::move(r).value();
   }
+  const int64_t steady_bytes = b.peak_memory_bytes();
+  const int64_t held_bytes = b.memory_use().held;
   auto host_out = b.download(y);
   if (!host_out.ok()) return fail(host_out.status());
   const bool tiny = m.info().architecture == "AutoencoderTiny";
@@ -492,9 +505,14 @@ int cmd_run(const Args& a) {
               *std::min_element(times.begin(), times.end()));
   if (a.options.count("json"))
     std::printf("{\"part\": \"%s\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
-                "\"peak_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\", \"graph\": %s}\n",
+                "\"peak_bytes\": %lld, \"steady_peak_bytes\": %lld, \"base_bytes\": %lld, "
+                "\"held_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\", \"graph\": %s}\n",
                 part.c_str(), median(times), *std::min_element(times.begin(), times.end()), repeat,
-                static_cast<long long>(b.peak_memory_bytes()), b.name().c_str(),
+                static_cast<long long>(plan_peak_bytes < 0 || steady_bytes < 0
+                                           ? -1
+                                           : std::max(plan_peak_bytes, steady_bytes)),
+                static_cast<long long>(steady_bytes), static_cast<long long>(base_bytes),
+                static_cast<long long>(held_bytes), b.name().c_str(),
                 latent::dtype_name(b.compute_dtype()), plan && plan->uses_graph() ? "true" : "false");
   return 0;
 }
