@@ -26,6 +26,9 @@
 #                 streams, eager+compile+ours (VIDEO_SIZES VIDEO_PARTS VIDEO_COMPILE VIDEO_BUDGET)  ~6-9 min
 #   videoab       bench_video_ab.py: latent-bench-video on the Wan 2.1 streams, as is (A) against AB_ENV
 #                 (default LATENT_VIDEO_CACHE=copy) alternated (AB_SIZES AB_PARTS AB_FRAMES AB_REPS)  ~1-2 min
+#   convab        test_cuda_ops' convolution tests, then bench_conv as is (A) and with CONVAB_ENV (NAME=VALUE,
+#                 required, e.g. LATENT_CONV_WGMMA_TILE=256x96) twice each, alternated; CONVAB_ONLY narrows
+#                 the shapes  ~4 min
 #   attention     /tmp/dev/bin/bench_attention (ATTN_ARGS), skipped if absent  ~1-3 min
 #   dit           bench_dit.py: full-size DiT step, eager + regional compile + ours, DIT_CASES  ~5-7 min
 #                 (DIT_ACCURACY=1: also the fp32 reference in the same run, one weight write and one ours load)
@@ -215,6 +218,37 @@ if has videoab; then  # one engine setting A/B on the Wan 2.1 streams, same bina
     --frames ${AB_FRAMES:-161} --reps ${AB_REPS:-2} --out $OUT/bench-video-ab.json > $OUT/videoab.log 2>&1
   rc=$?; tail -8 $OUT/videoab.log
   end videoab $rc "$(table $OUT/videoab.log 'part     size')"
+fi
+
+# a convolution kernel change: its tests, then bench_conv A/B in one binary
+if has convab && [ -z "${CONVAB_ENV:-}" ]; then
+  echo "convab: skipped (set CONVAB_ENV=NAME=VALUE, variant B)" >> $SUMMARY
+elif has convab; then
+  begin convab
+  timeout 240 /tmp/dev/bin/test_cuda_ops --gtest_color=no --gtest_filter='*Conv*' > $OUT/convab-tests.log 2>&1
+  trc=$?; grep -E '^\[  (PASSED|FAILED)  \]' $OUT/convab-tests.log | head -12
+  for rep in 1 2; do
+    timeout 120 /tmp/dev/bin/bench_conv --reps 10 ${CONVAB_ONLY:+--only "$CONVAB_ONLY"} > $OUT/convab-a$rep.log 2>&1
+    env ${CONVAB_ENV} timeout 120 /tmp/dev/bin/bench_conv --reps 10 ${CONVAB_ONLY:+--only "$CONVAB_ONLY"} > $OUT/convab-b$rep.log 2>&1
+  done
+  python3 - $OUT "${CONVAB_ENV}" > $OUT/convab.txt <<'PY'
+import json, sys, glob, statistics
+out, benv = sys.argv[1], sys.argv[2]
+rows = {}
+for f in sorted(glob.glob(out + "/convab-[ab]?.log")):
+    ab = f.split("convab-")[1][0]
+    for line in open(f):
+        if line.startswith("{"):
+            j = json.loads(line)
+            rows.setdefault((j["shape"], j["variant"]), {}).setdefault(ab, []).append(j["ms"])
+print(f"A: as is; B: {benv}; median of 2 runs of bench_conv's median ms")
+print(f"{'shape':30} {'kernel':6} {'A ms':>8} {'B ms':>8} {'B/A':>6}")
+for (shape, var), d in rows.items():
+    a, b = statistics.median(d.get("a", [float("nan")])), statistics.median(d.get("b", [float("nan")]))
+    print(f"{shape:30} {var:6} {a:8.3f} {b:8.3f} {b / a:6.2f}")
+PY
+  cat $OUT/convab.txt
+  end convab $trc "$(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/convab-tests.log | head -4)" "$(cat $OUT/convab.txt)"
 fi
 
 if has attention; then
