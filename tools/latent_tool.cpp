@@ -504,16 +504,16 @@ int cmd_run(const Args& a) {
               latent::dtype_name(b.compute_dtype()), median(times), repeat,
               *std::min_element(times.begin(), times.end()));
   if (a.options.count("json"))
-    std::printf("{\"part\": \"%s\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
-                "\"peak_bytes\": %lld, \"steady_peak_bytes\": %lld, \"base_bytes\": %lld, "
-                "\"held_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\", \"graph\": %s}\n",
-                part.c_str(), median(times), *std::min_element(times.begin(), times.end()), repeat,
-                static_cast<long long>(plan_peak_bytes < 0 || steady_bytes < 0
-                                           ? -1
-                                           : std::max(plan_peak_bytes, steady_bytes)),
-                static_cast<long long>(steady_bytes), static_cast<long long>(base_bytes),
-                static_cast<long long>(held_bytes), b.name().c_str(),
-                latent::dtype_name(b.compute_dtype()), plan && plan->uses_graph() ? "true" : "false");
+    std::printf(
+        "{\"part\": \"%s\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
+        "\"peak_bytes\": %lld, \"steady_peak_bytes\": %lld, \"base_bytes\": %lld, "
+        "\"held_bytes\": %lld, \"device\": \"%s\", \"dtype\": \"%s\", \"graph\": %s}\n",
+        part.c_str(), median(times), *std::min_element(times.begin(), times.end()), repeat,
+        static_cast<long long>(
+            plan_peak_bytes < 0 || steady_bytes < 0 ? -1 : std::max(plan_peak_bytes, steady_bytes)),
+        static_cast<long long>(steady_bytes), static_cast<long long>(base_bytes),
+        static_cast<long long>(held_bytes), b.name().c_str(), latent::dtype_name(b.compute_dtype()),
+        plan && plan->uses_graph() ? "true" : "false");
   return 0;
 }
 

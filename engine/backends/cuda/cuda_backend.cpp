@@ -757,8 +757,9 @@ Result<std::shared_ptr<CapturedGraph>> CudaBackend::end_capture() {
   auto made = cuda::end_stream_capture(ctx_, std::move(capture_workspace_));
   capture_workspace_.reset();
   if (made.ok() && !matched) {
-    made = Status::errorf(ctx_->label(), ": the captured run allocated other buffers than the "
-                                         "recorded one (its arena layout does not apply)");
+    made = Status::errorf(ctx_->label(),
+                          ": the captured run allocated other buffers than the "
+                          "recorded one (its arena layout does not apply)");
   }
   conv_plans_->set_capturing(false);
   capturing_ = false;

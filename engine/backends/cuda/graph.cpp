@@ -81,7 +81,9 @@ int64_t graph_attribute(int device, cudaGraphMemAttributeType attr) {
 }
 }  // namespace
 
-int64_t graph_memory_used(int device) { return graph_attribute(device, cudaGraphMemAttrUsedMemCurrent); }
+int64_t graph_memory_used(int device) {
+  return graph_attribute(device, cudaGraphMemAttrUsedMemCurrent);
+}
 
 int64_t graph_memory_reserved(int device) {
   return graph_attribute(device, cudaGraphMemAttrReservedMemCurrent);

@@ -129,7 +129,8 @@ void DeviceContext::release(void* ptr) {
       plan_live_.erase(it);
     }
     // A buffer of the arena is not the pool's: the arena goes with the graph.
-    if (arena_ && static_cast<char*>(ptr) >= arena_ && static_cast<char*>(ptr) < arena_ + arena_bytes_)
+    if (arena_ && static_cast<char*>(ptr) >= arena_ &&
+        static_cast<char*>(ptr) < arena_ + arena_bytes_)
       return;
   }
   DeviceGuard guard;
@@ -263,7 +264,8 @@ void DeviceContext::plan_offsets() {
                   died = recorded_[i].died < 0 ? kForever : recorded_[i].died;
     std::vector<std::pair<size_t, size_t>> busy;  // [offset, end) of lifetime-overlapping ones
     for (size_t j : placed) {
-      const int64_t jb = recorded_[j].born, jd = recorded_[j].died < 0 ? kForever : recorded_[j].died;
+      const int64_t jb = recorded_[j].born,
+                    jd = recorded_[j].died < 0 ? kForever : recorded_[j].died;
       if (jb < died && born < jd) busy.push_back({offsets_[j], offsets_[j] + recorded_[j].bytes});
     }
     std::sort(busy.begin(), busy.end());
