@@ -61,15 +61,6 @@ Result<std::shared_ptr<CudaGraph>> end_stream_capture(std::shared_ptr<DeviceCont
   return std::make_shared<CudaGraph>(std::move(ctx), graph, exec, std::move(workspace));
 }
 
-int64_t graph_memory_high(int device) {
-  uint64_t high = 0;
-  if (cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &high) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return static_cast<int64_t>(high);
-}
-
 namespace {
 int64_t graph_attribute(int device, cudaGraphMemAttributeType attr) {
   uint64_t v = 0;
@@ -80,6 +71,10 @@ int64_t graph_attribute(int device, cudaGraphMemAttributeType attr) {
   return static_cast<int64_t>(v);
 }
 }  // namespace
+
+int64_t graph_memory_high(int device) {
+  return graph_attribute(device, cudaGraphMemAttrUsedMemHigh);
+}
 
 int64_t graph_memory_used(int device) {
   return graph_attribute(device, cudaGraphMemAttrUsedMemCurrent);

@@ -158,16 +158,6 @@ Result<Tensor> DeviceContext::empty(const Shape& shape, DType dtype, Layout layo
   return Tensor::from_storage(std::move(storage), 0, shape, dtype, layout);
 }
 
-int64_t DeviceContext::peak_bytes() const {
-  uint64_t high = 0;
-  const cudaError_t rc = cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &high);
-  if (rc != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  return static_cast<int64_t>(high);
-}
-
 namespace {
 int64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
   uint64_t v = 0;
@@ -178,6 +168,10 @@ int64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
   return static_cast<int64_t>(v);
 }
 }  // namespace
+
+int64_t DeviceContext::peak_bytes() const {
+  return pool_attribute(pool_, cudaMemPoolAttrUsedMemHigh);
+}
 
 int64_t DeviceContext::used_bytes() const {
   return pool_attribute(pool_, cudaMemPoolAttrUsedMemCurrent);

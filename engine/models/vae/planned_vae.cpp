@@ -64,7 +64,7 @@ Result<std::unique_ptr<PlannedPart>> PlannedPart::build(VaeModel& model, VaePart
   }
   b.record_allocations(false);
   Status st = p->capture();
-  if (!st.ok() && options.graph) {
+  if (!st.ok()) {
     // The arena did not fit the captured run (it allocated otherwise): capture once more with
     // the graph allocator's layout.
     LATENT_WARN(what, ": ", st.message(), "; capturing again without the arena");
