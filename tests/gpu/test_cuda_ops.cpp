@@ -26,6 +26,7 @@
 #ifdef LATENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "engine/backends/cuda/conv2d.cuh"
 #include "engine/backends/cuda/cuda_backend.h"
 #include "tests/util/cuda_test_util.h"
 #endif
@@ -401,6 +402,77 @@ TEST_P(CudaOps, Conv3dFrames) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("1 or 2 past tensors"), std::string::npos)
         << r.status().message();
+  }
+}
+
+// cuDNN convolutions with the epilogue fused into one operation graph (LATENT_CUDA_CONV=cudnn
+// LATENT_CUDNN_FUSION=on, conv_fused.cpp) against the CPU: every epilogue the VAEs use, 2-D and
+// 3-D. Shapes cuDNN has no fused engine for (3 output channels) and fp32 run the plain
+// convolution and the separate pass instead, and must agree as well. The 64- and 128-channel
+// bf16 / fp16 cases must really be fused (counted).
+TEST_P(CudaOps, ConvCudnnFused) {
+  if (!cuda::ConvPlanCache::fusion_available())
+    GTEST_SKIP() << "built without cudnn-frontend: no fused convolutions";
+  static std::map<DType, std::shared_ptr<Backend>> cache;
+  std::shared_ptr<Backend>& fused = cache[dtype()];
+  if (!fused) {
+    setenv("LATENT_CUDA_CONV", "cudnn", 1);
+    setenv("LATENT_CUDNN_FUSION", "on", 1);
+    setenv("LATENT_CUDA_POISON", "1", 1);
+    Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype());
+    unsetenv("LATENT_CUDA_CONV");
+    unsetenv("LATENT_CUDNN_FUSION");
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    fused = r.value();
+  }
+  const Conv2dParams same = Conv2dParams::same(3);
+  const int64_t before = cuda::ConvPlanCache::fused_calls();
+  check_conv("fused conv 3x3 [1,64,36,40] -> 64 +bias, ReLU", {1, 64, 36, 40}, 64, 3, same, true,
+             false, Activation::kReLU, 800, fused.get());
+  check_conv("fused conv 3x3 [2,64,20,28] -> 64 +bias +residual, ReLU", {2, 64, 20, 28}, 64, 3,
+             same, true, true, Activation::kReLU, 810, fused.get());
+  check_conv("fused conv 3x3 [1,128,32,32] -> 128 +bias +residual, SiLU", {1, 128, 32, 32}, 128, 3,
+             same, true, true, Activation::kSiLU, 820, fused.get());
+  check_conv("fused conv 3x3 [1,128,24,20] -> 64 +bias", {1, 128, 24, 20}, 64, 3, same, true, false,
+             Activation::kNone, 830, fused.get());
+  check_conv("fused conv 1x1 [1,128,16,16] -> 256 +residual", {1, 128, 16, 16}, 256, 1,
+             Conv2dParams(), false, true, Activation::kNone, 840, fused.get());
+  const int64_t counted = cuda::ConvPlanCache::fused_calls() - before;
+  if (dtype() != DType::kF32) {
+    EXPECT_GE(counted, 3) << "cuDNN fused none of the 64/128-channel 3x3 convolutions";
+  } else {
+    EXPECT_EQ(counted, 0) << "fp32 convolutions are never fused";
+  }
+  Conv2dParams down;  // diffusers' downsampling: the extra padding is an explicit copy
+  down.stride = 2;
+  down.pad_bottom = down.pad_right = 1;
+  check_conv("fused conv 3x3 s2 pad(0,1,0,1) [1,64,33,47] -> 64 +bias", {1, 64, 33, 47}, 64, 3,
+             down, true, false, Activation::kNone, 850, fused.get());
+  check_conv("fused conv_out 3x3 [1,64,30,30] -> 3 +bias", {1, 64, 30, 30}, 3, 3, same, true, false,
+             Activation::kNone, 860, fused.get());
+  check_conv("fused conv_in 3x3 [1,3,30,30] -> 64 +bias, ReLU", {1, 3, 30, 30}, 64, 3, same, true,
+             false, Activation::kReLU, 870, fused.get());
+  check_conv("fused conv 3x3 [1,64,30,30] -> 64 (no epilogue)", {1, 64, 30, 30}, 64, 3, same, false,
+             false, Activation::kNone, 880, fused.get());
+  // A causal 3x3x3 convolution over 4 + 2 frames with bias, residual and SiLU (the Wan blocks).
+  if (fused->supports_conv3d_frames()) {
+    const int64_t frames = 4, cin = 96, cout = 96, h = 10, w = 14;
+    const float ws = 1.f / std::sqrt(static_cast<float>(cin * 27));
+    Tensor x = input({frames + 2, cin, h, w}, 890);
+    Tensor wt = input({cout, cin, 9, 3}, 891, -ws, ws);
+    Tensor b = input({cout}, 892);
+    Tensor r = input({frames, cout, h, w}, 893);
+    Result<Tensor> got = fused->conv3d_frames(up(*fused, x), up(*fused, wt), 3, up(*fused, b), same,
+                                              up(*fused, r), Activation::kSiLU);
+    EXPECT_TRUE(fused->synchronize().ok());
+    Result<Tensor> want = gpu_->conv3d_frames(on_gpu(x), on_gpu(wt), 3, on_gpu(b), same, on_gpu(r),
+                                              Activation::kSiLU);
+    // Against the default path (itself checked against the CPU in Conv3dFrames).
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    Result<Tensor> want_host = gpu_->download(want.value());
+    ASSERT_TRUE(want_host.ok()) << want_host.status().message();
+    EXPECT_TRUE(close("fused conv3d_frames 4+2 frames 96->96 +bias +residual, SiLU", got,
+                      on_cpu(want_host.value()), conv_tol()));
   }
 }
 

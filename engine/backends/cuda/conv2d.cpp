@@ -266,30 +266,17 @@ std::string ConvPlanCache::plan_key(const ConvShape& s) const {
                  " stride=", s.stride);
 }
 
-Status ConvPlanCache::forward_in(const ConvShape& shape, const void* x, const void* w, void* y,
-                                 DeviceContext& ctx, void* workspace, size_t workspace_bytes) {
-  LATENT_ASSIGN_OR_RETURN(Plan * plan, plan_for(shape, x, w, y, ctx));
-  if (plan->workspace > workspace_bytes)
-    return Status::errorf("conv2d: ", describe(shape), " needs ", plan->workspace,
-                          " bytes of workspace, ", workspace_bytes, " given");
-  const float alpha = 1.f, beta = 0.f;
-  LATENT_CUDA_CHECK(cudnnConvolutionForward(handle_, &alpha, plan->x, x, plan->w, w, plan->conv,
-                                            plan->algo, plan->workspace ? workspace : nullptr,
-                                            plan->workspace, &beta, plan->y, y));
-  return ok_status();
-}
 // === end plans ===
 
 Status ConvPlanCache::forward(const ConvShape& shape, const void* x, const void* w, void* y,
-                              DeviceContext& ctx, GrowableBuffer& workspace) {
+                              DeviceContext& ctx) {
   LATENT_ASSIGN_OR_RETURN(Plan * plan, plan_for(shape, x, w, y, ctx));
-  void* ws = nullptr;
-  if (plan->workspace > 0) {
-    LATENT_ASSIGN_OR_RETURN(ws, workspace.ensure(ctx, plan->workspace));
-  }
+  TempBuffer workspace;  // freed in stream order once the convolution is queued
+  if (plan->workspace > 0) LATENT_TRY(workspace.allocate(ctx, plan->workspace));
   const float alpha = 1.f, beta = 0.f;
   LATENT_CUDA_CHECK(cudnnConvolutionForward(handle_, &alpha, plan->x, x, plan->w, w, plan->conv,
-                                            plan->algo, ws, plan->workspace, &beta, plan->y, y));
+                                            plan->algo, workspace.get(), plan->workspace, &beta,
+                                            plan->y, y));
   return ok_status();
 }
 

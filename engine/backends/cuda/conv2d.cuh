@@ -1,9 +1,10 @@
-// 2-D convolution through cuDNN's convolution API on NHWC tensors and KRSC filters.
+// 2-D convolution through cuDNN on NHWC tensors and KRSC filters.
 //
-// A plan (descriptors, algorithm, workspace size) is built once per shape, dtype and padding,
-// with the algorithm chosen by timing cuDNN's candidates on the first call
-// (cudnnFindConvolutionForwardAlgorithmEx; LATENT_CUDNN_SEARCH=heuristic takes cuDNN's
-// heuristic choice instead, without running anything), and kept in a map for later calls.
+// bf16 / fp16 convolutions of 32 channels and more go through cuDNN's graph API with their
+// epilogue fused (forward_fused, conv_fused.cpp), the rest through the convolution API:
+// a plan (descriptors, algorithm, workspace size) is built once per shape, dtype and padding,
+// with cuDNN's heuristic choice of algorithm (LATENT_CUDNN_SEARCH=timed: timing cuDNN's
+// candidates on the first call, cudnnFindConvolutionForwardAlgorithmEx), and kept in a map.
 // cuDNN only pads symmetrically: the caller zero-pads the input explicitly for the rest.
 // video: with kt > 1 the same plans run a 3-D convolution over the frames of one clip (NDHWC
 // input [1][d][h][w][c], KTRSC filter, valid in time), for Backend::conv3d_frames().
@@ -15,6 +16,7 @@
 #include <memory>
 #include <tuple>
 
+#include "engine/backends/backend.h"  // Activation
 #include "engine/backends/cuda/memory.h"
 #include "engine/core/dtype.h"
 #include "engine/core/plan_cache.h"  // plans
@@ -39,6 +41,14 @@ struct ConvShape {
   bool operator<(const ConvShape& o) const { return key() < o.key(); }
 };
 
+// What a fused convolution adds to conv(x, w) before writing y (conv_fused.cpp):
+// y = act(conv(x, w) + bias + residual), each part optional (null: absent).
+struct ConvEpilogue {
+  const void* bias = nullptr;      // [k], in the convolution's dtype
+  const void* residual = nullptr;  // laid out like y
+  Activation act = Activation::kNone;
+};
+
 class ConvPlanCache {
  public:
   // `tf32`: let fp32 convolutions use TF32 tensor cores. `exhaustive`: time the candidates.
@@ -48,11 +58,29 @@ class ConvPlanCache {
   ConvPlanCache& operator=(const ConvPlanCache&) = delete;
 
   // y = conv(x, w): x NHWC [n][h][w][c], w KRSC [k][r][s][c], y NHWC [n][out_h][out_w][k], all in
-  // shape.dtype on ctx's device (the cuDNN handle runs on ctx.stream()).
-  Status forward(const ConvShape& shape, const void* x, const void* w, void* y, DeviceContext& ctx,
-                 GrowableBuffer& workspace);
+  // shape.dtype on ctx's device (the cuDNN handle runs on ctx.stream()). cuDNN's workspace, if the
+  // plan needs one, is a stream-ordered buffer of ctx's for this call only: a graph capture
+  // records it like any other buffer, so a plan's arena lays it out by its lifetime.
+  Status forward(const ConvShape& shape, const void* x, const void* w, void* y, DeviceContext& ctx);
 
   size_t size() const { return plans_.size(); }
+
+  // === conv fusion (conv_fused.cpp) ===
+  // y = act(conv(x, w) + bias + residual) as one cuDNN operation graph (cudnn-frontend), built on
+  // first use per shape and epilogue with cuDNN's heuristic engine choice (deterministic, inputs
+  // not down-converted, fp32 sums). False, with nothing queued, where no graph serves the call:
+  // fusion off, fp32, fewer than 32 channels in or out, an activation other than ReLU / SiLU,
+  // cuDNN has no engine for it, or the graph was not built before a capture began; the caller
+  // then runs forward() and its own epilogue pass. The workspace is a buffer of this call, as in
+  // forward().
+  Result<bool> forward_fused(const ConvShape& shape, const void* x, const void* w, void* y,
+                             const ConvEpilogue& epilogue, DeviceContext& ctx);
+  void set_fusion(bool on) { fusion_ = on; }
+  // Whether this build has cuDNN's graph API (cudnn-frontend) to fuse with.
+  static bool fusion_available();
+  // Fused convolutions queued by every cache of the process so far (tests).
+  static int64_t fused_calls();
+  // === end conv fusion ===
 
   // === plans: on-disk algorithm choices and graph capture ===
   // Algorithm choices are looked up in `disk` before searching, and timed choices are added to
@@ -61,9 +89,6 @@ class ConvPlanCache {
   // While capturing a graph nothing may be timed or synchronised: a shape without a plan is
   // an error instead (run the work once before capturing it).
   void set_capturing(bool capturing) { capturing_ = capturing; }
-  // forward() with a caller-owned workspace of `workspace_bytes` (too small: an error).
-  Status forward_in(const ConvShape& shape, const void* x, const void* w, void* y,
-                    DeviceContext& ctx, void* workspace, size_t workspace_bytes);
   // "conv2d bf16 tf32=1 x=1,128,64,64 w=128,3,3 pad=1,1 stride=1"
   std::string plan_key(const ConvShape& shape) const;
   // === end plans ===
@@ -73,12 +98,19 @@ class ConvPlanCache {
   Result<Plan*> plan_for(const ConvShape& shape, const void* x, const void* w, void* y,
                          DeviceContext& ctx);
 
+  struct FusedPlans;  // conv fusion
+  struct FusedPlansDeleter {
+    void operator()(FusedPlans* p) const;
+  };
+
   cudnnHandle_t handle_;
   bool tf32_;
   bool exhaustive_;
   std::map<ConvShape, std::unique_ptr<Plan>> plans_;
   std::shared_ptr<PlanCache> disk_;  // plans
   bool capturing_ = false;           // plans
+  bool fusion_ = false;              // conv fusion
+  std::unique_ptr<FusedPlans, FusedPlansDeleter> fused_;  // conv fusion
 };
 
 }  // namespace latent::cuda

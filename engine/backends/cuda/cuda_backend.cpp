@@ -26,6 +26,9 @@
 //                                  that kernel only where it beat cuDNN on the H100
 //                                  (conv_wgmma_preferred); another value is refused with a warning
 //                                  and runs the default
+//   LATENT_CUDNN_FUSION=off        cuDNN convolutions with their epilogue (bias, residual, ReLU /
+//                                  SiLU) as a separate pass; on (the default): fused in one cuDNN
+//                                  operation graph (conv_fused.cpp) where cuDNN has an engine
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
@@ -94,6 +97,8 @@ class CudaBackend final : public Backend {
     bool conv3d_taps = false;   // video: conv3d_frames through its 2-D fallback (tests)
     // The Hopper implicit-GEMM convolution: 0 never, 1 where it beats cuDNN, 2 wherever it fits.
     int conv_wgmma = 1;
+    // Convolution epilogues fused into cuDNN operation graphs where cuDNN has an engine.
+    bool conv_fusion = true;
   };
 
   CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
@@ -112,6 +117,7 @@ class CudaBackend final : public Backend {
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
     conv_plans_->set_disk_cache(disk_plans_);                       // plans
+    conv_plans_->set_fusion(options.conv_fusion);
     profile_.start(ctx_->label());
   }
 
@@ -435,6 +441,17 @@ class CudaBackend final : public Backend {
 #endif
   }
 
+  // y = act(conv + bias + residual) as one cuDNN operation graph into `y`; false (nothing
+  // queued) where none serves it, and the caller runs the plain convolution and the epilogue.
+  Result<bool> cudnn_fused(const cuda::ConvShape& s, const void* input, const Tensor& w, Tensor& y,
+                           const Tensor& bias, const Tensor& residual, Activation act) {
+    cuda::ConvEpilogue e;
+    e.bias = bias.defined() ? bias.data() : nullptr;
+    e.residual = residual.defined() ? residual.data() : nullptr;
+    e.act = act;
+    return conv_plans_->forward_fused(s, input, w.data(), y.data(), e, *ctx_);
+  }
+
   // video: conv3d_frames as one conv2d per temporal tap (where cuDNN has no 3-D plan).
   Result<Tensor> conv3d_by_taps(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                 const Conv2dParams& p, const Tensor& residual, Activation act);
@@ -589,7 +606,6 @@ class CudaBackend final : public Backend {
   cuda::Launch launch_;
   cudnnHandle_t cudnn_;
   std::unique_ptr<cuda::ConvPlanCache> conv_plans_;
-  cuda::GrowableBuffer workspace_;  // cuDNN's, shared by all convolutions (one stream)
   std::mutex mutex_;
   // === plans (members; guarded by mutex_) ===
   // While one thread captures, the others' ops wait (their work would land in its graph).
@@ -607,7 +623,7 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   std::thread::id capture_thread_;
   std::condition_variable capture_cv_;
-  std::shared_ptr<Storage> capture_workspace_;  // the cuDNN workspace of the graph in capture
+  std::shared_ptr<Storage> capture_arena_;  // the arena of the graph in capture (plans)
   // === end plans ===
   // === cuda-dit: what the DiT ops need (call with the lock held) ===
   cuda::DitEnv dit_env() {
@@ -712,24 +728,14 @@ Status CudaBackend::begin_capture() {
   if (capturing_) return Status::errorf(ctx_->label(), ": this thread is already capturing");
   DeviceGuard guard;
   LATENT_TRY(guard.set(ctx_->device()));
-  // The graph keeps its own cuDNN workspace, as large as any convolution run so far asked for
-  // (the shared one may be regrown, and so moved, by later shapes; its size is rounded up). It
-  // takes the shared one's place: that one is freed, and plain runs after the capture grow a new
-  // one if they need it.
-  capture_workspace_.reset();
-  const size_t workspace_bytes = (workspace_.largest_request() + 255) / 256 * 256;
-  workspace_.release();
   // With a recording of this thread's allocations (record_allocations), the graph's buffers
-  // come from one arena laid out by their lifetimes, kept with the workspace in one buffer the
-  // graph owns; without one they are graph memory.
+  // (cuDNN's workspaces among them: each convolution's is a buffer of its call) come from one
+  // arena laid out by their lifetimes, which the graph owns; without one they are graph memory.
+  capture_arena_.reset();
   const size_t arena_bytes = ctx_->has_recording() ? ctx_->plan_arena_bytes() : 0;
-  if (workspace_bytes + arena_bytes > 0) {
-    LATENT_ASSIGN_OR_RETURN(std::shared_ptr<Storage> whole,
-                            ctx_->allocate_storage(arena_bytes + workspace_bytes));
-    char* at = static_cast<char*>(whole->data());
-    capture_workspace_ = std::make_shared<Storage>(at + arena_bytes, workspace_bytes,
-                                                   whole->device(), [whole](void*) {});
-    if (arena_bytes > 0) ctx_->serve_allocations(at);
+  if (arena_bytes > 0) {
+    LATENT_ASSIGN_OR_RETURN(capture_arena_, ctx_->allocate_storage(arena_bytes));
+    ctx_->serve_allocations(capture_arena_->data());
   }
   // Hand back to the driver the pool memory no buffer holds now (what the plain runs before the
   // capture used), so that the graph's memory does not come on top of it.
@@ -737,7 +743,7 @@ Status CudaBackend::begin_capture() {
   if (trimmed.ok()) trimmed = cuda::begin_stream_capture(*ctx_);
   if (!trimmed.ok()) {
     if (arena_bytes > 0) (void)ctx_->end_serving();
-    capture_workspace_.reset();
+    capture_arena_.reset();
     return trimmed;
   }
   conv_plans_->set_capturing(true);
@@ -754,8 +760,8 @@ Result<std::shared_ptr<CapturedGraph>> CudaBackend::end_capture() {
   Status st = guard.set(ctx_->device());
   const bool planned = ctx_->has_serving();
   const bool matched = !planned || ctx_->end_serving();
-  auto made = cuda::end_stream_capture(ctx_, std::move(capture_workspace_));
-  capture_workspace_.reset();
+  auto made = cuda::end_stream_capture(ctx_, std::move(capture_arena_));
+  capture_arena_.reset();
   if (made.ok() && !matched) {
     made = Status::errorf(ctx_->label(),
                           ": the captured run allocated other buffers than the "
@@ -879,14 +885,11 @@ Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, cons
     input = padded.get();
   }
   LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
-  if (capturing_) {  // plans: the graph's own workspace (begin_capture)
-    LATENT_TRY(conv_plans_->forward_in(
-        s, input, w.data(), y.data(), *ctx_,
-        capture_workspace_ ? capture_workspace_->data() : nullptr,
-        capture_workspace_ ? capture_workspace_->bytes() : 0));
-  } else {
-    LATENT_TRY(conv_plans_->forward(s, input, w.data(), y.data(), *ctx_, workspace_));
+  {
+    LATENT_ASSIGN_OR_RETURN(const bool fused, cudnn_fused(s, input, w, y, bias, residual, act));
+    if (fused) return y;
   }
+  LATENT_TRY(conv_plans_->forward(s, input, w.data(), y.data(), *ctx_));
   if (bias.defined() || residual.defined() || act != Activation::kNone) {
     LATENT_TRY(cuda::launch_bias_residual_act(y.data(), bias.defined() ? bias.data() : nullptr,
                                               residual.defined() ? residual.data() : nullptr,
@@ -1222,14 +1225,12 @@ Result<Tensor> CudaBackend::conv3d_frames(const Tensor& x, const Tensor& w, int 
     if (conv3d_failed_) return conv3d_by_taps(x, w, kt, bias, p, residual, act);
     // [T, Cout, Ho, Wo] NHWC = NDHWC [1][T][Ho][Wo][Cout]
     LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
-    Status st;
-    if (capturing_) {  // plans
-      st = conv_plans_->forward_in(s, x.data(), w.data(), y.data(), *ctx_,
-                                   capture_workspace_ ? capture_workspace_->data() : nullptr,
-                                   capture_workspace_ ? capture_workspace_->bytes() : 0);
-    } else {
-      st = conv_plans_->forward(s, x.data(), w.data(), y.data(), *ctx_, workspace_);
+    {
+      LATENT_ASSIGN_OR_RETURN(const bool fused,
+                              cudnn_fused(s, x.data(), w, y, bias, residual, act));
+      if (fused) return y;
     }
+    const Status st = conv_plans_->forward(s, x.data(), w.data(), y.data(), *ctx_);
     if (!st.ok()) {
       if (capturing_) return st;
       LATENT_WARN(ctx_->label(), ": cuDNN 3-D convolution failed (", st.message(),
@@ -1369,6 +1370,18 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
   options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
   options.conv3d_taps = env_is("LATENT_CUDA_CONV3D", "taps");
+  // LATENT_CUDNN_FUSION: "on" (default) fuses the epilogues of cuDNN's convolutions (bias,
+  // residual, ReLU / SiLU) into cuDNN operation graphs, "off" runs them as a separate pass.
+  options.conv_fusion =
+      !env_is("LATENT_CUDNN_FUSION", "off") && !env_is("LATENT_CUDNN_FUSION", "0");
+  if (const char* v = std::getenv("LATENT_CUDNN_FUSION"); v && *v && options.conv_fusion &&
+                                                          !env_is("LATENT_CUDNN_FUSION", "on") &&
+                                                          !env_is("LATENT_CUDNN_FUSION", "1"))
+    LATENT_WARN("LATENT_CUDNN_FUSION=", v, " is not one of on, off: using on");
+  if (options.conv_fusion && !cuda::ConvPlanCache::fusion_available()) {
+    LATENT_DEBUG("this build has no cudnn-frontend: convolution epilogues run as a pass");
+    options.conv_fusion = false;
+  }
   options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0
                        : env_is("LATENT_CUDA_CONV", "wgmma") ? 2
                                                              : 1;

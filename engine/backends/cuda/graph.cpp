@@ -10,8 +10,8 @@
 namespace latent::cuda {
 
 CudaGraph::CudaGraph(std::shared_ptr<DeviceContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec,
-                     std::shared_ptr<Storage> workspace)
-    : ctx_(std::move(ctx)), graph_(graph), exec_(exec), workspace_(std::move(workspace)) {
+                     std::shared_ptr<Storage> arena)
+    : ctx_(std::move(ctx)), graph_(graph), exec_(exec), arena_(std::move(arena)) {
   size_t n = 0;
   if (cudaGraphGetNodes(graph_, nullptr, &n) == cudaSuccess) nodes_ = n;
   (void)cudaGetLastError();
@@ -41,7 +41,7 @@ Status begin_stream_capture(DeviceContext& ctx) {
 }
 
 Result<std::shared_ptr<CudaGraph>> end_stream_capture(std::shared_ptr<DeviceContext> ctx,
-                                                      std::shared_ptr<Storage> workspace) {
+                                                      std::shared_ptr<Storage> arena) {
   cudaGraph_t graph = nullptr;
   const cudaError_t rc = cudaStreamEndCapture(ctx->stream(), &graph);
   if (rc != cudaSuccess || !graph) {
@@ -58,7 +58,7 @@ Result<std::shared_ptr<CudaGraph>> end_stream_capture(std::shared_ptr<DeviceCont
     (void)cudaGraphDestroy(graph);
     return Status::errorf(ctx->label(), ": cudaGraphInstantiate failed: ", cudaGetErrorString(ri));
   }
-  return std::make_shared<CudaGraph>(std::move(ctx), graph, exec, std::move(workspace));
+  return std::make_shared<CudaGraph>(std::move(ctx), graph, exec, std::move(arena));
 }
 
 namespace {

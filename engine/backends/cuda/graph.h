@@ -4,7 +4,8 @@
 // may keep using CUDA; this thread may not call anything that synchronises). Where the same
 // run was recorded just before (Backend::record_allocations, as plans do), the captured ops'
 // buffers come from one arena laid out by their recorded lifetimes (DeviceContext's planned
-// allocations), which the CudaGraph owns with the cuDNN workspace. Otherwise buffers the
+// allocations; cuDNN's workspaces are buffers of their calls too), which the CudaGraph owns.
+// Otherwise buffers the
 // captured ops allocate from the backend's pool (cudaMallocFromPoolAsync) become graph memory
 // nodes and the frees free nodes: the driver gives the graph its own memory and lays it out
 // itself (for the TAESD-size decoder at 1080p, 32 % more than the plain run's working set), and
@@ -25,7 +26,7 @@ namespace latent::cuda {
 class CudaGraph final : public CapturedGraph {
  public:
   CudaGraph(std::shared_ptr<DeviceContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec,
-            std::shared_ptr<Storage> workspace);
+            std::shared_ptr<Storage> arena);
   ~CudaGraph() override;
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
@@ -39,16 +40,17 @@ class CudaGraph final : public CapturedGraph {
   std::shared_ptr<DeviceContext> ctx_;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
-  std::shared_ptr<Storage> workspace_;
+  std::shared_ptr<Storage> arena_;  // the planned buffers (null: graph memory)
   size_t nodes_ = 0;
 };
 
 // Starts capturing ctx.stream() for the calling thread.
 Status begin_stream_capture(DeviceContext& ctx);
-// Ends the capture of ctx.stream() and instantiates it; `workspace` is kept by the graph.
+// Ends the capture of ctx.stream() and instantiates it; `arena` (the planned buffers, may be
+// null) is kept by the graph.
 // Fails (after ending the capture) when the capture was invalidated by a forbidden call.
 Result<std::shared_ptr<CudaGraph>> end_stream_capture(std::shared_ptr<DeviceContext> ctx,
-                                                      std::shared_ptr<Storage> workspace);
+                                                      std::shared_ptr<Storage> arena);
 
 // Most device memory graphs held at once on `device` since the last reset (graph memory nodes
 // are not in the backend's pool), and its reset; 0 where unknown.

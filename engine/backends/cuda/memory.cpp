@@ -208,7 +208,6 @@ void TempBuffer::reset() {
 }
 
 Result<void*> GrowableBuffer::ensure(DeviceContext& ctx, size_t bytes) {
-  if (bytes > largest_) largest_ = bytes;
   if (bytes <= size_ && buffer_.get()) return buffer_.get();
   // Grow by at least half again so a sequence of slightly larger requests does not churn.
   const size_t grown = bytes > size_ + size_ / 2 ? bytes : size_ + size_ / 2;

@@ -149,26 +149,16 @@ class TempBuffer {
   void* ptr_ = nullptr;
 };
 
-// A buffer that only grows (the cuDNN workspace); its old block is released stream-ordered.
+// A buffer that only grows (cuBLASLt's workspace); its old block is released stream-ordered.
 class GrowableBuffer {
  public:
   ~GrowableBuffer() { buffer_.reset(); }
   Result<void*> ensure(DeviceContext& ctx, size_t bytes);
   size_t size() const { return size_; }
-  // The most any ensure() asked for since creation or release() (size() may be up to half as
-  // large again: growth is rounded up).
-  size_t largest_request() const { return largest_; }
-  // Frees the buffer (stream-ordered); the next ensure() allocates again.
-  void release() {
-    buffer_.reset();
-    size_ = 0;
-    largest_ = 0;
-  }
 
  private:
   TempBuffer buffer_;
   size_t size_ = 0;
-  size_t largest_ = 0;
 };
 
 }  // namespace latent::cuda

@@ -1,0 +1,232 @@
+// Convolutions with their epilogue fused, through cuDNN's graph API (cudnn-frontend): one
+// operation graph conv_fprop -> [+ bias] -> [+ residual] -> [ReLU | SiLU] per shape and
+// epilogue, run by whatever engine cuDNN's heuristics rank first (a precompiled fused kernel or
+// a runtime-fusion one). The conv result stays in fp32 registers through the epilogue, so the
+// output is written once instead of written, read and written again by a separate pass. A
+// convolution without an epilogue takes the same route: on the H100 the graph API's engine
+// choice was also faster than the legacy API's for the bare convolution (bench/NOTES.md).
+// Without cudnn-frontend (the build found no headers) forward_fused() answers "not fused" and
+// the caller runs the plain convolution and its own epilogue, as it does for any shape or
+// epilogue cuDNN has no engine for.
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/backends/cuda/check.h"
+#include "engine/backends/cuda/conv2d.cuh"
+#include "engine/core/log.h"
+
+#ifdef LATENT_HAVE_CUDNN_FRONTEND
+#include <cudnn_frontend.h>
+#endif
+
+namespace latent::cuda {
+
+namespace {
+std::atomic<int64_t> g_fused_calls{0};
+}  // namespace
+
+int64_t ConvPlanCache::fused_calls() { return g_fused_calls.load(); }
+
+#ifdef LATENT_HAVE_CUDNN_FRONTEND
+namespace fe = cudnn_frontend;
+
+namespace {
+
+enum : int64_t { kUidX = 1, kUidW, kUidBias, kUidResidual, kUidY };
+
+std::string describe_fused(const ConvShape& s, bool bias, bool residual, Activation act) {
+  std::string what = s.kt > 1 ? str_cat("conv3d x[", s.c, ", ", s.d, ", ", s.h, ", ", s.w, "] * w[",
+                                        s.k, ", ", s.c, ", ", s.kt, ", ", s.r, ", ", s.s, "]")
+                              : str_cat("conv2d x[", s.n, ", ", s.c, ", ", s.h, ", ", s.w, "] * w[",
+                                        s.k, ", ", s.c, ", ", s.r, ", ", s.s, "]");
+  what += str_cat(" stride ", s.stride, " pad ", s.pad_h, "/", s.pad_w);
+  if (bias) what += " + bias";
+  if (residual) what += " + residual";
+  if (act == Activation::kReLU) what += ", ReLU";
+  if (act == Activation::kSiLU) what += ", SiLU";
+  return what;
+}
+
+// NHWC (or NDHWC) strides of a tensor whose dims are given in cuDNN's N, C, (D,) H, W order.
+std::vector<int64_t> channels_last(const std::vector<int64_t>& dim) {
+  std::vector<int64_t> stride(dim.size());
+  int64_t step = dim[1];
+  stride[1] = 1;
+  for (size_t i = dim.size() - 1; i >= 2; --i) {
+    stride[i] = step;
+    step *= dim[i];
+  }
+  stride[0] = step;
+  return stride;
+}
+
+struct FusedPlan {
+  std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN has no engine for it
+  int64_t workspace = 0;
+};
+
+// Builds `s` with epilogue `e` into `plan`. Empty string: built; else the step that failed and
+// cuDNN's message.
+std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
+                        FusedPlan* plan);
+
+}  // namespace
+
+struct ConvPlanCache::FusedPlans {
+  std::map<std::tuple<ConvShape, bool, bool, Activation>, FusedPlan> plans;
+};
+
+void ConvPlanCache::FusedPlansDeleter::operator()(FusedPlans* p) const { delete p; }
+
+bool ConvPlanCache::fusion_available() { return true; }
+
+Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, const void* w, void* y,
+                                          const ConvEpilogue& e, DeviceContext& ctx) {
+  if (!fusion_) return false;
+  if (s.dtype == DType::kF32) return false;  // fp32 keeps the precision rules of forward()
+  if (e.act != Activation::kNone && e.act != Activation::kReLU && e.act != Activation::kSiLU)
+    return false;
+  // Below 32 channels in or out (the RGB and latent ends, the tiny test models) the plain path:
+  // on the H100 the graphs chosen for the 8- and 16-channel convolutions of the tiny KL model
+  // took its bf16 encoder from 7.9e-3 to 1.0e-2 relative L2 against fp32, while every model of
+  // 64 channels and more came closer (bench/NOTES.md, session 12); such convolutions are cheap.
+  if (s.c < 32 || s.k < 32) return false;
+  if (!fused_) fused_.reset(new FusedPlans());
+  const auto key = std::make_tuple(s, e.bias != nullptr, e.residual != nullptr, e.act);
+  auto it = fused_->plans.find(key);
+  if (it == fused_->plans.end()) {
+    // Building may synchronise and allocate: never inside a capture (the plain path then runs,
+    // as it would for a shape cuDNN has no engine for).
+    if (capturing_) return false;
+    FusedPlan plan;
+    const std::string why = build_fused(handle_, s, e, &plan);
+    if (!why.empty()) {
+      plan = FusedPlan();
+      LATENT_DEBUG("conv fused: cuDNN has no fused graph for ",
+                   describe_fused(s, e.bias, e.residual, e.act), " (", why,
+                   "); the convolution and a separate epilogue pass run instead");
+    } else {
+      LATENT_DEBUG("conv fused: ", describe_fused(s, e.bias, e.residual, e.act), ": ",
+                   plan.workspace, " bytes of workspace");
+    }
+    it = fused_->plans.emplace(key, std::move(plan)).first;
+  }
+  FusedPlan& plan = it->second;
+  if (!plan.graph) return false;
+  TempBuffer workspace;  // freed in stream order once the graph is queued
+  if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
+  std::unordered_map<int64_t, void*> pack = {
+      {kUidX, const_cast<void*>(x)}, {kUidW, const_cast<void*>(w)}, {kUidY, y}};
+  if (e.bias) pack[kUidBias] = const_cast<void*>(e.bias);
+  if (e.residual) pack[kUidResidual] = const_cast<void*>(e.residual);
+  fe::error_t rc = plan.graph->execute(handle_, pack, workspace.get());
+  if (rc.is_bad())
+    return Status::errorf("conv fused: cuDNN failed to run ",
+                          describe_fused(s, e.bias, e.residual, e.act), " on ", ctx.label(), ": ",
+                          rc.get_message());
+  ++g_fused_calls;
+  return true;
+}
+
+namespace {
+
+std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
+                        FusedPlan* plan) {
+  const fe::DataType_t dt =
+      s.dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(dt)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const bool video = s.kt > 1;
+  std::vector<int64_t> xdim, wdim, ydim, bdim;
+  fe::graph::Conv_fprop_attributes conv;
+  conv.set_name("conv");
+  if (video) {  // NDHWC [1][d][h][w][c] * KTRSC, valid in time
+    xdim = {1, s.c, s.d, s.h, s.w};
+    wdim = {s.k, s.c, s.kt, s.r, s.s};
+    ydim = {1, s.k, s.out_d(), s.out_h(), s.out_w()};
+    bdim = {1, s.k, 1, 1, 1};
+    conv.set_padding({0, s.pad_h, s.pad_w})
+        .set_stride({1, s.stride, s.stride})
+        .set_dilation({1, 1, 1});
+  } else {
+    xdim = {s.n, s.c, s.h, s.w};
+    wdim = {s.k, s.c, s.r, s.s};
+    ydim = {s.n, s.k, s.out_h(), s.out_w()};
+    bdim = {1, s.k, 1, 1};
+    conv.set_padding({s.pad_h, s.pad_w}).set_stride({s.stride, s.stride}).set_dilation({1, 1});
+  }
+  auto tensor = [&](const char* name, int64_t uid, const std::vector<int64_t>& dim) {
+    return g->tensor(fe::graph::Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_data_type(dt)
+                         .set_dim(dim)
+                         .set_stride(channels_last(dim)));
+  };
+  auto out = g->conv_fprop(tensor("x", kUidX, xdim), tensor("w", kUidW, wdim), conv);
+  out->set_data_type(fe::DataType_t::FLOAT);
+  if (e.bias)
+    out = g->pointwise(
+        out, tensor("bias", kUidBias, bdim),
+        fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
+  if (e.residual)
+    out = g->pointwise(
+        out, tensor("residual", kUidResidual, ydim),
+        fe::graph::Pointwise_attributes().set_name("residual").set_mode(fe::PointwiseMode_t::ADD));
+  if (e.act == Activation::kReLU)
+    out = g->pointwise(out, fe::graph::Pointwise_attributes().set_name("relu").set_mode(
+                                fe::PointwiseMode_t::RELU_FWD));
+  if (e.act == Activation::kSiLU)
+    out = g->pointwise(out, fe::graph::Pointwise_attributes()
+                                .set_name("silu")
+                                .set_mode(fe::PointwiseMode_t::SWISH_FWD)
+                                .set_swish_beta(1.f));
+  out->set_output(true).set_uid(kUidY).set_data_type(dt).set_dim(ydim).set_stride(
+      channels_last(ydim));
+
+  fe::error_t rc = g->validate();
+  if (rc.is_bad()) return "validate: " + rc.get_message();
+  rc = g->build_operation_graph(handle);
+  if (rc.is_bad()) return "build_operation_graph: " + rc.get_message();
+  rc = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (rc.is_bad()) return "create_execution_plans: " + rc.get_message();
+  // The same rules as the plain convolution's choice: the same bytes on every run, inputs kept
+  // in the precision they come in, and sums kept in fp32.
+  g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC,
+                             fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                             fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
+  rc = g->check_support(handle);
+  if (rc.is_bad()) return "check_support: " + rc.get_message();
+  rc = g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+  if (rc.is_bad()) return "build_plans: " + rc.get_message();
+  int64_t workspace = 0;
+  rc = g->get_workspace_size(workspace);
+  if (rc.is_bad()) return "get_workspace_size: " + rc.get_message();
+  plan->graph = std::move(g);
+  plan->workspace = workspace;
+  return std::string();
+}
+
+}  // namespace
+
+#else  // no cudnn-frontend: nothing is fused, the caller runs its own epilogue
+
+struct ConvPlanCache::FusedPlans {};
+void ConvPlanCache::FusedPlansDeleter::operator()(FusedPlans* p) const { delete p; }
+bool ConvPlanCache::fusion_available() { return false; }
+
+Result<bool> ConvPlanCache::forward_fused(const ConvShape&, const void*, const void*, void*,
+                                          const ConvEpilogue&, DeviceContext&) {
+  return false;
+}
+
+#endif
+
+}  // namespace latent::cuda
