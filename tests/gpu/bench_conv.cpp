@@ -1,11 +1,12 @@
 // Convolution benchmark: the Hopper implicit-GEMM kernel (conv_wgmma.cu, fused epilogue; forced
 // with LATENT_CUDA_CONV=wgmma, LATENT_CONV_WGMMA_TILE picks its tile) against cuDNN plus its
-// separate epilogue pass (LATENT_CUDA_CONV=cudnn), through the CUDA backend's
-// conv2d / conv3d_frames at the shapes of the video and image VAEs (bf16, bias, and the residual
-// + SiLU where the VAEs have them). Per row: median milliseconds of --reps calls (each call
-// synchronised, after --warmup untimed ones), TFLOP/s counted as 2 M N K, and the fraction of
-// the FLOP floor at --peak TFLOP/s (default 800: cuBLAS bf16 GEMM as measured on the H100).
-// Prints one JSON object per row as it goes, then a table.
+// separate epilogue pass (LATENT_CUDA_CONV=cudnn) and cuDNN with the epilogue fused into an
+// operation graph (LATENT_CUDA_CONV=cudnn LATENT_CUDNN_FUSION=on: "fused"), through the CUDA
+// backend's conv2d / conv3d_frames at the shapes of the video and image VAEs (bf16, bias, and
+// the residual + SiLU or ReLU where the VAEs have them). Per row: median milliseconds of --reps
+// calls (each call synchronised, after --warmup untimed ones), TFLOP/s counted as 2 M N K, and the
+// fraction of the FLOP floor at --peak TFLOP/s (default 800: cuBLAS bf16 GEMM as measured on the
+// H100). Prints one JSON object per row as it goes, then a table.
 //
 //   bench_conv [--reps 10] [--warmup 3] [--peak 800] [--only NAME-SUBSTRING]
 //
@@ -33,8 +34,8 @@ struct Case {
   int64_t frames;  // output frames (or images)
   int kt;          // temporal taps: 3 = conv3d_frames with 2 cached frames, 1 = conv2d
   int64_t cin, cout, h, w;
-  int k;  // spatial kernel (3 or 1)
-  bool residual_silu;
+  int k;    // spatial kernel (3 or 1)
+  int epi;  // after the bias: 0 nothing, 1 residual + SiLU, 2 ReLU, 3 residual + ReLU; 4: no bias
   int stride = 1;  // 2: diffusers' downsampling, zero padding (0, 1, 0, 1)
 };
 
@@ -43,10 +44,12 @@ struct Row {
   double ms, tflops, of_floor;
 };
 
-std::shared_ptr<Backend> backend(const char* conv) {
+std::shared_ptr<Backend> backend(const char* conv, const char* fusion = "off") {
   setenv("LATENT_CUDA_CONV", conv, 1);
+  setenv("LATENT_CUDNN_FUSION", fusion, 1);
   Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, DType::kBF16);
   unsetenv("LATENT_CUDA_CONV");
+  unsetenv("LATENT_CUDNN_FUSION");
   if (!r.ok()) {
     std::fprintf(stderr, "bench_conv: %s\n", r.status().message().c_str());
     std::exit(1);
@@ -116,8 +119,19 @@ int main(int argc, char** argv) {
       {"qwen 3x3 128->128 1024^2", 1, 1, 128, 128, 1024, 1024, 3, true},
       {"qwen 3x3 512->512 128^2", 1, 1, 512, 512, 128, 128, 3, true},
       {"taesd 3x3 64->64 1080p", 1, 1, 64, 64, 1080, 1920, 3, true},
+      // TAESD-size / default model blocks (ReLU) at 1080p, TAEW2.1 decoder stages at 720p
+      {"taesd 3x3 64->64 1080p relu", 1, 1, 64, 64, 1080, 1920, 3, 2},
+      {"taesd 3x3 64->64 1080p res relu", 1, 1, 64, 64, 1080, 1920, 3, 3},
+      {"taesd 3x3 64->64 540p relu", 1, 1, 64, 64, 540, 960, 3, 2},
+      {"taew 3x3 128->64 360p relu", 1, 1, 128, 64, 360, 640, 3, 2},
+      {"taew 3x3 64->64 360p res relu", 1, 1, 64, 64, 360, 640, 3, 3},
+      {"taew 3x3 64->64 720p", 1, 1, 64, 64, 720, 1280, 3, 0},
+      {"taesd 3x3 64->64 1080p no bias", 1, 1, 64, 64, 1080, 1920, 3, 4},
+      {"taew 3x3 256->128 180p relu", 1, 1, 256, 128, 180, 320, 3, 2},
+      {"taew 3x3 512->256 90p relu", 1, 1, 512, 256, 90, 160, 3, 2},
   };
-  std::shared_ptr<Backend> wgmma = backend("wgmma"), cudnn = backend("cudnn");
+  std::shared_ptr<Backend> wgmma = backend("wgmma"), cudnn = backend("cudnn"),
+                           fused = backend("cudnn", "on");
   std::vector<Row> rows;
   for (const Case& c : cases) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
@@ -127,18 +141,23 @@ int main(int argc, char** argv) {
     Tensor w = test::random_tensor({c.cout, c.cin, c.kt * c.k, c.k}, 2, -ws, ws);
     Tensor b = test::random_tensor({c.cout}, 3);
     const int64_t ho = c.h / c.stride, wo = c.w / c.stride;
-    Tensor r = c.residual_silu ? test::random_tensor({c.frames, c.cout, ho, wo}, 4) : Tensor();
+    const bool residual = c.epi == 1 || c.epi == 3;
+    Tensor r = residual ? test::random_tensor({c.frames, c.cout, ho, wo}, 4) : Tensor();
     const double flop = 2.0 * c.frames * ho * wo * c.cout * c.cin * c.k * c.k * c.kt;
-    for (auto& [variant, be] : {std::make_pair(std::string("wgmma"), wgmma),
-                                std::make_pair(std::string("cudnn"), cudnn)}) {
-      Tensor gx = up(*be, x), gw = up(*be, w), gb = up(*be, b), gr = r.defined() ? up(*be, r) : r;
+    for (auto& [variant, be] :
+         {std::make_pair(std::string("wgmma"), wgmma), std::make_pair(std::string("cudnn"), cudnn),
+          std::make_pair(std::string("fused"), fused)}) {
+      Tensor gx = up(*be, x), gw = up(*be, w), gb = c.epi == 4 ? Tensor() : up(*be, b),
+             gr = r.defined() ? up(*be, r) : r;
       Conv2dParams p = Conv2dParams::same(c.k);
       if (c.stride == 2) {
         p.stride = 2;
         p.pad_top = p.pad_left = 0;
         p.pad_bottom = p.pad_right = 1;
       }
-      const Activation act = c.residual_silu ? Activation::kSiLU : Activation::kNone;
+      const Activation act = c.epi == 1                 ? Activation::kSiLU
+                             : c.epi == 2 || c.epi == 3 ? Activation::kReLU
+                                                        : Activation::kNone;
       auto call = [&]() -> Status {
         Result<Tensor> y = c.kt == 3 ? be->conv3d_frames(gx, gw, 3, gb, p, gr, act)
                                      : be->conv2d(gx, gw, gb, p, gr, act);
