@@ -125,10 +125,16 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
   if (e.bias) pack[kUidBias] = const_cast<void*>(e.bias);
   if (e.residual) pack[kUidResidual] = const_cast<void*>(e.residual);
   fe::error_t rc = plan.graph->execute(handle_, pack, workspace.get());
-  if (rc.is_bad())
-    return Status::errorf("conv fused: cuDNN failed to run ",
-                          describe_fused(s, e.bias, e.residual, e.act), " on ", ctx.label(), ": ",
-                          rc.get_message());
+  if (rc.is_bad()) {
+    const std::string what =
+        str_cat("conv fused: cuDNN failed to run ", describe_fused(s, e.bias, e.residual, e.act),
+                " on ", ctx.label(), ": ", rc.get_message());
+    if (capturing_) return Status::error(what);  // the capture is spoilt: the plan's to handle
+    // Dropped, so that the plain convolution and its epilogue pass take this shape from now on.
+    LATENT_WARN(what, "; running it as a convolution and a separate epilogue pass from now on");
+    plan = FusedPlan();
+    return false;
+  }
   ++g_fused_calls;
   return true;
 }

@@ -1379,7 +1379,9 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
                                                           !env_is("LATENT_CUDNN_FUSION", "1"))
     LATENT_WARN("LATENT_CUDNN_FUSION=", v, " is not one of on, off: using on");
   if (options.conv_fusion && !cuda::ConvPlanCache::fusion_available()) {
-    LATENT_DEBUG("this build has no cudnn-frontend: convolution epilogues run as a pass");
+    if (std::getenv("LATENT_CUDNN_FUSION") && *std::getenv("LATENT_CUDNN_FUSION"))
+      LATENT_WARN("LATENT_CUDNN_FUSION=", std::getenv("LATENT_CUDNN_FUSION"),
+                  ": this build has no cudnn-frontend, so convolution epilogues run as a pass");
     options.conv_fusion = false;
   }
   options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0

@@ -5,11 +5,10 @@
 // run was recorded just before (Backend::record_allocations, as plans do), the captured ops'
 // buffers come from one arena laid out by their recorded lifetimes (DeviceContext's planned
 // allocations; cuDNN's workspaces are buffers of their calls too), which the CudaGraph owns.
-// Otherwise buffers the
-// captured ops allocate from the backend's pool (cudaMallocFromPoolAsync) become graph memory
-// nodes and the frees free nodes: the driver gives the graph its own memory and lays it out
-// itself (for the TAESD-size decoder at 1080p, 32 % more than the plain run's working set), and
-// all of it is freed inside the graph, so the graph can be relaunched at once.
+// Otherwise buffers the captured ops allocate from the backend's pool (cudaMallocFromPoolAsync)
+// become graph memory nodes and the frees free nodes: the driver gives the graph its own memory and
+// lays it out itself (for the TAESD-size decoder at 1080p, 32 % more than the plain run's working
+// set), and all of it is freed inside the graph, so the graph can be relaunched at once.
 #pragma once
 
 #include <cuda_runtime_api.h>
