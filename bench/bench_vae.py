@@ -2,8 +2,9 @@
 """VAE benchmark: gst-latent's engine next to PyTorch eager and torch.compile (diffusers), same
 weights, same run, on the GPU machine.
 
-For each model (Qwen-Image VAE full config, FLUX.1 VAE, a TAESD-size tiny VAE; random weights)
-and size (512x512, 1024x1024, 1280x720, 1920x1088) it times encode and decode:
+For each model (Qwen-Image VAE full config, FLUX.1 VAE, a TAESD-size tiny VAE, random weights;
+`default`: the built-in default model of models/default, its own weights, loaded from that folder
+by both sides) and size (512x512, 1024x1024, 1280x720, 1920x1088) it times encode and decode:
   - PyTorch eager and torch.compile: CUDA events around each call, median of --repeat runs after
     warm-up, peak memory from torch.cuda.max_memory_allocated;
   - gst-latent: `latent-tool run --json` on the same weights (saved by diffusers), which reports
@@ -45,12 +46,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 SIZES = ["512x512", "1024x1024", "1280x720", "1920x1088"]
+# The built-in default model (an AutoencoderTiny with 64 channels and 32 latent channels).
+DEFAULT_MODEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "models", "default")
 
 
 def make_model(name, smoke=False):
     import diffusers
 
     torch.manual_seed(0)
+    if name == "default":  # its own (small) weights, also in a dry run
+        return diffusers.AutoencoderTiny.from_pretrained(DEFAULT_MODEL_DIR)
     if smoke:  # tiny configs of the same classes, for a CPU dry run of this script's logic
         if name == "qwen":
             return diffusers.AutoencoderKLQwenImage(
@@ -87,7 +93,7 @@ def make_model(name, smoke=False):
 def encode_fn(name, m):
     if name == "qwen":
         return lambda x: m.encode(x.unsqueeze(2)).latent_dist.mean.squeeze(2)
-    if name == "taesd":
+    if name in ("taesd", "default"):
         return lambda x: m.encode(x).latents
     return lambda x: m.encode(x).latent_dist.mean
 
@@ -275,7 +281,7 @@ def main():
     for name in args.models.split(","):
         if stop:
             break
-        model_dir = os.path.join(work, name)
+        model_dir = DEFAULT_MODEL_DIR if name == "default" else os.path.join(work, name)
         t0 = time.time()
         m = ensure_model_dir(name, model_dir, tdtype, args.smoke)
         m = m.to(dev, tdtype)

@@ -12,6 +12,7 @@
 #   vae-qwen      bench_vae.py, Qwen-Image VAE, eager+compile+ours, 4 sizes    ~4 min (cap VAE_BUDGET)
 #   vae-flux      same for the FLUX.1 VAE                                      ~4 min (cap VAE_BUDGET)
 #   vae-taesd     same for the TAESD-size AutoencoderTiny                      ~2 min
+#   vae-default   same for the built-in default model (models/default, its own weights)  ~2 min
 #   pipelines     bench_pipelines.py: default + Qwen VAE, 1024^2 and 1080p, system/CUDA memory,
 #                 prefetch-depth default/0, cuda-graphs true/false if the property exists  ~5 min
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
@@ -135,6 +136,7 @@ has bench && vae bench ${BENCH_MODELS:-qwen}
 has vae-qwen && vae vae-qwen qwen
 has vae-flux && vae vae-flux flux
 has vae-taesd && vae vae-taesd taesd
+has vae-default && vae vae-default default
 
 if has pipelines; then
   begin pipelines; pyenv
