@@ -22,6 +22,8 @@
 
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
+
+#include "engine/backends/cuda/cudnn_graph.h"
 #endif
 
 namespace latent::cuda {
@@ -197,24 +199,16 @@ std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpil
   out->set_output(true).set_uid(kUidY).set_data_type(dt).set_dim(ydim).set_stride(
       channels_last(ydim));
 
-  fe::error_t rc = g->validate();
-  if (rc.is_bad()) return "validate: " + rc.get_message();
-  rc = g->build_operation_graph(handle);
-  if (rc.is_bad()) return "build_operation_graph: " + rc.get_message();
-  rc = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-  if (rc.is_bad()) return "create_execution_plans: " + rc.get_message();
   // The same rules as the plain convolution's choice: the same bytes on every run, inputs kept
   // in the precision they come in, and sums kept in fp32.
-  g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC,
-                             fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
-                             fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
-  rc = g->check_support(handle);
-  if (rc.is_bad()) return "check_support: " + rc.get_message();
-  rc = g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
-  if (rc.is_bad()) return "build_plans: " + rc.get_message();
+  auto deselect = [](fe::graph::Graph& graph) {
+    graph.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC,
+                                  fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                                  fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
+  };
   int64_t workspace = 0;
-  rc = g->get_workspace_size(workspace);
-  if (rc.is_bad()) return "get_workspace_size: " + rc.get_message();
+  const std::string why = build_graph_plan(*g, handle, deselect, &workspace);
+  if (!why.empty()) return why;
   plan->graph = std::move(g);
   plan->workspace = workspace;
   return std::string();

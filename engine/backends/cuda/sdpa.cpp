@@ -1,4 +1,4 @@
-// cuDNN SDPA for the DiT attention op (see sdpa.h). The only file that includes cudnn-frontend.
+// cuDNN SDPA for the DiT attention op (see sdpa.h), through cudnn-frontend (like conv_fused.cpp).
 #include "engine/backends/cuda/sdpa.h"
 
 #include <atomic>
@@ -23,6 +23,8 @@
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
 #include <nvrtc.h>
+
+#include "engine/backends/cuda/cudnn_graph.h"
 
 // cudnn-frontend compiles in an experimental SM100 RMSNorm+SiLU engine that calls NVRTC; we never
 // build it, and linking libnvrtc would make the whole engine (and the plugin) fail to load where
@@ -258,19 +260,10 @@ std::string build_graph(cudnnHandle_t handle, const ShapeKey& s,
       .set_dim({s.b, s.heads, s.tq, s.d})
       .set_stride({s.tq * hd, s.d, hd, 1});
 
-  fe::error_t e = g->validate();
-  if (e.is_bad()) return "validate: " + e.get_message();
-  e = g->build_operation_graph(handle);
-  if (e.is_bad()) return "build_operation_graph: " + e.get_message();
-  e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-  if (e.is_bad()) return "create_execution_plans: " + e.get_message();
-  e = g->check_support(handle);
-  if (e.is_bad()) return "check_support: " + e.get_message();
-  e = g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
-  if (e.is_bad()) return "build_plans: " + e.get_message();
   int64_t workspace = 0;
-  e = g->get_workspace_size(workspace);
-  if (e.is_bad()) return "get_workspace_size: " + e.get_message();
+  const std::string why = build_graph_plan(
+      *g, handle, [](fe::graph::Graph&) {}, &workspace);
+  if (!why.empty()) return why;
   plan->graph = std::move(g);
   plan->workspace = workspace;
   return std::string();

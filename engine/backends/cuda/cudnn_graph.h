@@ -1,0 +1,36 @@
+// The build steps every cuDNN operation graph of this backend goes through (cudnn-frontend; only
+// files compiled with LATENT_HAVE_CUDNN_FRONTEND include this: sdpa.cpp, conv_fused.cpp).
+#pragma once
+
+#include <cudnn_frontend.h>
+
+#include <cstdint>
+#include <string>
+
+namespace latent::cuda {
+
+// Validates `g`, builds its operation graph on `handle`, asks cuDNN's heuristics (mode A, then
+// the fallback list) for engine configurations, lets `filter(g)` deselect some, checks support
+// and builds the heuristics' first plan that builds. Empty string: built, with its workspace
+// size in *workspace; else the step that failed and cuDNN's message.
+template <typename Filter>
+std::string build_graph_plan(cudnn_frontend::graph::Graph& g, cudnnHandle_t handle, Filter&& filter,
+                             int64_t* workspace) {
+  namespace fe = cudnn_frontend;
+  fe::error_t e = g.validate();
+  if (e.is_bad()) return "validate: " + e.get_message();
+  e = g.build_operation_graph(handle);
+  if (e.is_bad()) return "build_operation_graph: " + e.get_message();
+  e = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (e.is_bad()) return "create_execution_plans: " + e.get_message();
+  filter(g);
+  e = g.check_support(handle);
+  if (e.is_bad()) return "check_support: " + e.get_message();
+  e = g.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+  if (e.is_bad()) return "build_plans: " + e.get_message();
+  e = g.get_workspace_size(*workspace);
+  if (e.is_bad()) return "get_workspace_size: " + e.get_message();
+  return std::string();
+}
+
+}  // namespace latent::cuda
