@@ -145,12 +145,8 @@ namespace {
 
 std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
                         FusedPlan* plan) {
-  const fe::DataType_t dt =
-      s.dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(dt)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const fe::DataType_t dt = half_type(s.dtype);
+  auto g = new_graph(dt);
   const bool video = s.kt > 1;
   std::vector<int64_t> xdim, wdim, ydim, bdim;
   fe::graph::Conv_fprop_attributes conv;

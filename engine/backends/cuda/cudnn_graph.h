@@ -5,9 +5,28 @@
 #include <cudnn_frontend.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "engine/core/dtype.h"
+
 namespace latent::cuda {
+
+// cuDNN's name for a half-precision dtype of ours: bf16, else fp16.
+inline cudnn_frontend::DataType_t half_type(DType t) {
+  return t == DType::kBF16 ? cudnn_frontend::DataType_t::BFLOAT16
+                           : cudnn_frontend::DataType_t::HALF;
+}
+
+// An empty graph with `io` inputs and outputs and fp32 intermediates and arithmetic.
+inline std::shared_ptr<cudnn_frontend::graph::Graph> new_graph(cudnn_frontend::DataType_t io) {
+  namespace fe = cudnn_frontend;
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(io)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
 
 // Validates `g`, builds its operation graph on `handle`, asks cuDNN's heuristics (mode A, then
 // the fallback list) for engine configurations, lets `filter(g)` deselect some, checks support

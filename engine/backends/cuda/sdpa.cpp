@@ -208,12 +208,8 @@ Result<std::shared_ptr<SdpaState>> state_for(DeviceContext& ctx) {
 std::string build_graph(cudnnHandle_t handle, const ShapeKey& s,
                         const std::vector<int64_t>& bias_dim,
                         const std::vector<int64_t>& bias_stride, Plan* plan) {
-  const fe::DataType_t dt =
-      s.dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(dt)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const fe::DataType_t dt = half_type(s.dtype);
+  auto g = new_graph(dt);
   // Our [B, T, H*d] rows as (B, H, T, d) with BSHD strides.
   const int64_t hd = s.heads * s.d;
   auto tensor = [&](const char* name, int64_t uid, int64_t t) {
