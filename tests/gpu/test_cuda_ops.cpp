@@ -407,9 +407,9 @@ TEST_P(CudaOps, Conv3dFrames) {
 
 // cuDNN convolutions with the epilogue fused into one operation graph (LATENT_CUDA_CONV=cudnn
 // LATENT_CUDNN_FUSION=on, conv_fused.cpp) against the CPU: every epilogue the VAEs use, 2-D and
-// 3-D. Shapes cuDNN has no fused engine for (3 output channels) and fp32 run the plain
-// convolution and the separate pass instead, and must agree as well. The 64- and 128-channel
-// bf16 / fp16 cases must really be fused (counted).
+// 3-D. Convolutions below 32 channels (the 3-channel ends) and fp32 run the plain convolution
+// and the separate pass instead, and must agree as well. The 64- and 128-channel bf16 / fp16
+// cases must really be fused (counted).
 TEST_P(CudaOps, ConvCudnnFused) {
   if (!cuda::ConvPlanCache::fusion_available())
     GTEST_SKIP() << "built without cudnn-frontend: no fused convolutions";
