@@ -60,16 +60,6 @@ const char* algo_name(cudnnConvolutionFwdAlgo_t a) {
   }
 }
 
-std::string describe(const ConvShape& s) {
-  if (s.kt > 1)  // video: a 3-D convolution over the frames of one clip
-    return str_cat(dtype_name(s.dtype), " x[", s.c, ", ", s.d, ", ", s.h, ", ", s.w, "] * w[", s.k,
-                   ", ", s.c, ", ", s.kt, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ",
-                   s.pad_h, "/", s.pad_w, " (3-D)");
-  return str_cat(dtype_name(s.dtype), " x[", s.n, ", ", s.c, ", ", s.h, ", ", s.w, "] * w[", s.k,
-                 ", ", s.c, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ", s.pad_h, "/",
-                 s.pad_w);
-}
-
 // The most workspace an algorithm may ask for: 512 MiB, or half of the free device memory.
 size_t workspace_limit() {
   size_t free_bytes = 0, total = 0;
@@ -81,6 +71,16 @@ size_t workspace_limit() {
 }
 
 }  // namespace
+
+std::string describe(const ConvShape& s) {
+  if (s.kt > 1)  // video: a 3-D convolution over the frames of one clip
+    return str_cat(dtype_name(s.dtype), " x[", s.c, ", ", s.d, ", ", s.h, ", ", s.w, "] * w[", s.k,
+                   ", ", s.c, ", ", s.kt, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ",
+                   s.pad_h, "/", s.pad_w, " (3-D)");
+  return str_cat(dtype_name(s.dtype), " x[", s.n, ", ", s.c, ", ", s.h, ", ", s.w, "] * w[", s.k,
+                 ", ", s.c, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ", s.pad_h, "/",
+                 s.pad_w);
+}
 
 ConvPlanCache::ConvPlanCache(cudnnHandle_t handle, bool tf32, bool exhaustive)
     : handle_(handle), tf32_(tf32), exhaustive_(exhaustive) {}

@@ -14,6 +14,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include "engine/backends/backend.h"  // Activation
@@ -40,6 +41,9 @@ struct ConvShape {
   }
   bool operator<(const ConvShape& o) const { return key() < o.key(); }
 };
+
+// "bf16 x[1, 128, 64, 64] * w[128, 128, 3, 3] stride 1 pad 1/1" (with "(3-D)" for video).
+std::string describe(const ConvShape& s);
 
 // What a fused convolution adds to conv(x, w) before writing y (conv_fused.cpp):
 // y = act(conv(x, w) + bias + residual), each part optional (null: absent).

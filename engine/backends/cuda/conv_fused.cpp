@@ -42,11 +42,7 @@ namespace {
 enum : int64_t { kUidX = 1, kUidW, kUidBias, kUidResidual, kUidY };
 
 std::string describe_fused(const ConvShape& s, bool bias, bool residual, Activation act) {
-  std::string what = s.kt > 1 ? str_cat("conv3d x[", s.c, ", ", s.d, ", ", s.h, ", ", s.w, "] * w[",
-                                        s.k, ", ", s.c, ", ", s.kt, ", ", s.r, ", ", s.s, "]")
-                              : str_cat("conv2d x[", s.n, ", ", s.c, ", ", s.h, ", ", s.w, "] * w[",
-                                        s.k, ", ", s.c, ", ", s.r, ", ", s.s, "]");
-  what += str_cat(" stride ", s.stride, " pad ", s.pad_h, "/", s.pad_w);
+  std::string what = describe(s);
   if (bias) what += " + bias";
   if (residual) what += " + residual";
   if (act == Activation::kReLU) what += ", ReLU";
