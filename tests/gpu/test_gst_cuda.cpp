@@ -3,15 +3,20 @@
 // transfer counts), and vaeencode ! vaedecode with device=cuda against device=cpu (RGB, NV12,
 // I420 input; LATENCY answers); latents and frames in CUDA memory between the elements and
 // GStreamer's CUDA elements (cudaupload, cudadownload), with the engine's host<->device copies
-// counted. Exits 77 (skipped) without a GPU.
+// counted; with two or more GPUs, one pipeline with a branch per device (each element on its own
+// device's context). Exits 77 (skipped) without a GPU.
 #include <gst/gst.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +27,13 @@
 
 #ifdef LATENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#endif
+#ifdef LATENT_HAVE_GST_CUDA
+#ifndef GST_USE_UNSTABLE_API
+#define GST_USE_UNSTABLE_API
+#endif
+#include <gst/cuda/gstcudacontext.h>
+#include <gst/cuda/gstcudamemory.h>
 #endif
 
 namespace latent {
@@ -711,6 +723,112 @@ TEST(GstCudaMemory, DitDenoiseTakesAndGivesCudaLatents) {
   EXPECT_EQ(sys.counts.device_to_host - dev.counts.device_to_host, 2 * 2);
   EXPECT_EQ(sys.counts.host_to_device - dev.counts.host_to_device, 2 * 2);
 }
+
+// ---- several devices in one process (issue 14) ------------------------------------------------
+
+#ifdef LATENT_HAVE_GST_CUDA
+// The device of the CUDA context a buffer's first memory belongs to, -1 for other memory.
+int memory_device(GstBuffer* buf) {
+  GstMemory* mem = gst_buffer_n_memory(buf) ? gst_buffer_peek_memory(buf, 0) : nullptr;
+  if (!mem || !gst_is_cuda_memory(mem)) return -1;
+  gint id = -2;
+  g_object_get(GST_CUDA_MEMORY_CAST(mem)->context, "cuda-device-id", &id, nullptr);
+  return id;
+}
+
+// Every device id that passed one pad (pad probe data).
+struct DevicesSeen {
+  std::mutex lock;
+  std::set<int> ids;
+  int buffers = 0;
+};
+
+GstPadProbeReturn record_device(GstPad*, GstPadProbeInfo* info, gpointer data) {
+  auto* seen = static_cast<DevicesSeen*>(data);
+  const int id = memory_device(GST_PAD_PROBE_INFO_BUFFER(info));
+  std::lock_guard<std::mutex> l(seen->lock);
+  seen->ids.insert(id);
+  ++seen->buffers;
+  return GST_PAD_PROBE_OK;
+}
+
+void collect_frame(GstElement*, GstBuffer* buf, GstPad*, gpointer data) {
+  auto* frames = static_cast<std::vector<std::vector<uint8_t>>*>(data);
+  GstMapInfo m;
+  if (gst_buffer_map(buf, &m, GST_MAP_READ)) {
+    frames->emplace_back(m.data, m.data + m.size);
+    gst_buffer_unmap(buf, &m);
+  }
+}
+
+// One branch: NV12 frames uploaded by cudaupload (its device left to the context it finds, as a
+// user writes it), vaeencode ! vaedecode on cuda:<device> with CUDA memory between them, the
+// frames downloaded by cudadownload into fakesink out<tag> (elements enc<tag>, dec<tag>).
+std::string device_branch(int device, const std::string& tag, const char* pattern) {
+  return str_cat("videotestsrc num-buffers=", kFrames, " pattern=", pattern,
+                 " ! video/x-raw,format=NV12,width=", kW, ",height=", kH,
+                 ",framerate=30/1 ! cudaupload ! video/x-raw(memory:CUDAMemory) ! vaeencode name=enc",
+                 tag, " model=", model(), " device=cuda:", device,
+                 " ! application/x-latent(memory:CUDAMemory) ! vaedecode name=dec", tag,
+                 " model=", model(), " device=cuda:", device,
+                 " ! video/x-raw(memory:CUDAMemory),format=RGBA ! cudadownload ! "
+                 "video/x-raw,format=RGBA ! fakesink name=out", tag, " sync=false ");
+}
+
+const char* const kPatterns[] = {"smpte", "ball", "checkers-8", "circular"};
+
+TEST(GstCudaDevices, EachBranchRunsOnItsOwnDeviceInOnePipeline) {
+  const int devices = std::min(cuda_device_count(), 4);
+  if (devices < 2) GTEST_SKIP() << "needs two GPUs (" << devices << " here)";
+  std::string description;
+  for (int d = 0; d < devices; ++d) description += device_branch(d, str_cat(d), kPatterns[d]);
+  GError* err = nullptr;
+  GstElement* p = gst_parse_launch(description.c_str(), &err);
+  ASSERT_TRUE(p) << (err ? err->message : "parse failed");
+  std::vector<std::vector<std::vector<uint8_t>>> frames(devices);
+  // Per branch: what reached vaeencode, what it pushed, what vaedecode pushed.
+  std::vector<std::array<DevicesSeen, 3>> seen(devices);
+  for (int d = 0; d < devices; ++d) {
+    const std::pair<std::string, const char*> pads[3] = {
+        {str_cat("enc", d), "sink"}, {str_cat("enc", d), "src"}, {str_cat("dec", d), "src"}};
+    for (int k = 0; k < 3; ++k) {
+      GstElement* e = gst_bin_get_by_name(GST_BIN(p), pads[k].first.c_str());
+      ASSERT_TRUE(e) << pads[k].first;
+      GstPad* pad = gst_element_get_static_pad(e, pads[k].second);
+      gst_pad_add_probe(pad, GST_PAD_PROBE_TYPE_BUFFER, record_device, &seen[d][k], nullptr);
+      gst_object_unref(pad);
+      gst_object_unref(e);
+    }
+    GstElement* sink = gst_bin_get_by_name(GST_BIN(p), str_cat("out", d).c_str());
+    g_object_set(sink, "signal-handoffs", TRUE, nullptr);
+    g_signal_connect(sink, "handoff", G_CALLBACK(collect_frame), &frames[d]);
+    gst_object_unref(sink);
+  }
+  const std::string result = test::play_to_end(p, 120 * GST_SECOND);
+  gst_object_unref(p);
+  ASSERT_EQ(result, "");
+  for (int d = 0; d < devices; ++d) {
+    SCOPED_TRACE(str_cat("cuda:", d));
+    const char* what[3] = {"frames into vaeencode", "latents out of vaeencode",
+                           "frames out of vaedecode"};
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(seen[d][k].buffers, kFrames) << what[k];
+      // The CUDA memory of this branch's own device, never another's (and never system memory,
+      // which a mismatched context would have forced).
+      EXPECT_EQ(seen[d][k].ids, std::set<int>{d}) << what[k];
+    }
+    // The same frames as this branch's source gives alone on cuda:0 (the same kernels on the
+    // same kind of GPU: bf16 tolerance at most).
+    PipelineRun alone = run_pipeline(device_branch(0, "", kPatterns[d]));
+    ASSERT_TRUE(alone.ok) << alone.error;
+    ASSERT_EQ(frames[d].size(), alone.frames.size());
+    for (size_t i = 0; i < alone.frames.size(); ++i) {
+      ASSERT_EQ(frames[d][i].size(), alone.frames[i].size());
+      EXPECT_LE(mean_abs_diff(frames[d][i], alone.frames[i]), 1.0) << "frame " << i;
+    }
+  }
+}
+#endif  // LATENT_HAVE_GST_CUDA
 
 }  // namespace
 }  // namespace latent
