@@ -84,7 +84,10 @@ class ClipResult:
     # Where the clip's time went (seconds; 0 where a phase was not reached): from the start to the
     # first latent vaeencode pushed (demuxer and decoder start, negotiation, the stage's plan and
     # first chunk), from there to EOS (the stream), and the pipeline's return to NULL; and within
-    # the first, from the start to the first frame vaeencode received (demuxer and decoder).
+    # the first, from the start to the first frame vaeencode received (demuxer and decoder), and
+    # to decodebin's video pad (the stream typed, demuxed and parsed, the decoder made and its
+    # output caps known: what is left to the first frame is the decoder's start and first frame).
+    pad_added_s: float = 0.0
     first_frame_s: float = 0.0
     first_latent_s: float = 0.0
     stream_s: float = 0.0
@@ -200,6 +203,7 @@ class ClipEncoder:
         return el
 
     def _on_pad_added(self, decodebin, pad):
+        self._first.setdefault("pad", time.monotonic())
         # An exception here would leave the pad unlinked and the clip waiting: fail the clip.
         try:
             self._link_decoded(pad)
@@ -272,6 +276,7 @@ class ClipEncoder:
         self._sink.set_property("source", source)
         self._link_error = ""
         self._unlink_last_clip()
+        self._first.pop("pad", None)
         self._probe_first("sink")
         self._probe_first("src")
         t_end = None
@@ -296,6 +301,8 @@ class ClipEncoder:
             self._pipeline.get_bus().set_flushing(False)
         t_null = time.monotonic()
         res.seconds = t_null - t0
+        if "pad" in self._first:
+            res.pad_added_s = self._first["pad"] - t0
         if "sink" in self._first:
             res.first_frame_s = self._first["sink"] - t0
         first = self._first.get("src")

@@ -155,14 +155,57 @@ class Worker:
             enc.close()
 
 
+def pin_device(options: dict, gpu_count: int | None = None) -> dict:
+    """The options of a worker process that owns device cuda:N: CUDA_VISIBLE_DEVICES names that
+    one GPU alone (the N-th of those this process sees) and the worker uses it as cuda:0, as a
+    Ray actor does. Then every CUDA element of its pipelines, the hardware decoder that decodebin
+    picks (nvh264dec is device 0's) included, works on that GPU and hands over CUDA memory of its
+    context; without it, the decoders of every worker would run on the first GPU and each frame
+    would reach vaeencode through system memory. Call before GStreamer or CUDA start in the
+    process. Other devices (auto, cuda, cpu) are left as they are. `gpu_count`: the GPUs when
+    CUDA_VISIBLE_DEVICES is unset (default: the /dev/nvidiaN nodes)."""
+    device = str(options.get("device", ""))
+    if not device.startswith("cuda:") or not device[5:].isdigit():
+        return options  # vaeencode reports a malformed device itself
+    index = int(device[5:])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        where = f"CUDA_VISIBLE_DEVICES={visible} makes {len(ids)} visible"
+    else:
+        ids = [str(i) for i in range(gpu_count if gpu_count is not None else _device_nodes())]
+        where = f"this machine has {len(ids)}"
+    if not ids:
+        return options  # no GPU at all: vaeencode says so, naming the device as given
+    if index >= len(ids):
+        raise ValueError(f"--device {device}: no such GPU ({where})")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ids[index]
+    return dict(options, device="cuda:0", device_as_given=device)
+
+
+def _device_nodes() -> int:
+    """The NVIDIA GPUs this machine shows as /dev/nvidiaN."""
+    import re
+
+    try:
+        return sum(1 for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n))
+    except OSError:
+        return 0
+
+
 def _local_worker_main(options: dict, tasks, results) -> None:
     """A local worker process: its pipelines take (rel, clip) tasks until a None each."""
     import threading
 
     try:
+        options = pin_device(options)
+    except ValueError as e:
+        results.put({"__fatal__": f"worker on {options['device']}: {e}"})
+        return
+    try:
         worker = Worker(options)
     except Exception as e:  # the model does not load: the job stops with this message
-        results.put({"__fatal__": f"worker on {options['device']}: {e}"})
+        results.put({"__fatal__": f"worker on {options.get('device_as_given', options['device'])}: {e}"})
         return
 
     def loop():
@@ -173,7 +216,7 @@ def _local_worker_main(options: dict, tasks, results) -> None:
                 row = worker.process(*task)
             except Exception as e:  # encode() reports bad clips itself; anything else is a row too
                 row = asdict(ClipResult(path=task[0], output=output_path(options["output"], task[0]),
-                                        error=f"worker on {options['device']}: {e}"))
+                                        error=f"worker on {options.get('device_as_given', options['device'])}: {e}"))
             results.put(row)
 
     threads = [threading.Thread(target=loop) for _ in worker.encoders]
@@ -189,7 +232,12 @@ def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
     over the comma-separated --device list), each with its pipelines."""
     devices = [d.strip() for d in options["device"].split(",") if d.strip()] or ["auto"]
     if workers <= 1:
-        worker = Worker(dict(options, device=devices[0]))
+        from gst_latent import pipeline
+
+        one = dict(options, device=devices[0])
+        if pipeline._GST is None:  # GStreamer (and CUDA) not started in this process yet
+            one = pin_device(one)
+        worker = Worker(one)
         try:
             yield from worker.process_all(todo)
         finally:
@@ -419,8 +467,8 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     failed = done = frames = 0
     paths = {}  # (decoder, memory) -> clips
     # Sums over the written clips: their whole time (set-up to NULL) and its phases.
-    phases = {"seconds": 0.0, "first_frame_s": 0.0, "first_latent_s": 0.0, "stream_s": 0.0,
-              "teardown_s": 0.0}
+    phases = {"seconds": 0.0, "pad_added_s": 0.0, "first_frame_s": 0.0, "first_latent_s": 0.0,
+              "stream_s": 0.0, "teardown_s": 0.0}
     span = [float("inf"), 0.0]  # the first written clip's start, the last one's end (time.time())
     streaming = []  # (start, end) of each written clip's stream: first latent to EOS (time.time())
     t0 = time.monotonic()
@@ -481,7 +529,8 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
         # The rate while clips ran leaves out the job's start-up (processes, Ray, the model load):
         # a worker's steady rate, comparable with the encoder's own.
         print(f"latent-precompute: per clip (mean of {done}): {phases['seconds'] / done:.3f} s = "
-              f"{phases['first_latent_s'] / done:.3f} s to the first latent (the first frame at "
+              f"{phases['first_latent_s'] / done:.3f} s to the first latent (the decoded stream's "
+              f"pad at {phases['pad_added_s'] / done:.3f} s, the first frame at "
               f"{phases['first_frame_s'] / done:.3f} s) + "
               f"{phases['stream_s'] / done:.3f} s streaming + "
               f"{phases['teardown_s'] / done:.3f} s teardown; "

@@ -129,10 +129,10 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
         enc.close()
     assert not res.error, res.error
     assert res.first_latent_s > 0 and res.stream_s >= 0 and res.teardown_s >= 0, res
-    assert 0 < res.first_frame_s <= res.first_latent_s, res
+    assert 0 < res.pad_added_s <= res.first_frame_s <= res.first_latent_s, res
     assert res.first_latent_s + res.stream_s + res.teardown_s <= res.seconds + 1e-6, res
     assert bad.error and bad.first_latent_s == 0 and bad.stream_s == 0, bad  # no latent left
-    assert bad.first_frame_s == 0, bad
+    assert bad.first_frame_s == 0 and bad.pad_added_s == 0, bad
     r = run_job("--input", str(clips), "--output", str(tmp_path / "out"),
                 "--summary", str(tmp_path / "summary.json"))
     assert r.returncode == 3, r.stderr
@@ -142,8 +142,8 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
     assert summary["written"] == 3 and summary["failed"] == 1 and summary["frames"] == 6 + 4 + 1
     start, end = summary["clips_ran"]
     assert 0 < end - start <= summary["seconds"] and summary["frames_per_s_per_worker_while_clips_ran"] > 0
-    assert set(summary["per_clip_mean_s"]) == {"seconds", "first_frame_s", "first_latent_s", "stream_s",
-                                               "teardown_s"}
+    assert set(summary["per_clip_mean_s"]) == {"seconds", "pad_added_s", "first_frame_s", "first_latent_s",
+                                               "stream_s", "teardown_s"}
     # cuDNN's choices are cuDNN's heuristics unless asked otherwise: the same bytes on every node.
     assert summary["conv_algorithms"] == "heuristic"
     # One pipeline: some clip streams only between a clip's first latent and its EOS.
@@ -470,3 +470,29 @@ def test_bad_arguments(tmp_path):
     assert r.returncode == 2 and "--workers must be at least 1" in r.stderr
     r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--pipelines-per-worker", "0")
     assert r.returncode == 2 and "--pipelines-per-worker must be at least 1" in r.stderr
+
+
+def test_a_local_worker_on_cuda_n_sees_that_gpu_alone(monkeypatch):
+    """A local worker process for --device cuda:N gets CUDA_VISIBLE_DEVICES = that GPU and runs it
+    as cuda:0, so the hardware decoder decodebin picks (device 0's) works on the same GPU."""
+    from gst_latent.precompute import pin_device
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    got = pin_device({"device": "cuda:2", "model": "m"}, gpu_count=4)
+    assert got == {"device": "cuda:0", "device_as_given": "cuda:2", "model": "m"}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"
+    # The N-th of the GPUs the job itself was given.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert pin_device({"device": "cuda:1"})["device"] == "cuda:0"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with pytest.raises(ValueError, match=r"--device cuda:2: no such GPU \(CUDA_VISIBLE_DEVICES=3,5 makes 2 visible\)"):
+        pin_device({"device": "cuda:2"})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(ValueError, match=r"--device cuda:4: no such GPU \(this machine has 4\)"):
+        pin_device({"device": "cuda:4"}, gpu_count=4)
+    # Nothing to pin: no GPU (vaeencode names the device), or no index.
+    for opts, count in (({"device": "cuda:1"}, 0), ({"device": "cuda"}, 4), ({"device": "auto"}, 4),
+                        ({"device": "cpu"}, 4), ({"device": "cuda:x"}, 4)):
+        assert pin_device(dict(opts), gpu_count=count) == opts
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
