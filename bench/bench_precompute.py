@@ -63,26 +63,34 @@ def make_clips(folder: str, count: int, frames: int, fps: int) -> list[str]:
     mux = "mp4mux" if have_element("mp4mux") else "matroskamux"
     ext = "mp4" if mux == "mp4mux" else "mkv"
     patterns = ["ball", "smpte", "snow", "circular", "pinwheel", "spokes", "gamut", "zone-plate"]
-    paths = []
-    for i in range(count):
-        path = os.path.join(folder, f"clip_{i:04d}.{ext}")
-        paths.append(path)
+    paths = [os.path.join(folder, f"clip_{i:04d}.{ext}") for i in range(count)]
+
+    def make(i):
+        path = paths[i]
         if os.path.exists(path):
-            continue
+            return
         desc = (f"videotestsrc num-buffers={frames} pattern={patterns[i % len(patterns)]} ! "
                 f"video/x-raw,width={W},height={H},framerate={fps}/1 ! videoconvert ! {enc} ! "
                 f"h264parse ! {mux} ! filesink location={path}.tmp")
         subprocess.run(["gst-launch-1.0", "-q"] + desc.split(), check=True, timeout=600)
         os.rename(path + ".tmp", path)
+
+    # Software encoders use a core or two each: one clip per two cores at a time (the clips are the
+    # same whatever the order; the hardware encoder has few sessions, so two at a time).
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = 2 if enc == "nvh264enc" else max(1, (os.cpu_count() or 2) // 2)
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(make, range(count)))
     return paths
 
 
 class GpuSampler:
-    """nvidia-smi utilization.gpu every 100 ms in the background."""
+    """nvidia-smi utilization.gpu of each GPU every 100 ms in the background."""
 
     def __init__(self, gpus: list[int]):
         self.gpus = gpus
-        self.samples: list[tuple[float, float]] = []  # (time.time(), busy fraction)
+        self.samples: list[tuple[float, float, int]] = []  # (time.time(), busy fraction, GPU index)
         self.proc = None
         self.thread = None
 
@@ -91,7 +99,7 @@ class GpuSampler:
             return self
         ids = ",".join(str(g) for g in self.gpus)
         self.proc = subprocess.Popen(
-            ["nvidia-smi", f"--id={ids}", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+            ["nvidia-smi", f"--id={ids}", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
              "-lms", "100"], stdout=subprocess.PIPE, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -100,7 +108,8 @@ class GpuSampler:
     def _read(self):
         for line in self.proc.stdout:
             try:
-                self.samples.append((time.time(), float(line.strip()) / 100.0))
+                index, busy = (v.strip() for v in line.split(","))
+                self.samples.append((time.time(), float(busy) / 100.0, int(index)))
             except ValueError:
                 pass
 
@@ -110,9 +119,18 @@ class GpuSampler:
             self.proc.wait()
 
     def busy(self, start: float = 0.0, end: float = float("inf")):
-        """The mean busy fraction of the samples taken between `start` and `end` (time.time())."""
-        v = [b for t, b in self.samples if start <= t <= end]
+        """The mean busy fraction of the samples taken between `start` and `end` (time.time()),
+        over every GPU sampled."""
+        v = [b for t, b, _ in self.samples if start <= t <= end]
         return round(sum(v) / len(v), 3) if v else None
+
+    def busy_per_gpu(self, start: float = 0.0, end: float = float("inf")):
+        """{GPU index: mean busy fraction} of the samples between `start` and `end`."""
+        per: dict[int, list[float]] = {}
+        for t, b, g in self.samples:
+            if start <= t <= end:
+                per.setdefault(g, []).append(b)
+        return {g: round(sum(v) / len(v), 3) for g, v in sorted(per.items())} or None
 
 
 def gpu_count() -> int:
@@ -166,6 +184,9 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
             "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus, "pipelines_per_worker": pipelines,
             # from the first clip's start to the last one's end (no start-up, no shutdown)
             "gpu_busy_while_clips_ran": gpu.busy(*span) if span[1] > span[0] else None,
+            # each GPU's own (issue 14: no GPU idle more than 5 % of the run)
+            "gpu_busy_per_gpu": gpu.busy_per_gpu(),
+            "gpu_busy_per_gpu_while_clips_ran": gpu.busy_per_gpu(*span) if span[1] > span[0] else None,
             "log_tail": p.stderr.strip().splitlines()[-3:] if p.stderr else [],
             "decoded_by": job.get("decoded_by"),
             # the job's mean per-clip phases (s): whole clip, to the first frame and latent,
@@ -450,9 +471,19 @@ def main():
         one = next((o for o in results["rows"] if o.get("model") == r["model"]
                     and o.get("run") == f"{eng}x1{p}" and "error" not in o), None)
         if one and one.get("frames_per_s_per_gpu"):
+            # The whole job (start-up included) and while clips ran (the job's own span; its
+            # frames/s is per worker already).
             r["scaling_efficiency"] = round(r["frames_per_s_per_gpu"] / one["frames_per_s_per_gpu"], 3)
-            print(f"{os.path.basename(r['model'].rstrip('/'))}: {eng} on {n} GPUs: scaling efficiency "
-                  f"{r['scaling_efficiency']:.3f}")
+            line = (f"{os.path.basename(r['model'].rstrip('/'))}: {eng} on {n} GPUs: scaling efficiency "
+                    f"{r['scaling_efficiency']:.3f} (whole job)")
+            if r.get("frames_per_s_while_clips_ran") and one.get("frames_per_s_while_clips_ran"):
+                r["scaling_efficiency_while_clips_ran"] = round(
+                    r["frames_per_s_while_clips_ran"] / one["frames_per_s_while_clips_ran"], 3)
+                line += f", {r['scaling_efficiency_while_clips_ran']:.3f} while clips ran"
+            per = r.get("gpu_busy_per_gpu_while_clips_ran")
+            if per:
+                line += "; GPU busy while clips ran " + ", ".join(f"{g}: {100 * b:.0f} %" for g, b in per.items())
+            print(line)
     save()
 
 

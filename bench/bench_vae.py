@@ -259,6 +259,7 @@ def main():
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     work = args.workdir or tempfile.mkdtemp(prefix="latent-bench-")
+    os.makedirs(work, exist_ok=True)  # --models default writes no model folder there first
     peak_tflops = matmul_peak_tflops(args.device, 8192 if cuda else 256)
     env = {
         "gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
