@@ -22,6 +22,10 @@
 #   precompute    bench_precompute.py: the precompute job on 720p H.264 clips (PRE_ENGINES=local|ray,local,
 #                 PRE_GPUS=1|1,2 for scaling; PRE_ARGS: more bench_precompute.py flags, e.g. --trace
 #                 --skip-torch) vs the encoder alone and a PyTorch loop  ~3 min
+#   startup       gst-launch of 2 frames through the default model, 96x64 and 1080p, LATENT_CUDNN_FUSION
+#                 on/precompiled/off, timed, with the fused graphs' build time  ~1 min
+#   multigpu      (several GPUs; after pygi) test_gst_cuda's GstCudaDevices tests, then bench_multigpu.py: the default model's
+#                 vaeencode ! vaedecode per device alone, all in one process, one process each  ~3 min
 #   nvdec         bench_stream_nvdec.py: H.264 file ! nvh264dec ! vaeencode ! vaedecode at 1080p vs the kernel bound  ~2 min
 #   video         bench_video_vae.py: Wan 2.1 VAE, 81 frames at 832x480 / 1280x720 + ~1,000-frame
 #                 streams, eager+compile+ours (VIDEO_SIZES VIDEO_PARTS VIDEO_COMPILE VIDEO_BUDGET)  ~6-9 min
@@ -184,9 +188,39 @@ if has pygi && [ -d .carry/pygi ]; then
   end pygi $rc "$(tail -2 $OUT/pygi.log | cut -c1-150)"
 fi
 
+if has startup; then  # where a pipeline's start-up goes: 2 frames through the default model
+  begin startup
+  for size in 96x64 1920x1080; do for fusion in on precompiled off; do
+    w=${size%x*}; h=${size#*x}
+    t0=$(date +%s.%N)
+    LATENT_CUDNN_FUSION=$fusion GST_DEBUG=latent*:4 GST_DEBUG_NO_COLOR=1 timeout 120 gst-launch-1.0 -q videotestsrc num-buffers=2 \
+      pattern=black ! video/x-raw,format=NV12,width=$w,height=$h ! cudaupload ! "video/x-raw(memory:CUDAMemory)" ! \
+      vaeencode model=$PWD/models/default device=cuda ! vaedecode model=$PWD/models/default device=cuda ! fakesink \
+      > $OUT/startup-$size-$fusion.log 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    built=$(grep -o 'built in [0-9.]* ms' $OUT/startup-$size-$fusion.log | awk '{n++; s+=$3} END {printf "%d graphs built in %.0f ms", n, s}')
+    echo "$size fusion=$fusion: exit $rc, $(python3 -c "print(round($t1 - $t0, 2))") s; $built" | tee -a $OUT/startup.log
+  done; done
+  end startup 0 "$(cat $OUT/startup.log | cut -c1-220)"
+fi
+
+if has multigpu; then
+  begin multigpu; pyenv
+  timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no --gtest_filter='GstCudaDevices.*' > $OUT/multigpu-test.log 2>&1
+  rc=$?; tail -4 $OUT/multigpu-test.log
+  [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
+  ( . /tmp/pygi/env.sh && timeout ${MULTI_TIMEOUT:-300} python3 bench/bench_multigpu.py --model $PWD/models/default \
+    ${MULTI_ARGS:-} --out $OUT/bench-multigpu.json ) > $OUT/multigpu.log 2>&1
+  rc2=$?; tail -12 $OUT/multigpu.log
+  end multigpu $((rc | rc2)) "test_gst_cuda GstCudaDevices: exit $rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' $OUT/multigpu-test.log | tr '\n' ' ')" \
+    "$(table $OUT/multigpu.log 'run ')"
+fi
+
 if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
   begin precompute; pyenv
   [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
+  # Ray (2.60, cp312) where a first call unpacked it: .carry/ray-a.tar.xz to /tmp/ray-site.
+  [ -d /tmp/ray-site/ray ] && export PYTHONPATH=$PYTHONPATH:/tmp/ray-site
   ( . /tmp/pygi/env.sh && LATENT_VENV=${LATENT_VENV:-$(dirname "$(dirname "$(command -v python3)")")} \
     PYTHONPATH=$PWD/python:$PYTHONPATH timeout ${PRE_TIMEOUT:-420} python3 bench/bench_precompute.py \
     --models ${PRE_MODELS:-$PWD/models/default} --clips ${PRE_CLIPS:-8} --frames 81 --engine ${PRE_ENGINES:-local} \

@@ -1,7 +1,8 @@
 // Convolution benchmark: the Hopper implicit-GEMM kernel (conv_wgmma.cu, fused epilogue; forced
 // with LATENT_CUDA_CONV=wgmma, LATENT_CONV_WGMMA_TILE picks its tile) against cuDNN plus its
 // separate epilogue pass (LATENT_CUDA_CONV=cudnn) and cuDNN with the epilogue fused into an
-// operation graph (LATENT_CUDA_CONV=cudnn LATENT_CUDNN_FUSION=on: "fused"), through the CUDA
+// operation graph (LATENT_CUDA_CONV=cudnn LATENT_CUDNN_FUSION=on: "fused"; =precompiled, cuDNN's
+// precompiled engines only: "fusedpc"; the first calls are not timed), through the CUDA
 // backend's conv2d / conv3d_frames at the shapes of the video and image VAEs (bf16, bias, and
 // the residual + SiLU or ReLU where the VAEs have them). Per row: median milliseconds of --reps
 // calls (each call synchronised, after --warmup untimed ones), TFLOP/s counted as 2 M N K, and the
@@ -131,7 +132,8 @@ int main(int argc, char** argv) {
       {"taew 3x3 512->256 90p relu", 1, 1, 512, 256, 90, 160, 3, 2},
   };
   std::shared_ptr<Backend> wgmma = backend("wgmma"), cudnn = backend("cudnn"),
-                           fused = backend("cudnn", "on");
+                           fused = backend("cudnn", "on"),
+                           fusedpc = backend("cudnn", "precompiled");
   std::vector<Row> rows;
   for (const Case& c : cases) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
@@ -146,7 +148,8 @@ int main(int argc, char** argv) {
     const double flop = 2.0 * c.frames * ho * wo * c.cout * c.cin * c.k * c.k * c.kt;
     for (auto& [variant, be] :
          {std::make_pair(std::string("wgmma"), wgmma), std::make_pair(std::string("cudnn"), cudnn),
-          std::make_pair(std::string("fused"), fused)}) {
+          std::make_pair(std::string("fused"), fused),
+          std::make_pair(std::string("fusedpc"), fusedpc)}) {
       Tensor gx = up(*be, x), gw = up(*be, w), gb = c.epi == 4 ? Tensor() : up(*be, b),
              gr = r.defined() ? up(*be, r) : r;
       Conv2dParams p = Conv2dParams::same(c.k);
@@ -192,9 +195,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  std::printf("\n%-30s %-6s %9s %8s %8s\n", "shape", "kernel", "ms", "TFLOP/s", "of peak");
+  std::printf("\n%-30s %-7s %9s %8s %8s\n", "shape", "kernel", "ms", "TFLOP/s", "of peak");
   for (const Row& r : rows)
-    std::printf("%-30s %-6s %9.3f %8.1f %7.0f%%\n", r.name.c_str(), r.variant.c_str(), r.ms,
+    std::printf("%-30s %-7s %9.3f %8.1f %7.0f%%\n", r.name.c_str(), r.variant.c_str(), r.ms,
                 r.tflops, 100.0 * r.of_floor);
   return 0;
 }

@@ -79,7 +79,11 @@ class ConvPlanCache {
   // forward().
   Result<bool> forward_fused(const ConvShape& shape, const void* x, const void* w, void* y,
                              const ConvEpilogue& epilogue, DeviceContext& ctx);
-  void set_fusion(bool on) { fusion_ = on; }
+  // `runtime_compiled` false: only engines cuDNN ships compiled (no kernel built at plan time).
+  void set_fusion(bool on, bool runtime_compiled = true) {
+    fusion_ = on;
+    fusion_runtime_compiled_ = runtime_compiled;
+  }
   // Whether this build has cuDNN's graph API (cudnn-frontend) to fuse with.
   static bool fusion_available();
   // Fused convolutions queued by every cache of the process so far (tests).
@@ -114,6 +118,7 @@ class ConvPlanCache {
   std::shared_ptr<PlanCache> disk_;  // plans
   bool capturing_ = false;           // plans
   bool fusion_ = false;              // conv fusion
+  bool fusion_runtime_compiled_ = true;                   // conv fusion
   std::unique_ptr<FusedPlans, FusedPlansDeleter> fused_;  // conv fusion
 };
 

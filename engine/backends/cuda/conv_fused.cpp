@@ -9,6 +9,7 @@
 // the caller runs the plain convolution and its own epilogue, as it does for any shape or
 // epilogue cuDNN has no engine for.
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -68,10 +69,11 @@ struct FusedPlan {
   int64_t workspace = 0;
 };
 
-// Builds `s` with epilogue `e` into `plan`. Empty string: built; else the step that failed and
-// cuDNN's message.
+// Builds `s` with epilogue `e` into `plan`: by the engine cuDNN's heuristics rank first, or
+// (`runtime_compiled` false) the first of those cuDNN ships compiled. Empty string: built; else
+// the step that failed and cuDNN's message.
 std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
-                        FusedPlan* plan);
+                        bool runtime_compiled, FusedPlan* plan);
 
 }  // namespace
 
@@ -102,15 +104,23 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
     // as it would for a shape cuDNN has no engine for).
     if (capturing_) return false;
     FusedPlan plan;
-    const std::string why = build_fused(handle_, s, e, &plan);
+    const auto t0 = std::chrono::steady_clock::now();
+    // The engine cuDNN's heuristics rank first: one it ships compiled builds in milliseconds, one
+    // it compiles (the residual-add graphs) in 0.1-0.8 s each on the H100. Compiling once per kind
+    // of convolution through a kernel cache (cuDNN's dynamic shapes) started faster but its
+    // kernels ran the default model 1.3x slower (bench/NOTES.md, session 13).
+    const std::string why = build_fused(handle_, s, e, fusion_runtime_compiled_, &plan);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!why.empty()) {
       plan = FusedPlan();
       LATENT_DEBUG("conv fused: cuDNN has no fused graph for ",
-                   describe_fused(s, e.bias, e.residual, e.act), " (", why,
-                   "); the convolution and a separate epilogue pass run instead");
+                   describe_fused(s, e.bias, e.residual, e.act), " (", why, "; ", ms,
+                   " ms); the convolution and a separate epilogue pass run instead");
     } else {
-      LATENT_DEBUG("conv fused: ", describe_fused(s, e.bias, e.residual, e.act), ": ",
-                   plan.workspace, " bytes of workspace");
+      // What planning costs at start-up (engines compiled at plan time take the longest).
+      LATENT_INFO("conv fused: ", describe_fused(s, e.bias, e.residual, e.act), ": built in ", ms,
+                  " ms, ", plan.workspace, " bytes of workspace");
     }
     it = fused_->plans.emplace(key, std::move(plan)).first;
   }
@@ -140,7 +150,7 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
 namespace {
 
 std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
-                        FusedPlan* plan) {
+                        bool runtime_compiled, FusedPlan* plan) {
   const fe::DataType_t dt = half_type(s.dtype);
   auto g = new_graph(dt);
   const bool video = s.kt > 1;
@@ -193,10 +203,12 @@ std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpil
 
   // The same rules as the plain convolution's choice: the same bytes on every run, inputs kept
   // in the precision they come in, and sums kept in fp32.
-  auto deselect = [](fe::graph::Graph& graph) {
+  // Without `runtime_compiled`, also no engine that compiles its kernel while the plan is built.
+  auto deselect = [runtime_compiled](fe::graph::Graph& graph) {
     graph.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC,
                                   fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
                                   fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
+    if (!runtime_compiled) graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   };
   int64_t workspace = 0;
   const std::string why = build_graph_plan(*g, handle, deselect, &workspace);

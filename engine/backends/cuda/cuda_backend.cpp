@@ -28,7 +28,10 @@
 //                                  and runs the default
 //   LATENT_CUDNN_FUSION=off        cuDNN convolutions with their epilogue (bias, residual, ReLU /
 //                                  SiLU) as a separate pass; on (the default): fused in one cuDNN
-//                                  operation graph (conv_fused.cpp) where cuDNN has an engine
+//                                  operation graph (conv_fused.cpp) where cuDNN has an engine;
+//                                  precompiled: fused by engines cuDNN ships compiled only (none
+//                                  compiled while planning: ~2 s less start-up at 1080p, slower
+//                                  residual-add convolutions)
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
@@ -99,6 +102,7 @@ class CudaBackend final : public Backend {
     int conv_wgmma = 1;
     // Convolution epilogues fused into cuDNN operation graphs where cuDNN has an engine.
     bool conv_fusion = true;
+    bool conv_fusion_runtime_compiled = true;  // engines cuDNN compiles at plan time too
   };
 
   CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
@@ -117,7 +121,7 @@ class CudaBackend final : public Backend {
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
     conv_plans_->set_disk_cache(disk_plans_);                       // plans
-    conv_plans_->set_fusion(options.conv_fusion);
+    conv_plans_->set_fusion(options.conv_fusion, options.conv_fusion_runtime_compiled);
     profile_.start(ctx_->label());
   }
 
@@ -1371,13 +1375,15 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
   options.conv3d_taps = env_is("LATENT_CUDA_CONV3D", "taps");
   // LATENT_CUDNN_FUSION: "on" (default) fuses the epilogues of cuDNN's convolutions (bias,
-  // residual, ReLU / SiLU) into cuDNN operation graphs, "off" runs them as a separate pass.
+  // residual, ReLU / SiLU) into cuDNN operation graphs, "off" runs them as a separate pass,
+  // "precompiled" fuses with cuDNN's precompiled engines only (no kernel compiled at plan time).
   options.conv_fusion =
       !env_is("LATENT_CUDNN_FUSION", "off") && !env_is("LATENT_CUDNN_FUSION", "0");
-  if (const char* v = std::getenv("LATENT_CUDNN_FUSION"); v && *v && options.conv_fusion &&
-                                                          !env_is("LATENT_CUDNN_FUSION", "on") &&
-                                                          !env_is("LATENT_CUDNN_FUSION", "1"))
-    LATENT_WARN("LATENT_CUDNN_FUSION=", v, " is not one of on, off: using on");
+  options.conv_fusion_runtime_compiled = !env_is("LATENT_CUDNN_FUSION", "precompiled");
+  if (const char* v = std::getenv("LATENT_CUDNN_FUSION");
+      v && *v && options.conv_fusion && !env_is("LATENT_CUDNN_FUSION", "on") &&
+      !env_is("LATENT_CUDNN_FUSION", "1") && !env_is("LATENT_CUDNN_FUSION", "precompiled"))
+    LATENT_WARN("LATENT_CUDNN_FUSION=", v, " is not one of on, off, precompiled: using on");
   if (options.conv_fusion && !cuda::ConvPlanCache::fusion_available()) {
     if (std::getenv("LATENT_CUDNN_FUSION") && *std::getenv("LATENT_CUDNN_FUSION"))
       LATENT_WARN("LATENT_CUDNN_FUSION=", std::getenv("LATENT_CUDNN_FUSION"),
