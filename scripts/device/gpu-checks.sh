@@ -26,6 +26,8 @@
 #                 on/precompiled/off, timed, with the fused graphs' build time  ~1 min
 #   multigpu      (several GPUs; after pygi) test_gst_cuda's GstCudaDevices tests, then bench_multigpu.py: the default model's
 #                 vaeencode ! vaedecode per device alone, all in one process, one process each  ~3 min
+#   decodestart   (after pygi) bench_decode_start.py: each clip's start in 1-16 decode-only pipelines spread
+#                 over the GPUs, nvh264dec vs openh264dec (where the precompute job's clip starts go)  ~2 min
 #   nvdec         bench_stream_nvdec.py: H.264 file ! nvh264dec ! vaeencode ! vaedecode at 1080p vs the kernel bound  ~2 min
 #   video         bench_video_vae.py: Wan 2.1 VAE, 81 frames at 832x480 / 1280x720 + ~1,000-frame
 #                 streams, eager+compile+ours (VIDEO_SIZES VIDEO_PARTS VIDEO_COMPILE VIDEO_BUDGET)  ~6-9 min
@@ -214,6 +216,15 @@ if has multigpu; then
   rc2=$?; tail -12 $OUT/multigpu.log
   end multigpu $((rc | rc2)) "test_gst_cuda GstCudaDevices: exit $rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' $OUT/multigpu-test.log | tr '\n' ' ')" \
     "$(table $OUT/multigpu.log 'run ')"
+fi
+
+if has decodestart; then  # after pygi: clip starts of decode-only pipelines, 1-16 over every GPU
+  begin decodestart
+  [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
+  ( . /tmp/pygi/env.sh && timeout ${DS_TIMEOUT:-300} python3 bench/bench_decode_start.py \
+    --pipelines ${DS_PIPELINES:-1,4,8,16} --out $OUT/bench-decode-start.json ) > $OUT/decodestart.log 2>&1
+  rc=$?; tail -10 $OUT/decodestart.log
+  end decodestart $rc "$(table $OUT/decodestart.log 'decoder ')"
 fi
 
 if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
