@@ -19,7 +19,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0 protobuf==7.36.2 fsspec==2026.9.0 tzdata==2026.6 \
   python-dateutil==4.0.0 six==1.16.0 tqdm==4.64.1 filelock==4.3.1 PyYAML==6.0.3
 mkdir -p "$W/site"
-for w in "$W"/whl/*.whl; do python3 -m zipfile -e "$w" "$W/site"; done
+for w in "$W"/whl/*.whl; do unzip -q -o "$w" -d "$W/site"; done  # unzip keeps the executables' mode
 rm -rf "$W"/site/ray/{jars,rllib,serve,llm} "$W/site/ray/dashboard/client/build"
 find "$W/site" -name __pycache__ -prune -exec rm -rf {} +
 find "$W/site" -type f \( -name '*.so*' -o -path '*/core/src/ray/*' \) -exec sh -c \
