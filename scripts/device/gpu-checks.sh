@@ -73,6 +73,8 @@ pyenv() {  # diffusers (carried wheel) for the Python benches, installed once
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
   export PYTHONPATH=/tmp/site; PYOK=1
 }
+# PyGObject for the device's python3, built once (the pygi step, or the first step that needs it)
+pygi_ready() { [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1; }
 T=0
 begin() { CUR=$1; T=$SECONDS; echo; echo "==== $1 ($(date -u +%H:%M:%S)) ===="; }
 # end STEP RC [summary lines...]: one line per step in the summary, plus what the step adds
@@ -210,7 +212,7 @@ if has multigpu; then
   begin multigpu; pyenv
   timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no --gtest_filter='GstCudaDevices.*' > $OUT/multigpu-test.log 2>&1
   rc=$?; tail -4 $OUT/multigpu-test.log
-  [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
+  pygi_ready
   ( . /tmp/pygi/env.sh && timeout ${MULTI_TIMEOUT:-300} python3 bench/bench_multigpu.py --model $PWD/models/default \
     ${MULTI_ARGS:-} --out $OUT/bench-multigpu.json ) > $OUT/multigpu.log 2>&1
   rc2=$?; tail -12 $OUT/multigpu.log
@@ -220,7 +222,7 @@ fi
 
 if has decodestart; then  # after pygi: clip starts of decode-only pipelines, 1-16 over every GPU
   begin decodestart
-  [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
+  pygi_ready
   ( . /tmp/pygi/env.sh && timeout ${DS_TIMEOUT:-300} python3 bench/bench_decode_start.py \
     --pipelines ${DS_PIPELINES:-1,4,8,16} --out $OUT/bench-decode-start.json ) > $OUT/decodestart.log 2>&1
   rc=$?; tail -10 $OUT/decodestart.log
@@ -229,7 +231,7 @@ fi
 
 if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
   begin precompute; pyenv
-  [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1
+  pygi_ready
   # Ray (2.60, cp312) where a first call unpacked it: .carry/ray-a.tar.xz to /tmp/ray-site.
   [ -d /tmp/ray-site/ray ] && export PYTHONPATH=$PYTHONPATH:/tmp/ray-site
   ( . /tmp/pygi/env.sh && LATENT_VENV=${LATENT_VENV:-$(dirname "$(dirname "$(command -v python3)")")} \
