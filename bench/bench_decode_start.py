@@ -30,6 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 
 def worker(gpu: str, pipelines: int, clips: list[str], decoder: str, out) -> None:
@@ -38,21 +39,15 @@ def worker(gpu: str, pipelines: int, clips: list[str], decoder: str, out) -> Non
 
     if gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    import gi
+    from gst_latent.pipeline import decoder_in, gst
 
-    gi.require_version("Gst", "1.0")
-    from gi.repository import Gst
-
-    Gst.init(None)
+    Gst = gst()  # initialised once, with the types the threads' callbacks meet loaded first
     if decoder == "openh264dec":  # the CPU control: outrank the hardware decoders
         f = Gst.ElementFactory.find("openh264dec")
         if f is None:
             out.put({"error": "openh264dec not found"})
             return
         f.set_rank(Gst.Rank.PRIMARY + 1000)
-    for name in ("Caps", "Pad", "PadProbeInfo", "Buffer", "Element", "Pipeline", "Bus", "Message",
-                 "Iterator", "IteratorResult"):
-        getattr(Gst, name)
     rows = []
     lock = threading.Lock()
 
@@ -79,22 +74,13 @@ def worker(gpu: str, pipelines: int, clips: list[str], decoder: str, out) -> Non
             msg = pipe.get_bus().timed_pop_filtered(120 * Gst.SECOND,
                                                     Gst.MessageType.EOS | Gst.MessageType.ERROR)
             t1 = time.monotonic()
-            used = decoder_name(dec)
+            used = decoder_in(dec)
             pipe.set_state(Gst.State.NULL)
             ok = msg is not None and msg.type == Gst.MessageType.EOS
             with lock:
                 rows.append({"ok": ok, "pad": marks.get("pad", t1) - t0,
                              "first": marks.get("first", t1) - t0, "total": t1 - t0, "decoder": used})
 
-    def decoder_name(bin_) -> str:
-        it = bin_.iterate_recurse()
-        while True:
-            res, el = it.next()
-            if res != Gst.IteratorResult.OK:
-                return ""
-            factory = el.get_factory()
-            if factory and "Decoder" in (factory.get_metadata("klass") or ""):
-                return factory.get_name()
 
     threads = [threading.Thread(target=run) for _ in range(pipelines)]
     for t in threads:

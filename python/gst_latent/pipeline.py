@@ -116,6 +116,24 @@ def _wait(pipeline, timeout_s: float) -> str:
     return ""
 
 
+def gst_started() -> bool:
+    """Whether gst() has initialised GStreamer in this process (and so may have started CUDA)."""
+    return _GST is not None
+
+
+def decoder_in(bin_) -> str:
+    """The factory name of the first decoder inside `bin_` (e.g. the one decodebin picked), ""
+    for none. Ask before the bin goes to NULL: decodebin drops its children then."""
+    it = bin_.iterate_recurse()
+    while True:
+        ok, el = it.next()
+        if ok != gst().IteratorResult.OK:
+            return ""
+        factory = el.get_factory()
+        if factory and "Decoder" in (factory.get_metadata("klass") or ""):
+            return factory.get_name()
+
+
 class ClipEncoder:
     """Encodes clips to latent files, one after another, with one loaded model."""
 
@@ -250,16 +268,6 @@ class ClipEncoder:
                 peer.unlink(sink)
         self._video_linked = False
 
-    def _decoder_name(self) -> str:
-        it = self._decode.iterate_recurse()
-        while True:
-            ok, el = it.next()
-            if ok != gst().IteratorResult.OK:
-                return ""
-            factory = el.get_factory()
-            if factory and "Decoder" in (factory.get_metadata("klass") or ""):
-                return factory.get_name()
-
     def encode(self, clip: str, output: str, source: str) -> ClipResult:
         """Encodes `clip` into `output` (its folder must exist); `source` is recorded in the file.
 
@@ -289,7 +297,7 @@ class ClipEncoder:
             t_end = time.monotonic()
             if self._link_error and res.error:
                 res.error = f"{self._link_error}: {res.error}"
-            res.decoder = self._decoder_name()
+            res.decoder = decoder_in(self._decode)
             caps = self._encode.get_static_pad("sink").get_current_caps()
             if caps is not None and not caps.is_empty():
                 features = caps.get_features(0)

@@ -232,10 +232,10 @@ def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
     over the comma-separated --device list), each with its pipelines."""
     devices = [d.strip() for d in options["device"].split(",") if d.strip()] or ["auto"]
     if workers <= 1:
-        from gst_latent import pipeline
+        from gst_latent.pipeline import gst_started
 
         one = dict(options, device=devices[0])
-        if pipeline._GST is None:  # GStreamer (and CUDA) not started in this process yet
+        if not gst_started():  # GStreamer (and CUDA) not started in this process yet
             one = pin_device(one)
         worker = Worker(one)
         try:
