@@ -294,6 +294,9 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
              true, false, Activation::kNone, 670);
   check_conv("conv 3x3 s2 pad(0,1,0,1) [2,192,20,34] -> 192 +residual", {2, 192, 20, 34}, 192, 3,
              down, false, true, Activation::kNone, 680);
+  const Conv2dParams taesd_down = Conv2dParams::same(3, 2);  // TAESD's: pad 1, stride 2
+  check_conv("conv 3x3 s2 pad 1 [2,64,27,41] -> 64 +bias", {2, 64, 27, 41}, 64, 3, taesd_down, true,
+             false, Activation::kNone, 685);
   Conv2dParams lopsided;  // all height padding on top, stride 1
   lopsided.pad_top = 2;
   lopsided.pad_left = lopsided.pad_right = 1;
