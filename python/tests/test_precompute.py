@@ -149,6 +149,12 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
     # One pipeline: some clip streams only between a clip's first latent and its EOS.
     assert 0 < summary["streaming_share"] < 1, summary
     assert "some clip streaming" in r.stderr, r.stderr
+    # The job's fixed cost beside its clips: before the first clip's start, after the last one's end.
+    fixed = summary["fixed_s"]
+    assert set(fixed) == {"before_first_clip_s", "after_last_clip_s"}, fixed
+    assert fixed["before_first_clip_s"] > 0 and fixed["after_last_clip_s"] >= 0, fixed
+    assert fixed["before_first_clip_s"] + (end - start) + fixed["after_last_clip_s"] <= summary["seconds"] + 0.05
+    assert "the first clip started " in r.stderr, r.stderr
 
 
 def test_trace_gaps_finds_when_the_device_had_nothing_queued():
@@ -336,10 +342,16 @@ def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
     out = tmp_path / "ray"
     env = {"RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
     r = run_job("--input", str(clips), "--output", str(out), "--engine", "ray", "--workers", "2",
-                "--ray-cpus", "2", "--gpus-per-worker", "0", env_extra=env)
+                "--ray-cpus", "2", "--gpus-per-worker", "0", "--summary", str(tmp_path / "summary.json"),
+                env_extra=env)
     assert r.returncode == 3, r.stderr
     assert outputs(out) == outputs(local_out)
     assert [row["path"] for row in failures(out)] == ["sub/corrupt.mp4"]
+    # Ray's own start and shutdown are part of the job's fixed cost, and said.
+    fixed = json.loads((tmp_path / "summary.json").read_text())["fixed_s"]
+    assert fixed["ray_init_s"] > 0 and fixed["ray_shutdown_s"] >= 0, fixed
+    assert fixed["before_first_clip_s"] >= fixed["ray_init_s"], fixed
+    assert "(Ray: " in r.stderr and " s to start" in r.stderr, r.stderr
 
 
 def test_ray_refuses_a_pool_it_cannot_place(clips, tmp_path):
