@@ -79,7 +79,10 @@ std::string describe(const ConvShape& s) {
                    s.pad_h, "/", s.pad_w, " (3-D)");
   return str_cat(dtype_name(s.dtype), " x[", s.n, ", ", s.c, ", ", s.h, ", ", s.w, "] * w[", s.k,
                  ", ", s.c, ", ", s.r, ", ", s.s, "] stride ", s.stride, " pad ", s.pad_h, "/",
-                 s.pad_w);
+                 s.pad_w,
+                 s.extra_b || s.extra_r ? str_cat(" (bottom / right ", s.pad_h + s.extra_b, "/",
+                                                  s.pad_w + s.extra_r, ")")
+                                        : std::string());
 }
 
 ConvPlanCache::ConvPlanCache(cudnnHandle_t handle, bool tf32, bool exhaustive)
@@ -90,6 +93,9 @@ Result<ConvPlanCache::Plan*> ConvPlanCache::plan_for(const ConvShape& shape, con
                                                      const void* w, void* y, DeviceContext& ctx) {
   auto it = plans_.find(shape);
   if (it != plans_.end()) return it->second.get();
+  if (shape.extra_b || shape.extra_r)  // the legacy API pads symmetrically only
+    return Status::errorf("conv2d: ", describe(shape),
+                          ": asymmetric padding reached the plain convolution (internal error)");
   // plans: no algorithm search (it synchronises) inside a graph capture.
   if (capturing_)
     return Status::errorf("conv2d: ", describe(shape),

@@ -29,15 +29,19 @@ struct ConvShape {
   int n = 0, c = 0, h = 0, w = 0;  // input (after any explicit padding)
   int k = 0, r = 0, s = 0;         // output channels, filter height and width
   int pad_h = 0, pad_w = 0;        // symmetric padding cuDNN applies
+  // More zero padding at the bottom / right than pad_h / pad_w (diffusers' downsamplers pad
+  // (0, 1, 0, 1)): only forward_fused() takes it, as the graph's post-padding (2-D only).
+  int extra_b = 0, extra_r = 0;
   int stride = 1;
   DType dtype = DType::kF32;
   int d = 1, kt = 1;  // video: input frames and temporal taps (kt > 1: a 3-D convolution, n = 1)
 
-  int out_h() const { return (h + 2 * pad_h - r) / stride + 1; }
-  int out_w() const { return (w + 2 * pad_w - s) / stride + 1; }
+  int out_h() const { return (h + 2 * pad_h + extra_b - r) / stride + 1; }
+  int out_w() const { return (w + 2 * pad_w + extra_r - s) / stride + 1; }
   int out_d() const { return d - kt + 1; }
   auto key() const {
-    return std::make_tuple(n, c, h, w, k, r, s, pad_h, pad_w, stride, dtype, d, kt);
+    return std::make_tuple(n, c, h, w, k, r, s, pad_h, pad_w, extra_b, extra_r, stride, dtype, d,
+                           kt);
   }
   bool operator<(const ConvShape& o) const { return key() < o.key(); }
 };

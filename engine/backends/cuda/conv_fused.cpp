@@ -170,7 +170,11 @@ std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpil
     wdim = {s.k, s.c, s.r, s.s};
     ydim = {s.n, s.k, s.out_h(), s.out_w()};
     bdim = {1, s.k, 1, 1};
-    conv.set_padding({s.pad_h, s.pad_w}).set_stride({s.stride, s.stride}).set_dilation({1, 1});
+    // Asymmetric padding as the graph's pre / post padding: no padded copy of the input.
+    conv.set_pre_padding({s.pad_h, s.pad_w})
+        .set_post_padding({s.pad_h + s.extra_b, s.pad_w + s.extra_r})
+        .set_stride({s.stride, s.stride})
+        .set_dilation({1, 1});
   }
   auto tensor = [&](const char* name, int64_t uid, const std::vector<int64_t>& dim) {
     return g->tensor(fe::graph::Tensor_attributes()

@@ -32,6 +32,11 @@
 //                                  precompiled: fused by engines cuDNN ships compiled only (none
 //                                  compiled while planning: ~2 s less start-up at 1080p, slower
 //                                  residual-add convolutions)
+//   LATENT_CUDNN_PAD=graph         padding with more at the bottom / right than at the top / left
+//                                  (diffusers' downsamplers) as the fused graph's post-padding, no
+//                                  padded copy of the input (the copy where no fused graph serves
+//                                  the convolution); copy (the default until measured on a GPU):
+//                                  a padded copy
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
@@ -103,6 +108,10 @@ class CudaBackend final : public Backend {
     // Convolution epilogues fused into cuDNN operation graphs where cuDNN has an engine.
     bool conv_fusion = true;
     bool conv_fusion_runtime_compiled = true;  // engines cuDNN compiles at plan time too
+    // Bottom / right padding beyond the top / left as the fused graph's post-padding instead of
+    // a padded copy of the input (LATENT_CUDNN_PAD=graph; not yet run on a GPU, so not the
+    // default).
+    bool conv_pad_in_graph = false;
   };
 
   CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
@@ -859,10 +868,34 @@ Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, cons
     if (y.defined()) return y;
   }
 
-  // cuDNN pads symmetrically; whatever one side has beyond the other is padded here.
+  // cuDNN's convolution API pads symmetrically; whatever one side has beyond the other is
+  // padded here, by a copy of the input, unless a fused graph takes it as post-padding.
   const int sym_h = std::min(p.pad_top, p.pad_bottom), sym_w = std::min(p.pad_left, p.pad_right);
   const int extra_t = p.pad_top - sym_h, extra_b = p.pad_bottom - sym_h;
   const int extra_l = p.pad_left - sym_w, extra_r = p.pad_right - sym_w;
+  LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+  if (!extra_t && !extra_l && (extra_b || extra_r) && options_.conv_pad_in_graph) {
+    // diffusers' downsamplers (F.pad(x, (0, 1, 0, 1)), stride 2): bottom / right only
+    cuda::ConvShape g;
+    g.n = static_cast<int>(x.dim(0));
+    g.c = static_cast<int>(x.dim(1));
+    g.h = static_cast<int>(x.dim(2));
+    g.w = static_cast<int>(x.dim(3));
+    g.k = static_cast<int>(w.dim(0));
+    g.r = static_cast<int>(w.dim(2));
+    g.s = static_cast<int>(w.dim(3));
+    g.pad_h = sym_h;
+    g.pad_w = sym_w;
+    g.extra_b = extra_b;
+    g.extra_r = extra_r;
+    g.stride = p.stride;
+    g.dtype = dtype_;
+    if (g.out_h() != out_shape[2] || g.out_w() != out_shape[3])
+      return Status::errorf("internal error: output ", g.out_h(), 'x', g.out_w(),
+                            " != ", shape_str(out_shape));
+    LATENT_ASSIGN_OR_RETURN(const bool fused, cudnn_fused(g, x.data(), w, y, bias, residual, act));
+    if (fused) return y;
+  }
   cuda::ConvShape s;
   s.n = static_cast<int>(x.dim(0));
   s.c = static_cast<int>(x.dim(1));
@@ -888,7 +921,6 @@ Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, cons
                                 extra_t, extra_b, extra_l, extra_r, dtype_size(dtype_), launch_));
     input = padded.get();
   }
-  LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
   {
     LATENT_ASSIGN_OR_RETURN(const bool fused, cudnn_fused(s, input, w, y, bias, residual, act));
     if (fused) return y;
@@ -1390,6 +1422,10 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
                   ": this build has no cudnn-frontend, so convolution epilogues run as a pass");
     options.conv_fusion = false;
   }
+  options.conv_pad_in_graph = env_is("LATENT_CUDNN_PAD", "graph");
+  if (const char* v = std::getenv("LATENT_CUDNN_PAD");
+      v && *v && !env_is("LATENT_CUDNN_PAD", "copy") && !env_is("LATENT_CUDNN_PAD", "graph"))
+    LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using copy");
   options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0
                        : env_is("LATENT_CUDA_CONV", "wgmma") ? 2
                                                              : 1;
