@@ -298,7 +298,7 @@ def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_w
     else:
         # A local cluster's workers inherit this process's environment. No runtime_env here: one
         # makes Ray start the actors in new worker processes for it instead of taking the ones it
-        # prestarted (~2.4 s more on a 2-core machine before the first clip).
+        # prestarted (the first clip of a CPU job on a 2-core machine 2.1 s later).
         ray.init(num_cpus=ray_cpus or None, log_to_driver=False, include_dashboard=False)
     timing["ray_init_s"] = round(time.monotonic() - t_init, 3)
     try:
