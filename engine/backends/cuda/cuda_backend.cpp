@@ -873,29 +873,6 @@ Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, cons
   const int sym_h = std::min(p.pad_top, p.pad_bottom), sym_w = std::min(p.pad_left, p.pad_right);
   const int extra_t = p.pad_top - sym_h, extra_b = p.pad_bottom - sym_h;
   const int extra_l = p.pad_left - sym_w, extra_r = p.pad_right - sym_w;
-  LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
-  if (!extra_t && !extra_l && (extra_b || extra_r) && options_.conv_pad_in_graph) {
-    // diffusers' downsamplers (F.pad(x, (0, 1, 0, 1)), stride 2): bottom / right only
-    cuda::ConvShape g;
-    g.n = static_cast<int>(x.dim(0));
-    g.c = static_cast<int>(x.dim(1));
-    g.h = static_cast<int>(x.dim(2));
-    g.w = static_cast<int>(x.dim(3));
-    g.k = static_cast<int>(w.dim(0));
-    g.r = static_cast<int>(w.dim(2));
-    g.s = static_cast<int>(w.dim(3));
-    g.pad_h = sym_h;
-    g.pad_w = sym_w;
-    g.extra_b = extra_b;
-    g.extra_r = extra_r;
-    g.stride = p.stride;
-    g.dtype = dtype_;
-    if (g.out_h() != out_shape[2] || g.out_w() != out_shape[3])
-      return Status::errorf("internal error: output ", g.out_h(), 'x', g.out_w(),
-                            " != ", shape_str(out_shape));
-    LATENT_ASSIGN_OR_RETURN(const bool fused, cudnn_fused(g, x.data(), w, y, bias, residual, act));
-    if (fused) return y;
-  }
   cuda::ConvShape s;
   s.n = static_cast<int>(x.dim(0));
   s.c = static_cast<int>(x.dim(1));
@@ -911,6 +888,18 @@ Result<Tensor> CudaBackend::conv2d_locked(const Tensor& x, const Tensor& w, cons
   if (s.out_h() != out_shape[2] || s.out_w() != out_shape[3])
     return Status::errorf("internal error: output ", s.out_h(), 'x', s.out_w(),
                           " != ", shape_str(out_shape));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+  if (!extra_t && !extra_l && (extra_b || extra_r) && options_.conv_pad_in_graph) {
+    // diffusers' downsamplers (F.pad(x, (0, 1, 0, 1)), stride 2): x as it is, the bottom / right
+    // rows and columns as the graph's post-padding (same output size).
+    cuda::ConvShape g = s;
+    g.h = static_cast<int>(x.dim(2));
+    g.w = static_cast<int>(x.dim(3));
+    g.extra_b = extra_b;
+    g.extra_r = extra_r;
+    LATENT_ASSIGN_OR_RETURN(const bool fused, cudnn_fused(g, x.data(), w, y, bias, residual, act));
+    if (fused) return y;
+  }
 
   TempBuffer padded;
   const void* input = x.data();
