@@ -88,20 +88,28 @@ class CudaOps : public test::CudaOpTest {
     return r.ok() ? r.value() : Tensor();
   }
 
-  // A poisoned backend that runs every convolution the Hopper implicit-GEMM kernel takes through
-  // it (LATENT_CUDA_CONV=wgmma), not only the shapes where it beats cuDNN; cuDNN elsewhere.
-  std::shared_ptr<Backend> wgmma_backend() {
-    static std::map<DType, std::shared_ptr<Backend>> cache;
-    auto it = cache.find(dtype());
+  // A poisoned backend of this dtype made with the variables `env` (NAME, VALUE) set, which are
+  // unset again after; one per dtype and `env`, kept for the test binary's life. Null (and a
+  // failure) if it cannot be made.
+  std::shared_ptr<Backend> backend_with(
+      const std::vector<std::pair<const char*, const char*>>& env) {
+    static std::map<std::string, std::shared_ptr<Backend>> cache;
+    std::string key = dtype_name(dtype());
+    for (const auto& [name, value] : env) key += str_cat(' ', name, '=', value);
+    auto it = cache.find(key);
     if (it != cache.end()) return it->second;
-    setenv("LATENT_CUDA_CONV", "wgmma", 1);
+    for (const auto& [name, value] : env) setenv(name, value, 1);
     setenv("LATENT_CUDA_POISON", "1", 1);
     Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype());
-    unsetenv("LATENT_CUDA_CONV");
-    EXPECT_TRUE(r.ok()) << r.status().message();
+    for (const auto& [name, value] : env) unsetenv(name);
+    EXPECT_TRUE(r.ok()) << key << ": " << r.status().message();
     if (!r.ok()) return nullptr;
-    return cache[dtype()] = r.value();
+    return cache[key] = r.value();
   }
+
+  // A backend that runs every convolution the Hopper implicit-GEMM kernel takes through it
+  // (LATENT_CUDA_CONV=wgmma), not only the shapes where it beats cuDNN; cuDNN elsewhere.
+  std::shared_ptr<Backend> wgmma_backend() { return backend_with({{"LATENT_CUDA_CONV", "wgmma"}}); }
 
   void check_attention(const std::string& what, Backend& gpu, const Shape& s, int heads,
                        uint64_t seed) {
@@ -416,18 +424,9 @@ TEST_P(CudaOps, Conv3dFrames) {
 TEST_P(CudaOps, ConvCudnnFused) {
   if (!cuda::ConvPlanCache::fusion_available())
     GTEST_SKIP() << "built without cudnn-frontend: no fused convolutions";
-  static std::map<DType, std::shared_ptr<Backend>> cache;
-  std::shared_ptr<Backend>& fused = cache[dtype()];
-  if (!fused) {
-    setenv("LATENT_CUDA_CONV", "cudnn", 1);
-    setenv("LATENT_CUDNN_FUSION", "on", 1);
-    setenv("LATENT_CUDA_POISON", "1", 1);
-    Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype());
-    unsetenv("LATENT_CUDA_CONV");
-    unsetenv("LATENT_CUDNN_FUSION");
-    ASSERT_TRUE(r.ok()) << r.status().message();
-    fused = r.value();
-  }
+  const std::shared_ptr<Backend> fused =
+      backend_with({{"LATENT_CUDA_CONV", "cudnn"}, {"LATENT_CUDNN_FUSION", "on"}});
+  ASSERT_TRUE(fused);
   const Conv2dParams same = Conv2dParams::same(3);
   const int64_t before = cuda::ConvPlanCache::fused_calls();
   check_conv("fused conv 3x3 [1,64,36,40] -> 64 +bias, ReLU", {1, 64, 36, 40}, 64, 3, same, true,
@@ -454,18 +453,9 @@ TEST_P(CudaOps, ConvCudnnFused) {
   check_conv("fused conv 3x3 s2 pad(0,1,0,1) [1,64,33,47] -> 64 +bias", {1, 64, 33, 47}, 64, 3,
              down, true, false, Activation::kNone, 850, fused.get());
   {
-    static std::map<DType, std::shared_ptr<Backend>> padding;
-    std::shared_ptr<Backend>& graph = padding[dtype()];
-    if (!graph) {
-      setenv("LATENT_CUDA_CONV", "cudnn", 1);
-      setenv("LATENT_CUDNN_PAD", "graph", 1);
-      setenv("LATENT_CUDA_POISON", "1", 1);
-      Result<std::shared_ptr<Backend>> r = create_cuda_backend(0, dtype());
-      unsetenv("LATENT_CUDA_CONV");
-      unsetenv("LATENT_CUDNN_PAD");
-      ASSERT_TRUE(r.ok()) << r.status().message();
-      graph = r.value();
-    }
+    const std::shared_ptr<Backend> graph =
+        backend_with({{"LATENT_CUDA_CONV", "cudnn"}, {"LATENT_CUDNN_PAD", "graph"}});
+    ASSERT_TRUE(graph);
     const int64_t before_down = cuda::ConvPlanCache::fused_calls();
     check_conv("fused conv 3x3 s2 pad(0,1,0,1) [1,64,33,47] -> 64 +bias [LATENT_CUDNN_PAD=graph]",
                {1, 64, 33, 47}, 64, 3, down, true, false, Activation::kNone, 850, graph.get());
