@@ -22,6 +22,8 @@
 #   precompute    bench_precompute.py: the precompute job on 720p H.264 clips (PRE_ENGINES=local|ray,local,
 #                 PRE_GPUS=1|1,2 for scaling; PRE_ARGS: more bench_precompute.py flags, e.g. --trace
 #                 --skip-torch) vs the encoder alone and a PyTorch loop  ~3 min
+#   raystart      bench_ray_start.py: ray.init of a local cluster as the job calls it and with one
+#                 setting changed (CPUs, node address, object store), each in a fresh process  ~1-2 min
 #   startup       gst-launch of 2 frames through the default model, 96x64 and 1080p, LATENT_CUDNN_FUSION
 #                 on/precompiled/off, timed, with the fused graphs' build time  ~1 min
 #   multigpu      (several GPUs; after pygi) test_gst_cuda's GstCudaDevices tests, then bench_multigpu.py: the default model's
@@ -227,6 +229,14 @@ if has decodestart; then  # after pygi: clip starts of decode-only pipelines, 1-
     --pipelines ${DS_PIPELINES:-1,4,8,16} --out $OUT/bench-decode-start.json ) > $OUT/decodestart.log 2>&1
   rc=$?; tail -10 $OUT/decodestart.log
   end decodestart $rc "$(table $OUT/decodestart.log 'decoder ')"
+fi
+
+if has raystart; then  # where a local Ray cluster's start goes (Ray unpacked to /tmp/ray-site first)
+  begin raystart; pyenv
+  PYTHONPATH=$PYTHONPATH:/tmp/ray-site timeout ${RS_TIMEOUT:-240} python3 bench/bench_ray_start.py \
+    --reps ${RS_REPS:-2} --out $OUT/bench-ray-start.json > $OUT/raystart.log 2>&1
+  rc=$?; grep -v '^{' $OUT/raystart.log | tail -6
+  end raystart $rc "$(grep -v '^{' $OUT/raystart.log | tail -5)"
 fi
 
 if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
