@@ -507,8 +507,13 @@ def main():
                 cmd = [args.tool, "run", "--part", "transformer", "--model", folder, "--inputs", inp,
                        "--outputs", outp_v, "--device", args.ours_device or args.device,
                        "--warmup", str(args.warmup), "--repeat", str(args.repeat), "--json"] + extra
+                # A step as a denoising loop runs it, each step a new timestep: --repeat runs one
+                # timestep again and again, which the modulation cache would answer after the
+                # first (a few-step loop over frames gets that; a single step's figure must not).
+                env = dict(os.environ, LATENT_DIT_MOD_CACHE="0")
                 try:
-                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ours_timeout)
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ours_timeout,
+                                       env=env)
                     ok = p.returncode == 0
                     err = (p.stderr or p.stdout)[-600:]
                 except subprocess.TimeoutExpired:

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "engine/backends/registry.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
@@ -100,6 +101,37 @@ TEST(QwenImageMmdit, CasesMatchDiffusersWithoutTrimming) {
   check_root("dit_qwen_image_tiny", {"single", "masked_batch", "multi_image"}, "fp32", kTolerance,
              false);
   check_root("dit_qwen_image_edit_tiny", {"edit", "edit_batch"}, "fp32", kTolerance, false);
+}
+
+// Each block's modulation is kept per timestep vector (QwenImageMmdit::set_modulation_cache):
+// taken from the cache or computed in the blocks, the output is the same, byte for byte, with
+// and without zero_cond_t's second conditioning group.
+TEST(QwenImageMmdit, ModulationCacheChangesNoByte) {
+  for (const auto& [name, cname] :
+       {std::pair<std::string, std::string>{"dit_qwen_image_tiny", "single"},
+        {"dit_qwen_image_edit_tiny", "edit"}}) {
+    SCOPED_TRACE(name);
+    auto cached = QwenImageMmdit::load(root(name), cpu_backend());
+    auto plain = QwenImageMmdit::load(root(name), cpu_backend());
+    ASSERT_TRUE(cached.ok() && plain.ok());
+    EXPECT_TRUE((*cached)->modulation_cache());  // on by default
+    (*plain)->set_modulation_cache(false);
+    auto io = SafetensorsFile::open(root(name) + "/io_transformer.safetensors");
+    ASSERT_TRUE(io.ok());
+    Case c = read_case(**io, cname);
+    Case later = c;
+    later.timestep =
+        Tensor::from_floats({c.timestep.numel()}, std::vector<float>(c.timestep.numel(), 0.25f));
+    for (const Case* k : {&c, &c, &later, &c}) {
+      auto a = run_case(**cached, *k);
+      auto b = run_case(**plain, *k);
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(relative_l2(*a, *b), 0.0);
+    }
+    // c: computed, then from the cache; later: computed; c again: from the cache.
+    EXPECT_EQ((*cached)->modulation_cache_hits(), 2);
+    EXPECT_EQ((*plain)->modulation_cache_hits(), 0);
+  }
 }
 
 TEST(QwenImageMmdit, Bf16BackendStaysClose) {

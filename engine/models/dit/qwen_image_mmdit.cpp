@@ -509,6 +509,14 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
       LATENT_WARN("LATENT_DIT_GRAPHS=", v, " is not 0 or 1: forward graphs stay on");
     }
   }
+  if (const char* g = std::getenv("LATENT_DIT_MOD_CACHE"); g && *g) {
+    const std::string v = g;
+    if (v == "0" || v == "1") {
+      m->mod_cache_enabled_ = v == "1";
+    } else {
+      LATENT_WARN("LATENT_DIT_MOD_CACHE=", v, " is not 0 or 1: the modulation cache stays on");
+    }
+  }
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     w.blocks.push_back(Block::bind(binder, str_cat("transformer_blocks.", i), cfg));
     if (quantize_early) LATENT_TRY(m->quantize_block(static_cast<size_t>(i)));
@@ -667,6 +675,7 @@ Status QwenImageMmdit::set_lora_strengths(const std::vector<float>& strengths) {
   for (size_t i = 0; i < strengths.size(); ++i) same = same && loras_[i].strength == strengths[i];
   if (same) return ok_status();
   graphs_.clear();  // they read the old low-rank factors
+  mods_.clear();    // the modulation layers may carry LoRAs too
   for (auto& r : runtime_loras_) LATENT_TRY(r->set_strengths(*backend_, strengths));
   for (size_t i = 0; i < strengths.size(); ++i) loras_[i].strength = strengths[i];
   return ok_status();
@@ -679,7 +688,7 @@ struct QwenImageMmdit::ForwardGraph {
   ForwardKey key;
   int plain_runs = 0;   // the first forward of a shape runs plainly (plans chosen, caches filled)
   bool failed = false;  // capture refused: this shape runs plainly
-  Tensor in_hs, in_ehs, in_proj, out;  // the graph's own input and output buffers
+  Tensor in_hs, in_ehs, in_proj, in_mods, out;  // the graph's own input and output buffers
   std::shared_ptr<CapturedGraph> graph;
 };
 
@@ -687,7 +696,7 @@ bool QwenImageMmdit::ForwardKey::matches(const ForwardKey& o) const {
   auto same = [](const Tensor& a, const Tensor& b) {
     return a.defined() == b.defined() && (!a.defined() || a.data() == b.data());
   };
-  return hs == o.hs && ehs == o.ehs && proj == o.proj && t_run == o.t_run &&
+  return hs == o.hs && ehs == o.ehs && proj == o.proj && mods == o.mods && t_run == o.t_run &&
          img_groups == o.img_groups && key_lengths == o.key_lengths && same(rope, o.rope) &&
          same(key_mask, o.key_mask);
 }
@@ -698,7 +707,7 @@ void QwenImageMmdit::set_forward_graphs(bool on) {
 }
 
 Status QwenImageMmdit::capture_forward(ForwardGraph& g, const ForwardBody& body, const Tensor& hs,
-                                       const Tensor& ehs, const Tensor& proj,
+                                       const Tensor& ehs, const Tensor& proj, const Tensor& mods,
                                        const Tensor& example_out) {
   Backend& be = *backend_;
   // Buffers of the graph's own, made before the capture (so they are not graph memory) as
@@ -707,13 +716,16 @@ Status QwenImageMmdit::capture_forward(ForwardGraph& g, const ForwardBody& body,
   LATENT_ASSIGN_OR_RETURN(g.in_hs, be.concat({hs}, 0));
   LATENT_ASSIGN_OR_RETURN(g.in_ehs, be.concat({ehs}, 0));
   LATENT_ASSIGN_OR_RETURN(g.in_proj, be.concat({proj}, 0));
+  if (mods.defined()) {
+    LATENT_ASSIGN_OR_RETURN(g.in_mods, be.concat({mods}, 0));
+  }
   LATENT_ASSIGN_OR_RETURN(g.out, be.concat({example_out}, 0));
   const Shape out_shape = example_out.shape();
   LATENT_TRY(be.begin_capture());
   Status st = ok_status();
   {
     // Every tensor made while capturing is graph memory: none outlives this scope.
-    Result<Tensor> y = body(g.in_hs, g.in_ehs, g.in_proj);
+    Result<Tensor> y = body(g.in_hs, g.in_ehs, g.in_proj, g.in_mods);
     if (!y.ok()) {
       st = y.status();
     } else if (y->shape() != out_shape) {
@@ -731,10 +743,10 @@ Status QwenImageMmdit::capture_forward(ForwardGraph& g, const ForwardBody& body,
 }
 
 Result<Tensor> QwenImageMmdit::run_graphed(const ForwardKey& key, const ForwardBody& body,
-                                           const Tensor& hs, const Tensor& ehs,
-                                           const Tensor& proj) {
+                                           const Tensor& hs, const Tensor& ehs, const Tensor& proj,
+                                           const Tensor& mods) {
   Backend& be = *backend_;
-  if (!graphs_enabled_ || !be.supports_capture()) return body(hs, ehs, proj);
+  if (!graphs_enabled_ || !be.supports_capture()) return body(hs, ehs, proj, mods);
   ForwardGraph* g = nullptr;
   for (auto& e : graphs_)
     if (e->key.matches(key)) g = e.get();
@@ -744,19 +756,19 @@ Result<Tensor> QwenImageMmdit::run_graphed(const ForwardKey& key, const ForwardB
     g = graphs_.back().get();
     g->key = key;
   }
-  if (g->failed) return body(hs, ehs, proj);
+  if (g->failed) return body(hs, ehs, proj, mods);
   if (!g->graph) {
     // The first forward of a shape runs plainly (every GEMM and attention plan is chosen, the
     // caches filled); the second too, and is then recorded (recording runs nothing); the third
     // on replay the graph.
-    Result<Tensor> y = body(hs, ehs, proj);
+    Result<Tensor> y = body(hs, ehs, proj, mods);
     if (!y.ok() || g->plain_runs++ == 0) return y;
-    const Status st = capture_forward(*g, body, hs, ehs, proj, *y);
+    const Status st = capture_forward(*g, body, hs, ehs, proj, mods, *y);
     if (!st.ok()) {
       LATENT_WARN("QwenImageTransformer2DModel on ", be.name(), ": input ", shape_str(key.hs),
                   " runs without a graph: ", st.message());
       g->failed = true;
-      g->in_hs = g->in_ehs = g->in_proj = g->out = Tensor();
+      g->in_hs = g->in_ehs = g->in_proj = g->in_mods = g->out = Tensor();
       g->graph.reset();
     } else {
       LATENT_DEBUG("QwenImageTransformer2DModel on ", be.name(), ": forward graph for input ",
@@ -767,6 +779,7 @@ Result<Tensor> QwenImageMmdit::run_graphed(const ForwardKey& key, const ForwardB
   LATENT_TRY(be.copy_into(hs, g->in_hs));
   LATENT_TRY(be.copy_into(ehs, g->in_ehs));
   LATENT_TRY(be.copy_into(proj, g->in_proj));
+  if (mods.defined()) LATENT_TRY(be.copy_into(mods, g->in_mods));
   LATENT_TRY(be.replay(*g->graph));
   ++graph_replays_;
   // A tensor of the caller's own: the next replay rewrites g->out (a CFG loop runs the
@@ -869,15 +882,31 @@ Status normalized_input(Backend& be, const Tensor& x, const Tensor& shift, const
   return ok_status();
 }
 
+// A block's modulation rows: [G*B, 6D] for the image tokens, [B, 6D] for the text.
+Status block_modulation(Backend& be, const Block& w, const Tensor& silu_temb_img,
+                        const Tensor& silu_temb_txt, Tensor* img_mod, Tensor* txt_mod) {
+  LATENT_ASSIGN_OR_RETURN(*img_mod, w.img_mod(be, silu_temb_img));
+  LATENT_ASSIGN_OR_RETURN(*txt_mod, w.txt_mod(be, silu_temb_txt));
+  return ok_status();
+}
+
 // One QwenImageTransformerBlock. img: [B, T_img, D], txt: [B, T_txt, D]; updated in place of
-// the handles.
-Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor* img, Tensor* txt) {
+// the handles. `mods`: this block's modulation rows ([G*B + B, 6D], block_modulation's two
+// stacked) when cached, else undefined (computed here).
+Status block_forward(Backend& be, const Block& w, const BlockContext& c, const Tensor& mods,
+                     Tensor* img, Tensor* txt) {
   const int64_t d = c.dim;
   const int64_t t_txt = txt->dim(1), t_img = img->dim(1);
   const std::vector<int64_t> one_group = {0};
   // Modulation: [rows, 6D] = shift1, scale1, gate1 (attention), shift2, scale2, gate2 (MLP).
-  LATENT_ASSIGN_OR_RETURN(Tensor img_mod, w.img_mod(be, c.silu_temb_img));  // [G*B, 6D]
-  LATENT_ASSIGN_OR_RETURN(Tensor txt_mod, w.txt_mod(be, c.silu_temb_txt));  // [B, 6D]
+  Tensor img_mod, txt_mod;  // [G*B, 6D], [B, 6D]
+  if (mods.defined()) {
+    const int64_t img_rows = c.silu_temb_img.dim(0), txt_rows = c.silu_temb_txt.dim(0);
+    LATENT_ASSIGN_OR_RETURN(img_mod, be.slice(mods, 0, 0, img_rows));
+    LATENT_ASSIGN_OR_RETURN(txt_mod, be.slice(mods, 0, img_rows, txt_rows));
+  } else {
+    LATENT_TRY(block_modulation(be, w, c.silu_temb_img, c.silu_temb_txt, &img_mod, &txt_mod));
+  }
   Tensor im[6], tm[6];
   for (int k = 0; k < 6; ++k) {
     LATENT_ASSIGN_OR_RETURN(im[k], chunk(be, img_mod, k, d));
@@ -937,23 +966,48 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, Tensor*
 
 namespace {
 
+// silu(temb) of the timestep projections `proj` ([G*B, 256]) for the image rows ([G*B, D]) and
+// the text rows ([B, D]: the first group's).
+Status silu_temb(Backend& be, const QwenImageMmdit::Weights& w, const Tensor& proj, bool two_groups,
+                 int64_t batch, Tensor* img, Tensor* txt) {
+  LATENT_ASSIGN_OR_RETURN(Tensor temb, w.time_1(be, proj, DitActivation::kSiLU));
+  LATENT_ASSIGN_OR_RETURN(temb, w.time_2(be, temb));
+  LATENT_ASSIGN_OR_RETURN(*img, be.dit_activation(temb, DitActivation::kSiLU));
+  if (two_groups) {
+    LATENT_ASSIGN_OR_RETURN(*txt, be.slice(*img, 0, 0, batch));  // [B, D]
+  } else {
+    *txt = *img;
+  }
+  return ok_status();
+}
+
+// Every block's modulation rows stacked: [blocks * (G*B + B), 6D] (QwenImageMmdit::modulations).
+Result<Tensor> all_modulations(Backend& be, const QwenImageMmdit::Weights& w, const Tensor& proj,
+                               bool two_groups, int64_t batch) {
+  Tensor img, txt;
+  LATENT_TRY(silu_temb(be, w, proj, two_groups, batch, &img, &txt));
+  std::vector<Tensor> rows;
+  for (size_t i = 0; i < w.blocks.size(); ++i) {
+    Tensor img_mod, txt_mod;
+    LATENT_TRY(block_modulation(be, w.blocks[i], img, txt, &img_mod, &txt_mod)
+                   .with_context(str_cat("QwenImageTransformer2DModel block ", i, " modulation")));
+    rows.push_back(std::move(img_mod));
+    rows.push_back(std::move(txt_mod));
+  }
+  return be.concat(rows, 0);
+}
+
 // The transformer's device work for prepared inputs (QwenImageMmdit::forward): timestep
 // embedding, input projections, the blocks, the output layers. Nothing here reads or writes
-// host memory or waits for the device, so a graph can record it.
+// host memory or waits for the device, so a graph can record it. `mods`: all_modulations() of
+// `proj` when cached, else undefined (each block computes its own).
 Result<Tensor> forward_body(Backend& be, const QwenImageMmdit::Weights& w, BlockContext ctx,
                             const Tensor& hs, const Tensor& ehs, const Tensor& proj,
-                            int64_t t_run, bool two_groups, int64_t batch) {
+                            const Tensor& mods, int64_t t_run, bool two_groups, int64_t batch) {
   const char* op = "QwenImageTransformer2DModel";
   const int64_t t_txt = ehs.dim(1);
   // Timestep embedding: [G*B, 256] -> [G*B, D]; every modulation reads silu(temb).
-  LATENT_ASSIGN_OR_RETURN(Tensor temb, w.time_1(be, proj, DitActivation::kSiLU));
-  LATENT_ASSIGN_OR_RETURN(temb, w.time_2(be, temb));
-  LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_img, be.dit_activation(temb, DitActivation::kSiLU));
-  if (two_groups) {
-    LATENT_ASSIGN_OR_RETURN(ctx.silu_temb_txt, be.slice(ctx.silu_temb_img, 0, 0, batch));  // [B, D]
-  } else {
-    ctx.silu_temb_txt = ctx.silu_temb_img;
-  }
+  LATENT_TRY(silu_temb(be, w, proj, two_groups, batch, &ctx.silu_temb_img, &ctx.silu_temb_txt));
 
   // Input projections. img: [B, T_img, D]; txt: [B, T_txt, D]
   LATENT_ASSIGN_OR_RETURN(Tensor img, w.img_in(be, hs));
@@ -964,9 +1018,19 @@ Result<Tensor> forward_body(Backend& be, const QwenImageMmdit::Weights& w, Block
   LATENT_ASSIGN_OR_RETURN(Tensor txt, be.rms_norm(ehs_run, w.txt_norm, kNormEps));
   LATENT_ASSIGN_OR_RETURN(txt, w.txt_in(be, txt));
 
-  for (size_t i = 0; i < w.blocks.size(); ++i)
-    LATENT_TRY(
-        block_forward(be, w.blocks[i], ctx, &img, &txt).with_context(str_cat(op, " block ", i)));
+  const int64_t mod_rows = ctx.silu_temb_img.dim(0) + ctx.silu_temb_txt.dim(0);
+  if (mods.defined() && mods.dim(0) != mod_rows * static_cast<int64_t>(w.blocks.size()))
+    return Status::errorf(op, ": cached modulations ", shape_str(mods.shape()), " are not ",
+                          w.blocks.size(), " blocks of ", mod_rows, " rows");
+  for (size_t i = 0; i < w.blocks.size(); ++i) {
+    Tensor block_mods;
+    if (mods.defined()) {
+      LATENT_ASSIGN_OR_RETURN(block_mods,
+                              be.slice(mods, 0, static_cast<int64_t>(i) * mod_rows, mod_rows));
+    }
+    LATENT_TRY(block_forward(be, w.blocks[i], ctx, block_mods, &img, &txt)
+                   .with_context(str_cat(op, " block ", i)));
+  }
 
   // Output: AdaLayerNormContinuous (linear(silu(temb)) -> scale, shift) and proj_out.
   LATENT_ASSIGN_OR_RETURN(Tensor emb, w.norm_out(be, ctx.silu_temb_txt));  // [B, 2D]
@@ -1034,6 +1098,8 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
   } else {
     LATENT_ASSIGN_OR_RETURN(proj, be.upload(qwen_image_timestep_proj(ts)));
   }
+  // Every block's modulation for these timesteps, cached (undefined: the blocks compute it).
+  LATENT_ASSIGN_OR_RETURN(const Tensor mods, modulations(ts, batch, proj));
 
   // The text as the blocks run it: right padding cut (see the header), or all of it.
   TextPadding pad;
@@ -1073,13 +1139,35 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
 
   // The device work: everything above is host-side preparation (and cached uploads), so what
   // follows can be captured as a graph and replayed with new inputs (run_graphed).
-  auto body = [&](const Tensor& hs_in, const Tensor& ehs_in,
-                  const Tensor& proj_in) -> Result<Tensor> {
-    return forward_body(be, *w_, ctx, hs_in, ehs_in, proj_in, t_run, two_groups, batch);
+  auto body = [&](const Tensor& hs_in, const Tensor& ehs_in, const Tensor& proj_in,
+                  const Tensor& mods_in) -> Result<Tensor> {
+    return forward_body(be, *w_, ctx, hs_in, ehs_in, proj_in, mods_in, t_run, two_groups, batch);
   };
-  ForwardKey key{hs.shape(), ehs.shape(), proj.shape(), t_run, ctx.img_groups, ctx.key_lengths,
-                 ctx.rope, ctx.key_mask};
-  return run_graphed(key, body, hs, ehs, proj);
+  ForwardKey key{
+      hs.shape(),  ehs.shape(),    proj.shape(),    mods.defined() ? mods.shape() : Shape(),
+      t_run,       ctx.img_groups, ctx.key_lengths, ctx.rope,
+      ctx.key_mask};
+  return run_graphed(key, body, hs, ehs, proj, mods);
+}
+
+void QwenImageMmdit::set_modulation_cache(bool on) {
+  mod_cache_enabled_ = on;
+  if (!on) mods_.clear();
+}
+
+Result<Tensor> QwenImageMmdit::modulations(const std::vector<float>& timesteps, int64_t batch,
+                                           const Tensor& proj) {
+  if (!mod_cache_enabled_) return Tensor();
+  for (const CachedModulation& m : mods_)
+    if (m.batch == batch && m.timesteps == timesteps) {
+      ++mod_cache_hits_;
+      return m.mods;
+    }
+  const bool two_groups = static_cast<int64_t>(timesteps.size()) == 2 * batch;
+  LATENT_ASSIGN_OR_RETURN(Tensor mods, all_modulations(*backend_, *w_, proj, two_groups, batch));
+  if (mods_.size() >= kCachedModulations) mods_.erase(mods_.begin());  // the oldest
+  mods_.push_back({timesteps, batch, mods});
+  return mods;
 }
 
 Result<Tensor> QwenImageMmdit::timestep_projections(const std::vector<float>& timesteps) {

@@ -183,6 +183,18 @@ class QwenImageMmdit {
   // How many forwards replayed a graph so far (tests, logs).
   int64_t graph_replays() const { return graph_replays_; }
 
+  // Every block's modulation (img_mod / txt_mod: a linear of silu(temb)) depends on the timestep
+  // alone, and reads a third of the weights (two [6D, D] matrices a block). Kept for the last
+  // kCachedModulations timestep vectors, a denoising loop that runs the same schedule frame after
+  // frame (live few-step img2img) computes them once per timestep instead of once per forward;
+  // runtime LoRA strength changes drop them. On by default; off with LATENT_DIT_MOD_CACHE=0 or
+  // set_modulation_cache(false) (a step benchmark that repeats one timestep measures a full step
+  // only without it).
+  void set_modulation_cache(bool on);
+  bool modulation_cache() const { return mod_cache_enabled_; }
+  // Forwards that took their modulation from the cache (tests, logs).
+  int64_t modulation_cache_hits() const { return mod_cache_hits_; }
+
   // qwen_image_timestep_proj(timesteps) uploaded to the backend ([n, 256]), for
   // MmditInputs::timestep_proj. The last one is kept: asked again for the same values (a
   // denoising loop over the same schedule, frame after frame), it uploads nothing.
@@ -233,21 +245,40 @@ class QwenImageMmdit {
   // The last timestep_projections().
   std::vector<float> proj_timesteps_;
   Tensor proj_;
+  // The modulations of the last few timestep vectors (set_modulation_cache): [blocks * (G*B + B),
+  // 6D], block i's image rows (G*B) then its text rows (B).
+  static constexpr size_t kCachedModulations = 16;
+  struct CachedModulation {
+    std::vector<float> timesteps;  // as forward() runs them (zero_cond_t's zeros appended)
+    int64_t batch = 0;
+    Tensor mods;
+  };
+  std::vector<CachedModulation> mods_;
+  bool mod_cache_enabled_ = true;
+  int64_t mod_cache_hits_ = 0;
   // Graphs of forward()'s device work, one per input shape (see set_forward_graphs); declared
   // after w_ so they go first (a graph reads the weights in place).
   struct ForwardKey {
-    Shape hs, ehs, proj;
+    Shape hs, ehs, proj, mods;
     int64_t t_run = 0;
     std::vector<int64_t> img_groups, key_lengths;
     Tensor rope, key_mask;  // the cached uploads, compared by identity
     bool matches(const ForwardKey& o) const;
   };
-  using ForwardBody = std::function<Result<Tensor>(const Tensor&, const Tensor&, const Tensor&)>;
+  // body(hs, ehs, proj, mods): mods undefined where the body computes the modulations itself.
+  using ForwardBody =
+      std::function<Result<Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&)>;
   struct ForwardGraph;
   Result<Tensor> run_graphed(const ForwardKey& key, const ForwardBody& body, const Tensor& hs,
-                             const Tensor& ehs, const Tensor& proj);
+                             const Tensor& ehs, const Tensor& proj, const Tensor& mods);
   Status capture_forward(ForwardGraph& g, const ForwardBody& body, const Tensor& hs,
-                         const Tensor& ehs, const Tensor& proj, const Tensor& example_out);
+                         const Tensor& ehs, const Tensor& proj, const Tensor& mods,
+                         const Tensor& example_out);
+  // Every block's modulation rows for the timestep projections `proj` ([G*B, 256]): the
+  // cached one for `timesteps` when there is one (set_modulation_cache), else computed (and
+  // kept); undefined when the cache is off.
+  Result<Tensor> modulations(const std::vector<float>& timesteps, int64_t batch,
+                             const Tensor& proj);
   bool graphs_enabled_ = true;
   int64_t graph_replays_ = 0;
   std::vector<std::unique_ptr<ForwardGraph>> graphs_;
