@@ -48,11 +48,12 @@ def seconds(h, m, s):
     return int(h) * 3600 + int(m) * 60 + float(s)
 
 
-def run(desc, frames, timeout):
+def run(desc, frames, timeout, extra_env=None):
     """gst-launch with the stages' per-frame debug lines: when each frame left each stage, and how
     long the stage took on it."""
     cmd = ["gst-launch-1.0", "-q"] + desc.replace("NUM", str(frames)).split()
-    env = dict(os.environ, GST_DEBUG="vaeencode:6,ditdenoise:6,vaedecode:6", GST_DEBUG_NO_COLOR="1")
+    env = dict(os.environ, GST_DEBUG="vaeencode:6,ditdenoise:6,vaedecode:6", GST_DEBUG_NO_COLOR="1",
+               **(extra_env or {}))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -126,8 +127,14 @@ def main():
     ap.add_argument("--dtypes", default="bf16,fp8")
     ap.add_argument("--frames", type=int, default=8, help="frames a run (the first, with its plans, is left out)")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--mod-cache", default="on",
+                    help="on, off or on,off: the transformer's modulation cache (LATENT_DIT_MOD_CACHE); "
+                         "on,off runs each dtype both ways (the A/B)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
+    caches = [c for c in args.mod_cache.split(",") if c]
+    if not caches or any(c not in ("on", "off") for c in caches):
+        ap.error(f"--mod-cache {args.mod_cache}: give on, off or on,off")
     w, h = (int(v) for v in args.size.split("x"))
     prompt = os.path.join(args.dit_workdir, "prompt-64x3584.safetensors")
     vae = args.vae_dir
@@ -158,10 +165,11 @@ def main():
     ensure_prompt(prompt, 64, 3584, 0)
     result["setup_s"] = round(time.time() - t0, 1)
     targets = {"bf16": 450.0, "fp8": 350.0}
-    for dtype in args.dtypes.split(","):
-        row = {"dtype": dtype, "pipeline": "gst-launch-1.0 " + line(dtype)}
+    for dtype, cache in [(d, c) for d in args.dtypes.split(",") for c in caches]:
+        row = {"dtype": dtype, "mod_cache": cache, "pipeline": "gst-launch-1.0 " + line(dtype)}
         try:
-            done, took = run(line(dtype), args.frames, args.timeout)
+            done, took = run(line(dtype), args.frames, args.timeout,
+                             {"LATENT_DIT_MOD_CACHE": "1" if cache == "on" else "0"})
             out = done["vaedecode"]
             if len(out) != args.frames:
                 raise RuntimeError(f"{len(out)} of {args.frames} frames reached vaedecode's log")
@@ -173,18 +181,19 @@ def main():
                         "stage_ms": {k: round(median(v[1:]), 1) for k, v in took.items()}})
             if dtype in targets:
                 row["target_ms"] = targets[dtype]
-            print(f"{dtype}: {row['frame_ms']:.0f} ms a frame (target <= {targets.get(dtype, float('nan')):.0f}); "
-                  f"stages {row['stage_ms']}", flush=True)
+            print(f"{dtype} (modulation cache {cache}): {row['frame_ms']:.0f} ms a frame (target <= "
+                  f"{targets.get(dtype, float('nan')):.0f}); stages {row['stage_ms']}", flush=True)
         except RuntimeError as e:
             row["error"] = str(e)
-            print(f"{dtype}: failed: {str(e)[-300:]}", flush=True)
+            print(f"{dtype} (modulation cache {cache}): failed: {str(e)[-300:]}", flush=True)
         result["rows"].append(row)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    print(f"\n{'dtype':6} {'ms/frame':>9} {'target':>7} {'encode':>7} {'denoise':>8} {'decode':>7}")
+    print(f"\n{'dtype':6} {'mod cache':9} {'ms/frame':>9} {'target':>7} {'encode':>7} {'denoise':>8} {'decode':>7}")
     for r in result["rows"]:
         st = r.get("stage_ms", {})
-        print(f"{r['dtype']:6} {r.get('frame_ms', float('nan')):9.0f} {r.get('target_ms', float('nan')):7.0f} "
+        print(f"{r['dtype']:6} {r['mod_cache']:9} {r.get('frame_ms', float('nan')):9.0f} "
+              f"{r.get('target_ms', float('nan')):7.0f} "
               f"{st.get('vaeencode', float('nan')):7.1f} {st.get('ditdenoise', float('nan')):8.1f} "
               f"{st.get('vaedecode', float('nan')):7.1f}")
     print(f"({w}x{h}, {passes} transformer passes a frame without CFG; wrote {args.out})")
