@@ -192,8 +192,11 @@ class CudaOps : public test::CudaOpTest {
 
 // Every attention kernel variant LATENT_ATTENTION_KERNEL can force (attention_flash.cuh; "wgmma"
 // is the Hopper kernel for d = 128 on compute capability 9.0 and the default elsewhere, "simple"
-// the CUDA-core kernel). The untimed Hopper kernel last, so the others have run if it breaks.
-const std::vector<const char*> kAttentionKernels = {"mma", "mma16", "mma32", "simple", "wgmma"};
+// the CUDA-core kernel, "gemm" the unfused one-head path of spatial_attention: q k^T in fp32 on
+// cuBLASLt, a row softmax, p v; several heads run the default there). The untimed Hopper kernel
+// last, so the others have run if it breaks.
+const std::vector<const char*> kAttentionKernels = {"mma",    "mma16", "mma32",
+                                                    "simple", "gemm",  "wgmma"};
 
 TEST_P(CudaOps, UploadDownloadRoundTrip) {
   for (const Shape& s : {Shape{2, 5, 7, 9}, Shape{1, 16, 1, 1}, Shape{1, 1, 3, 4}, Shape{13},
@@ -665,7 +668,12 @@ TEST_P(CudaOps, SpatialAttentionVaeSized) {
   const bool f32 = dtype() == DType::kF32;  // one kernel, whatever is forced
   check_attention_sampled(
       "attention [1,512,136,240] 1 head (d 512)", {1, 512, 136, 240}, 1, 1800,
-      f32 ? std::vector<const char*>{"mma"} : std::vector<const char*>{"mma", "simple"});
+      f32 ? std::vector<const char*>{"mma"} : std::vector<const char*>{"mma", "simple", "gemm"});
+  // The Wan / Qwen-Image VAE's mid-block at 720p (d 384), two images: the unfused path's chunks
+  // and its per-image transposed v.
+  check_attention_sampled(
+      "attention [2,384,90,160] 1 head (d 384)", {2, 384, 90, 160}, 1, 1820,
+      f32 ? std::vector<const char*>{"mma"} : std::vector<const char*>{"mma", "gemm"});
   check_attention_sampled("attention [1,128,136,240] 1 head (d 128)", {1, 128, 136, 240}, 1, 1810,
                           f32 ? std::vector<const char*>{"mma"} : kAttentionKernels);
 }

@@ -19,4 +19,13 @@ Status launch_spatial_attention(const void* q, const void* k, const void* v, voi
                                 int64_t tokens, int64_t channels, int heads, DType dtype,
                                 bool tensor_cores, const Launch& l);
 
+// The unfused attention's two passes besides its GEMMs (CudaBackend::spatial_attention with
+// LATENT_ATTENTION_KERNEL=gemm): p[r, :] = softmax(scale * s[r, :]) for `rows` rows of `cols`
+// fp32 logits, written in `dtype` (bf16 / fp16); and x [rows, cols] -> y [cols, rows] in a 2-byte
+// dtype (v transposed for the p v GEMM).
+Status launch_softmax_rows(const float* s, void* p, int64_t rows, int64_t cols, float scale,
+                           DType dtype, const Launch& l);
+Status launch_transpose_2d(const void* x, void* y, int64_t rows, int64_t cols, DType dtype,
+                           const Launch& l);
+
 }  // namespace latent::cuda

@@ -521,6 +521,7 @@ AttentionKernel attention_kernel_from_env() {
   if (!std::strcmp(e, "mma32")) return AttentionKernel::kMma32;
   if (!std::strcmp(e, "wgmma")) return AttentionKernel::kWgmma;
   if (!std::strcmp(e, "simple")) return AttentionKernel::kSimple;
+  if (!std::strcmp(e, "gemm")) return AttentionKernel::kGemm;
   if (!std::strcmp(e, "mma")) return AttentionKernel::kMma32;
   return AttentionKernel::kDefault;  // anything unknown
 }
@@ -537,6 +538,8 @@ const char* attention_kernel_name(AttentionKernel k) {
       return "wgmma";
     case AttentionKernel::kSimple:
       return "simple";
+    case AttentionKernel::kGemm:
+      return "gemm";
   }
   return "?";
 }

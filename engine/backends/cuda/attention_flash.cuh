@@ -52,7 +52,9 @@ inline AttentionArgs attention_args(const void* q, const void* k, const void* v,
 // A forced variant that cannot run the shape falls back to the next that can (a tensor-core
 // variant to the default, the default to simple). d > 128 on the tensor cores always uses the
 // channel-split configuration (16-query row groups x d / 128 warps, 32-key tiles).
-enum class AttentionKernel { kDefault, kMma16, kMma32, kWgmma, kSimple };
+// kGemm: the VAE's spatial attention unfused (CudaBackend::spatial_attention: q k^T on
+// cuBLASLt in fp32, a row softmax, p v), one head only; elsewhere it means the default.
+enum class AttentionKernel { kDefault, kMma16, kMma32, kWgmma, kSimple, kGemm };
 
 // The variant LATENT_ATTENTION_KERNEL asks for (read at every call, so tests can switch it).
 AttentionKernel attention_kernel_from_env();

@@ -45,18 +45,19 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <map>
 #include <cmath>
 #include <condition_variable>  // plans
-#include <thread>              // plans
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <thread>  // plans
 #include <utility>
 
 #include "engine/backends/cuda/attention.cuh"
+#include "engine/backends/cuda/attention_flash.cuh"
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/conv2d.cuh"
 #include "engine/backends/cuda/conv_wgmma.cuh"
@@ -469,6 +470,8 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv3d_by_taps(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                 const Conv2dParams& p, const Tensor& residual, Activation act);
   bool conv3d_failed_ = false;  // video: cuDNN refused a 3-D plan once; taps from then on
+  // spatial_attention for one head unfused (LATENT_ATTENTION_KERNEL=gemm): y [N, C, H, W] NHWC.
+  Status spatial_attention_gemm(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& y);
 
   // Runs an op body with the lock held and the device current; failures name op and device.
   static const Shape& result_shape(const Tensor& t) { return t.shape(); }
@@ -1063,11 +1066,50 @@ Result<Tensor> CudaBackend::spatial_attention(const Tensor& q, const Tensor& k, 
                             " cannot be split into ", heads, " heads");
     LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(q.shape(), dtype_, Layout::kNHWC));
     // NHWC [N, H*W, C] is token-major: each token's channels are one contiguous row.
+    if (heads == 1 && dtype_ != DType::kF32 && q.dim(1) % 8 == 0 &&
+        cuda::attention_kernel_from_env() == cuda::AttentionKernel::kGemm) {
+      LATENT_TRY(spatial_attention_gemm(q, k, v, y));
+      return y;
+    }
     LATENT_TRY(cuda::launch_spatial_attention(q.data(), k.data(), v.data(), y.data(), q.dim(0),
                                               q.dim(2) * q.dim(3), q.dim(1), heads, dtype_,
                                               options_.tensor_core_attention, launch_));
     return y;
   });
+}
+
+// One head of d = C channels, unfused (LATENT_ATTENTION_KERNEL=gemm; for the VAEs' d = 384 / 512,
+// where the flash kernels run mma.sync at ~150-165 TFLOP/s, bench/NOTES.md session 14): per
+// image, v transposed once, then per chunk of queries s = q k^T in fp32 on cuBLASLt, p =
+// softmax(s / sqrt(d)) in the compute dtype, out = p v. The chunk keeps s and p within ~0.5 GB.
+Status CudaBackend::spatial_attention_gemm(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           Tensor& y) {
+  const int64_t n = q.dim(0), t = q.dim(2) * q.dim(3), d = q.dim(1);
+  const size_t es = dtype_size(dtype_);
+  constexpr size_t kChunkBytes = size_t{512} << 20;
+  const int64_t per_row = t * static_cast<int64_t>(sizeof(float) + es);
+  int64_t chunk = std::max<int64_t>(128, static_cast<int64_t>(kChunkBytes) / per_row / 128 * 128);
+  chunk = std::min(chunk, t);
+  TempBuffer vt, s, p;
+  LATENT_TRY(vt.allocate(*ctx_, static_cast<size_t>(t * d) * es));
+  LATENT_TRY(s.allocate(*ctx_, static_cast<size_t>(chunk * t) * sizeof(float)));
+  LATENT_TRY(p.allocate(*ctx_, static_cast<size_t>(chunk * t) * es));
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  auto at = [&](const Tensor& x, int64_t image, int64_t row) {
+    return static_cast<const char*>(x.data()) + static_cast<size_t>((image * t + row) * d) * es;
+  };
+  for (int64_t b = 0; b < n; ++b) {
+    LATENT_TRY(cuda::launch_transpose_2d(at(v, b, 0), vt.get(), t, d, dtype_, launch_));
+    for (int64_t r0 = 0; r0 < t; r0 += chunk) {
+      const int64_t m = std::min(chunk, t - r0);
+      LATENT_TRY(dit_linear_->run_f32_out(*ctx_, at(q, b, r0), at(k, b, 0), s.as<float>(), m, t, d,
+                                          dtype_));
+      LATENT_TRY(cuda::launch_softmax_rows(s.as<float>(), p.get(), m, t, scale, dtype_, launch_));
+      LATENT_TRY(dit_linear_->run(*ctx_, p.get(), vt.get(), nullptr,
+                                  const_cast<char*>(at(y, b, r0)), m, d, t, dtype_, false));
+    }
+  }
+  return ok_status();
 }
 
 // === cuda-dit: DiT ops, dispatched to dit_ops.cpp under the lock ===

@@ -73,7 +73,8 @@ DitLinear::~DitLinear() {
 Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k,
                                          DType dtype, bool bias, bool gelu, uint32_t align_x,
                                          uint32_t align_w, uint32_t align_y, bool accumulate,
-                                         const float* fp8_w_scales, const float* fp8_x_scales) {
+                                         const float* fp8_w_scales, const float* fp8_x_scales,
+                                         bool f32_out) {
   // FP8 plans carry the scale vectors of their first call: cuBLASLt's heuristic refuses
   // outer-vector scaling (CUBLAS_STATUS_INVALID_VALUE) while they are unset. run_fp8 sets each
   // call's own.
@@ -81,7 +82,7 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
   // With `accumulate` the heuristic is asked for beta = 1 (C read): align_y covers C and D.
   const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(dtype), ':', bias, gelu, ':',
                                   align_x, ',', align_w, ',', align_y, accumulate ? ":acc" : "",
-                                  fp8 ? ":fp8" : "");
+                                  fp8 ? ":fp8" : "", f32_out ? ":f32out" : "");
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
 
@@ -126,7 +127,7 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
   const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : type;
   LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, in_type, k, n, k));  // w
   LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, in_type, k, m, k));  // x
-  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->c, type, n, m, n));  // y
+  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->c, f32_out ? CUDA_R_32F : type, n, m, n));  // y
 
   cublasLtMatmulPreference_t pref = nullptr;
   LATENT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -187,6 +188,23 @@ Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const vo
   LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b,
                                    accumulate ? &one : &zero, c, p->c, y, p->c, &p->algo, workspace,
                                    p->workspace, ctx.stream()));
+  return ok_status();
+}
+
+Status DitLinear::run_f32_out(DeviceContext& ctx, const void* x, const void* w, float* y, int64_t m,
+                              int64_t n, int64_t k, DType dtype) {
+  if (m <= 0 || n <= 0 || k <= 0) return ok_status();
+  if (dtype == DType::kF32) return Status::error("DitLinear::run_f32_out: bf16 / fp16 inputs only");
+  LATENT_ASSIGN_OR_RETURN(Plan * p,
+                          plan(ctx, m, n, k, dtype, false, false, alignment_of(x), alignment_of(w),
+                               alignment_of(y), false, nullptr, nullptr, true));
+  void* workspace = nullptr;
+  if (p->workspace) {
+    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p->workspace));
+  }
+  const float one = 1.f, zero = 0.f;
+  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b, &zero, y, p->c, y,
+                                   p->c, &p->algo, workspace, p->workspace, ctx.stream()));
   return ok_status();
 }
 

@@ -35,6 +35,11 @@ class DitLinear {
   Status run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y, int64_t m,
              int64_t n, int64_t k, DType dtype, bool gelu, const void* accumulate = nullptr);
 
+  // y = x w^T with x, w in `dtype` (bf16 / fp16) and y [m, n] in fp32 (fp32 accumulation, no
+  // epilogue): the logits of the unfused attention (CudaBackend::spatial_attention).
+  Status run_f32_out(DeviceContext& ctx, const void* x, const void* w, float* y, int64_t m,
+                     int64_t n, int64_t k, DType dtype);
+
   // FP8: y = epilogue((xq wq^T) * x_scales[m] * w_scales[n] + bias) from e4m3 codes xq [m, k]
   // and wq [n, k] (row-major, one byte each) with one fp32 scale per row each (cuBLASLt's
   // outer-vector scaling), fp32 accumulation, y [m, n] in `out` (bf16 / fp16 / fp32), bias [n]
@@ -54,7 +59,7 @@ class DitLinear {
   Result<Plan*> plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k, DType dtype, bool bias,
                      bool gelu, uint32_t align_x, uint32_t align_w, uint32_t align_y,
                      bool accumulate, const float* fp8_w_scales = nullptr,
-                     const float* fp8_x_scales = nullptr);
+                     const float* fp8_x_scales = nullptr, bool f32_out = false);
 
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;
