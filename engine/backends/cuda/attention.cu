@@ -9,33 +9,47 @@ namespace {
 
 constexpr int kSoftmaxThreads = 256;
 
-// One block a row: the row's maximum, the sum of its exponentials, then the probabilities (three
-// reads of the fp32 row, which L2 mostly serves; one write in T).
+// One block a row: the row's maximum and the sum of its exponentials in one pass (each thread
+// rescales its running sum when its maximum grows, the block combines the pairs), then the
+// probabilities in a second: two reads of the fp32 row and one write in T.
 template <typename T>
 __global__ void softmax_rows_kernel(const float* __restrict__ s, T* __restrict__ p, int64_t cols,
                                     float scale) {
-  __shared__ float partial[kSoftmaxThreads / 32];
+  __shared__ float part_m[kSoftmaxThreads / 32], part_s[kSoftmaxThreads / 32];
   const float* row = s + static_cast<int64_t>(blockIdx.x) * cols;
   T* out = p + static_cast<int64_t>(blockIdx.x) * cols;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  auto block_reduce = [&](float v, bool is_max) {
-    v = is_max ? warp_max(v) : warp_sum(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    float r = partial[0];
-    for (int i = 1; i < kSoftmaxThreads / 32; ++i)
-      r = is_max ? fmaxf(r, partial[i]) : r + partial[i];
-    __syncthreads();
-    return r;
-  };
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < cols; j += kSoftmaxThreads) m = fmaxf(m, row[j]);
-  m = block_reduce(m, true) * scale;
-  float sum = 0.f;
-  for (int64_t j = threadIdx.x; j < cols; j += kSoftmaxThreads) sum += __expf(row[j] * scale - m);
-  const float inv = 1.f / block_reduce(sum, false);
+  float m = -INFINITY, sum = 0.f;
+  for (int64_t j = threadIdx.x; j < cols; j += kSoftmaxThreads) {
+    const float x = row[j] * scale;
+    if (x > m) {
+      sum = sum * __expf(m - x) + 1.f;  // exp(-inf) = 0 on the first element
+      m = x;
+    } else {
+      sum += __expf(x - m);
+    }
+  }
+  // (m, sum) pairs combined: the warp's, then the block's.
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
+    const float nm = fmaxf(m, om);
+    sum = (m == -INFINITY ? 0.f : sum * __expf(m - nm)) +
+          (om == -INFINITY ? 0.f : os * __expf(om - nm));
+    m = nm;
+  }
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_s[warp] = sum;
+  }
+  __syncthreads();
+  float bm = part_m[0];
+  for (int i = 1; i < kSoftmaxThreads / 32; ++i) bm = fmaxf(bm, part_m[i]);
+  float bs = 0.f;
+  for (int i = 0; i < kSoftmaxThreads / 32; ++i)
+    if (part_m[i] != -INFINITY) bs += part_s[i] * __expf(part_m[i] - bm);
+  const float inv = 1.f / bs;
   for (int64_t j = threadIdx.x; j < cols; j += kSoftmaxThreads)
-    out[j] = from_f32<T>(__expf(row[j] * scale - m) * inv);
+    out[j] = from_f32<T>(__expf(row[j] * scale - bm) * inv);
 }
 
 // 32 x 32 tiles through shared memory (a column of padding against bank conflicts).
