@@ -179,15 +179,19 @@ Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const vo
   if (bias)
     LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof(bias)));
+  return matmul(ctx, *p, w, x, accumulate, y);
+}
+
+Status DitLinear::matmul(DeviceContext& ctx, Plan& p, const void* w, const void* x,
+                         const void* accumulate, void* y) {
   void* workspace = nullptr;
-  if (p->workspace) {
-    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p->workspace));
+  if (p.workspace) {
+    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p.workspace));
   }
   const float one = 1.f, zero = 0.f;
   const void* c = accumulate ? accumulate : y;
-  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b,
-                                   accumulate ? &one : &zero, c, p->c, y, p->c, &p->algo, workspace,
-                                   p->workspace, ctx.stream()));
+  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, accumulate ? &one : &zero,
+                                   c, p.c, y, p.c, &p.algo, workspace, p.workspace, ctx.stream()));
   return ok_status();
 }
 
@@ -198,14 +202,7 @@ Status DitLinear::run_f32_out(DeviceContext& ctx, const void* x, const void* w, 
   LATENT_ASSIGN_OR_RETURN(Plan * p,
                           plan(ctx, m, n, k, dtype, false, false, alignment_of(x), alignment_of(w),
                                alignment_of(y), false, nullptr, nullptr, true));
-  void* workspace = nullptr;
-  if (p->workspace) {
-    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p->workspace));
-  }
-  const float one = 1.f, zero = 0.f;
-  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, w, p->a, x, p->b, &zero, y, p->c, y,
-                                   p->c, &p->algo, workspace, p->workspace, ctx.stream()));
-  return ok_status();
+  return matmul(ctx, *p, w, x, nullptr, y);
 }
 
 Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_scales,
@@ -241,14 +238,7 @@ Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_sca
                                                    &w_scales, sizeof(w_scales)));
   LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                    &x_scales, sizeof(x_scales)));
-  void* workspace = nullptr;
-  if (p->workspace) {
-    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p->workspace));
-  }
-  const float one = 1.f, zero = 0.f;
-  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p->desc, &one, wq, p->a, xq, p->b, &zero, y, p->c, y,
-                                   p->c, &p->algo, workspace, p->workspace, ctx.stream()));
-  return ok_status();
+  return matmul(ctx, *p, wq, xq, nullptr, y);
 }
 
 }  // namespace latent::cuda

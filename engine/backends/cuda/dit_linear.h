@@ -61,6 +61,11 @@ class DitLinear {
                      bool accumulate, const float* fp8_w_scales = nullptr,
                      const float* fp8_x_scales = nullptr, bool f32_out = false);
 
+  // y = w-x product of plan p on ctx's stream (alpha 1; beta 1 reading `accumulate` as C when
+  // given, else 0), the workspace grown to what p asks.
+  Status matmul(DeviceContext& ctx, Plan& p, const void* w, const void* x, const void* accumulate,
+                void* y);
+
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;
   std::map<std::string, std::unique_ptr<Plan>> plans_;

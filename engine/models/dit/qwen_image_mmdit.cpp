@@ -501,22 +501,19 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   // then after apply_loras).
   const bool quantize_early = fp8 && (loras.specs.empty() || loras.mode != LoraMode::kMerged);
   m->linear_format_ = linears;
-  if (const char* g = std::getenv("LATENT_DIT_GRAPHS"); g && *g) {
+  // NAME=0 / 1 sets *flag; another value is refused with a warning and leaves it.
+  auto env_switch = [](const char* name, bool* flag, const char* what) {
+    const char* g = std::getenv(name);
+    if (!g || !*g) return;
     const std::string v = g;
     if (v == "0" || v == "1") {
-      m->graphs_enabled_ = v == "1";
+      *flag = v == "1";
     } else {
-      LATENT_WARN("LATENT_DIT_GRAPHS=", v, " is not 0 or 1: forward graphs stay on");
+      LATENT_WARN(name, "=", v, " is not 0 or 1: ", what, *flag ? " on" : " off");
     }
-  }
-  if (const char* g = std::getenv("LATENT_DIT_MOD_CACHE"); g && *g) {
-    const std::string v = g;
-    if (v == "0" || v == "1") {
-      m->mod_cache_enabled_ = v == "1";
-    } else {
-      LATENT_WARN("LATENT_DIT_MOD_CACHE=", v, " is not 0 or 1: the modulation cache stays on");
-    }
-  }
+  };
+  env_switch("LATENT_DIT_GRAPHS", &m->graphs_enabled_, "forward graphs stay");
+  env_switch("LATENT_DIT_MOD_CACHE", &m->mod_cache_enabled_, "the modulation cache stays");
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     w.blocks.push_back(Block::bind(binder, str_cat("transformer_blocks.", i), cfg));
     if (quantize_early) LATENT_TRY(m->quantize_block(static_cast<size_t>(i)));
