@@ -32,11 +32,10 @@
 //                                  precompiled: fused by engines cuDNN ships compiled only (none
 //                                  compiled while planning: ~2 s less start-up at 1080p, slower
 //                                  residual-add convolutions)
-//   LATENT_CUDNN_PAD=graph         padding with more at the bottom / right than at the top / left
-//                                  (diffusers' downsamplers) as the fused graph's post-padding, no
-//                                  padded copy of the input (the copy where no fused graph serves
-//                                  the convolution); copy (the default until measured on a GPU):
-//                                  a padded copy
+//   LATENT_CUDNN_PAD=copy          diffusers' downsampler padding (more at the bottom / right than
+//                                  at the top / left) as a padded copy of the input; graph (the
+//                                  default): as the fused graph's post-padding, no copy (the copy
+//                                  only where no fused graph serves the convolution)
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
@@ -110,9 +109,8 @@ class CudaBackend final : public Backend {
     bool conv_fusion = true;
     bool conv_fusion_runtime_compiled = true;  // engines cuDNN compiles at plan time too
     // Bottom / right padding beyond the top / left as the fused graph's post-padding instead of
-    // a padded copy of the input (LATENT_CUDNN_PAD=graph; not yet run on a GPU, so not the
-    // default).
-    bool conv_pad_in_graph = false;
+    // a padded copy of the input (LATENT_CUDNN_PAD=copy turns it off).
+    bool conv_pad_in_graph = true;
   };
 
   CudaBackend(std::shared_ptr<DeviceContext> ctx, DType dtype, cudnnHandle_t cudnn,
@@ -470,7 +468,7 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv3d_by_taps(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                 const Conv2dParams& p, const Tensor& residual, Activation act);
   bool conv3d_failed_ = false;  // video: cuDNN refused a 3-D plan once; taps from then on
-  // spatial_attention for one head unfused (LATENT_ATTENTION_KERNEL=gemm): y [N, C, H, W] NHWC.
+  // spatial_attention for one head unfused (d > 256, or LATENT_ATTENTION_KERNEL=gemm): y NHWC.
   Status spatial_attention_gemm(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& y);
 
   // Runs an op body with the lock held and the device current; failures name op and device.
@@ -1066,8 +1064,14 @@ Result<Tensor> CudaBackend::spatial_attention(const Tensor& q, const Tensor& k, 
                             " cannot be split into ", heads, " heads");
     LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(q.shape(), dtype_, Layout::kNHWC));
     // NHWC [N, H*W, C] is token-major: each token's channels are one contiguous row.
-    if (heads == 1 && dtype_ != DType::kF32 && q.dim(1) % 8 == 0 &&
-        cuda::attention_kernel_from_env() == cuda::AttentionKernel::kGemm) {
+    // One head wider than 256 (the VAEs' d = 384 / 512) runs unfused by default: 1.06-1.13x the
+    // Qwen-Image VAE at 1024^2 / 1920x1088 on the H100 (bench/NOTES.md, session 15). A kernel
+    // named by LATENT_ATTENTION_KERNEL keeps that kernel.
+    const cuda::AttentionKernel kernel = cuda::attention_kernel_from_env();
+    const bool gemm = kernel == cuda::AttentionKernel::kGemm ||
+                      (kernel == cuda::AttentionKernel::kDefault && q.dim(1) > 256 &&
+                       options_.tensor_core_attention);
+    if (heads == 1 && dtype_ != DType::kF32 && q.dim(1) % 8 == 0 && gemm) {
       LATENT_TRY(spatial_attention_gemm(q, k, v, y));
       return y;
     }
@@ -1078,9 +1082,9 @@ Result<Tensor> CudaBackend::spatial_attention(const Tensor& q, const Tensor& k, 
   });
 }
 
-// One head of d = C channels, unfused (LATENT_ATTENTION_KERNEL=gemm; for the VAEs' d = 384 / 512,
-// where the flash kernels run mma.sync at ~150-165 TFLOP/s, bench/NOTES.md session 14): per
-// image, v transposed once, then per chunk of queries s = q k^T in fp32 on cuBLASLt, p =
+// One head of d = C channels, unfused (the default for d > 256, LATENT_ATTENTION_KERNEL=gemm for
+// any d; for the VAEs' d = 384 / 512, where the flash kernels run mma.sync at ~150-165 TFLOP/s):
+// per image, v transposed once, then per chunk of queries s = q k^T in fp32 on cuBLASLt, p =
 // softmax(s / sqrt(d)) in the compute dtype, out = p v. The chunk keeps s and p within ~0.5 GB.
 Status CudaBackend::spatial_attention_gemm(const Tensor& q, const Tensor& k, const Tensor& v,
                                            Tensor& y) {
@@ -1453,10 +1457,10 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
                   ": this build has no cudnn-frontend, so convolution epilogues run as a pass");
     options.conv_fusion = false;
   }
-  options.conv_pad_in_graph = env_is("LATENT_CUDNN_PAD", "graph");
+  options.conv_pad_in_graph = !env_is("LATENT_CUDNN_PAD", "copy");
   if (const char* v = std::getenv("LATENT_CUDNN_PAD");
       v && *v && !env_is("LATENT_CUDNN_PAD", "copy") && !env_is("LATENT_CUDNN_PAD", "graph"))
-    LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using copy");
+    LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using graph");
   options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0
                        : env_is("LATENT_CUDA_CONV", "wgmma") ? 2
                                                              : 1;
