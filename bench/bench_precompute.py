@@ -147,9 +147,7 @@ def gpu_count() -> int:
 
 def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
-    # local-inproc: the local engine with its worker's pipelines in the job's own process
-    job_engine = "local" if engine == "local-inproc" else engine
-    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", job_engine, "--workers", str(gpus),
+    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", engine, "--workers", str(gpus),
            "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress",
            "--pipelines-per-worker", str(pipelines)]
     summary = os.path.join(args.work, "summary.json")
@@ -158,8 +156,6 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
         cmd += ["--gpus-per-worker", "1"]
     else:  # one worker process per GPU, devices dealt in turn
         cmd += ["--device", ",".join(f"cuda:{i}" for i in range(gpus))]
-    if engine == "local-inproc":
-        cmd += ["--in-process"]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
@@ -387,8 +383,7 @@ def main():
     ap.add_argument("--gpus", default="0",
                     help="workers, one a GPU (default: every GPU); a comma-separated list runs the job "
                          "once per count (scaling: 1,2)")
-    ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local, local-inproc (--in-process) or a "
-                         "comma-separated list, run in that order (a name may repeat: alternation)")
+    ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local or ray,local")
     ap.add_argument("--pipelines", default="2",
                     help="the job's --pipelines-per-worker; a comma-separated list runs it once per value")
     ap.add_argument("--dtype", default="bf16")

@@ -10,7 +10,7 @@ queue ! latentsink, gst_latent.pipeline; default 2, so that one clip's start and
 another clip's stream), each pipeline encoding its clips one after another.
 `--engine ray` maps a Ray Data dataset of paths over a pool of such workers (one actor per GPU
 with --gpus-per-worker 1), on a local Ray or on the cluster RAY_ADDRESS names; `--engine local`
-runs the workers as local processes (--in-process: one worker's pipelines in this process). The output for INPUT/rel/clip.mp4 is
+runs the workers as local processes. The output for INPUT/rel/clip.mp4 is
 OUTPUT/rel/clip.mp4.safetensors, byte-identical whichever engine or worker made it. A clip that
 fails is a row in OUTPUT/failures.jsonl and the job goes on; the exit status is 3 when any clip
 failed (2 for a usage or model error).
@@ -227,17 +227,11 @@ def _local_worker_main(options: dict, tasks, results) -> None:
     worker.close()
 
 
-def run_local(todo: list[tuple[str, str]], options: dict, workers: int, in_process: bool = False):
-    """Yields result rows from `workers` worker processes (devices round-robin over the
-    comma-separated --device list), each with its pipelines; with `in_process` (one worker), from
-    pipelines in this process instead.
-
-    A worker process keeps this process's Python (the progress bar, the rows, the failures file)
-    out of the process whose threads start and stop the pipelines, as a Ray actor is: on two of
-    three H100s the job streamed with the GPU busy 88-91 % in-process against 95 % as a Ray
-    actor (bench/NOTES.md, session 15)."""
+def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
+    """Yields result rows; one in-process worker, or `workers` processes (devices round-robin
+    over the comma-separated --device list), each with its pipelines."""
     devices = [d.strip() for d in options["device"].split(",") if d.strip()] or ["auto"]
-    if workers <= 1 and in_process:
+    if workers <= 1:
         from gst_latent.pipeline import gst_started
 
         one = dict(options, device=devices[0])
@@ -383,9 +377,6 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="skip inputs whose output is complete")
     p.add_argument("--clip-timeout", type=float, default=3600.0,
                    help="seconds before a clip counts as failed (0: no limit)")
-    p.add_argument("--in-process", action="store_true",
-                   help="local engine, one worker: run its pipelines in this process instead of a "
-                        "worker process (for a debugger or a profiler)")
     p.add_argument("--ray-cpus", type=int, default=0,
                    help="CPUs of a local Ray started here (default: all); ignored with RAY_ADDRESS")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -402,8 +393,6 @@ def parse_args(argv=None):
     for prop in args.encoder_prop:
         if "=" not in prop or not prop.split("=", 1)[0]:
             p.error(f"--encoder-prop {prop}: expected NAME=VALUE")
-    if args.in_process and (args.engine != "local" or args.workers != 1):
-        p.error("--in-process is for --engine local with --workers 1")
     if args.engine == "local" and args.gpus_per_worker:
         p.error("--gpus-per-worker is for --engine ray; the local engine takes --device cuda:0,cuda:1,...")
     return args
@@ -501,7 +490,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
             gpus = 1.0 if _cluster_has_gpus() else 0.0
         rows = run_ray(todo, options, args.workers, gpus, args.ray_cpus, engine_timing)
     else:
-        rows = run_local(todo, options, args.workers, in_process=args.in_process)
+        rows = run_local(todo, options, args.workers)
     bar = tqdm(total=len(todo), unit="clip", disable=args.no_progress or None, file=sys.stderr,
                desc="latents", dynamic_ncols=True)
     with open(failures_path, "w", encoding="utf-8") as failures:

@@ -309,15 +309,6 @@ def test_local_workers_give_the_same_bytes(clips, local_out, tmp_path):
     assert outputs(out) == outputs(local_out)
 
 
-def test_a_worker_in_this_process_gives_the_same_bytes(clips, local_out, tmp_path):
-    # The local engine's worker is a process of its own; --in-process runs its pipelines in the
-    # job's process (for a debugger or a profiler), with the same files.
-    out = tmp_path / "inproc"
-    r = run_job("--input", str(clips), "--output", str(out), "--in-process")
-    assert r.returncode == 3, r.stderr
-    assert outputs(out) == outputs(local_out)
-
-
 def test_pipelines_per_worker_overlap_clips_and_give_the_same_bytes(clips, local_out, tmp_path):
     # Two pipelines of one worker run two clips at once on one loaded model; one runs them in
     # turn. The files are the same either way (the default is 2). In this process the CPU
@@ -491,8 +482,6 @@ def test_bad_arguments(tmp_path):
     assert r.returncode == 2 and "--workers must be at least 1" in r.stderr
     r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--pipelines-per-worker", "0")
     assert r.returncode == 2 and "--pipelines-per-worker must be at least 1" in r.stderr
-    r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--in-process", "--workers", "2")
-    assert r.returncode == 2 and "--in-process is for --engine local with --workers 1" in r.stderr
 
 
 def test_a_local_worker_on_cuda_n_sees_that_gpu_alone(monkeypatch):
