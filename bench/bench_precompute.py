@@ -147,7 +147,9 @@ def gpu_count() -> int:
 
 def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", engine, "--workers", str(gpus),
+    # local-together: the local engine with its pipelines' first clips not staggered
+    job_engine = "local" if engine == "local-together" else engine
+    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", job_engine, "--workers", str(gpus),
            "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress",
            "--pipelines-per-worker", str(pipelines)]
     summary = os.path.join(args.work, "summary.json")
@@ -161,6 +163,8 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
     for p in args.encoder_prop:
         cmd += ["--encoder-prop", p]
     env = trace_env(args, f"{engine}x{gpus}p{pipelines}")
+    if engine == "local-together":
+        env = dict(env or os.environ, LATENT_PRECOMPUTE_STAGGER="0")
     with GpuSampler(list(range(gpus))) as gpu:
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
@@ -383,7 +387,9 @@ def main():
     ap.add_argument("--gpus", default="0",
                     help="workers, one a GPU (default: every GPU); a comma-separated list runs the job "
                          "once per count (scaling: 1,2)")
-    ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local or ray,local")
+    ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local, local-together (the local engine with "
+                         "LATENT_PRECOMPUTE_STAGGER=0) or a "
+                         "comma-separated list, run in that order (a name may repeat: alternation)")
     ap.add_argument("--pipelines", default="2",
                     help="the job's --pipelines-per-worker; a comma-separated list runs it once per value")
     ap.add_argument("--dtype", default="bf16")

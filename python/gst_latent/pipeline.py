@@ -194,12 +194,14 @@ class ClipEncoder:
         # (one-shot probes on its pads, added for each clip).
         self._first = {}
 
-    def _probe_first(self, pad_name: str):
+    def _probe_first(self, pad_name: str, event=None):
         Gst = gst()
         self._first.pop(pad_name, None)
 
         def once(pad, info):
             self._first.setdefault(pad_name, time.monotonic())
+            if event is not None:
+                event.set()
             return Gst.PadProbeReturn.REMOVE
 
         self._encode.get_static_pad(pad_name).add_probe(Gst.PadProbeType.BUFFER, once)
@@ -268,8 +270,10 @@ class ClipEncoder:
                 peer.unlink(sink)
         self._video_linked = False
 
-    def encode(self, clip: str, output: str, source: str) -> ClipResult:
+    def encode(self, clip: str, output: str, source: str, first_latent=None) -> ClipResult:
         """Encodes `clip` into `output` (its folder must exist); `source` is recorded in the file.
+        `first_latent` (a threading.Event) is set when the first latent leaves vaeencode, or when
+        the clip ends without one.
 
         Never raises for a bad clip: the error is in the result.
         """
@@ -286,7 +290,7 @@ class ClipEncoder:
         self._unlink_last_clip()
         self._first.pop("pad", None)
         self._probe_first("sink")
-        self._probe_first("src")
+        self._probe_first("src", first_latent)
         t_end = None
         try:
             if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
@@ -304,6 +308,8 @@ class ClipEncoder:
                 res.frames_memory = "CUDAMemory" if features and features.contains("memory:CUDAMemory") \
                     else "SystemMemory"
         finally:
+            if first_latent is not None:
+                first_latent.set()  # no latent came: whoever waits for one need not wait more
             self._pipeline.set_state(Gst.State.NULL)
             self._pipeline.get_bus().set_flushing(True)  # drop what is left of this clip
             self._pipeline.get_bus().set_flushing(False)

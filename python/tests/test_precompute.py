@@ -330,6 +330,11 @@ def test_pipelines_per_worker_overlap_clips_and_give_the_same_bytes(clips, local
         spans = sorted((r["started"], r["started"] + r["seconds"]) for r in rows)
         overlapped = any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
         assert overlapped == overlap, (count, spans)
+        if count > 1:  # the second pipeline's first clip starts after twice the first one's lead
+            first, second = sorted(rows, key=lambda r: r["started"])[:2]
+            assert first["first_latent_s"] > 0, first
+            assert second["started"] >= first["started"] + 2 * first["first_latent_s"] - 0.005, \
+                (first, second)
         made.append({rel: (out / (rel + ".safetensors")).read_bytes() for rel, _ in todo})
     assert made[0] == made[1]
     r = run_job("--input", str(clips), "--output", str(tmp_path / "p3"), "--pipelines-per-worker", "3")
