@@ -23,7 +23,8 @@
 #                 PRE_GPUS=1|1,2 for scaling; PRE_ARGS: more bench_precompute.py flags, e.g. --trace
 #                 --skip-torch) vs the encoder alone and a PyTorch loop  ~3 min
 #   raystart      bench_ray_start.py: ray.init of a local cluster as the job calls it and with one
-#                 setting changed (CPUs, node address, object store), each in a fresh process  ~1-2 min
+#                 setting changed (CPUs, node address, object store, metrics), each in a fresh process,
+#                 with each run's session logs read into a timeline (RS_REPS, default 2)  ~1-2 min
 #   startup       gst-launch of 2 frames through the default model, 96x64 and 1080p, LATENT_CUDNN_FUSION
 #                 on/precompiled/off, timed, with the fused graphs' build time  ~1 min
 #   multigpu      (several GPUs; after pygi) test_gst_cuda's GstCudaDevices tests, then bench_multigpu.py: the default model's
@@ -235,8 +236,8 @@ if has raystart; then  # where a local Ray cluster's start goes (Ray unpacked to
   begin raystart; pyenv
   PYTHONPATH=$PYTHONPATH:/tmp/ray-site timeout ${RS_TIMEOUT:-240} python3 bench/bench_ray_start.py \
     --reps ${RS_REPS:-2} --out $OUT/bench-ray-start.json > $OUT/raystart.log 2>&1
-  rc=$?; grep -v '^{' $OUT/raystart.log | tail -6
-  end raystart $rc "$(grep -v '^{' $OUT/raystart.log | tail -5)"
+  rc=$?; grep -v '^{' $OUT/raystart.log | tail -12 | cut -c1-600
+  end raystart $rc "$(grep -v '^{' $OUT/raystart.log | grep -v timeline | tail -6)"
 fi
 
 if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
