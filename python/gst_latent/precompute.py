@@ -97,15 +97,16 @@ class Worker:
     overlap another clip's stream, instead of leaving the GPU idle between clips.
 
     The pipelines' first clips start staggered: each waits for the previous pipeline's first
-    latent and then as long again as that clip took to reach it (at most STAGGER_MAX_S). Started
-    together, pipelines sharing one GPU stream at the same rate, so clips of one length end
-    together and start together again: every pipeline between clips at once and the GPU idle,
-    round after round (on an H100, 4 pipelines on 81-frame 720p clips: some clip streaming only
-    92-95 % of the time). Offsets once made persist, since the pipelines then share the GPU
-    evenly (bench/NOTES.md, session 15); one pipeline alone keeps the GPU busy, so the later
-    starts cost nothing but their wait."""
+    latent (at most STAGGER_WAIT_S) and then as long again as that clip took to reach it (at most
+    STAGGER_MAX_S). Started together, pipelines sharing one GPU stream at the same rate, so clips
+    of one length end together and start together again: every pipeline between clips at once
+    and the GPU idle, round after round (on an H100, 4 pipelines on 81-frame 720p clips: some
+    clip streaming only 92-95 % of the time). Offsets once made persist, since the pipelines then
+    share the GPU evenly (bench/NOTES.md, session 15); one pipeline alone keeps the GPU busy, so
+    the later starts cost nothing but their wait."""
 
     STAGGER_MAX_S = 2.0
+    STAGGER_WAIT_S = 10.0
 
     def __init__(self, options: dict):
         from gst_latent.pipeline import ClipEncoder
@@ -145,9 +146,11 @@ class Worker:
         if n >= len(self._first_latents):
             return None
         if n > 0:
-            self._first_latents[n - 1].wait()  # set at the latest when that clip ends
-            lead = time.monotonic() - self._first_starts[n - 1]
-            time.sleep(min(max(lead, 0.0), self.STAGGER_MAX_S))
+            # Set at the latest when that clip ends; a clip that takes longer (a first plan, a
+            # stalled source) holds back the next pipeline's start at most STAGGER_WAIT_S.
+            if self._first_latents[n - 1].wait(self.STAGGER_WAIT_S):
+                lead = time.monotonic() - self._first_starts[n - 1]
+                time.sleep(min(max(lead, 0.0), self.STAGGER_MAX_S))
         self._first_starts[n] = time.monotonic()
         return self._first_latents[n]
 

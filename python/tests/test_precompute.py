@@ -309,6 +309,36 @@ def test_local_workers_give_the_same_bytes(clips, local_out, tmp_path):
     assert outputs(out) == outputs(local_out)
 
 
+def test_a_stalled_first_clip_holds_back_the_next_pipeline_only_a_while(monkeypatch):
+    # The stagger waits for the previous pipeline's first latent, but a first clip that never
+    # delivers one (a stalled source) delays the next pipeline by STAGGER_WAIT_S only.
+    import threading
+    import time
+
+    from gst_latent.precompute import Worker
+
+    w = Worker.__new__(Worker)  # the stagger's state alone, no pipelines
+    w._first_latents = [threading.Event(), threading.Event(), threading.Event()]
+    w._first_starts = [0.0] * 3
+    w._calls = 0
+    w._calls_lock = threading.Lock()
+    monkeypatch.setattr(Worker, "STAGGER_WAIT_S", 0.3)
+    monkeypatch.setattr(Worker, "STAGGER_MAX_S", 0.2)
+    first = w._stagger()  # returns at once: nobody before it
+    assert first is w._first_latents[0]
+    t0 = time.monotonic()
+    second = w._stagger()  # the first clip never delivers: waits STAGGER_WAIT_S, no more
+    assert second is w._first_latents[1]
+    assert 0.25 <= time.monotonic() - t0 < 0.5
+    # A first latent that came: the next waits as long again as that clip took (capped).
+    w._first_starts[1] = time.monotonic() - 0.1
+    second.set()
+    t0 = time.monotonic()
+    assert w._stagger() is w._first_latents[2]
+    assert 0.08 <= time.monotonic() - t0 < 0.25
+    assert w._stagger() is None  # the pipelines' later clips start when a pipeline is free
+
+
 def test_pipelines_per_worker_overlap_clips_and_give_the_same_bytes(clips, local_out, tmp_path):
     # Two pipelines of one worker run two clips at once on one loaded model; one runs them in
     # turn. The files are the same either way (the default is 2). In this process the CPU
