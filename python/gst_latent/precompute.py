@@ -109,6 +109,9 @@ class Worker:
     STAGGER_WAIT_S = 10.0
 
     def __init__(self, options: dict):
+        # When this worker began and finished loading (time.time()): the rows carry it, so the
+        # job can say where its start went (the engine's start, the load, the first dispatch).
+        self.init_span = (time.time(), 0.0)
         from gst_latent.pipeline import ClipEncoder
 
         self.options = options
@@ -135,6 +138,7 @@ class Worker:
         self._calls_lock = threading.Lock()
         # LATENT_PRECOMPUTE_STAGGER=0 starts them together (bench_precompute.py's A/B)
         self._staggered = os.environ.get("LATENT_PRECOMPUTE_STAGGER", "1") != "0"
+        self.init_span = (self.init_span[0], time.time())
 
     def _stagger(self) -> threading.Event | None:
         """For one of the worker's first clips (one per pipeline): waits for the previous first
@@ -166,7 +170,8 @@ class Worker:
         first_latent = self._stagger() if len(self.encoders) > 1 and self._staggered else None
         enc = self._free.get()
         try:
-            return asdict(enc.encode(clip, out, rel, first_latent))
+            return dict(asdict(enc.encode(clip, out, rel, first_latent)),
+                        worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
         finally:
             if first_latent is not None:
                 first_latent.set()  # however encode() ended, the next pipeline need not wait more
@@ -521,6 +526,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     phases = {"seconds": 0.0, "pad_added_s": 0.0, "first_frame_s": 0.0, "first_latent_s": 0.0,
               "stream_s": 0.0, "teardown_s": 0.0}
     span = [float("inf"), 0.0]  # the first written clip's start, the last one's end (time.time())
+    workers_up = {}  # each worker's (start, end) of its load, from its rows (time.time())
     streaming = []  # (start, end) of each written clip's stream: first latent to EOS (time.time())
     t0, t0_wall = time.monotonic(), time.time()
     engine_timing = {}  # Ray's own start and shutdown (run_ray)
@@ -536,6 +542,8 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     with open(failures_path, "w", encoding="utf-8") as failures:
         try:
             for row in rows:
+                if row.get("worker_init_end"):
+                    workers_up[float(row["worker_init_start"])] = float(row["worker_init_end"])
                 if row.get("error"):
                     failed += 1
                     failures.write(json.dumps({"path": row["path"], "error": row["error"],
@@ -569,6 +577,13 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     fixed = ({"before_first_clip_s": round(span[0] - t0_wall, 3),
               "after_last_clip_s": round(t0_wall + elapsed - span[1], 3), **engine_timing}
              if done else dict(engine_timing))
+    if done and workers_up:
+        # Of the time before the first clip: when the first worker began loading (the engine's
+        # start: processes, Ray, its actors), the longest load, and from the first loaded worker
+        # to the first clip's start (the dispatch of the first clip).
+        fixed.update({"worker_start_s": round(min(workers_up) - t0_wall, 3),
+                      "worker_load_s": round(max(e - b for b, e in workers_up.items()), 3),
+                      "first_dispatch_s": round(span[0] - min(workers_up.values()), 3)})
     while_running = frames / max(span[1] - span[0], 1e-9) / args.workers if done else 0.0
     print(f"latent-precompute: {done} written, {failed} failed, {skipped} skipped (complete); "
           f"{frames} frames in {elapsed:.1f} s ({frames / max(elapsed, 1e-9):.1f} frames/s)"
@@ -596,6 +611,9 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
                  if stream_share is not None else ""), file=sys.stderr)
         print(f"latent-precompute: the first clip started {fixed['before_first_clip_s']:.1f} s into the "
               f"job, the last ended {fixed['after_last_clip_s']:.1f} s before its end"
+              + (f" (a worker began loading {fixed['worker_start_s']:.1f} s in, loaded in "
+                 f"{fixed['worker_load_s']:.1f} s, the first clip {fixed['first_dispatch_s']:.1f} s after)"
+                 if "worker_start_s" in fixed else "")
               + (f" (Ray: {fixed['ray_init_s']:.1f} s to start, {fixed.get('ray_shutdown_s', 0.0):.1f} s "
                  "to shut down)" if "ray_init_s" in fixed else ""), file=sys.stderr)
     summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,

@@ -151,8 +151,13 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
     assert "some clip streaming" in r.stderr, r.stderr
     # The job's fixed cost beside its clips: before the first clip's start, after the last one's end.
     fixed = summary["fixed_s"]
-    assert set(fixed) == {"before_first_clip_s", "after_last_clip_s"}, fixed
+    assert set(fixed) == {"before_first_clip_s", "after_last_clip_s", "worker_start_s", "worker_load_s",
+                          "first_dispatch_s"}, fixed
     assert fixed["before_first_clip_s"] > 0 and fixed["after_last_clip_s"] >= 0, fixed
+    # ... of which: the worker's start, its load, the first clip's dispatch, in that order
+    assert 0 <= fixed["worker_start_s"] and 0 < fixed["worker_load_s"] and 0 <= fixed["first_dispatch_s"], fixed
+    assert fixed["worker_start_s"] + fixed["worker_load_s"] + fixed["first_dispatch_s"] \
+        <= fixed["before_first_clip_s"] + 0.01, fixed
     assert fixed["before_first_clip_s"] + (end - start) + fixed["after_last_clip_s"] <= summary["seconds"] + 0.05
     assert "the first clip started " in r.stderr, r.stderr
 
@@ -386,6 +391,7 @@ def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
     fixed = json.loads((tmp_path / "summary.json").read_text())["fixed_s"]
     assert fixed["ray_init_s"] > 0 and fixed["ray_shutdown_s"] >= 0, fixed
     assert fixed["before_first_clip_s"] >= fixed["ray_init_s"], fixed
+    assert fixed["worker_start_s"] >= fixed["ray_init_s"] and fixed["worker_load_s"] > 0, fixed
     assert "(Ray: " in r.stderr and " s to start" in r.stderr, r.stderr
 
 
