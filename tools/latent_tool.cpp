@@ -464,6 +464,7 @@ int cmd_run(const Args& a) {
     auto t0 = std::chrono::steady_clock::now();
     latent::PlanOptions po;
     po.graph = true;
+    po.adopt_input = true;  // x (uploaded once) is the graph's input: no second input buffer
     auto built = latent::PlannedPart::build(m, enc ? latent::VaePart::kEncode : latent::VaePart::kDecode, *x, po);
     if (!built.ok()) return fail(built.status());
     plan = std::move(built).value();

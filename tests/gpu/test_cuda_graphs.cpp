@@ -256,6 +256,59 @@ TEST(CudaGraphsMemory, TheWarmUpsPoolMemoryIsNotKeptUnderTheGraph) {
   EXPECT_LE(b.memory_use().held, held_one + (int64_t{1} << 20));
 }
 
+// PlanOptions::adopt_input: the example is the graph's input buffer. An input written into it
+// (on the stream, after the previous run was queued) runs with no copy and gives what the plain
+// forward gives; the plan keeps no input-sized buffer of its own, so it holds one input less than
+// a plan with a copy of the example.
+TEST(CudaGraphsMemory, AnAdoptedInputIsReadInPlace) {
+  const std::string dir = test::fixtures_dir() + "/tiny_taesd";
+  auto backend = get_backend(BackendOptions{"cuda", "bf16"});
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  Backend& b = **backend;
+  auto model = load_vae(dir, *backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  VaeModel& m = **model;
+  const Shape shape = {1, 3, 512, 768};
+  auto example = b.upload(test::random_tensor(shape, 11));
+  ASSERT_TRUE(example.ok());
+  PlanOptions options;
+  options.require_graph = true;
+  ASSERT_TRUE(b.synchronize().ok());
+  const int64_t before_copying = b.memory_use().in_use;
+  auto copying = PlannedPart::build(m, VaePart::kEncode, *example, options);
+  ASSERT_TRUE(copying.ok()) << copying.status().message();
+  ASSERT_TRUE(b.synchronize().ok());
+  const int64_t kept_copying = b.memory_use().in_use - before_copying;
+  copying->reset();
+  ASSERT_TRUE(b.synchronize().ok());
+  options.adopt_input = true;
+  const int64_t before_adopting = b.memory_use().in_use;
+  auto plan = PlannedPart::build(m, VaePart::kEncode, *example, options);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_TRUE((*plan)->uses_graph());
+  ASSERT_TRUE(b.synchronize().ok());
+  const int64_t kept_adopting = b.memory_use().in_use - before_adopting;
+  EXPECT_EQ((*plan)->input().data(), example->data()) << "the example is the input buffer";
+  const int64_t input_bytes =
+      shape_numel(shape) * static_cast<int64_t>(dtype_size(b.compute_dtype()));
+  EXPECT_LE(kept_adopting, kept_copying - input_bytes + (int64_t{1} << 20))
+      << "adopting kept " << kept_adopting << " bytes, copying " << kept_copying;
+  for (int run = 0; run < 3; ++run) {
+    auto x = b.upload(test::random_tensor(shape, 20 + run));
+    ASSERT_TRUE(x.ok());
+    auto plain = m.encode(*x);
+    ASSERT_TRUE(plain.ok()) << plain.status().message();
+    auto want = b.download(*plain);
+    ASSERT_TRUE(want.ok());
+    ASSERT_TRUE(b.copy_into(*x, (*plan)->input()).ok());  // the caller fills the input buffer
+    auto y = (*plan)->run((*plan)->input());
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    auto got = b.download(*y);
+    ASSERT_TRUE(got.ok());
+    EXPECT_LT(relative_l2(*got, *want), 1e-5) << "run " << run;
+  }
+}
+
 std::vector<Param> params() {
   const std::vector<Case> cases = {
       {"kl_tiny", ""},

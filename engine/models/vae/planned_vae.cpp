@@ -43,10 +43,15 @@ Result<std::unique_ptr<PlannedPart>> PlannedPart::build(VaeModel& model, VaePart
     LATENT_DEBUG(what, ": plain forward (", b.supports_capture() ? "graphs off" : "no graphs", ")");
     return p;
   }
-  // The graph's input buffer: a copy of the example (same shape, dtype and layout).
-  Result<Tensor> in = b.affine(example, 1.f, 0.f);
-  if (!in.ok()) return in.status().with_context(what);
-  p->input_ = std::move(in).value();
+  // The graph's input buffer: the example itself (adopt_input), else a copy of it (same shape,
+  // dtype and layout).
+  if (options.adopt_input) {
+    p->input_ = example;
+  } else {
+    Result<Tensor> in = b.affine(example, 1.f, 0.f);
+    if (!in.ok()) return in.status().with_context(what);
+    p->input_ = std::move(in).value();
+  }
 
   // One more plain run with its buffers' sizes and lifetimes recorded: the capture lays them out
   // by lifetime in one arena (the graph allocator's own layout held ~30 % more than a plain
@@ -127,7 +132,7 @@ Result<Tensor> PlannedPart::run(const Tensor& x) {
   if (x.dtype() != input_.dtype() || x.layout() != input_.layout() || x.device() != input_.device())
     return Status::errorf(vae_part_name(part_), " plan for ", input_.describe(), " got ",
                           x.describe());
-  LATENT_TRY(b.copy_into(x, input_));
+  if (x.data() != input_.data()) LATENT_TRY(b.copy_into(x, input_));
   LATENT_TRY(b.replay(*graph_));
   return output_;
 }
