@@ -1259,6 +1259,16 @@ latent::Result<latent::Tensor> gst_latent_base_run_part(GstLatentBase* self, Gst
   return part == latent::VaePart::kEncode ? model.vae->encode(x) : model.vae->decode(x);
 }
 
+latent::Tensor gst_latent_base_plan_input(GstLatentBase* self, latent::VaePart part,
+                                          const latent::Shape& shape) {
+  auto* impl = impl_of(self);
+  std::lock_guard<std::mutex> lock(impl->state_lock);
+  const std::shared_ptr<latent::PlannedPart>& plan = impl->state.plan;
+  if (!plan || plan->part() != part || !plan->uses_graph() || plan->input().shape() != shape)
+    return latent::Tensor();
+  return plan->input();
+}
+
 bool gst_latent_base_plan_uses_graph(GstLatentBase* self) {
   auto* impl = impl_of(self);
   std::lock_guard<std::mutex> lock(impl->state_lock);

@@ -293,6 +293,12 @@ latent::Result<latent::Tensor> gst_latent_base_run_part(GstLatentBase* self, Gst
                                                         const latent::Tensor& x);
 // Whether the stage's plan replays a graph (for tests and logs).
 bool gst_latent_base_plan_uses_graph(GstLatentBase* self);
+// The input buffer of the stage's plan for `part` when it replays a graph and its input is
+// shaped `shape` (else undefined): a frame converted into it (on the backend's stream, after the
+// previous run was queued; the caller holds model.run_lock) is run in place, with no copy and no
+// frame-sized tensor beside it.
+latent::Tensor gst_latent_base_plan_input(GstLatentBase* self, latent::VaePart part,
+                                          const latent::Shape& shape);
 
 // ---- GPU-resident buffers (elements/gstlatentcuda.h) ------------------------------------------
 // The stage's CUDA context state: active after start() on a CUDA device. Lives as long as the

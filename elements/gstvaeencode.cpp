@@ -471,10 +471,12 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
 // `stager` (video mode on a GPU): the frame is staged (copied out, without the run lock) and
 // converted from its slot instead, so the caller may hand the buffer back at once without
 // waiting for the shared stream.
+// `into` (image mode with a plan): the plan's input buffer, which the frame is converted into.
 static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negotiated& n,
                                                  GstBuffer* inbuf, GstLatentModel& model,
                                                  bool wait_for_read = false,
-                                                 latent::FrameStager* stager = nullptr) {
+                                                 latent::FrameStager* stager = nullptr,
+                                                 const latent::Tensor* into = nullptr) {
   GstVideoFrame frame;
   GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(self));
   const bool on_device = n.cuda_in && cuda->map_frame(&frame, &n.in_info, inbuf, GST_MAP_READ);
@@ -508,7 +510,7 @@ static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negot
   latent::Status waited;
   {
     std::lock_guard<std::mutex> lock(*model.run_lock);
-    t = latent::frame_to_tensor(*model.backend, desc, n.geometry);
+    t = latent::frame_to_tensor(*model.backend, desc, n.geometry, into);
     if (t.ok() && on_device && wait_for_read) {
       auto fence = model.backend->fence();
       if (fence.ok())
@@ -596,12 +598,25 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
 
   latent::Result<latent::Tensor> sample = latent::Status::error("unset");
   Prefetch& pf = self->impl->prefetch;
+  // With a plan, the frame is converted straight into the plan's input buffer: it then runs
+  // with no copy and no frame-sized tensor beside the plan's (one input less at the peak).
+  latent::Tensor plan_in =
+      gst_latent_base_plan_input(GST_LATENT_BASE(self), latent::VaePart::kEncode,
+                                 {1, 3, n.geometry.model_height(), n.geometry.model_width()});
+  const latent::Tensor* into =
+      plan_in.defined() && plan_in.dtype() == model->backend->compute_dtype() ? &plan_in : nullptr;
   if (pf.has_current) {
     std::lock_guard<std::mutex> lock(*model->run_lock);
     pf.current_converted = true;
-    sample = pf.stager->convert(pf.current.ticket, n.geometry);
+    sample = pf.stager->convert(pf.current.ticket, n.geometry, into);
   } else {
-    sample = read_frame(self, n, inbuf, *model);
+    sample = read_frame(self, n, inbuf, *model, false, nullptr, into);
+  }
+  {
+    // Our handle on the plan's buffer goes under the lock, like every device tensor (a plan
+    // dropped meanwhile would otherwise be freed here, off the shared stream's order).
+    std::lock_guard<std::mutex> lock(*model->run_lock);
+    plan_in = latent::Tensor();
   }
   if (!sample.ok()) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("vaeencode: %s", sample.status().message().c_str()),

@@ -42,8 +42,9 @@ bool Backend::supports(OpKind op, DType dtype, const Shape& shape) const {
   return true;
 }
 
-Result<Tensor> Backend::frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g) {
-  (void)g;
+Result<Tensor> Backend::frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g,
+                                        const Tensor* into) {
+  (void)g, (void)into;
   return Status::errorf("backend ", name(), " cannot read ", frame_format_name(frame.format),
                         " frames");
 }

@@ -277,7 +277,10 @@ class Backend {
 
   // frame (on the host or on this backend's device) -> image tensor [1, 3, g.model_height(),
   // g.model_width()] in the compute dtype and this backend's layout, values in [-1, 1].
-  virtual Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g);
+  // `into` (checked by the wrapper to be such a tensor of this backend): the backend may write
+  // the image there (a plan's input buffer) and return it; one that cannot returns a new tensor.
+  virtual Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g,
+                                         const Tensor* into = nullptr);
   // image tensor [1, 3, g.model_height(), g.model_width()] -> packed `frame` (on the host or
   // on this backend's device), undoing g.policy; the frame holds the result on return.
   virtual Status tensor_to_frame(const Tensor& image, const FrameGeometry& g,

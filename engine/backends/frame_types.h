@@ -73,8 +73,11 @@ class FrameStager {
   virtual ~FrameStager() = default;
   // The frame may be freed or reused once this returns. Returns the frame's ticket.
   virtual Result<uint64_t> stage(const FrameDesc& frame) = 0;
-  // The staged frame `ticket` -> backend tensor, as frame_to_tensor() would make it.
-  virtual Result<Tensor> convert(uint64_t ticket, const FrameGeometry& g) = 0;
+  // The staged frame `ticket` -> backend tensor, as frame_to_tensor() would make it (written
+  // into `into` where given: an image tensor of the backend as frame_to_tensor() makes, e.g. a
+  // plan's input buffer; anything else is refused).
+  virtual Result<Tensor> convert(uint64_t ticket, const FrameGeometry& g,
+                                 const Tensor* into = nullptr) = 0;
   virtual int depth() const = 0;
 };
 // Downloads decoded frames while later ones compute (the way back of FrameStager): queue()

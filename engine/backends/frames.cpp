@@ -110,12 +110,26 @@ Status yuv_to_rgb_host(const FrameDesc& f, uint8_t* rgb, size_t rgb_stride) {
 // The checked entry points: what every backend may assume is checked here once, then the
 // backend's own operation runs (Backend::frame_to_tensor() and friends).
 
-Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g) {
+Status check_image_target(const Backend& backend, const Tensor& t, const FrameGeometry& g) {
+  const Shape want = {1, 3, g.model_height(), g.model_width()};
+  if (!t.defined()) return Status::error("no tensor to write the image into");
+  if (t.shape() != want || t.dtype() != backend.compute_dtype() || t.device() != backend.device())
+    return Status::errorf("cannot write a ", shape_str(want), " ",
+                          dtype_name(backend.compute_dtype()), " image of backend ", backend.name(),
+                          " into ", t.describe());
+  if (t.byte_offset() + t.nbytes() > t.storage()->bytes())
+    return Status::errorf("image target ", t.describe(), " is larger than its storage");
+  return ok_status();
+}
+
+Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g,
+                               const Tensor* into) {
   LATENT_TRY(check_frame_desc(frame, g));
   if (!frame.device.is_cpu() && frame.device != backend.device())
     return Status::errorf(frame_format_name(frame.format), " frame on ", frame.device.to_string(),
                           " cannot be read by backend ", backend.name());
-  return backend.frame_to_tensor(frame, g);
+  if (into) LATENT_TRY(check_image_target(backend, *into, g));
+  return backend.frame_to_tensor(frame, g, into);
 }
 
 Status tensor_to_frame(Backend& backend, const Tensor& image, const FrameGeometry& g,

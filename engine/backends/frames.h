@@ -32,8 +32,15 @@ Status check_frame_desc(const FrameDesc& frame, const FrameGeometry& g);
 
 // frame -> backend tensor [1, 3, g.model_height(), g.model_width()] (compute dtype; NHWC on
 // CUDA). The frame must be on the host or on the backend's device; a host frame may be freed
-// or reused once this returns.
-Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g);
+// or reused once this returns. `into`: a tensor of the backend shaped, typed and laid out as
+// that image (a plan's input buffer, PlannedPart::input()), which the backend writes and
+// returns where it can (CUDA), so nothing is copied again; anything else is refused.
+Result<Tensor> frame_to_tensor(Backend& backend, const FrameDesc& frame, const FrameGeometry& g,
+                               const Tensor* into = nullptr);
+
+// Whether `t` can hold an image of `backend` as frame_to_tensor() makes it for `g`: the shape,
+// the compute dtype and the device, contiguous in its storage (the backend checks the layout).
+Status check_image_target(const Backend& backend, const Tensor& t, const FrameGeometry& g);
 
 // backend tensor [1, 3, g.model_height(), g.model_width()] -> packed frame (`frame` must be a
 // packed format, on the host or on the backend's device), undoing g.policy. The frame holds the

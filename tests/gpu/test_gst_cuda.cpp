@@ -225,6 +225,44 @@ TEST(CudaFrames, StagedFramesMatchDirectConversion) {
   EXPECT_FALSE(stager->stage(frames[1].desc).ok());
 }
 
+// A frame converted into a given image tensor (a plan's input buffer): written there, in place,
+// with the bytes of a fresh conversion, directly and through the stager; a tensor of another
+// shape, dtype or layout is refused, naming it.
+TEST(CudaFrames, FramesConvertIntoAGivenImageTensor) {
+  auto cuda = backend("cuda");
+  ASSERT_TRUE(cuda);
+  const FrameGeometry g = plan(80, 56, SizePolicy::kPad);
+  const std::vector<HostFrame> frames = host_frames(2, FrameFormat::kNV12, 80, 56, 300);
+  auto fresh = frame_to_tensor(*cuda, frames[0].desc, g);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().message();
+  auto target = zero_image_tensor(*cuda, g);
+  ASSERT_TRUE(target.ok());
+  auto into = frame_to_tensor(*cuda, frames[0].desc, g, &*target);
+  ASSERT_TRUE(into.ok()) << into.status().message();
+  EXPECT_EQ(into->data(), target->data()) << "written into the given tensor";
+  auto a = cuda->download(*fresh), b = cuda->download(*target);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->to_floats(), b->to_floats());
+  std::unique_ptr<FrameStager> stager = made(create_frame_stager(*cuda, 2));
+  ASSERT_TRUE(stager);
+  auto ticket = stager->stage(frames[1].desc);
+  ASSERT_TRUE(ticket.ok());
+  auto staged = stager->convert(*ticket, g, &*target);
+  ASSERT_TRUE(staged.ok()) << staged.status().message();
+  EXPECT_EQ(staged->data(), target->data());
+  auto want = frame_to_tensor(*cuda, frames[1].desc, g);
+  ASSERT_TRUE(want.ok());
+  a = cuda->download(*want), b = cuda->download(*target);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->to_floats(), b->to_floats());
+  auto wrong = cuda->zeros({1, 3, 56, 64});
+  ASSERT_TRUE(wrong.ok());
+  auto refused = frame_to_tensor(*cuda, frames[0].desc, g, &*wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("into"), std::string::npos)
+      << refused.status().message();
+}
+
 #ifdef LATENT_HAVE_CUDA
 // Frames in device memory (pitched NV12 planes, as a decoder's pool holds them) are copied out
 // by stage(): their buffers may be overwritten as soon as it returns, and the conversion still

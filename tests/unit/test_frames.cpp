@@ -212,6 +212,13 @@ TEST(Frames, BadDescriptionsAreRefused) {
   on_gpu.device = Device{DeviceKind::kCUDA, 0};
   EXPECT_FALSE(frame_to_tensor(*b, on_gpu, g).ok());
 
+  // A tensor to write the image into must be shaped and typed as the image: else refused, named.
+  Tensor misfit = Tensor::zeros({1, 3, 8, 16}, b->compute_dtype());
+  r = frame_to_tensor(*b, d, g, &misfit);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("into"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("[1, 3, 8, 16]"), std::string::npos) << r.status().message();
+
   auto t = frame_to_tensor(*b, d, g);
   ASSERT_TRUE(t.ok());
   Yuv yuv(16, 16, 1);

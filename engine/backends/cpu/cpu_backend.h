@@ -30,7 +30,9 @@ class CpuBackend final : public Backend {
   bool supports(OpKind op, DType dtype) const override;
 
   // Frames (cpu/frames.cpp): converted on the host by engine/core/pixels.
-  Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g) override;
+  // `into` is not written: the CPU's images are fresh host tensors (plans there run no graph).
+  Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g,
+                                 const Tensor* into = nullptr) override;
   Status tensor_to_frame(const Tensor& image, const FrameGeometry& g,
                          const FrameDesc& frame) override;
 

@@ -10,7 +10,9 @@
 
 namespace latent {
 
-Result<Tensor> CpuBackend::frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g) {
+Result<Tensor> CpuBackend::frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g,
+                                           const Tensor* into) {
+  (void)into;
   if (!frame.device.is_cpu())
     return Status::errorf("backend ", name(), " cannot read frames in device memory");
   Result<Tensor> host = Status::error("unset");

@@ -160,8 +160,9 @@ class CudaBackend final : public Backend {
   }
 
   // Frame, latent and staging I/O: our kernels on the device (pixels.cpp, latents.cpp).
-  Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g) override {
-    return cuda::frame_to_tensor(io(), frame, g);
+  Result<Tensor> frame_to_tensor(const FrameDesc& frame, const FrameGeometry& g,
+                                 const Tensor* into = nullptr) override {
+    return cuda::frame_to_tensor(io(), frame, g, into);
   }
   Status tensor_to_frame(const Tensor& image, const FrameGeometry& g,
                          const FrameDesc& frame) override {

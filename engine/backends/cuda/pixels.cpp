@@ -8,6 +8,7 @@
 
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/memory.h"
+#include "engine/backends/frames.h"
 
 namespace latent::cuda {
 namespace {
@@ -51,8 +52,26 @@ FrameKernelSource kernel_source(const FrameDesc& f) {
 
 }  // namespace
 
-Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame,
-                               const FrameGeometry& g) {
+namespace {
+
+// The image tensor a conversion writes: `into` where given (an NHWC image tensor as made below,
+// checked: a plan's input buffer), else a new one.
+Result<Tensor> image_target(DeviceContext& ctx, Backend& backend, const FrameGeometry& g,
+                            const Tensor* into) {
+  if (!into)
+    return ctx.empty({1, 3, g.model_height(), g.model_width()}, backend.compute_dtype(),
+                     Layout::kNHWC);
+  LATENT_TRY(check_image_target(backend, *into, g));
+  if (into->layout() != Layout::kNHWC)
+    return Status::errorf("image target ", into->describe(), " is not in the NHWC layout of ",
+                          backend.name());
+  return *into;
+}
+
+}  // namespace
+
+Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame, const FrameGeometry& g,
+                               const Tensor* into) {
   Backend& backend = io.backend;
   const std::shared_ptr<DeviceContext>& ctx = io.ctx;
   DeviceGuard guard;
@@ -80,8 +99,7 @@ Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame,
       src.strides[i] = frame.strides[i];
     }
   }
-  LATENT_ASSIGN_OR_RETURN(Tensor out, ctx->empty({1, 3, g.model_height(), g.model_width()},
-                                                 backend.compute_dtype(), Layout::kNHWC));
+  LATENT_ASSIGN_OR_RETURN(Tensor out, image_target(*ctx, backend, g, into));
   LATENT_TRY(launch_frame_to_nhwc(src, g, out.data(), out.dtype(), l));
   return out;
 }
@@ -298,7 +316,8 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
     return ticket;
   }
 
-  Result<Tensor> convert(uint64_t ticket, const FrameGeometry& g) override {
+  Result<Tensor> convert(uint64_t ticket, const FrameGeometry& g,
+                         const Tensor* into = nullptr) override {
     StagingSlot& s = ring_[ticket];
     if (!s.busy || s.ticket != ticket) return Status::errorf("frame ", ticket, " is not staged");
     s.busy = false;
@@ -310,8 +329,7 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
     DeviceGuard guard;
     LATENT_TRY(guard.set(ctx.device()));
     LATENT_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), s.copied, 0));
-    LATENT_ASSIGN_OR_RETURN(Tensor out, ctx.empty({1, 3, g.model_height(), g.model_width()},
-                                                  backend_.compute_dtype(), Layout::kNHWC));
+    LATENT_ASSIGN_OR_RETURN(Tensor out, image_target(ctx, backend_, g, into));
     LATENT_TRY(launch_frame_to_nhwc(s.src, g, out.data(), out.dtype(), launch_));
     LATENT_CUDA_CHECK(cudaEventRecord(s.computed, ctx.stream()));
     return out;

@@ -48,7 +48,8 @@ struct BackendIo {
 };
 
 // The CUDA implementations behind frames.h (frame on the host or on the backend's device).
-Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame, const FrameGeometry& g);
+Result<Tensor> frame_to_tensor(const BackendIo& io, const FrameDesc& frame, const FrameGeometry& g,
+                               const Tensor* into = nullptr);
 Status tensor_to_frame(const BackendIo& io, const Tensor& image, const FrameGeometry& g,
                        const FrameDesc& frame);
 
