@@ -132,19 +132,35 @@ TEST_P(CudaGraphs, ReplayMatchesPlainForward) {
   EXPECT_EQ(planner.size(), 1u);
 }
 
+// The TAESD-size fixture on a CUDA backend of `dtype` (the plans' frame-loop and memory tests);
+// model null (with the failure reported) when it does not load.
+struct TinyTaesd {
+  std::shared_ptr<Backend> backend;
+  std::unique_ptr<VaeModel> model;
+};
+TinyTaesd tiny_taesd(const char* dtype) {
+  TinyTaesd t;
+  auto backend = get_backend(BackendOptions{"cuda", dtype});
+  EXPECT_TRUE(backend.ok()) << backend.status().message();
+  if (!backend.ok()) return t;
+  auto model = load_vae(test::fixtures_dir() + "/tiny_taesd", *backend);
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  if (!model.ok()) return t;
+  t.backend = *backend;
+  t.model = std::move(model).value();
+  return t;
+}
+
 // The elements' loop with plans: each frame's decoded image is the plan's fixed output buffer,
 // consumed by the download stager's conversion kernel (queued on the same stream) before the
 // next replay overwrites it. Several frames in flight must each come back as their own frame,
 // (to a level) what the plain forward + tensor_to_frame() give, and the zero examples made
 // without a host transfer plan both parts.
 TEST(CudaGraphsInTheFrameLoop, DownloadsOfReplayedOutputsAreEachTheirOwnFrame) {
-  const std::string dir = test::fixtures_dir() + "/tiny_taesd";
-  auto backend = get_backend(BackendOptions{"cuda", "bf16"});
-  ASSERT_TRUE(backend.ok()) << backend.status().message();
-  Backend& b = **backend;
-  auto model = load_vae(dir, *backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  VaeModel& m = **model;
+  const TinyTaesd t = tiny_taesd("bf16");
+  ASSERT_TRUE(t.model);
+  Backend& b = *t.backend;
+  VaeModel& m = *t.model;
   auto g = plan_frame_geometry(72, 40, m.downsample(), SizePolicy::kPad);
   ASSERT_TRUE(g.ok());
   reset_transfer_counts();
@@ -210,13 +226,10 @@ TEST(CudaGraphsInTheFrameLoop, DownloadsOfReplayedOutputsAreEachTheirOwnFrame) {
 // capture used is handed back instead of staying reserved under the graph, the graph's buffers
 // come from one arena laid out by their recorded lifetimes, and replays take nothing more.
 TEST(CudaGraphsMemory, TheWarmUpsPoolMemoryIsNotKeptUnderTheGraph) {
-  const std::string dir = test::fixtures_dir() + "/tiny_taesd";
-  auto backend = get_backend(BackendOptions{"cuda", "fp32"});
-  ASSERT_TRUE(backend.ok()) << backend.status().message();
-  Backend& b = **backend;
-  auto model = load_vae(dir, *backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  VaeModel& m = **model;
+  const TinyTaesd t = tiny_taesd("fp32");
+  ASSERT_TRUE(t.model);
+  Backend& b = *t.backend;
+  VaeModel& m = *t.model;
   // Large enough that the activations (tens of MB each) dwarf the pool's allocation granularity.
   auto x = b.upload(test::random_tensor({1, 3, 1024, 2048}, 3));
   ASSERT_TRUE(x.ok());
@@ -261,13 +274,10 @@ TEST(CudaGraphsMemory, TheWarmUpsPoolMemoryIsNotKeptUnderTheGraph) {
 // forward gives; the plan keeps no input-sized buffer of its own, so it holds one input less than
 // a plan with a copy of the example.
 TEST(CudaGraphsMemory, AnAdoptedInputIsReadInPlace) {
-  const std::string dir = test::fixtures_dir() + "/tiny_taesd";
-  auto backend = get_backend(BackendOptions{"cuda", "bf16"});
-  ASSERT_TRUE(backend.ok()) << backend.status().message();
-  Backend& b = **backend;
-  auto model = load_vae(dir, *backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  VaeModel& m = **model;
+  const TinyTaesd t = tiny_taesd("bf16");
+  ASSERT_TRUE(t.model);
+  Backend& b = *t.backend;
+  VaeModel& m = *t.model;
   const Shape shape = {1, 3, 512, 768};
   auto example = b.upload(test::random_tensor(shape, 11));
   ASSERT_TRUE(example.ok());
