@@ -399,6 +399,10 @@ def main():
                     help="the PyTorch loop over the first N clips only (default: all; its rate is per "
                          "frame, so a long job's comparison need not run the slow loop over all of it)")
     ap.add_argument("--skip-encoder", action="store_true")
+    ap.add_argument("--encoder-bracket", action="store_true",
+                    help="also time the encoder alone once right before and after each job row (a "
+                         "run between two rows serves both) and give each row its ratio to the mean "
+                         "of the two: the machine's rate drifted by up to 8 %% within one call")
     ap.add_argument("--encoder-reps", type=int, default=3,
                     help="time the encoder alone this many times (81 against 405 frames each); the median")
     ap.add_argument("--timeout", type=int, default=3600)
@@ -431,11 +435,27 @@ def main():
         if not args.skip_torch:
             loop_clips = clip_paths[:args.torch_clips] if args.torch_clips > 0 else clip_paths
             jobs.append(("torch", lambda: run_torch(model, loop_clips, args)))
+        def encoder_now():
+            try:
+                return rates(run_encoder_alone(model, argparse.Namespace(**{**vars(args), "encoder_reps": 1,
+                                                                             "trace": False})))["frames_per_s_per_gpu"]
+            except Exception as e:  # a bracket that failed leaves its rows without one
+                print(f"encoder bracket failed: {str(e)[-300:]}", file=sys.stderr)
+                return None
+
+        bracket = None
         for name, fn in jobs:
+            job_row = name not in ("encoder", "torch")
+            if args.encoder_bracket and job_row and bracket is None:
+                bracket = encoder_now()
+            before = bracket
             try:
                 row = rates(fn())
             except Exception as e:  # a row that failed says why; the others still run
                 row = {"error": str(e)[-1500:]}
+            if args.encoder_bracket and job_row:
+                bracket = encoder_now()
+                row["encoder_bracket_fps"] = [before, bracket]
             row.update({"model": model, "run": name})
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
@@ -469,6 +489,15 @@ def main():
                 if r.get("frames_per_s_while_clips_ran"):
                     r["while_clips_ran_vs_encoder"] = round(r["frames_per_s_while_clips_ran"] / enc["frames_per_s_per_gpu"], 3)
                     parts.append(f"{r['while_clips_ran_vs_encoder']:.2f} while clips ran")
+            around = [f for f in r.get("encoder_bracket_fps") or [] if f]
+            if len(around) == 2:
+                mean = sum(around) / 2
+                r["vs_encoder_bracket"] = round(r["frames_per_s_per_gpu"] / mean, 3)
+                parts.append(f"{r['vs_encoder_bracket']:.2f} of the encoder alone around it "
+                             f"({around[0]:.1f} / {around[1]:.1f})")
+                if r.get("frames_per_s_while_clips_ran"):
+                    r["while_clips_ran_vs_encoder_bracket"] = round(r["frames_per_s_while_clips_ran"] / mean, 3)
+                    parts.append(f"{r['while_clips_ran_vs_encoder_bracket']:.2f} while clips ran")
             if torch_row and torch_row.get("frames_per_s_per_gpu"):
                 r["vs_torch"] = round(r["frames_per_s_per_gpu"] / torch_row["frames_per_s_per_gpu"], 2)
                 parts.append(f"{r['vs_torch']:.2f}x the PyTorch loop")
