@@ -166,7 +166,9 @@ class Worker:
         try:
             os.makedirs(os.path.dirname(out), exist_ok=True)
         except OSError as e:
-            return asdict(ClipResult(path=rel, output=out, error=f"cannot make {os.path.dirname(out)}: {e.strerror}"))
+            return dict(asdict(ClipResult(path=rel, output=out,
+                                          error=f"cannot make {os.path.dirname(out)}: {e.strerror}")),
+                        worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
         first_latent = self._stagger() if len(self.encoders) > 1 and self._staggered else None
         enc = self._free.get()
         try:
