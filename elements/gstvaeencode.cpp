@@ -603,8 +603,12 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
   latent::Tensor plan_in =
       gst_latent_base_plan_input(GST_LATENT_BASE(self), latent::VaePart::kEncode,
                                  {1, 3, n.geometry.model_height(), n.geometry.model_width()});
-  const latent::Tensor* into =
-      plan_in.defined() && plan_in.dtype() == model->backend->compute_dtype() ? &plan_in : nullptr;
+  // (Plans with graphs are CUDA's, whose images are NHWC; anything else is not offered.)
+  const latent::Tensor* into = plan_in.defined() &&
+                                       plan_in.dtype() == model->backend->compute_dtype() &&
+                                       plan_in.layout() == latent::Layout::kNHWC
+                                   ? &plan_in
+                                   : nullptr;
   if (pf.has_current) {
     std::lock_guard<std::mutex> lock(*model->run_lock);
     pf.current_converted = true;
