@@ -158,6 +158,11 @@ class Worker:
         self._first_starts[n] = time.monotonic()
         return self._first_latents[n]
 
+    def _row(self, result) -> dict:
+        """A clip's result row, with when this worker began and finished loading (every row of a
+        Ray batch has the same keys)."""
+        return dict(asdict(result), worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
+
     def process(self, rel: str, clip: str) -> dict:
         from gst_latent.pipeline import ClipResult
 
@@ -166,14 +171,12 @@ class Worker:
         try:
             os.makedirs(os.path.dirname(out), exist_ok=True)
         except OSError as e:
-            return dict(asdict(ClipResult(path=rel, output=out,
-                                          error=f"cannot make {os.path.dirname(out)}: {e.strerror}")),
-                        worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
+            return self._row(ClipResult(path=rel, output=out,
+                                        error=f"cannot make {os.path.dirname(out)}: {e.strerror}"))
         first_latent = self._stagger() if len(self.encoders) > 1 and self._staggered else None
         enc = self._free.get()
         try:
-            return dict(asdict(enc.encode(clip, out, rel, first_latent)),
-                        worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
+            return self._row(enc.encode(clip, out, rel, first_latent))
         finally:
             if first_latent is not None:
                 first_latent.set()  # however encode() ended, the next pipeline need not wait more
