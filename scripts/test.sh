@@ -16,6 +16,17 @@ trap 'echo "test.sh: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 bash scripts/install-deps.sh --test
 J=$(nproc)
 log() { printf '\n=== %s ===\n' "$*"; }
+# cmake --build DIR [ARGS...] on every core. A failure is built again once on one core without
+# ccache, after printing the disk and memory left: a compiler killed for memory, or ccache on a
+# full disk, can fail with nothing printed of its own. A real compile error fails again.
+cmake_build() {
+  cmake --build "$@" -j"$J" && return 0
+  echo "test.sh: the build in $1 failed; disk and memory left:" >&2
+  df -h . "${TMPDIR:-/tmp}" >&2 || true
+  free -m >&2 || true
+  echo "test.sh: building $1 again on one core without ccache" >&2
+  CCACHE_DISABLE=1 cmake --build "$@" -j1
+}
 
 # "N passed N failed N skipped" of a ctest log (ctest prints "N% tests passed, F tests failed out
 # of T" and "***Skipped" for each skipped test); nothing when no test ran.
@@ -54,7 +65,7 @@ summary() {
 
 log "main build"
 latent_configure_main ON
-cmake --build build -j"$J"
+cmake_build build
 main_rc=0
 # shellcheck disable=SC2086  # LATENT_CTEST_ARGS is a list of arguments
 run_ctest build ${LATENT_CTEST_ARGS:-} || main_rc=$?
@@ -74,7 +85,7 @@ log "sanitizer build (address,undefined)"
 mapfile -t common < <(latent_cmake_common_args)
 cmake -S . -B build-asan "${common[@]}" -DCMAKE_BUILD_TYPE=Debug -DLATENT_CUDA=OFF \
   -DLATENT_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS=-O1
-cmake --build build-asan -j"$J"
+cmake_build build-asan
 # GStreamer's plugin scanner is not built with ASan: scan in-process, no leak check of glib's
 # intentional one-off allocations.
 asan_rc=0
@@ -98,7 +109,7 @@ log "fuzzers"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DLATENT_CUDA=OFF -DLATENT_BUILD_FUZZERS=ON -DLATENT_BUILD_TESTS=OFF -DLATENT_BUILD_PLUGIN=OFF \
   -DLATENT_SANITIZE=address,undefined
-cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_config
+cmake_build build-fuzz --target fuzz_safetensors fuzz_config
 for f in safetensors config; do
   mkdir -p build-fuzz/corpus-$f
   # libFuzzer reports every new input; keep its log, show the end.
