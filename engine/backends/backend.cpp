@@ -127,6 +127,81 @@ Result<Tensor> Backend::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const
   return linear(x.dequant, w.dequant, bias, act);
 }
 
+namespace {
+
+// The shape of x with its last dim set to n.
+Shape with_last(const Tensor& x, int64_t n) {
+  Shape s = x.shape();
+  s.back() = n;
+  return s;
+}
+
+std::string shape_or_undefined(const Tensor& x) {
+  return x.defined() ? shape_str(x.shape()) : std::string("undefined");
+}
+
+}  // namespace
+
+// y [..., N] followed by `extra` zero columns (the composed *_wide ops' columns left to the
+// caller).
+Result<Tensor> Backend::append_zero_columns(const Tensor& y, int64_t extra) {
+  if (extra == 0) return y;
+  if (extra < 0) return Status::errorf("append_zero_columns: ", extra, " columns");
+  const Shape zs = with_last(y, extra);
+  int64_t n = 1;
+  for (int64_t d : zs) n *= d;
+  LATENT_ASSIGN_OR_RETURN(
+      Tensor zeros, upload(Tensor::from_floats(zs, std::vector<float>(static_cast<size_t>(n)))));
+  return concat({y, zeros}, -1);
+}
+
+Result<Tensor> Backend::layer_norm_modulate_wide(const Tensor& x, const Tensor& shift,
+                                                 const Tensor& scale,
+                                                 const std::vector<int64_t>& group_starts,
+                                                 float eps, int64_t extra) {
+  if (extra < 0)
+    return Status::errorf("layer_norm_modulate_wide: ", extra, " extra columns asked for");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, layer_norm_modulate(x, shift, scale, group_starts, eps));
+  return append_zero_columns(y, extra);
+}
+
+Result<Tensor> Backend::linear_wide(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                    DitActivation act, int64_t extra) {
+  if (!x.defined() || !w.defined() || x.rank() < 1 || w.rank() != 2 || w.dim(1) > x.dim(-1) ||
+      extra < 0)
+    return Status::errorf("linear_wide: weight w ", shape_or_undefined(w),
+                          " must be [N, K] with K at most the columns of x ", shape_or_undefined(x),
+                          ", and extra columns (", extra, ") not negative");
+  Tensor xk = x;
+  if (w.dim(1) < x.dim(-1)) {
+    LATENT_ASSIGN_OR_RETURN(xk, slice(x, x.rank() - 1, 0, w.dim(1)));
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor y, linear(xk, w, bias, act));
+  return append_zero_columns(y, extra);
+}
+
+Result<Tensor> Backend::linear_into_columns(const Tensor& x, const Tensor& w, int64_t column) {
+  if (!x.defined() || !w.defined() || x.rank() < 1 || w.rank() != 2 || w.dim(1) > column ||
+      column + w.dim(0) > x.dim(-1))
+    return Status::errorf("linear_into_columns: weight w ", shape_or_undefined(w),
+                          " [N, K] must read columns before ", column, " and write [", column, ", ",
+                          column + (w.defined() && w.rank() == 2 ? w.dim(0) : 0),
+                          ") inside the columns of x ", shape_or_undefined(x));
+  const int last = x.rank() - 1;
+  const int64_t cols = x.dim(-1), n = w.dim(0);
+  LATENT_ASSIGN_OR_RETURN(Tensor xk, slice(x, last, 0, w.dim(1)));
+  LATENT_ASSIGN_OR_RETURN(Tensor h, linear(xk, w, Tensor(), DitActivation::kNone));
+  std::vector<Tensor> parts;
+  LATENT_ASSIGN_OR_RETURN(Tensor head, slice(x, last, 0, column));
+  parts.push_back(head);
+  parts.push_back(h);
+  if (column + n < cols) {
+    LATENT_ASSIGN_OR_RETURN(Tensor tail, slice(x, last, column + n, cols - column - n));
+    parts.push_back(tail);
+  }
+  return concat(parts, last);
+}
+
 Result<Tensor> Backend::joint_qk(const Tensor& img, const Tensor& txt, const Tensor& gamma_img,
                                  const Tensor& gamma_txt, const Tensor& freqs, int heads,
                                  float eps) {

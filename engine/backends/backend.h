@@ -397,6 +397,31 @@ class Backend {
     if (act == DitActivation::kNone) return y;
     return dit_activation(y, act);
   }
+  // --- Runtime LoRAs folded into the base GEMM (QwenImageMmdit, lora-mode runtime) ---
+  // A wide input x' = [x | h] ([..., K + E]) holds a layer input x and E more columns for the
+  // low-rank projections h = x down^T of the LoRAs of the layers reading x. A layer's weight is
+  // then held as W' = [W | 0 | up] ([N, K'], K' <= K + E), so x'[..., :K'] W'^T adds the LoRA
+  // term inside the base GEMM: the output is written once, its epilogue (bias, GELU) kept.
+  // The producers of x write it straight into x' (the two *_wide ops); linear_into_columns()
+  // fills h. The defaults compose slice(), linear(), concat() (with zeros for the columns left
+  // to the caller); a backend may write in place and read rows at their pitch (CUDA).
+  //
+  // layer_norm_modulate() of x [B, T, D] into the first D columns of a [B, T, D + extra]
+  // tensor; the last `extra` columns are left to the caller (their values are undefined).
+  virtual Result<Tensor> layer_norm_modulate_wide(const Tensor& x, const Tensor& shift,
+                                                  const Tensor& scale,
+                                                  const std::vector<int64_t>& group_starts,
+                                                  float eps, int64_t extra);
+  // y = act(x[..., :K] w^T + bias), K = w.dim(1) <= x.dim(-1) (the first K columns of each row
+  // of x), written into the first N columns of y [..., N + extra]; the last `extra` columns are
+  // left to the caller (undefined). With K = x.dim(-1) and extra = 0 this is linear().
+  virtual Result<Tensor> linear_wide(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     DitActivation act, int64_t extra);
+  // x [..., C] with its columns [column, column + N) set to x[..., :K] w^T; w [N, K] with
+  // K <= column and column + N <= C (what is read is never written). Returns the result: x
+  // itself where the backend writes in place (CUDA), else a new tensor.
+  virtual Result<Tensor> linear_into_columns(const Tensor& x, const Tensor& w, int64_t column);
+
   // --- FP8 linear layers (Fp8Matrix above) ---
   // Whether linear_fp8 multiplies FP8 codes on FP8 tensor cores (CUDA on compute capability
   // 9.0: cuBLASLt's per-row scaled FP8). Elsewhere the defaults emulate it: the same
@@ -530,6 +555,8 @@ class Backend {
   Status dit_unsupported(DitOp op) const {
     return Status::errorf("op ", dit_op_name(op), " is not supported by backend ", name());
   }
+  // y [..., N] followed by `extra` columns of zeros (the composed *_wide ops).
+  Result<Tensor> append_zero_columns(const Tensor& y, int64_t extra);
   // === end of DiT ops ========================================================================
 };
 

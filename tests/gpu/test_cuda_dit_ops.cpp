@@ -247,6 +247,65 @@ TEST_P(CudaDitOps, LinearAddOntoResidual) {
   EXPECT_NE(y.status().message().find("residual"), std::string::npos) << y.status().message();
 }
 
+// The ops of runtime LoRAs folded into the base GEMM (backend.h): the norm written with spare
+// columns, the low-rank projection written into them in place, the layer reading the first K
+// columns of each wide row and writing a wide output for the next layer, rows at their pitch
+// throughout; against the CPU backend's compositions (slice, linear, concat). Every column is
+// written by the end of the chain, so the whole result is compared.
+TEST_P(CudaDitOps, FoldedLoraOpsReadAndWriteRowsAtTheirPitch) {
+  struct Case {
+    Shape shape;  // x [B, T, D]
+    int64_t extra, k_less, n, extra2;
+    DitActivation act;
+    bool bias;
+  };
+  const Case cases[] = {
+      // Qwen-Image's q/k/v with rank 64 on all three (3 x 64 columns), the MLP's fc1 -> fc2.
+      {{1, 4096, 3072}, 192, 0, 3072, 0, DitActivation::kNone, true},
+      {{1, 4096, 3072}, 64, 0, 12288, 64, DitActivation::kGELUTanh, true},
+      {{1, 4096, 3072}, 192, 64, 3072, 0, DitActivation::kNone, true},  // q: first 3072 + 128
+      // Small and odd: rows not whole 16-byte packs, SiLU (the epilogue run apart), no bias.
+      {{2, 7, 24}, 8, 3, 40, 8, DitActivation::kSiLU, true},
+      {{3, 5, 12}, 3, 0, 6, 5, DitActivation::kGELUTanh, false},
+  };
+  uint64_t seed = 1500;
+  for (const Case& c : cases) {
+    const int64_t d = c.shape[2], k = d + c.extra - c.k_less;
+    const Shape cond = {1, c.shape[0], d};
+    const float ws = 1.f / std::sqrt(static_cast<float>(k));
+    Tensor x = input(c.shape, seed++, -2.f, 2.f);
+    Tensor shift = input(cond, seed++), scale = input(cond, seed++, -0.5f, 0.5f);
+    Tensor down = input({c.extra, d}, seed++, -ws, ws), w = input({c.n, k}, seed++, -ws, ws);
+    Tensor b = c.bias ? input({c.n}, seed++) : Tensor();
+    Tensor down2 = input({c.extra2 > 0 ? c.extra2 : 1, c.n}, seed++, -ws, ws);
+    const std::string what = str_cat(shape_str(c.shape), " +", c.extra, " -> ", c.n, " +", c.extra2,
+                                     " (K ", k, "), ", act_name(c.act));
+    auto chain = [&](Backend& be, auto up) -> Result<Tensor> {
+      LATENT_ASSIGN_OR_RETURN(
+          Tensor a, be.layer_norm_modulate_wide(up(x), up(shift), up(scale), {0}, 1e-6f, c.extra));
+      LATENT_ASSIGN_OR_RETURN(Tensor filled, be.linear_into_columns(a, up(down), d));
+      if (&be == gpu_.get()) {
+        EXPECT_EQ(filled.data(), a.data()) << "written in place";
+      }
+      LATENT_ASSIGN_OR_RETURN(Tensor y, be.linear_wide(filled, up(w), up(b), c.act, c.extra2));
+      if (c.extra2 == 0) return y;
+      return be.linear_into_columns(y, up(down2), c.n);
+    };
+    EXPECT_TRUE(close("folded LoRA chain " + what,
+                      chain(*gpu_, [&](const Tensor& t) { return on_gpu(t); }),
+                      chain(*cpu_, [&](const Tensor& t) { return on_cpu(t); }), linear_tol()));
+  }
+  // What would read columns it writes, or write outside the row, is refused.
+  Tensor x = input({4, 10}, 1), w = input({3, 6}, 2);
+  auto y = gpu_->linear_into_columns(on_gpu(x), on_gpu(w), 5);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("linear_into_columns"), std::string::npos)
+      << y.status().message();
+  y = gpu_->linear_wide(on_gpu(x), on_gpu(input({3, 11}, 3)), Tensor(), DitActivation::kNone, 0);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("reads 11"), std::string::npos) << y.status().message();
+}
+
 TEST_P(CudaDitOps, LinearGeluEpilogueIsTheTanhForm) {
   // cuBLASLt's GELU epilogue must be PyTorch's approximate="tanh" GELU, not the erf form. With
   // y = x exactly (x on a grid TF32 holds, times one-hot weights), the fused output must lie

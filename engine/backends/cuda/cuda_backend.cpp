@@ -296,6 +296,28 @@ class CudaBackend final : public Backend {
                         DitActivation act) override;
   Result<Tensor> linear_add(const Tensor& x, const Tensor& w, const Tensor& residual,
                             DitActivation act) override;
+  // Runtime LoRAs folded into the base GEMM: rows at their pitch, no copies.
+  Result<Tensor> layer_norm_modulate_wide(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                          const std::vector<int64_t>& group_starts, float eps,
+                                          int64_t extra) override {
+    return run("layer_norm_modulate_wide", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_layer_norm_modulate_wide(env, x, shift, scale, group_starts, eps, extra);
+    });
+  }
+  Result<Tensor> linear_wide(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             DitActivation act, int64_t extra) override {
+    return run("linear_wide", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_linear_wide(env, x, w, bias, act, extra);
+    });
+  }
+  Result<Tensor> linear_into_columns(const Tensor& x, const Tensor& w, int64_t column) override {
+    return run("linear_into_columns", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_linear_into_columns(env, x, w, column);
+    });
+  }
   // FP8 e4m3 x e4m3 with per-row scales on cuBLASLt: Hopper (compute capability 9.0).
   bool supports_fp8_linear() const override { return fp8_linear_; }
   Result<Fp8Matrix> fp8_quantize_rows(const Tensor& x) override {

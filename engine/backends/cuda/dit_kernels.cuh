@@ -27,11 +27,12 @@ struct DitGroups {
 //                                      are then [batch][tokens])
 // With `codes`, y is not written: each output row is quantised to FP8 e4m3 instead (codes
 // [rows][d], one fp32 scale a row in `scales`), as fp8_quantize_rows would quantise y.
+// y_pitch: elements from one row of y to the next (0: d).
 enum class DitNorm : int { kNone = 0, kLayer = 1, kRms = 2 };
 Status launch_dit_norm(const void* x, void* y, int64_t rows, int64_t d, DitNorm norm, float eps,
                        const void* gamma, const void* beta, const void* shift, const void* scale,
                        const DitGroups& groups, DType dtype, const Launch& l,
-                       uint8_t* codes = nullptr, float* scales = nullptr);
+                       uint8_t* codes = nullptr, float* scales = nullptr, int64_t y_pitch = 0);
 
 // y = residual + gate[g] * x over [batch][tokens][d].
 Status launch_dit_gated_add(const void* residual, const void* x, const void* gate, void* y,

@@ -74,7 +74,7 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
                                          DType dtype, bool bias, bool gelu, uint32_t align_x,
                                          uint32_t align_w, uint32_t align_y, bool accumulate,
                                          const float* fp8_w_scales, const float* fp8_x_scales,
-                                         bool f32_out) {
+                                         bool f32_out, int64_t ldx, int64_t ldy) {
   // FP8 plans carry the scale vectors of their first call: cuBLASLt's heuristic refuses
   // outer-vector scaling (CUBLAS_STATUS_INVALID_VALUE) while they are unset. run_fp8 sets each
   // call's own.
@@ -82,7 +82,8 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
   // With `accumulate` the heuristic is asked for beta = 1 (C read): align_y covers C and D.
   const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(dtype), ':', bias, gelu, ':',
                                   align_x, ',', align_w, ',', align_y, accumulate ? ":acc" : "",
-                                  fp8 ? ":fp8" : "", f32_out ? ":f32out" : "");
+                                  fp8 ? ":fp8" : "", f32_out ? ":f32out" : "",
+                                  ldx ? str_cat(":ldx", ldx) : "", ldy ? str_cat(":ldy", ldy) : "");
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
 
@@ -126,8 +127,9 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
   }
   const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : type;
   LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, in_type, k, n, k));  // w
-  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, in_type, k, m, k));  // x
-  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->c, f32_out ? CUDA_R_32F : type, n, m, n));  // y
+  LATENT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, in_type, k, m, ldx ? ldx : k));  // x
+  LATENT_CUDA_CHECK(
+      cublasLtMatrixLayoutCreate(&p->c, f32_out ? CUDA_R_32F : type, n, m, ldy ? ldy : n));  // y
 
   cublasLtMatmulPreference_t pref = nullptr;
   LATENT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -169,13 +171,18 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
 
 Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y,
                       int64_t m, int64_t n, int64_t k, DType dtype, bool gelu,
-                      const void* accumulate) {
+                      const void* accumulate, int64_t ldx, int64_t ldy) {
   if (m <= 0 || n <= 0 || k <= 0) return ok_status();
+  if ((ldx && ldx < k) || (ldy && ldy < n))
+    return Status::errorf("DitLinear::run: rows of x ", ldx, " apart (", k, " read) or of y ", ldy,
+                          " apart (", n, " written) overlap");
+  if (ldx == k) ldx = 0;  // the plain layout: one plan
+  if (ldy == n) ldy = 0;
   const uint32_t align_y =
       accumulate ? std::min(alignment_of(y), alignment_of(accumulate)) : alignment_of(y);
-  LATENT_ASSIGN_OR_RETURN(Plan * p, plan(ctx, m, n, k, dtype, bias != nullptr, gelu,
-                                         alignment_of(x), alignment_of(w), align_y,
-                                         accumulate != nullptr));
+  LATENT_ASSIGN_OR_RETURN(
+      Plan * p, plan(ctx, m, n, k, dtype, bias != nullptr, gelu, alignment_of(x), alignment_of(w),
+                     align_y, accumulate != nullptr, nullptr, nullptr, false, ldx, ldy));
   if (bias)
     LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof(bias)));

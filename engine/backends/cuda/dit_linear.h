@@ -32,8 +32,11 @@ class DitLinear {
 
   // y = (gelu_tanh if `gelu`)(x w^T + bias + accumulate); bias [n] or null (16-byte aligned
   // when given); accumulate [m, n] like y, or null (read as cuBLASLt's C with beta 1).
+  // ldx / ldy: elements from one row of x / y (and accumulate) to the next, 0 for k / n (rows
+  // of a wider matrix: Backend::linear_wide, linear_into_columns).
   Status run(DeviceContext& ctx, const void* x, const void* w, const void* bias, void* y, int64_t m,
-             int64_t n, int64_t k, DType dtype, bool gelu, const void* accumulate = nullptr);
+             int64_t n, int64_t k, DType dtype, bool gelu, const void* accumulate = nullptr,
+             int64_t ldx = 0, int64_t ldy = 0);
 
   // y = x w^T with x, w in `dtype` (bf16 / fp16) and y [m, n] in fp32 (fp32 accumulation, no
   // epilogue): the logits of the unfused attention (CudaBackend::spatial_attention).
@@ -59,7 +62,8 @@ class DitLinear {
   Result<Plan*> plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k, DType dtype, bool bias,
                      bool gelu, uint32_t align_x, uint32_t align_w, uint32_t align_y,
                      bool accumulate, const float* fp8_w_scales = nullptr,
-                     const float* fp8_x_scales = nullptr, bool f32_out = false);
+                     const float* fp8_x_scales = nullptr, bool f32_out = false, int64_t ldx = 0,
+                     int64_t ldy = 0);
 
   // y = w-x product of plan p on ctx's stream (alpha 1; beta 1 reading `accumulate` as C when
   // given, else 0), the workspace grown to what p asks.

@@ -31,6 +31,9 @@ struct NormArgs {
   // largest magnitude.
   uint8_t* codes = nullptr;
   float* scales = nullptr;
+  // Elements from one row of y to the next (>= d; more for a wide input, Backend::
+  // layer_norm_modulate_wide).
+  int64_t y_pitch = 0;
 };
 
 // Pack i (V elements, already loaded into v) of a row normalised and modulated in place:
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(256) dit_norm_kernel(const NormArgs a) {
   const float inv_d = 1.f / static_cast<float>(d);
   for (int64_t r = first; r < a.rows; r += warps) {
     const T* xr = x + r * d;
-    T* yr = y + r * d;
+    T* yr = y + r * a.y_pitch;
     float mean = 0.f, inv = 1.f;
     if (a.norm == DitNorm::kLayer) {
       float s = 0.f;
@@ -223,7 +226,7 @@ __global__ void __launch_bounds__(kRowThreads) dit_norm_rows_kernel(const NormAr
 #pragma unroll
         for (int j = 0; j < V; ++j) m = max(m, fp8_magnitude_bits(v[k][j]));
       } else {
-        store_floats<T, V>(y + r * d + i * V, v[k]);
+        store_floats<T, V>(y + r * a.y_pitch + i * V, v[k]);
       }
     }
     if (a.codes) {
@@ -243,17 +246,22 @@ __global__ void __launch_bounds__(kRowThreads) dit_norm_rows_kernel(const NormAr
 Status launch_dit_norm(const void* x, void* y, int64_t rows, int64_t d, DitNorm norm, float eps,
                        const void* gamma, const void* beta, const void* shift, const void* scale,
                        const DitGroups& groups, DType dtype, const Launch& l, uint8_t* codes,
-                       float* scales) {
+                       float* scales, int64_t y_pitch) {
   if (rows <= 0 || d <= 0) return ok_status();
   if (d > 0x7fffffff) return Status::errorf("dit norm: rows of ", d, " elements are too long");
-  const NormArgs args{x,     y,     rows,  static_cast<int>(d), norm,  eps, gamma, beta,
-                      shift, scale, groups, codes, scales};
+  if (y_pitch == 0) y_pitch = d;
+  if (y_pitch < d)
+    return Status::errorf("dit norm: output rows ", y_pitch, " apart overlap rows of ", d);
+  const NormArgs args{
+      x,     y,      rows,   static_cast<int>(d), norm, eps, gamma, beta, shift, scale, groups,
+      codes, scales, y_pitch};
   return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
     constexpr int kPack = Pack<T>::kN;
     // Packs of codes (V bytes) need their row starts V-aligned: d % V == 0 and codes 16-aligned.
-    const bool vec = d % kPack == 0 && aligned16(x) && (codes ? aligned16(codes) : aligned16(y)) &&
-                     (!gamma || aligned16(gamma)) && (!beta || aligned16(beta)) &&
-                     (!shift || aligned16(shift)) && (!scale || aligned16(scale));
+    const bool vec = d % kPack == 0 && y_pitch % kPack == 0 && aligned16(x) &&
+                     (codes ? aligned16(codes) : aligned16(y)) && (!gamma || aligned16(gamma)) &&
+                     (!beta || aligned16(beta)) && (!shift || aligned16(shift)) &&
+                     (!scale || aligned16(scale));
     const int64_t packs = d / kPack;
     if (vec && packs >= 64 && packs <= 8 * kRowThreads) {
       const int64_t cap = static_cast<int64_t>(l.sm_count) * 16;

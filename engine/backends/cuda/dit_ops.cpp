@@ -209,6 +209,67 @@ Result<Tensor> dit_linear_add(DitEnv& env, const Tensor& x, const Tensor& w,
   return y;
 }
 
+Result<Tensor> dit_linear_wide(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
+                               DitActivation act, int64_t extra) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., K]"));
+  LATENT_TRY(check(env, "weight w", w, env.dtype, 2, "[N, K]"));
+  if (w.dim(1) > x.dim(-1))
+    return Status::errorf("linear_wide: weight w ", shape_str(w.shape()), " reads ", w.dim(1),
+                          " input features but x ", shape_str(x.shape()), " has ", x.dim(-1));
+  if (extra < 0) return Status::errorf("linear_wide: ", extra, " extra columns asked for");
+  if (w.dim(1) == x.dim(-1) && extra == 0) return dit_linear(env, x, w, bias, act);
+  LATENT_TRY(check_vector(env, "bias", bias, w.dim(0), w));
+  LATENT_TRY(check_act(act));
+  const int64_t m = rows_of(x), n = w.dim(0), k = w.dim(1), ldx = x.dim(-1), ldy = n + extra;
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (m > big || ldy > big || ldx > big)
+    return Status::errorf("x ", shape_str(x.shape()), " . w^T ", shape_str(w.shape()),
+                          " is too large for cuBLASLt");
+  Shape out_shape = x.shape();
+  out_shape.back() = ldy;
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
+  const bool fuse_bias = !bias.defined() || aligned16(bias.data());
+  const bool fused = fuse_bias && act != DitActivation::kSiLU;
+  if (fused) {
+    LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), bias.defined() ? bias.data() : nullptr,
+                               y.data(), m, n, k, env.dtype, act == DitActivation::kGELUTanh,
+                               nullptr, ldx, ldy));
+    return y;
+  }
+  // An epilogue cuBLASLt cannot take (SiLU, an unaligned bias): the product into a contiguous
+  // tensor, the epilogue there, then its rows into y's.
+  LATENT_ASSIGN_OR_RETURN(Tensor t, empty(env, {m, n}, env.dtype));
+  LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), nullptr, t.data(), m, n, k, env.dtype,
+                             false, nullptr, ldx, 0));
+  LATENT_TRY(launch_dit_bias_act(t.data(), bias.defined() ? bias.data() : nullptr, t.data(),
+                                 t.numel(), n, act, env.dtype, env.launch));
+  const size_t es = dtype_size(env.dtype);
+  LATENT_CUDA_CHECK(cudaMemcpy2DAsync(y.data(), static_cast<size_t>(ldy) * es, t.data(),
+                                      static_cast<size_t>(n) * es, static_cast<size_t>(n) * es,
+                                      static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
+                                      env.launch.stream));
+  return y;
+}
+
+Result<Tensor> dit_linear_into_columns(DitEnv& env, const Tensor& x, const Tensor& w,
+                                       int64_t column) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., C]"));
+  LATENT_TRY(check(env, "weight w", w, env.dtype, 2, "[N, K]"));
+  const int64_t m = rows_of(x), n = w.dim(0), k = w.dim(1), ld = x.dim(-1);
+  if (k > column || column + n > ld)
+    return Status::errorf("linear_into_columns: weight w ", shape_str(w.shape()),
+                          " [N, K] must read columns before ", column, " and write [", column, ", ",
+                          column + n, ") inside the ", ld, " columns of x ", shape_str(x.shape()));
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (m > big || ld > big)
+    return Status::errorf("x ", shape_str(x.shape()), " is too large for cuBLASLt");
+  char* base = static_cast<char*>(x.data());
+  LATENT_TRY(env.linear->run(*env.ctx, base, w.data(), nullptr,
+                             base + column * static_cast<int64_t>(dtype_size(env.dtype)), m, n, k,
+                             env.dtype, false, nullptr, ld, ld));
+  return x;
+}
+
 Result<Fp8Matrix> dit_fp8_quantize_rows(DitEnv& env, const Tensor& x) {
   LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., K]"));
   const int64_t k = x.dim(-1), rows = rows_of(x);
@@ -313,6 +374,27 @@ Result<Tensor> dit_modulate(DitEnv& env, const Tensor& x, const Tensor& shift, c
   LATENT_TRY(launch_dit_norm(x.data(), y.data(), rows_of(x), x.dim(2),
                              normalize ? DitNorm::kLayer : DitNorm::kNone, eps, nullptr, nullptr,
                              shift.data(), scale.data(), groups, env.dtype, env.launch));
+  return y;
+}
+
+Result<Tensor> dit_layer_norm_modulate_wide(DitEnv& env, const Tensor& x, const Tensor& shift,
+                                            const Tensor& scale,
+                                            const std::vector<int64_t>& group_starts, float eps,
+                                            int64_t extra) {
+  LATENT_TRY(check(env, "input x", x, env.dtype, 3, "[B, T, D]"));
+  if (extra < 0)
+    return Status::errorf("layer_norm_modulate_wide: ", extra, " extra columns asked for");
+  DitGroups groups;
+  LATENT_TRY(check_groups(group_starts, x.dim(1), &groups));
+  LATENT_TRY(check_conditioning(env, "shift", shift, x, group_starts.size()));
+  LATENT_TRY(check_conditioning(env, "scale", scale, x, group_starts.size()));
+  LATENT_TRY(check_eps(eps));
+  groups.batch = x.dim(0);
+  groups.tokens = x.dim(1);
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {x.dim(0), x.dim(1), x.dim(2) + extra}, env.dtype));
+  LATENT_TRY(launch_dit_norm(x.data(), y.data(), rows_of(x), x.dim(2), DitNorm::kLayer, eps,
+                             nullptr, nullptr, shift.data(), scale.data(), groups, env.dtype,
+                             env.launch, nullptr, nullptr, x.dim(2) + extra));
   return y;
 }
 

@@ -44,6 +44,17 @@ Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const T
 // act(x w^T + residual): cuBLASLt with residual as C (beta 1), GELU in the epilogue.
 Result<Tensor> dit_linear_add(DitEnv& env, const Tensor& x, const Tensor& w,
                               const Tensor& residual, DitActivation act);
+// Backend::linear_wide / linear_into_columns / layer_norm_modulate_wide (backend.h: runtime
+// LoRAs folded into the base GEMM): rows read and written at their pitch by cuBLASLt (ld) and
+// the norm kernel; linear_into_columns writes into x in place and returns it.
+Result<Tensor> dit_linear_wide(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
+                               DitActivation act, int64_t extra);
+Result<Tensor> dit_linear_into_columns(DitEnv& env, const Tensor& x, const Tensor& w,
+                                       int64_t column);
+Result<Tensor> dit_layer_norm_modulate_wide(DitEnv& env, const Tensor& x, const Tensor& shift,
+                                            const Tensor& scale,
+                                            const std::vector<int64_t>& group_starts, float eps,
+                                            int64_t extra);
 // Backend::fp8_quantize_rows / linear_fp8 (backend.h, Fp8Matrix): codes in a bf16 tensor
 // [rows, K / 2] (K bytes a row), scales fp32 [rows]; K a multiple of 16 (cuBLASLt's FP8).
 Result<Fp8Matrix> dit_fp8_quantize_rows(DitEnv& env, const Tensor& x);
