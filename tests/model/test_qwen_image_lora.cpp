@@ -2,9 +2,9 @@
 // (scripts/make_dit_lora_fixtures.py: tests/fixtures/dit_lora): every file layout, merged and at
 // run time, stacking, strength changes at run time, and the errors for bad files.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/models/dit/lora.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
@@ -132,6 +133,43 @@ TEST(QwenImageLora, StackedStrengthsChangeIndependently) {
   EXPECT_NE(rt->description().find("lora_kohya.safetensors strength 1 (runtime)"),
             std::string::npos)
       << rt->description();
+}
+
+// Runtime LoRAs on the blocks' q/k/v and MLP layers are folded into the layer's own GEMM
+// (QwenImageMmdit::folded_lora_layers); LATENT_LORA_FOLD=0 keeps their two GEMMs apart. Both
+// compute the same thing, at every strength.
+std::unique_ptr<QwenImageMmdit> load_unfolded(const MmditLoras& loras) {
+  setenv("LATENT_LORA_FOLD", "0", 1);
+  auto m = load(loras);
+  unsetenv("LATENT_LORA_FOLD");
+  return m;
+}
+
+TEST(QwenImageLora, FoldedRuntimeLorasEqualTheSeparateOnes) {
+  // Layers of the two blocks each case adapts, and how many of them fold (q/k/v, add_q/k/v,
+  // the MLPs' two layers per stream; not the attention outputs, modulations, top level).
+  const std::map<std::string, int64_t> folded = {{"lightning", 20}, {"stack", 6}, {"kohya", 4}};
+  for (const auto& [name, count] : folded) {
+    SCOPED_TRACE(name);
+    const MmditLoras specs = specs_of(cases()["transformer"][name], LoraMode::kRuntime);
+    auto folded_model = load(specs);
+    auto separate = load_unfolded(specs);
+    ASSERT_TRUE(folded_model && separate);
+    EXPECT_EQ(folded_model->folded_lora_layers(), count);
+    EXPECT_EQ(separate->folded_lora_layers(), 0);
+    EXPECT_LT(relative_l2(run(*folded_model), run(*separate)), 1e-5);
+    EXPECT_LT(relative_l2(run(*folded_model), reference(name)), kTolerance);
+    // New strengths rebuild the folded down factors (and only a zero strength gives the base).
+    std::vector<float> strengths(specs.specs.size(), -0.8f);
+    ASSERT_TRUE(folded_model->set_lora_strengths(strengths).ok());
+    ASSERT_TRUE(separate->set_lora_strengths(strengths).ok());
+    const Tensor changed = run(*folded_model);
+    EXPECT_LT(relative_l2(changed, run(*separate)), 1e-5);
+    EXPECT_GT(relative_l2(changed, reference(name)), 1e-2);
+    std::fill(strengths.begin(), strengths.end(), 0.f);
+    ASSERT_TRUE(folded_model->set_lora_strengths(strengths).ok());
+    EXPECT_LT(relative_l2(run(*folded_model), base_sample()), kTolerance);
+  }
 }
 
 TEST(QwenImageLora, ReadsLayoutsRanksAndAlphas) {

@@ -18,6 +18,18 @@ constexpr float kNormEps = 1e-6f;         // every LayerNorm / RMSNorm of the mo
 constexpr int kTimeProjDim = 256;         // Timesteps(num_channels=256)
 constexpr int64_t kRopePositions = 4096;  // QwenEmbedRope precomputes positions [-4096, 4096)
 
+// LATENT_LORA_FOLD=0 keeps every runtime LoRA's two GEMMs beside its layer (FoldedLoras below
+// is the default; the switch is for timing one against the other).
+bool lora_fold_enabled() {
+  const char* v = std::getenv("LATENT_LORA_FOLD");
+  if (!v || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  static bool warned = false;
+  if (!warned) LATENT_WARN("LATENT_LORA_FOLD='", v, "' is neither 0 nor 1; using 1");
+  warned = true;
+  return true;
+}
+
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
   for (int64_t x : v) s += str_cat(s.empty() ? "" : ", ", x);
@@ -33,9 +45,15 @@ struct LinearLora {
   std::vector<float> scales;  // alpha_i / rank_i
   Tensor down;                // [R, in]
   Tensor up;                  // [out, R], scaled; undefined when every strength is 0
+  // Folded into the layer's GEMM (FoldedLoras below): `up` stays undefined, the layer's weight
+  // holds the up factors, its input's FoldedLoras the scaled down rows. `pad`: zero rows
+  // [columns - R, in] that round the layer's block of columns up to a multiple of 8.
+  bool folded = false;
+  Tensor pad;
 
   // Rebuilds `up` for `strengths` (one per LoRA of the model).
   Status set_strengths(Backend& be, const std::vector<float>& strengths) {
+    if (folded) return ok_status();  // FoldedLoras::set_strengths
     std::vector<Tensor> parts;
     bool any = false;
     for (size_t i = 0; i < ups.size(); ++i) {
@@ -52,6 +70,48 @@ struct LinearLora {
     }
     LATENT_ASSIGN_OR_RETURN(up, be.concat(parts, 1));
     return ok_status();
+  }
+};
+
+// The runtime LoRAs of the linear layers that read one input, folded into their GEMMs
+// (backend.h, "Runtime LoRAs folded into the base GEMM"). The input's producer writes
+// x' = [x | h]: `extra` more columns, member j's block of R_j (its adapters' ranks summed,
+// rounded up to 8 so rows stay 16-byte aligned) at column in + c_j, then h = x down^T fills
+// them (`down` [extra, in]: each member's adapters' down rows scaled by strength * alpha / rank,
+// zero rows for the rounding). Member j's weight is held as W'_j = [W_j | 0 | up_j]
+// ([out, in + c_j + R_j], up_j its adapters' up factors unscaled, zero columns for the
+// rounding), so x'[..., :in + c_j + R_j] W'_j^T = x W_j^T + h_j up_j^T: the LoRA term is
+// summed inside the base GEMM, whose output is written once, bias and GELU still in its
+// epilogue. A strength change rebuilds `down` alone.
+struct FoldedLoras {
+  int64_t in = 0;                                    // columns of x
+  int64_t extra = 0;                                 // columns of h
+  std::vector<std::shared_ptr<LinearLora>> members;  // in column order
+  Tensor down;                                       // [extra, in]
+
+  Status set_strengths(Backend& be, const std::vector<float>& strengths) {
+    std::vector<Tensor> parts;
+    for (const auto& m : members) {
+      int64_t row = 0;
+      for (size_t i = 0; i < m->ups.size(); ++i) {
+        const int64_t rank = m->ups[i].dim(1);
+        LATENT_ASSIGN_OR_RETURN(Tensor d, be.slice(m->down, 0, row, rank));
+        LATENT_ASSIGN_OR_RETURN(d, be.scaled_add(d, d, strengths[m->which[i]] * m->scales[i], 0.f));
+        parts.push_back(std::move(d));
+        row += rank;
+      }
+      if (m->pad.defined()) parts.push_back(m->pad);
+    }
+    if (parts.size() == 1) {
+      down = parts[0];
+      return ok_status();
+    }
+    LATENT_ASSIGN_OR_RETURN(down, be.concat(parts, 0));
+    return ok_status();
+  }
+  // The producer's output [..., in + extra] with h written into its last `extra` columns.
+  Result<Tensor> fill(Backend& be, const Tensor& wide) const {
+    return be.linear_into_columns(wide, down, in);
   }
 };
 
@@ -76,10 +136,21 @@ struct Linear {
     return ok_status();
   }
   // x: [..., in] -> [..., out]. `xq`: x's rows already quantised (several FP8 layers reading
-  // one input share it), else quantised here when the layer is FP8.
+  // one input share it), else quantised here when the layer is FP8. x may be a wide input
+  // [..., in + E] (FoldedLoras: this layer reads its first w.dim(1) columns, its own LoRA
+  // folded into w); `extra` > 0 makes the output wide, [..., out + extra], for the next
+  // layer's FoldedLoras to fill.
   Result<Tensor> operator()(Backend& be, const Tensor& x, DitActivation act = DitActivation::kNone,
-                            const Fp8Matrix* xq = nullptr) const {
+                            const Fp8Matrix* xq = nullptr, int64_t extra = 0) const {
     const bool adapted = lora && lora->up.defined();
+    if (w.defined() && (extra > 0 || x.dim(-1) != w.dim(1))) {
+      if (adapted)
+        return Status::error(
+            "internal: a layer with an unfolded runtime LoRA reads or writes "
+            "a wide input");
+      return be.linear_wide(x, w, b, act, extra);
+    }
+    if (extra > 0) return Status::error("internal: an FP8 layer asked for a wide output");
     Tensor y;
     if (w8.defined()) {
       Fp8Matrix own;
@@ -291,6 +362,10 @@ struct Block {
   Linear add_q, add_k, add_v, to_add_out;  // text stream
   Tensor norm_q, norm_k, norm_added_q, norm_added_k;        // [head_dim]
   Linear img_mlp_in, img_mlp_out, txt_mlp_in, txt_mlp_out;  // D -> 4D (GELU tanh) -> D
+  // Runtime LoRAs folded into the GEMMs, per input (null: none, or not folded): the normalised
+  // inputs of q/k/v and of the MLPs, and the MLPs' hidden activations.
+  std::shared_ptr<FoldedLoras> fold_qkv, fold_add_qkv, fold_img_mlp_in, fold_txt_mlp_in,
+      fold_img_mlp_out, fold_txt_mlp_out;
 
   static Block bind(WeightBinder& b, const std::string& p, const QwenImageMmditConfig& c) {
     const int64_t d = c.inner_dim(), hd = c.attention_head_dim;
@@ -320,7 +395,55 @@ struct Block {
     return {&img_mod, &txt_mod, &to_q,   &to_k,       &to_v,        &to_out,     &add_q,
             &add_k,   &add_v,   &to_add_out, &img_mlp_in, &img_mlp_out, &txt_mlp_in, &txt_mlp_out};
   }
+  std::vector<std::shared_ptr<FoldedLoras>*> folds() {
+    return {&fold_qkv,        &fold_add_qkv,     &fold_img_mlp_in,
+            &fold_txt_mlp_in, &fold_img_mlp_out, &fold_txt_mlp_out};
+  }
 };
+
+// Zeros [rows, cols] on the backend.
+Result<Tensor> zeros(Backend& be, int64_t rows, int64_t cols) {
+  return be.upload(Tensor::from_floats({rows, cols}, std::vector<float>(rows * cols)));
+}
+
+// Folds the runtime LoRAs of `layers` (which read one input) into their GEMMs (FoldedLoras);
+// null when none of them has a LoRA, or when one of them (or the input's `producer`, a linear
+// layer, if any) is held in FP8: those keep the LoRA's two GEMMs beside the layer.
+Result<std::shared_ptr<FoldedLoras>> fold_loras(Backend& be, const std::vector<Linear*>& layers,
+                                                const Linear* producer) {
+  if (producer && !producer->w.defined()) return std::shared_ptr<FoldedLoras>();
+  bool any = false;
+  for (const Linear* l : layers) {
+    if (!l->w.defined()) return std::shared_ptr<FoldedLoras>();
+    any = any || l->lora;
+  }
+  if (!any) return std::shared_ptr<FoldedLoras>();
+  auto f = std::make_shared<FoldedLoras>();
+  f->in = layers[0]->w.dim(1);
+  for (Linear* l : layers) {
+    if (!l->lora) continue;
+    LinearLora& r = *l->lora;
+    const int64_t out = l->w.dim(0), rank = r.down.dim(0);
+    const int64_t cols = (rank + 7) / 8 * 8;
+    std::vector<Tensor> parts = {l->w};
+    if (f->extra > 0) {
+      LATENT_ASSIGN_OR_RETURN(Tensor z, zeros(be, out, f->extra));
+      parts.push_back(std::move(z));
+    }
+    for (const Tensor& u : r.ups) parts.push_back(u);
+    if (cols > rank) {
+      LATENT_ASSIGN_OR_RETURN(Tensor z, zeros(be, out, cols - rank));
+      parts.push_back(std::move(z));
+      LATENT_ASSIGN_OR_RETURN(r.pad, zeros(be, cols - rank, f->in));
+    }
+    LATENT_ASSIGN_OR_RETURN(l->w, be.concat(parts, 1));  // W' = [W | 0 | up | 0]
+    r.folded = true;
+    r.up = Tensor();
+    f->members.push_back(l->lora);
+    f->extra += cols;
+  }
+  return f;
+}
 
 }  // namespace
 
@@ -638,11 +761,37 @@ Status QwenImageMmdit::apply_loras(const MmditLoras& loras) {
     runtime_loras_.push_back(r);
   }
   if (loras.mode == LoraMode::kRuntime) {
+    if (lora_fold_enabled()) {
+      for (Block& b : w_->blocks) {
+        LATENT_ASSIGN_OR_RETURN(b.fold_qkv, fold_loras(be, {&b.to_q, &b.to_k, &b.to_v}, nullptr));
+        LATENT_ASSIGN_OR_RETURN(b.fold_add_qkv,
+                                fold_loras(be, {&b.add_q, &b.add_k, &b.add_v}, nullptr));
+        LATENT_ASSIGN_OR_RETURN(b.fold_img_mlp_in, fold_loras(be, {&b.img_mlp_in}, nullptr));
+        LATENT_ASSIGN_OR_RETURN(b.fold_txt_mlp_in, fold_loras(be, {&b.txt_mlp_in}, nullptr));
+        LATENT_ASSIGN_OR_RETURN(b.fold_img_mlp_out,
+                                fold_loras(be, {&b.img_mlp_out}, &b.img_mlp_in));
+        LATENT_ASSIGN_OR_RETURN(b.fold_txt_mlp_out,
+                                fold_loras(be, {&b.txt_mlp_out}, &b.txt_mlp_in));
+      }
+    }
+    for (const auto& r : runtime_loras_) folded_lora_layers_ += r->folded;
+    if (!runtime_loras_.empty())
+      LATENT_INFO("runtime LoRAs on ", runtime_loras_.size(), " linear layers, ",
+                  folded_lora_layers_, " of them folded into the layer's GEMM",
+                  lora_fold_enabled() ? "" : " (LATENT_LORA_FOLD=0)");
     std::vector<float> strengths;
     for (const auto& s : loras.specs) strengths.push_back(s.strength);
-    for (auto& r : runtime_loras_) LATENT_TRY(r->set_strengths(be, strengths));
+    LATENT_TRY(set_runtime_strengths(strengths));
   }
   return be.synchronize();
+}
+
+Status QwenImageMmdit::set_runtime_strengths(const std::vector<float>& strengths) {
+  for (auto& r : runtime_loras_) LATENT_TRY(r->set_strengths(*backend_, strengths));
+  for (Block& b : w_->blocks)
+    for (std::shared_ptr<FoldedLoras>* f : b.folds())
+      if (*f) LATENT_TRY((*f)->set_strengths(*backend_, strengths));
+  return ok_status();
 }
 
 Status QwenImageMmdit::quantize_block(size_t i) {
@@ -673,7 +822,7 @@ Status QwenImageMmdit::set_lora_strengths(const std::vector<float>& strengths) {
   if (same) return ok_status();
   graphs_.clear();  // they read the old low-rank factors
   mods_.clear();    // the modulation layers may carry LoRAs too
-  for (auto& r : runtime_loras_) LATENT_TRY(r->set_strengths(*backend_, strengths));
+  LATENT_TRY(set_runtime_strengths(strengths));
   for (size_t i = 0; i < strengths.size(); ++i) loras_[i].strength = strengths[i];
   return ok_status();
 }
@@ -855,12 +1004,21 @@ Result<Tensor> chunk(Backend& be, const Tensor& mod, int k, int64_t d) {
 }
 
 // The AdaLN-modulated LayerNorm of x for the linear layers `users`, in the form they read: the
-// compute dtype (*xn) and, when they are FP8, its quantised rows (*xq). When every user is FP8
+// compute dtype (*xn; with `fold`, the users' FoldedLoras, the wide input [x | h]) and, when
+// they are FP8, its quantised rows (*xq). When every user is FP8
 // and none adds a runtime LoRA (which reads the compute-dtype input), the norm writes the
 // quantised rows directly and *xn stays undefined.
 Status normalized_input(Backend& be, const Tensor& x, const Tensor& shift, const Tensor& scale,
                         const std::vector<int64_t>& groups,
-                        std::initializer_list<const Linear*> users, Tensor* xn, Fp8Matrix* xq) {
+                        std::initializer_list<const Linear*> users, const FoldedLoras* fold,
+                        Tensor* xn, Fp8Matrix* xq) {
+  if (fold) {  // the users' LoRAs folded into their GEMMs: the wide input [x | h]
+    *xq = Fp8Matrix();
+    LATENT_ASSIGN_OR_RETURN(
+        *xn, be.layer_norm_modulate_wide(x, shift, scale, groups, kNormEps, fold->extra));
+    LATENT_ASSIGN_OR_RETURN(*xn, fold->fill(be, *xn));
+    return ok_status();
+  }
   bool fp8 = true, adapted = false;
   for (const Linear* l : users) {
     fp8 = fp8 && l->w8.defined();
@@ -914,9 +1072,9 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   Tensor img_n, txt_n;
   Fp8Matrix img_q, txt_q;  // FP8 layers: each stream's input quantised once for q, k and v
   LATENT_TRY(normalized_input(be, *img, im[0], im[1], c.img_groups, {&w.to_q, &w.to_k, &w.to_v},
-                              &img_n, &img_q));
+                              w.fold_qkv.get(), &img_n, &img_q));
   LATENT_TRY(normalized_input(be, *txt, tm[0], tm[1], one_group, {&w.add_q, &w.add_k, &w.add_v},
-                              &txt_n, &txt_q));
+                              w.fold_add_qkv.get(), &txt_n, &txt_q));
   const DitActivation none = DitActivation::kNone;
   LATENT_ASSIGN_OR_RETURN(Tensor q_i, w.to_q(be, img_n, none, &img_q));  // [B, T_img, D]
   LATENT_ASSIGN_OR_RETURN(Tensor k_i, w.to_k(be, img_n, none, &img_q));
@@ -942,18 +1100,27 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, o_t, tm[2], one_group));
 
   // MLPs. x: [B, T, D] -> [B, T, 4D] -> [B, T, D]
-  LATENT_TRY(normalized_input(be, *img, im[3], im[4], c.img_groups, {&w.img_mlp_in}, &img_n,
-                              &img_q));
-  LATENT_ASSIGN_OR_RETURN(Tensor h_i,
-                          w.img_mlp_in(be, img_n, DitActivation::kGELUTanh, &img_q));
+  // With the output layer's LoRAs folded, the hidden activation is written wide ([h | h down^T]).
+  const FoldedLoras* img_out_fold = w.fold_img_mlp_out.get();
+  const FoldedLoras* txt_out_fold = w.fold_txt_mlp_out.get();
+  LATENT_TRY(normalized_input(be, *img, im[3], im[4], c.img_groups, {&w.img_mlp_in},
+                              w.fold_img_mlp_in.get(), &img_n, &img_q));
+  LATENT_ASSIGN_OR_RETURN(Tensor h_i, w.img_mlp_in(be, img_n, DitActivation::kGELUTanh, &img_q,
+                                                   img_out_fold ? img_out_fold->extra : 0));
   img_q = Fp8Matrix();
+  if (img_out_fold) {
+    LATENT_ASSIGN_OR_RETURN(h_i, img_out_fold->fill(be, h_i));
+  }
   LATENT_ASSIGN_OR_RETURN(h_i, w.img_mlp_out(be, h_i));
   LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, h_i, im[5], c.img_groups));
-  LATENT_TRY(normalized_input(be, *txt, tm[3], tm[4], one_group, {&w.txt_mlp_in}, &txt_n,
-                              &txt_q));
-  LATENT_ASSIGN_OR_RETURN(Tensor h_t,
-                          w.txt_mlp_in(be, txt_n, DitActivation::kGELUTanh, &txt_q));
+  LATENT_TRY(normalized_input(be, *txt, tm[3], tm[4], one_group, {&w.txt_mlp_in},
+                              w.fold_txt_mlp_in.get(), &txt_n, &txt_q));
+  LATENT_ASSIGN_OR_RETURN(Tensor h_t, w.txt_mlp_in(be, txt_n, DitActivation::kGELUTanh, &txt_q,
+                                                   txt_out_fold ? txt_out_fold->extra : 0));
   txt_q = Fp8Matrix();
+  if (txt_out_fold) {
+    LATENT_ASSIGN_OR_RETURN(h_t, txt_out_fold->fill(be, h_t));
+  }
   LATENT_ASSIGN_OR_RETURN(h_t, w.txt_mlp_out(be, h_t));
   LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, h_t, tm[5], one_group));
   return ok_status();

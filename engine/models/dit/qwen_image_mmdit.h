@@ -162,9 +162,17 @@ class QwenImageMmdit {
   const std::vector<LoraSpec>& loras() const { return loras_; }
   LoraMode lora_mode() const { return lora_mode_; }
   // Runtime mode only: new strengths, one per LoRA in load order, used from the next forward()
-  // on (a few small backend ops per adapted layer, no file access). A LoRA at strength 0 costs
-  // nothing per step; all at 0 run the base model. Merged mode refuses (reload to change them).
+  // on (a few small backend ops per adapted layer, no file access). All at 0 give the base
+  // model's output. A layer whose LoRA is folded into its GEMM (folded_lora_layers()) costs the
+  // same at any strength; the others cost nothing at strength 0. Merged mode refuses (reload to
+  // change them).
   Status set_lora_strengths(const std::vector<float>& strengths);
+  // Runtime mode: how many adapted linear layers have their LoRAs folded into the layer's own
+  // GEMM (the input written with the low-rank projections as extra columns, the up factors
+  // appended to the weight: one GEMM a layer, the output written once). These are the blocks'
+  // q/k/v and MLP layers, unless they are held in FP8 or LATENT_LORA_FOLD=0; the rest (the
+  // attention outputs, modulations, top-level layers) add their two low-rank GEMMs.
+  int64_t folded_lora_layers() const { return folded_lora_layers_; }
 
   // The transformer's forward: -> sample [B, T_img, patch_size^2 * out_channels] (diffusers'
   // output `sample`, flow velocity for every image token).
@@ -225,6 +233,9 @@ class QwenImageMmdit {
   std::vector<LoraSpec> loras_;
   LoraMode lora_mode_ = LoraMode::kMerged;
   std::vector<std::shared_ptr<RuntimeLora>> runtime_loras_;
+  int64_t folded_lora_layers_ = 0;
+  // Rebuilds every runtime LoRA's scaled factors for `strengths` (one per LoRA).
+  Status set_runtime_strengths(const std::vector<float>& strengths);
   // The rotary tables and joint key masks ([B, T_img + T_txt], the attention's [image, text]
   // order, T_txt as cut) of the last two forwards' inputs
   // on the backend: a denoising loop repeats them every step (with separate CFG passes it
