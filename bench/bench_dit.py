@@ -28,10 +28,12 @@ Phases, each optional, in an order that keeps at most one 41 GB copy of the weig
      relative L2 against fp32 (with --accuracy), PyTorch bf16 and our bf16 output.
   6. --lora-rank R (e.g. 64): a random rank-R LoRA on every linear layer of the 60 blocks
      (ComfyUI layout, bf16, written once to --workdir), then ours again with it applied at run
-     time (`--lora FILE:1 --lora-mode runtime`: the low-rank products added to each linear's
-     output every step) and merged (`--lora-mode merged`: no cost per step). The JSON gets
-     `ours_lora_runtime_ms`, `ours_lora_merged_ms`, `lora_runtime_cost` (runtime / plain - 1;
-     target <= 0.07 at rank 64) and the two outputs' relative L2 (runtime vs merged, bf16).
+     time (`--lora FILE:1 --lora-mode runtime`: the low-rank products computed every step,
+     folded into the q/k/v and MLP layers' GEMMs), again at run time with LATENT_LORA_FOLD=0 (two
+     GEMMs beside every layer: the A/B), and merged (`--lora-mode merged`: no cost per step).
+     The JSON gets `ours_lora_runtime_ms`, `ours_lora_runtime_separate_ms`,
+     `ours_lora_merged_ms`, `lora_runtime_cost` / `lora_runtime_separate_cost` (runtime / plain
+     - 1; target <= 0.07 at rank 64) and the outputs' relative L2 to the merged one (bf16).
 Each phase prints its time; the JSON is rewritten after every phase.
 
   python3 bench/bench_dit.py --tool ... --cases t2i,edit --skip-torch --lora-rank 64 \
@@ -491,15 +493,19 @@ def main():
             save_file({"hidden_states": ci["x"], "encoder_hidden_states": ci["txt"],
                        "encoder_hidden_states_mask": ci["mask"], "timestep": ci["t"],
                        "img_shapes": torch.tensor(ci["shapes"], dtype=torch.float32)}, inp)
-            variants = [("", [])]
+            variants = [("", [], {})]
             if args.fp8:
-                variants += [("_fp8", ["--dtype", "fp8"])]
+                variants += [("_fp8", ["--dtype", "fp8"], {})]
             if lora_path:
-                variants += [("_lora_runtime", ["--lora", f"{lora_path}:1", "--lora-mode", "runtime"]),
-                             ("_lora_merged", ["--lora", f"{lora_path}:1", "--lora-mode", "merged"])]
+                runtime = ["--lora", f"{lora_path}:1", "--lora-mode", "runtime"]
+                # Runtime LoRAs folded into the layers' GEMMs (the default) and, for the A/B in one
+                # run, kept as two GEMMs beside each layer (LATENT_LORA_FOLD=0).
+                variants += [("_lora_runtime", runtime, {}),
+                             ("_lora_runtime_separate", runtime, {"LATENT_LORA_FOLD": "0"}),
+                             ("_lora_merged", ["--lora", f"{lora_path}:1", "--lora-mode", "merged"], {})]
             lora_outs = {}
             ours_bf16 = None
-            for suffix, extra in variants:
+            for suffix, extra, env_extra in variants:
                 t0 = time.time()
                 outp_v = outp.replace(".safetensors", f"{suffix}.safetensors")
                 if "--dtype" not in extra:
@@ -510,7 +516,7 @@ def main():
                 # A step as a denoising loop runs it, each step a new timestep: --repeat runs one
                 # timestep again and again, which the modulation cache would answer after the
                 # first (a few-step loop over frames gets that; a single step's figure must not).
-                env = dict(os.environ, LATENT_DIT_MOD_CACHE="0")
+                env = dict(os.environ, LATENT_DIT_MOD_CACHE="0", **env_extra)
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ours_timeout,
                                        env=env)
@@ -547,13 +553,14 @@ def main():
                 if not suffix and case in outs_fp32:
                     row["ours_vs_fp32_rel_l2"] = rel_l2(out, outs_fp32[case])
                 log(f"{case}: {key} {row[key + '_ms']:.1f} ms (call {row[key + '_wall_s']} s)")
-            if "ours_ms" in row and "ours_lora_runtime_ms" in row:
-                row["lora_runtime_cost"] = row["ours_lora_runtime_ms"] / row["ours_ms"] - 1
-                log(f"{case}: runtime LoRA rank {args.lora_rank} costs "
-                    f"{100 * row['lora_runtime_cost']:.1f} % a step (target <= 7 %)")
-            if len(lora_outs) == 2:
-                row["lora_runtime_vs_merged_rel_l2"] = rel_l2(lora_outs["_lora_runtime"],
-                                                              lora_outs["_lora_merged"])
+            for v, what in (("runtime", "folded"), ("runtime_separate", "two GEMMs apart")):
+                if "ours_ms" in row and f"ours_lora_{v}_ms" in row:
+                    row[f"lora_{v}_cost"] = row[f"ours_lora_{v}_ms"] / row["ours_ms"] - 1
+                    log(f"{case}: runtime LoRA rank {args.lora_rank} ({what}) costs "
+                        f"{100 * row[f'lora_{v}_cost']:.1f} % a step (target <= 7 %)")
+            for v in ("_lora_runtime", "_lora_runtime_separate"):
+                if v in lora_outs and "_lora_merged" in lora_outs:
+                    row[f"lora{v[5:]}_vs_merged_rel_l2"] = rel_l2(lora_outs[v], lora_outs["_lora_merged"])
             dump()
     env["total_s"] = round(time.time() - T0, 1)
     dump()
@@ -575,9 +582,12 @@ def main():
             print("  fp8 failed:", r["ours_fp8_error"][-300:])
         if "ours_lora_runtime_ms" in r or "ours_lora_merged_ms" in r:
             print(f"  LoRA rank {args.lora_rank}: runtime {r.get('ours_lora_runtime_ms', nan):.1f} ms "
-                  f"(+{100 * r.get('lora_runtime_cost', nan):.1f} %, target <= 7 %), merged "
+                  f"(+{100 * r.get('lora_runtime_cost', nan):.1f} %, target <= 7 %; two GEMMs apart "
+                  f"{r.get('ours_lora_runtime_separate_ms', nan):.1f} ms, "
+                  f"+{100 * r.get('lora_runtime_separate_cost', nan):.1f} %), merged "
                   f"{r.get('ours_lora_merged_ms', nan):.1f} ms; runtime vs merged "
-                  f"{r.get('lora_runtime_vs_merged_rel_l2', nan):.2e}")
+                  f"{r.get('lora_runtime_vs_merged_rel_l2', nan):.2e} (apart "
+                  f"{r.get('lora_runtime_separate_vs_merged_rel_l2', nan):.2e})")
     print(f"(rel. L2; fp32 reference: {env.get('ref_mode', 'not run')}; compile: {args.compile}; "
           f"weights: {env.get('weights')}; {env['total_s']} s)")
     print(f"wrote {args.out}")
