@@ -247,7 +247,7 @@ Result<Tensor> dit_linear_wide(DitEnv& env, const Tensor& x, const Tensor& w, co
   LATENT_CUDA_CHECK(cudaMemcpy2DAsync(y.data(), static_cast<size_t>(ldy) * es, t.data(),
                                       static_cast<size_t>(n) * es, static_cast<size_t>(n) * es,
                                       static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
-                                      env.launch.stream));
+                                      env.ctx->stream()));
   return y;
 }
 
