@@ -157,6 +157,9 @@ TEST(QwenImageLora, FoldedRuntimeLorasEqualTheSeparateOnes) {
     ASSERT_TRUE(folded_model && separate);
     EXPECT_EQ(folded_model->folded_lora_layers(), count);
     EXPECT_EQ(separate->folded_lora_layers(), 0);
+    EXPECT_NE(folded_model->description().find(str_cat(count, " of them folded")),
+              std::string::npos)
+        << folded_model->description();
     EXPECT_LT(relative_l2(run(*folded_model), run(*separate)), 1e-5);
     EXPECT_LT(relative_l2(run(*folded_model), reference(name)), kTolerance);
     // New strengths rebuild the folded down factors (and only a zero strength gives the base).

@@ -942,6 +942,9 @@ std::string QwenImageMmdit::description() const {
   for (const auto& l : loras_)
     loras += str_cat("lora: ", l.path, " strength ", l.strength, " (", lora_mode_name(lora_mode_),
                      ")\n");
+  if (lora_mode_ == LoraMode::kRuntime && !runtime_loras_.empty())
+    loras += str_cat("runtime LoRAs: on ", runtime_loras_.size(), " linear layers, ",
+                     folded_lora_layers_, " of them folded into the layer's GEMM\n");
   return str_cat(
       "architecture: QwenImageTransformer2DModel\n", "weights: ", source_.weights_path, " (",
       dtypes, ")\n",
