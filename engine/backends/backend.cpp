@@ -202,6 +202,14 @@ Result<Tensor> Backend::linear_into_columns(const Tensor& x, const Tensor& w, in
   return concat(parts, last);
 }
 
+Result<Tensor> Backend::attention_wide(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
+                                       const Tensor& key_mask,
+                                       const std::vector<int64_t>& key_lengths, int64_t extra) {
+  if (extra < 0) return Status::errorf("attention_wide: ", extra, " extra columns asked for");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, attention(q, k, v, heads, key_mask, key_lengths));
+  return append_zero_columns(y, extra);
+}
+
 Result<Tensor> Backend::joint_qk(const Tensor& img, const Tensor& txt, const Tensor& gamma_img,
                                  const Tensor& gamma_txt, const Tensor& freqs, int heads,
                                  float eps) {

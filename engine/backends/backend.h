@@ -421,6 +421,12 @@ class Backend {
   // K <= column and column + N <= C (what is read is never written). Returns the result: x
   // itself where the backend writes in place (CUDA), else a new tensor.
   virtual Result<Tensor> linear_into_columns(const Tensor& x, const Tensor& w, int64_t column);
+  // attention() written into the first heads * d columns of a [B, T, heads * d + extra] tensor
+  // (the attention outputs' layers, to_out / to_add_out, read it as their wide input); the last
+  // `extra` columns are left to the caller (undefined).
+  virtual Result<Tensor> attention_wide(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        int heads, const Tensor& key_mask,
+                                        const std::vector<int64_t>& key_lengths, int64_t extra);
 
   // --- FP8 linear layers (Fp8Matrix above) ---
   // Whether linear_fp8 multiplies FP8 codes on FP8 tensor cores (CUDA on compute capability

@@ -306,6 +306,49 @@ TEST_P(CudaDitOps, FoldedLoraOpsReadAndWriteRowsAtTheirPitch) {
   EXPECT_NE(y.status().message().find("reads 11"), std::string::npos) << y.status().message();
 }
 
+// attention_wide (the attention-output layers' folded LoRAs): cuDNN's graph writes output rows
+// heads * d + extra apart where extra keeps them 16-byte aligned, else our kernel plus a row
+// copy; the extra columns are then filled (linear_into_columns), so every column is compared
+// against the CPU's composition. With a key mask and key lengths (the padding-mask graph).
+TEST_P(CudaDitOps, AttentionWideWritesRowsAtTheirPitch) {
+  struct Case {
+    int64_t b, t, s;
+    int heads;
+    int64_t d, extra;
+    std::vector<int64_t> lengths;  // empty: no key mask
+  };
+  const Case cases[] = {
+      {1, 300, 300, 4, 64, 16, {}},
+      {2, 200, 230, 2, 64, 8, {230, 150}},
+      {1, 70, 70, 2, 32, 3, {}},  // rows 67 elements apart: not 16-byte aligned
+  };
+  uint64_t seed = 1700;
+  for (const Case& c : cases) {
+    const int64_t hd = c.heads * c.d;
+    Tensor q = input({c.b, c.t, hd}, seed++, -2.f, 2.f),
+           k = input({c.b, c.s, hd}, seed++, -2.f, 2.f);
+    Tensor v = input({c.b, c.s, hd}, seed++);
+    const float ws = 1.f / std::sqrt(static_cast<float>(hd));
+    Tensor down = input({c.extra, hd}, seed++, -ws, ws);
+    Tensor m;
+    if (!c.lengths.empty()) {
+      std::vector<float> keep;
+      for (int64_t bi = 0; bi < c.b; ++bi)
+        for (int64_t si = 0; si < c.s; ++si) keep.push_back(si < c.lengths[bi] ? 1.f : 0.f);
+      m = Tensor::from_floats({c.b, c.s}, keep);
+    }
+    auto chain = [&](Backend& be, auto up) -> Result<Tensor> {
+      LATENT_ASSIGN_OR_RETURN(
+          Tensor o, be.attention_wide(up(q), up(k), up(v), c.heads, up(m), c.lengths, c.extra));
+      return be.linear_into_columns(o, up(down), hd);
+    };
+    EXPECT_TRUE(close(str_cat("attention_wide [", c.b, ", ", c.t, ", ", c.heads, " x ", c.d, "] +",
+                              c.extra, c.lengths.empty() ? "" : ", key lengths"),
+                      chain(*gpu_, [&](const Tensor& t) { return on_gpu(t); }),
+                      chain(*cpu_, [&](const Tensor& t) { return on_cpu(t); }), attention_tol()));
+  }
+}
+
 TEST_P(CudaDitOps, LinearGeluEpilogueIsTheTanhForm) {
   // cuBLASLt's GELU epilogue must be PyTorch's approximate="tanh" GELU, not the erf form. With
   // y = x exactly (x on a grid TF32 holds, times one-hot weights), the fused output must lie

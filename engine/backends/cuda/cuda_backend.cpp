@@ -312,6 +312,14 @@ class CudaBackend final : public Backend {
       return cuda::dit_linear_wide(env, x, w, bias, act, extra);
     });
   }
+  Result<Tensor> attention_wide(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
+                                const Tensor& key_mask, const std::vector<int64_t>& key_lengths,
+                                int64_t extra) override {
+    return run("attention_wide", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_attention(env, q, k, v, heads, key_mask, key_lengths, extra);
+    });
+  }
   Result<Tensor> linear_into_columns(const Tensor& x, const Tensor& w, int64_t column) override {
     return run("linear_into_columns", [&] {
       cuda::DitEnv env = dit_env();

@@ -488,7 +488,8 @@ Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
 
 Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
                              int heads, const Tensor& key_mask,
-                             const std::vector<int64_t>& key_lengths) {
+                             const std::vector<int64_t>& key_lengths, int64_t extra) {
+  if (extra < 0) return Status::errorf("attention_wide: ", extra, " extra columns asked for");
   LATENT_TRY(check(env, "q", q, env.dtype, 3, "[B, T, heads * d]"));
   LATENT_TRY(check(env, "k", k, env.dtype, 3, "[B, S, heads * d]"));
   LATENT_TRY(check(env, "v", v, env.dtype, 3, "[B, S, heads * d]"));
@@ -513,19 +514,32 @@ Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, cons
         return Status::errorf("key_lengths[", b, "] = ", key_lengths[b], " is outside [1, ",
                               k.dim(1), "]");
   }
-  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, q.shape(), env.dtype));
+  const int64_t hd = q.dim(2), ld = hd + extra;
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {q.dim(0), q.dim(1), ld}, env.dtype));
   // cuDNN's fused flash attention where it can run (sdpa.h: bf16/fp16, sm_80+, d <= 256, not
-  // LATENT_CUDNN_SDPA=0, built with cudnn-frontend; with key lengths its padding mask), else our
-  // kernel, which reads the mask alone.
+  // LATENT_CUDNN_SDPA=0, built with cudnn-frontend; with key lengths its padding mask; output
+  // rows `ld` apart), else our kernel, which reads the mask alone (into a tensor of its own,
+  // its rows then copied into the wide output's).
   LATENT_ASSIGN_OR_RETURN(
       const bool done,
       sdpa_attention(*env.ctx, q.data(), k.data(), v.data(), data_or_null(key_mask),
                      key_lengths.empty() ? nullptr : key_lengths.data(), y.data(), q.dim(0),
-                     q.dim(1), k.dim(1), heads, q.dim(2) / heads, env.dtype));
-  if (!done)
-    LATENT_TRY(launch_dit_attention(q.data(), k.data(), v.data(), data_or_null(key_mask),
-                                    y.data(), q.dim(0), q.dim(1), k.dim(1), heads,
-                                    q.dim(2) / heads, env.dtype, env.launch));
+                     q.dim(1), k.dim(1), heads, hd / heads, env.dtype, ld));
+  if (done) return y;
+  Tensor out = y;
+  if (extra > 0) {
+    LATENT_ASSIGN_OR_RETURN(out, empty(env, q.shape(), env.dtype));
+  }
+  LATENT_TRY(launch_dit_attention(q.data(), k.data(), v.data(), data_or_null(key_mask), out.data(),
+                                  q.dim(0), q.dim(1), k.dim(1), heads, hd / heads, env.dtype,
+                                  env.launch));
+  if (extra > 0) {
+    const size_t es = dtype_size(env.dtype);
+    LATENT_CUDA_CHECK(cudaMemcpy2DAsync(y.data(), static_cast<size_t>(ld) * es, out.data(),
+                                        static_cast<size_t>(hd) * es, static_cast<size_t>(hd) * es,
+                                        static_cast<size_t>(q.dim(0) * q.dim(1)),
+                                        cudaMemcpyDeviceToDevice, env.ctx->stream()));
+  }
   return y;
 }
 

@@ -78,9 +78,11 @@ Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
                             int heads, float eps);
 // key_lengths (backend.h: the promise that key_mask is a prefix of valid keys) go to cuDNN's
 // padding mask; they cannot be checked against the device mask here, only their count and range.
+// extra > 0: Backend::attention_wide (the output [B, T, heads * d + extra], its last `extra`
+// columns left to the caller).
 Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
                              int heads, const Tensor& key_mask,
-                             const std::vector<int64_t>& key_lengths);
+                             const std::vector<int64_t>& key_lengths, int64_t extra = 0);
 Result<Tensor> dit_activation(DitEnv& env, const Tensor& x, DitActivation act);
 Result<Tensor> dit_scaled_add(DitEnv& env, const Tensor& a, const Tensor& b, float alpha,
                               float beta);

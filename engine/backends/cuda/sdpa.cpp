@@ -89,17 +89,19 @@ struct ShapeKey {
   int64_t d = 0;
   DType dtype = DType::kBF16;
   MaskVariant mask = MaskVariant::kNone;
+  int64_t out_ld = 0;  // elements between output rows; 0: heads * d
 
   bool operator<(const ShapeKey& o) const {
-    return std::tie(b, tq, tk, heads, d, dtype, mask) <
-           std::tie(o.b, o.tq, o.tk, o.heads, o.d, o.dtype, o.mask);
+    return std::tie(b, tq, tk, heads, d, dtype, mask, out_ld) <
+           std::tie(o.b, o.tq, o.tk, o.heads, o.d, o.dtype, o.mask, o.out_ld);
   }
 };
 
 // "bf16 q [1, 4224, 24 x 128] k [1, 4224], key mask as bias"
 std::string describe(const ShapeKey& s) {
   return str_cat(dtype_name(s.dtype), " q [", s.b, ", ", s.tq, ", ", s.heads, " x ", s.d, "] k [",
-                 s.b, ", ", s.tk, "], ", variant_name(s.mask));
+                 s.b, ", ", s.tk, "], ", variant_name(s.mask),
+                 s.out_ld ? str_cat(", output rows ", s.out_ld, " apart") : std::string());
 }
 
 // What runs when the graph of `s` cannot: the bias graph after the padding one, else ours.
@@ -254,7 +256,7 @@ std::string build_graph(cudnnHandle_t handle, const ShapeKey& s,
       .set_uid(kUidO)
       .set_data_type(dt)
       .set_dim({s.b, s.heads, s.tq, s.d})
-      .set_stride({s.tq * hd, s.d, hd, 1});
+      .set_stride({s.tq * (s.out_ld ? s.out_ld : hd), s.d, s.out_ld ? s.out_ld : hd, 1});
 
   int64_t workspace = 0;
   const std::string why = build_graph_plan(
@@ -376,9 +378,11 @@ SdpaCounters sdpa_counters() {
 
 Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, const void* v,
                             const void* key_mask, const int64_t* key_lengths, void* out, int64_t b,
-                            int64_t tq, int64_t tk, int heads, int64_t d, DType dtype) {
+                            int64_t tq, int64_t tk, int heads, int64_t d, DType dtype,
+                            int64_t out_ld) {
   ShapeKey s;
   s.b = b, s.tq = tq, s.tk = tk, s.heads = heads, s.d = d, s.dtype = dtype;
+  s.out_ld = out_ld == heads * d ? 0 : out_ld;
   s.mask = key_mask != nullptr ? MaskVariant::kBias : MaskVariant::kNone;
   if (!sdpa_compiled()) return fall_back(s, "built without cudnn-frontend");
   if (env_is("LATENT_CUDNN_SDPA", "0")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
@@ -389,6 +393,7 @@ Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, co
   if (ctx.properties().major < 8) return fall_back(s, "below sm_80");
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
     return fall_back(s, "a tensor is not 16-byte aligned");
+  if (s.out_ld % 8 != 0) return fall_back(s, "output rows not 16 bytes apart");
 
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
   Result<std::shared_ptr<SdpaState>> got = state_for(ctx);

@@ -55,10 +55,12 @@ SdpaCounters sdpa_counters();
 // warning, never retried). An error only when scratch memory cannot be had. Counts the call
 // (sdpa_counters) and logs at debug level, once per shape and path, which path ran. The device
 // must be current. `key_lengths`: null, or b values in [1, tk] that describe `key_mask` exactly
-// (backend.h), for the padding-mask graph.
+// (backend.h), for the padding-mask graph. `out_ld`: elements from one token's output row to the
+// next (0: heads * d; more for Backend::attention_wide, a multiple of 8 for the graph).
 Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, const void* v,
-                            const void* key_mask, const int64_t* key_lengths, void* out,
-                            int64_t b, int64_t tq, int64_t tk, int heads, int64_t d, DType dtype);
+                            const void* key_mask, const int64_t* key_lengths, void* out, int64_t b,
+                            int64_t tq, int64_t tk, int heads, int64_t d, DType dtype,
+                            int64_t out_ld = 0);
 
 // bias[r, c] = mask[r, c] != 0 ? 0 : -65504 for a [rows, cols] mask, into rows of
 // `bias_stride` >= cols elements (the padding columns -65504), in `dtype` (sdpa_bias.cu).

@@ -363,9 +363,10 @@ struct Block {
   Tensor norm_q, norm_k, norm_added_q, norm_added_k;        // [head_dim]
   Linear img_mlp_in, img_mlp_out, txt_mlp_in, txt_mlp_out;  // D -> 4D (GELU tanh) -> D
   // Runtime LoRAs folded into the GEMMs, per input (null: none, or not folded): the normalised
-  // inputs of q/k/v and of the MLPs, and the MLPs' hidden activations.
-  std::shared_ptr<FoldedLoras> fold_qkv, fold_add_qkv, fold_img_mlp_in, fold_txt_mlp_in,
-      fold_img_mlp_out, fold_txt_mlp_out;
+  // inputs of q/k/v and of the MLPs, the attention's output (image / text rows), and the MLPs'
+  // hidden activations.
+  std::shared_ptr<FoldedLoras> fold_qkv, fold_add_qkv, fold_img_mlp_in, fold_txt_mlp_in, fold_out,
+      fold_add_out, fold_img_mlp_out, fold_txt_mlp_out;
 
   static Block bind(WeightBinder& b, const std::string& p, const QwenImageMmditConfig& c) {
     const int64_t d = c.inner_dim(), hd = c.attention_head_dim;
@@ -396,8 +397,8 @@ struct Block {
             &add_k,   &add_v,   &to_add_out, &img_mlp_in, &img_mlp_out, &txt_mlp_in, &txt_mlp_out};
   }
   std::vector<std::shared_ptr<FoldedLoras>*> folds() {
-    return {&fold_qkv,        &fold_add_qkv,     &fold_img_mlp_in,
-            &fold_txt_mlp_in, &fold_img_mlp_out, &fold_txt_mlp_out};
+    return {&fold_qkv, &fold_add_qkv, &fold_img_mlp_in,  &fold_txt_mlp_in,
+            &fold_out, &fold_add_out, &fold_img_mlp_out, &fold_txt_mlp_out};
   }
 };
 
@@ -768,6 +769,8 @@ Status QwenImageMmdit::apply_loras(const MmditLoras& loras) {
                                 fold_loras(be, {&b.add_q, &b.add_k, &b.add_v}, nullptr));
         LATENT_ASSIGN_OR_RETURN(b.fold_img_mlp_in, fold_loras(be, {&b.img_mlp_in}, nullptr));
         LATENT_ASSIGN_OR_RETURN(b.fold_txt_mlp_in, fold_loras(be, {&b.txt_mlp_in}, nullptr));
+        LATENT_ASSIGN_OR_RETURN(b.fold_out, fold_loras(be, {&b.to_out}, nullptr));
+        LATENT_ASSIGN_OR_RETURN(b.fold_add_out, fold_loras(be, {&b.to_add_out}, nullptr));
         LATENT_ASSIGN_OR_RETURN(b.fold_img_mlp_out,
                                 fold_loras(be, {&b.img_mlp_out}, &b.img_mlp_in));
         LATENT_ASSIGN_OR_RETURN(b.fold_txt_mlp_out,
@@ -1093,10 +1096,27 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   LATENT_ASSIGN_OR_RETURN(Tensor k,
                           be.joint_qk(k_i, k_t, w.norm_k, w.norm_added_k, c.rope, c.heads, kNormEps));
   LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_i, v_t}, 1));
-  LATENT_ASSIGN_OR_RETURN(Tensor o,
-                          be.attention(q, k, v, c.heads, c.key_mask, c.key_lengths));  // [B, T, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, 0, t_img));      // [B, T_img, D]
-  LATENT_ASSIGN_OR_RETURN(Tensor o_t, be.slice(o, 1, t_img, t_txt));  // [B, T_txt, D]
+  // With the output layers' LoRAs folded, the attention writes its rows wide ([o | o downᵀ]),
+  // as many columns more as the larger of the two streams' FoldedLoras needs.
+  const FoldedLoras* out_fold = w.fold_out.get();
+  const FoldedLoras* add_out_fold = w.fold_add_out.get();
+  const int64_t o_extra =
+      std::max(out_fold ? out_fold->extra : 0, add_out_fold ? add_out_fold->extra : 0);
+  Tensor o;  // [B, T, D (+ o_extra)]
+  if (o_extra > 0) {
+    LATENT_ASSIGN_OR_RETURN(
+        o, be.attention_wide(q, k, v, c.heads, c.key_mask, c.key_lengths, o_extra));
+  } else {
+    LATENT_ASSIGN_OR_RETURN(o, be.attention(q, k, v, c.heads, c.key_mask, c.key_lengths));
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, 0, t_img));      // [B, T_img, D (+)]
+  LATENT_ASSIGN_OR_RETURN(Tensor o_t, be.slice(o, 1, t_img, t_txt));  // [B, T_txt, D (+)]
+  if (out_fold) {
+    LATENT_ASSIGN_OR_RETURN(o_i, out_fold->fill(be, o_i));
+  }
+  if (add_out_fold) {
+    LATENT_ASSIGN_OR_RETURN(o_t, add_out_fold->fill(be, o_t));
+  }
   LATENT_ASSIGN_OR_RETURN(o_i, w.to_out(be, o_i));
   LATENT_ASSIGN_OR_RETURN(o_t, w.to_add_out(be, o_t));
   LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));

@@ -170,8 +170,8 @@ class QwenImageMmdit {
   // Runtime mode: how many adapted linear layers have their LoRAs folded into the layer's own
   // GEMM (the input written with the low-rank projections as extra columns, the up factors
   // appended to the weight: one GEMM a layer, the output written once). These are the blocks'
-  // q/k/v and MLP layers, unless they are held in FP8 or LATENT_LORA_FOLD=0; the rest (the
-  // attention outputs, modulations, top-level layers) add their two low-rank GEMMs.
+  // q/k/v, attention-output and MLP layers, unless they are held in FP8 or LATENT_LORA_FOLD=0;
+  // the rest (the modulations, top-level layers) add their two low-rank GEMMs.
   int64_t folded_lora_layers() const { return folded_lora_layers_; }
 
   // The transformer's forward: -> sample [B, T_img, patch_size^2 * out_channels] (diffusers'
