@@ -7,7 +7,8 @@
 // undefined at build time) sdpa_attention() always answers "not done" and the caller runs its
 // own kernel.
 //
-// Layout: q [B, Tq, H*d], k and v [B, Tk, H*d], out [B, Tq, H*d], contiguous (BSHD strides).
+// Layout: q [B, Tq, H*d], k and v [B, Tk, H*d], out [B, Tq, H*d], contiguous (BSHD strides);
+// out's rows may be wider (out_ld below: the first H*d elements of each written).
 // The key mask [B, Tk] (nonzero: attend) becomes an additive bias (0 / -65504, the value PyTorch
 // uses for boolean masks with cuDNN) in a [B, Tk] scratch buffer (rows padded to 8 elements, 16
 // bytes) that the graph broadcasts over heads and queries with zero strides; no host read of the
