@@ -175,6 +175,41 @@ TEST(QwenImageLora, FoldedRuntimeLorasEqualTheSeparateOnes) {
   }
 }
 
+// The wide-input ops behind the folding refuse what would read columns they write, read past a
+// row, or ask for a negative number of columns, naming the op (the CPU backend's defaults).
+TEST(QwenImageLora, WideInputOpsRefuseBadShapes) {
+  Backend& be = *test::cpu_backend();
+  auto up = [&](const Shape& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    auto t = be.upload(Tensor::from_floats(shape, std::vector<float>(n, 0.5f)));
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return t.ok() ? *t : Tensor();
+  };
+  const Tensor x = up({2, 3, 10}), w = up({4, 6});
+  auto expect_error = [](const Result<Tensor>& r, const std::string& what) {
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+  };
+  expect_error(be.linear_into_columns(x, w, 5), "linear_into_columns");  // reads column 5
+  expect_error(be.linear_into_columns(x, w, 7), "linear_into_columns");  // writes past 10
+  expect_error(be.linear_wide(x, up({4, 11}), Tensor(), DitActivation::kNone, 0), "linear_wide");
+  expect_error(be.linear_wide(x, w, Tensor(), DitActivation::kNone, -1), "linear_wide");
+  const Tensor cond = up({1, 2, 10});
+  expect_error(be.layer_norm_modulate_wide(x, cond, cond, {0}, 1e-6f, -2),
+               "layer_norm_modulate_wide");
+  expect_error(be.attention_wide(x, x, x, 2, Tensor(), {}, -1), "attention_wide");
+  // In range: columns [6, 10) = x[..., :6] w^T, the rest unchanged.
+  auto filled = be.linear_into_columns(x, w, 6);
+  ASSERT_TRUE(filled.ok()) << filled.status().message();
+  const Tensor host = *be.download(*filled);
+  ASSERT_EQ(host.shape(), x.shape());
+  const std::vector<float> v = host.to_floats();
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 10; ++c)
+      EXPECT_FLOAT_EQ(v[r * 10 + c], c < 6 ? 0.5f : 1.5f) << r << ", " << c;  // 6 x 0.25
+}
+
 TEST(QwenImageLora, ReadsLayoutsRanksAndAlphas) {
   struct Want {
     const char* file;
