@@ -146,6 +146,55 @@ Result<Tensor> dit_upload_fp32(DitEnv& env, const Tensor& host) {
   return out;
 }
 
+namespace {
+
+// act(x[..., :K] w^T + bias), K = w.dim(1) <= x.dim(-1) (x's rows read at their pitch), into the
+// first N columns of y [..., N + extra] (dit_linear: K = x.dim(-1), extra = 0). Checks all but
+// how K relates to x (the callers').
+Result<Tensor> linear_rows(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
+                           DitActivation act, int64_t extra) {
+  LATENT_TRY(check_vector(env, "bias", bias, w.dim(0), w));
+  LATENT_TRY(check_act(act));
+  const int64_t m = rows_of(x), n = w.dim(0), k = w.dim(1), ldx = x.dim(-1), ldy = n + extra;
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (m > big || ldy > big || ldx > big)
+    return Status::errorf("x ", shape_str(x.shape()), " . w^T ", shape_str(w.shape()),
+                          " is too large for cuBLASLt");
+  Shape out_shape = x.shape();
+  out_shape.back() = ldy;
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
+  // Bias and tanh-GELU go into cuBLASLt's epilogue; SiLU (no such epilogue) and a bias that is
+  // not 16-byte aligned (a view at an odd offset) take one more pass over the product, after
+  // which the GELU has to wait too. That pass runs on y itself when its rows are contiguous,
+  // else on a contiguous product whose rows are then copied into y's.
+  const bool fuse_bias = bias.defined() && aligned16(bias.data());
+  const bool fuse_gelu = act == DitActivation::kGELUTanh && (!bias.defined() || fuse_bias);
+  const bool bias_left = bias.defined() && !fuse_bias;
+  const bool act_left =
+      act == DitActivation::kSiLU || (act == DitActivation::kGELUTanh && !fuse_gelu);
+  const bool apart = (bias_left || act_left) && extra > 0;
+  Tensor out = y;
+  if (apart) {
+    LATENT_ASSIGN_OR_RETURN(out, empty(env, {m, n}, env.dtype));
+  }
+  LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), fuse_bias ? bias.data() : nullptr,
+                             out.data(), m, n, k, env.dtype, fuse_gelu, nullptr, ldx,
+                             apart ? n : ldy));
+  if (!bias_left && !act_left) return y;
+  LATENT_TRY(launch_dit_bias_act(out.data(), bias_left ? bias.data() : nullptr, out.data(), m * n,
+                                 n, act_left ? act : DitActivation::kNone, env.dtype, env.launch));
+  if (apart) {
+    const size_t es = dtype_size(env.dtype);
+    LATENT_CUDA_CHECK(cudaMemcpy2DAsync(y.data(), static_cast<size_t>(ldy) * es, out.data(),
+                                        static_cast<size_t>(n) * es, static_cast<size_t>(n) * es,
+                                        static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
+                                        env.ctx->stream()));
+  }
+  return y;
+}
+
+}  // namespace
+
 Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
                           DitActivation act) {
   LATENT_TRY(check(env, "input x", x, env.dtype, -1, "[..., K]"));
@@ -153,31 +202,7 @@ Result<Tensor> dit_linear(DitEnv& env, const Tensor& x, const Tensor& w, const T
   if (w.dim(1) != x.dim(-1))
     return Status::errorf("weight w ", shape_str(w.shape()), " expects ", w.dim(1),
                           " input features but x is ", shape_str(x.shape()));
-  LATENT_TRY(check_vector(env, "bias", bias, w.dim(0), w));
-  LATENT_TRY(check_act(act));
-  const int64_t m = rows_of(x), n = w.dim(0), k = w.dim(1);
-  const int64_t big = std::numeric_limits<int32_t>::max();
-  if (m > big || n > big || k > big)
-    return Status::errorf("x ", shape_str(x.shape()), " . w^T ", shape_str(w.shape()),
-                          " is too large for cuBLASLt");
-  Shape out_shape = x.shape();
-  out_shape.back() = n;
-  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
-  // Bias and tanh-GELU go into cuBLASLt's epilogue; SiLU (no such epilogue) and a bias that is
-  // not 16-byte aligned (a view at an odd offset) take one more pass over y, after which the
-  // GELU has to wait too.
-  const bool fuse_bias = bias.defined() && aligned16(bias.data());
-  const bool fuse_gelu = act == DitActivation::kGELUTanh && (!bias.defined() || fuse_bias);
-  LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), fuse_bias ? bias.data() : nullptr,
-                             y.data(), m, n, k, env.dtype, fuse_gelu));
-  const bool bias_left = bias.defined() && !fuse_bias;
-  const bool act_left =
-      act == DitActivation::kSiLU || (act == DitActivation::kGELUTanh && !fuse_gelu);
-  if (bias_left || act_left)
-    LATENT_TRY(launch_dit_bias_act(y.data(), bias_left ? bias.data() : nullptr, y.data(), y.numel(),
-                                   n, act_left ? act : DitActivation::kNone, env.dtype,
-                                   env.launch));
-  return y;
+  return linear_rows(env, x, w, bias, act, 0);
 }
 
 Result<Tensor> dit_linear_add(DitEnv& env, const Tensor& x, const Tensor& w,
@@ -217,38 +242,7 @@ Result<Tensor> dit_linear_wide(DitEnv& env, const Tensor& x, const Tensor& w, co
     return Status::errorf("linear_wide: weight w ", shape_str(w.shape()), " reads ", w.dim(1),
                           " input features but x ", shape_str(x.shape()), " has ", x.dim(-1));
   if (extra < 0) return Status::errorf("linear_wide: ", extra, " extra columns asked for");
-  if (w.dim(1) == x.dim(-1) && extra == 0) return dit_linear(env, x, w, bias, act);
-  LATENT_TRY(check_vector(env, "bias", bias, w.dim(0), w));
-  LATENT_TRY(check_act(act));
-  const int64_t m = rows_of(x), n = w.dim(0), k = w.dim(1), ldx = x.dim(-1), ldy = n + extra;
-  const int64_t big = std::numeric_limits<int32_t>::max();
-  if (m > big || ldy > big || ldx > big)
-    return Status::errorf("x ", shape_str(x.shape()), " . w^T ", shape_str(w.shape()),
-                          " is too large for cuBLASLt");
-  Shape out_shape = x.shape();
-  out_shape.back() = ldy;
-  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
-  const bool fuse_bias = !bias.defined() || aligned16(bias.data());
-  const bool fused = fuse_bias && act != DitActivation::kSiLU;
-  if (fused) {
-    LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), bias.defined() ? bias.data() : nullptr,
-                               y.data(), m, n, k, env.dtype, act == DitActivation::kGELUTanh,
-                               nullptr, ldx, ldy));
-    return y;
-  }
-  // An epilogue cuBLASLt cannot take (SiLU, an unaligned bias): the product into a contiguous
-  // tensor, the epilogue there, then its rows into y's.
-  LATENT_ASSIGN_OR_RETURN(Tensor t, empty(env, {m, n}, env.dtype));
-  LATENT_TRY(env.linear->run(*env.ctx, x.data(), w.data(), nullptr, t.data(), m, n, k, env.dtype,
-                             false, nullptr, ldx, 0));
-  LATENT_TRY(launch_dit_bias_act(t.data(), bias.defined() ? bias.data() : nullptr, t.data(),
-                                 t.numel(), n, act, env.dtype, env.launch));
-  const size_t es = dtype_size(env.dtype);
-  LATENT_CUDA_CHECK(cudaMemcpy2DAsync(y.data(), static_cast<size_t>(ldy) * es, t.data(),
-                                      static_cast<size_t>(n) * es, static_cast<size_t>(n) * es,
-                                      static_cast<size_t>(m), cudaMemcpyDeviceToDevice,
-                                      env.ctx->stream()));
-  return y;
+  return linear_rows(env, x, w, bias, act, extra);
 }
 
 Result<Tensor> dit_linear_into_columns(DitEnv& env, const Tensor& x, const Tensor& w,
