@@ -147,11 +147,7 @@ std::string shape_or_undefined(const Tensor& x) {
 Result<Tensor> Backend::append_zero_columns(const Tensor& y, int64_t extra) {
   if (extra == 0) return y;
   if (extra < 0) return Status::errorf("append_zero_columns: ", extra, " columns");
-  const Shape zs = with_last(y, extra);
-  int64_t n = 1;
-  for (int64_t d : zs) n *= d;
-  LATENT_ASSIGN_OR_RETURN(
-      Tensor zeros, upload(Tensor::from_floats(zs, std::vector<float>(static_cast<size_t>(n)))));
+  LATENT_ASSIGN_OR_RETURN(Tensor zeros, upload(Tensor::zeros(with_last(y, extra), DType::kF32)));
   return concat({y, zeros}, -1);
 }
 

@@ -404,7 +404,7 @@ struct Block {
 
 // Zeros [rows, cols] on the backend.
 Result<Tensor> zeros(Backend& be, int64_t rows, int64_t cols) {
-  return be.upload(Tensor::from_floats({rows, cols}, std::vector<float>(rows * cols)));
+  return be.upload(Tensor::zeros({rows, cols}, DType::kF32));
 }
 
 // Folds the runtime LoRAs of `layers` (which read one input) into their GEMMs (FoldedLoras);
