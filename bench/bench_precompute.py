@@ -162,9 +162,10 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
         cmd += ["--encoder-prop", p]
-    env = trace_env(args, f"{engine}x{gpus}p{pipelines}")
-    if engine == "local-together":
-        env = dict(env or os.environ, LATENT_PRECOMPUTE_STAGGER="0")
+    traced = trace_env(args, f"{engine}x{gpus}p{pipelines}")
+    env = traced
+    if engine == "local-together":  # (the trace, when there is one, is still traced's file)
+        env = dict(traced or os.environ, LATENT_PRECOMPUTE_STAGGER="0")
     with GpuSampler(list(range(gpus))) as gpu:
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
@@ -206,8 +207,8 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
             # the job's fixed cost: to the first clip's start, after the last one's end, Ray's
             # start and shutdown
             "fixed_s": job.get("fixed_s")}
-    if env is not None and span[1] > span[0]:
-        row["trace"] = trace_summary(env["LATENT_TRACE"], span[0], span[1])
+    if traced is not None and span[1] > span[0]:
+        row["trace"] = trace_summary(traced["LATENT_TRACE"], span[0], span[1])
     return row
 
 
