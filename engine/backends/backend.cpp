@@ -236,4 +236,11 @@ Result<Fp8Matrix> Backend::layer_norm_modulate_fp8(const Tensor& x, const Tensor
   return fp8_quantize_rows(y);
 }
 
+Result<Fp8Matrix> Backend::attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         int heads, const Tensor& key_mask,
+                                         const std::vector<int64_t>& key_lengths) {
+  LATENT_ASSIGN_OR_RETURN(Tensor y, attention(q, k, v, heads, key_mask, key_lengths));
+  return fp8_quantize_rows(y);
+}
+
 }  // namespace latent

@@ -449,6 +449,15 @@ class Backend {
                                                     const Tensor& scale,
                                                     const std::vector<int64_t>& group_starts,
                                                     float eps);
+  // attention() (below) for FP8 layers: its output [B, T, heads * d] as the next layer's
+  // quantised input. On CUDA (compute capability 9.0 and newer, cuDNN's FP8 SDPA) q, k and v
+  // are each quantised to e4m3 with one scale, the probabilities and the output in e4m3 too
+  // (every output row then has the output's one scale); with a key mask only where key_lengths
+  // describe it. The default (and CUDA where that cannot run): attention() in the compute
+  // dtype, its rows quantised as fp8_quantize_rows().
+  virtual Result<Fp8Matrix> attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          int heads, const Tensor& key_mask,
+                                          const std::vector<int64_t>& key_lengths);
   // LayerNorm over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta (biased
   // variance). gamma, beta: [D] or undefined (no affine; either may be given alone).
   virtual Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,

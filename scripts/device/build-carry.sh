@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 B=${B:-build-dev}
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLATENT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DLATENT_TOOL_OPENCV=OFF -DLATENT_BUILD_PLUGIN=ON -DLATENT_BUILD_TESTS=ON >/dev/null
-targets=(latent-tool gstlatent ${LATENT_DEVICE_TESTS:-test_cuda_ops test_cuda_dit_ops test_cuda_sdpa test_cuda_dit_model test_cuda_models test_cuda_graphs test_gst_cuda test_gst_dit_cuda bench_attention bench_conv test_cuda_taehv test_cuda_video_vae test_gst_video_cuda latent-bench-video})
+targets=(latent-tool gstlatent ${LATENT_DEVICE_TESTS:-test_cuda_ops test_cuda_fp8 test_cuda_dit_ops test_cuda_sdpa test_cuda_dit_model test_cuda_models test_cuda_graphs test_gst_cuda test_gst_dit_cuda bench_attention bench_conv test_cuda_taehv test_cuda_video_vae test_gst_video_cuda latent-bench-video})
 ninja -C $B -j"${J:-2}" "${targets[@]}"
 rm -rf .carry/dev && mkdir -p .carry/dev/bin .carry/dev/lib .carry/dev/plugin
 cp $B/tools/latent-tool .carry/dev/bin/

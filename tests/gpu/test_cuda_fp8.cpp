@@ -6,7 +6,11 @@
 //     fp32) within the bf16 output's rounding and the tensor cores' accumulation;
 //   - and is an FP8 product, not a bf16 one: its distance from the unquantised fp32 product is
 //     that of e4m3 (a few %), within a bound;
-//   - the tiny Qwen-Image transformer with LinearFormat::kFp8 on CUDA matches the CPU emulation.
+//   - the tiny Qwen-Image transformer with LinearFormat::kFp8 on CUDA matches the CPU emulation;
+//   - attention_fp8 runs cuDNN's FP8 SDPA (e4m3 q, k, v, probabilities and output, one scale
+//     each) within e4m3's error of the fp32 attention, with and without key lengths, its output
+//     rows all of one scale; a key mask without lengths stays in bf16 (quantised after); the
+//     tiny transformer with one batch row (its attention outputs then FP8) stays near diffusers.
 // Skips (77) without a GPU (or in a build without CUDA); the FP8 tests skip on GPUs other than
 // compute capability 9.0.
 #include <gtest/gtest.h>
@@ -21,6 +25,7 @@
 #ifdef LATENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "engine/backends/cuda/sdpa.h"
 #include "engine/backends/registry.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/fp8.h"
@@ -218,6 +223,106 @@ TEST_F(CudaFp8, RefusesWhatItCannotMultiply) {
   ASSERT_FALSE(y.ok());
   EXPECT_NE(y.status().message().find("was not quantised by"), std::string::npos)
       << y.status().message();
+}
+
+// The quantised attention output as floats: codes times their row's scale.
+std::vector<float> dequantised(const std::vector<uint8_t>& codes, const std::vector<float>& scales,
+                               int64_t cols) {
+  std::vector<float> out(codes.size());
+  for (size_t i = 0; i < codes.size(); ++i)
+    out[i] = fp8_e4m3_to_f32(codes[i]) * scales[i / static_cast<size_t>(cols)];
+  return out;
+}
+
+TEST_F(CudaFp8, AttentionRunsInFp8NearTheFloatResult) {
+  struct Case {
+    int64_t t, s;
+    int heads;
+    int64_t d, length;   // length: the key lengths (0: no mask)
+    bool lengths_given;  // false: the mask alone (no FP8 graph for a bias)
+  } cases[] = {
+      {1024, 1024, 4, 128, 0, true},  // Qwen-Image's head size
+      {300, 333, 2, 64, 250, true},   // a padded text tail, cuDNN's padding mask
+      {70, 70, 2, 16, 0, true},       // the tiny model's head size
+      {96, 100, 2, 64, 60, false},    // a mask without lengths: bf16, quantised after
+  };
+  for (const Case& c : cases) {
+    const int64_t hd = c.heads * c.d;
+    const std::string what = str_cat("[1, ", c.t, ", ", c.heads, " x ", c.d, "] keys ", c.s,
+                                     c.length ? str_cat(", ", c.length, " valid") : std::string(),
+                                     c.lengths_given ? "" : " (mask alone)");
+    SCOPED_TRACE(what);
+    Tensor q = bf16_input({1, c.t, hd}, 31, -2.f, 2.f), k = bf16_input({1, c.s, hd}, 32, -2.f, 2.f);
+    Tensor v = bf16_input({1, c.s, hd}, 33, -3.f, 3.f);
+    Tensor m;
+    std::vector<int64_t> lengths;
+    if (c.length) {
+      std::vector<float> keep;
+      for (int64_t i = 0; i < c.s; ++i) keep.push_back(i < c.length ? 1.f : 0.f);
+      m = Tensor::from_floats({1, c.s}, keep);
+      if (c.lengths_given) lengths = {c.length};
+    }
+    const cuda::SdpaCounters before = cuda::sdpa_counters();
+    Result<Fp8Matrix> o = gpu_->attention_fp8(up(*gpu_, q), up(*gpu_, k), up(*gpu_, v), c.heads,
+                                              up(*gpu_, m), lengths);
+    ASSERT_TRUE(o.ok()) << o.status().message();
+    const cuda::SdpaCounters after = cuda::sdpa_counters();
+    ASSERT_EQ(o->shape, Shape({1, c.t, hd}));
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    fetch(*o, &codes, &scales);
+    Result<Tensor> want =
+        cpu_->attention(up(*cpu_, q), up(*cpu_, k), up(*cpu_, v), c.heads, up(*cpu_, m), lengths);
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    const Tensor got = Tensor::from_floats({1, c.t, hd}, dequantised(codes, scales, hd));
+    EXPECT_EQ(test::count_non_finite(got), 0);
+    const double err = relative_l2(got, want.value());
+    const bool fp8 = after.cudnn_fp8 > before.cudnn_fp8;
+    bool one_scale = true;
+    for (float sc : scales) one_scale = one_scale && sc == scales[0];
+    std::printf("  attention_fp8 %-44s %s, vs fp32 %.2e%s\n", what.c_str(),
+                fp8 ? "cuDNN FP8" : "bf16 then rows quantised", err,
+                one_scale ? ", one output scale" : ", a scale a row");
+    if (c.lengths_given) {
+      EXPECT_TRUE(fp8) << "cuDNN's FP8 SDPA did not run (CUDNN_FRONTEND_LOG_INFO=1 says why)";
+      EXPECT_TRUE(one_scale);
+      // e4m3 q, k, v, P and O. With these sharp softmaxes (|q|, |k| up to 2) each output is a
+      // few values of v, so v's coding (~3.6 % RMS for e4m3's 3 mantissa bits) is not averaged
+      // out and adds to the output's own: measured 5.7-6.4e-2 on an H100, 6.4-6.6e-2 in
+      // bench/sim_fp8_attention.py's NumPy emulation of the same coding.
+      EXPECT_LT(err, 8e-2);
+    } else {
+      EXPECT_FALSE(fp8);
+      EXPECT_LT(err, 5e-2);  // bf16 attention, e4m3 rows
+    }
+  }
+}
+
+TEST_F(CudaFp8, TinyTransformerOneRowRunsItsAttentionInFp8) {
+  const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  auto g = QwenImageMmdit::load(root, gpu_, {}, LinearFormat::kFp8);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = QwenImageMmdit::load(root, cpu_, {}, LinearFormat::kFp8);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const std::string io = root + "/io_transformer.safetensors";
+  const Tensor ref = test::transformer_case_sample(io, "single");
+  ASSERT_TRUE(ref.defined());
+  const cuda::SdpaCounters before = cuda::sdpa_counters();
+  auto yg = (*g)->forward(test::transformer_case_inputs(*gpu_, io, "single"));
+  const cuda::SdpaCounters after = cuda::sdpa_counters();
+  auto yc = (*c)->forward(test::transformer_case_inputs(*cpu_, io, "single"));
+  const double emu = rel(yg, *gpu_, yc, *cpu_);
+  ASSERT_TRUE(yg.ok());
+  Result<Tensor> hg = gpu_->download(yg.value());
+  ASSERT_TRUE(hg.ok());
+  const double vs_fp32 = relative_l2(hg.value(), ref);
+  std::printf(
+      "  tiny transformer fp8, one batch row: %lld FP8 attention calls, vs CPU emulation "
+      "(bf16 attention) %.2e, vs diffusers fp32 %.2e\n",
+      static_cast<long long>(after.cudnn_fp8 - before.cudnn_fp8), emu, vs_fp32);
+  EXPECT_EQ(after.cudnn_fp8 - before.cudnn_fp8, 2);  // one a block
+  EXPECT_LT(emu, 5e-2);
+  EXPECT_LT(vs_fp32, 8e-2);
 }
 
 TEST_F(CudaFp8, TinyTransformerMatchesTheCpuEmulation) {

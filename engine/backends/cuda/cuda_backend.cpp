@@ -353,6 +353,15 @@ class CudaBackend final : public Backend {
       return cuda::dit_linear_fp8(env, x, w, bias, act);
     });
   }
+  Result<Fp8Matrix> attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
+                                  const Tensor& key_mask,
+                                  const std::vector<int64_t>& key_lengths) override {
+    if (!fp8_linear_) return Backend::attention_fp8(q, k, v, heads, key_mask, key_lengths);
+    return run("attention_fp8", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_attention_fp8(env, q, k, v, heads, key_mask, key_lengths);
+    });
+  }
   Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             float eps) override;
   Result<Tensor> rms_norm(const Tensor& x, const Tensor& gamma, float eps) override;

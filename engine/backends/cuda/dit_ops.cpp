@@ -480,10 +480,11 @@ Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
   return y;
 }
 
-Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
-                             int heads, const Tensor& key_mask,
-                             const std::vector<int64_t>& key_lengths, int64_t extra) {
-  if (extra < 0) return Status::errorf("attention_wide: ", extra, " extra columns asked for");
+namespace {
+
+// The shapes attention() and attention_fp8() take (backend.h).
+Status check_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v, int heads,
+                       const Tensor& key_mask, const std::vector<int64_t>& key_lengths) {
   LATENT_TRY(check(env, "q", q, env.dtype, 3, "[B, T, heads * d]"));
   LATENT_TRY(check(env, "k", k, env.dtype, 3, "[B, S, heads * d]"));
   LATENT_TRY(check(env, "v", v, env.dtype, 3, "[B, S, heads * d]"));
@@ -508,6 +509,16 @@ Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, cons
         return Status::errorf("key_lengths[", b, "] = ", key_lengths[b], " is outside [1, ",
                               k.dim(1), "]");
   }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
+                             int heads, const Tensor& key_mask,
+                             const std::vector<int64_t>& key_lengths, int64_t extra) {
+  if (extra < 0) return Status::errorf("attention_wide: ", extra, " extra columns asked for");
+  LATENT_TRY(check_attention(env, q, k, v, heads, key_mask, key_lengths));
   const int64_t hd = q.dim(2), ld = hd + extra;
   LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {q.dim(0), q.dim(1), ld}, env.dtype));
   // cuDNN's fused flash attention where it can run (sdpa.h: bf16/fp16, sm_80+, d <= 256, not
@@ -535,6 +546,47 @@ Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, cons
                                         cudaMemcpyDeviceToDevice, env.ctx->stream()));
   }
   return y;
+}
+
+Result<Fp8Matrix> dit_attention_fp8(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    int heads, const Tensor& key_mask,
+                                    const std::vector<int64_t>& key_lengths) {
+  LATENT_TRY(check_attention(env, q, k, v, heads, key_mask, key_lengths));
+  const int64_t b = q.dim(0), tq = q.dim(1), tk = k.dim(1), hd = q.dim(2);
+  // cuDNN's FP8 graph takes no bias: a key mask without lengths stays in the compute dtype.
+  const bool maskable = !key_mask.defined() || !key_lengths.empty();
+  const char* off = std::getenv("LATENT_FP8_ATTENTION");
+  if (maskable && !(off && std::strcmp(off, "0") == 0) && sdpa_compiled() &&
+      env.ctx->properties().major >= 9) {
+    // Scratch: the three inputs' codes and the scalars; the output's codes and row scales are
+    // the result's own.
+    const int64_t nq = b * tq * hd, nkv = b * tk * hd;
+    TempBuffer scratch;
+    const int64_t q_off = 0, k_off = (nq + 255) / 256 * 256;
+    const int64_t v_off = k_off + (nkv + 255) / 256 * 256, s_off = v_off + (nkv + 255) / 256 * 256;
+    LATENT_TRY(
+        scratch.allocate(*env.ctx, static_cast<size_t>(s_off) + kFp8Scalars * sizeof(float)));
+    auto* base = static_cast<uint8_t*>(scratch.get());
+    float* scalars = reinterpret_cast<float*>(base + s_off);
+    Fp8Matrix o;
+    o.shape = q.shape();
+    LATENT_ASSIGN_OR_RETURN(o.codes, empty(env, {b * tq, hd / 2}, DType::kBF16));  // hd bytes a row
+    LATENT_ASSIGN_OR_RETURN(o.scales, empty(env, {b * tq}, DType::kF32));
+    LATENT_TRY(launch_fp8_attention_inputs(
+        q.data(), k.data(), v.data(), nq, nkv, env.dtype, base + q_off, base + k_off, base + v_off,
+        scalars, static_cast<float*>(o.scales.data()), b * tq, env.launch));
+    LATENT_ASSIGN_OR_RETURN(
+        const bool done,
+        sdpa_attention_fp8(*env.ctx, base + q_off, base + k_off, base + v_off,
+                           key_lengths.empty() ? nullptr : key_lengths.data(), o.codes.data(),
+                           scalars, b, tq, tk, heads, hd / heads, env.dtype));
+    if (done) return o;
+    // (the quantisation above is wasted: cuDNN refused the shape once; it is remembered, the
+    // next call of this shape finds the plan empty and comes here after the same work. Rare:
+    // only where cuDNN lacks an FP8 engine.)
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor y, dit_attention(env, q, k, v, heads, key_mask, key_lengths, 0));
+  return dit_fp8_quantize_rows(env, y);
 }
 
 Result<Tensor> dit_activation(DitEnv& env, const Tensor& x, DitActivation act) {

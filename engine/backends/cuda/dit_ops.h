@@ -83,6 +83,14 @@ Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
 Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
                              int heads, const Tensor& key_mask,
                              const std::vector<int64_t>& key_lengths, int64_t extra = 0);
+// Backend::attention_fp8: q, k and v quantised to e4m3 with a scale each and cuDNN's FP8 SDPA
+// (sdpa.h, sdpa_attention_fp8), its e4m3 output returned as an Fp8Matrix whose row scales are
+// all the output's one scale. Where that cannot run (a key mask without key lengths, below
+// sm_90, no cudnn-frontend, LATENT_FP8_ATTENTION=0, cuDNN refuses the shape): dit_attention in
+// the compute dtype, its rows then quantised (dit_fp8_quantize_rows).
+Result<Fp8Matrix> dit_attention_fp8(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    int heads, const Tensor& key_mask,
+                                    const std::vector<int64_t>& key_lengths);
 Result<Tensor> dit_activation(DitEnv& env, const Tensor& x, DitActivation act);
 Result<Tensor> dit_scaled_add(DitEnv& env, const Tensor& a, const Tensor& b, float alpha,
                               float beta);

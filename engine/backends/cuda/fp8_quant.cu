@@ -96,7 +96,106 @@ void launch_rows(const T* x, uint8_t* codes, float* scales, int64_t rows, int co
     fp8_rows_kernel<T, V, 0><<<blocks, kThreads, 0, stream>>>(x, codes, scales, rows, cols);
 }
 
+// blockIdx.y picks q, k or v; grid-stride over its packs of V values (n a multiple of V, 16-byte
+// aligned when V > 1); one atomicMax a block.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    fp8_amax3_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                     int64_t nq, int64_t nkv, unsigned* __restrict__ amax_bits) {
+  __shared__ unsigned warp_bits[kThreads / 32];
+  const T* x = blockIdx.y == 0 ? q : blockIdx.y == 1 ? k : v;
+  const int64_t packs = (blockIdx.y == 0 ? nq : nkv) / V;
+  unsigned m = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    float f[V];
+    load_floats<T, V>(x + i * V, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) m = max(m, fp8_magnitude_bits(f[j]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) warp_bits[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned all = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_bits[w]);
+    atomicMax(amax_bits + blockIdx.y, all);
+  }
+}
+
+// blockIdx.y < 3: q, k or v coded with its tensor scale (packs of V as above); blockIdx.y == 3:
+// the scalars and the output's row scales.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    fp8_codes3_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                      int64_t nq, int64_t nkv, uint8_t* __restrict__ q8, uint8_t* __restrict__ k8,
+                      uint8_t* __restrict__ v8, float* __restrict__ scalars,
+                      float* __restrict__ o_row_scales, int64_t o_rows) {
+  const unsigned* amax_bits = reinterpret_cast<const unsigned*>(scalars) + kFp8AmaxQ;
+  const float descale_v = fp8_scale_of_bits(amax_bits[2]);
+  const float descale_o = descale_v * 1.125f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+  if (blockIdx.y == 3) {
+    if (first == 0) {
+      for (int t = 0; t < 3; ++t) scalars[kFp8DescaleQ + t] = fp8_scale_of_bits(amax_bits[t]);
+      scalars[kFp8DescaleS] = 1.f / 448.f;
+      scalars[kFp8ScaleS] = 448.f;
+      scalars[kFp8ScaleO] = 1.f / descale_o;
+      scalars[kFp8DescaleO] = descale_o;
+    }
+    if (o_row_scales)
+      for (int64_t r = first; r < o_rows; r += stride) o_row_scales[r] = descale_o;
+    return;
+  }
+  const T* x = blockIdx.y == 0 ? q : blockIdx.y == 1 ? k : v;
+  uint8_t* codes = blockIdx.y == 0 ? q8 : blockIdx.y == 1 ? k8 : v8;
+  const int64_t packs = (blockIdx.y == 0 ? nq : nkv) / V;
+  const float scale = fp8_scale_of_bits(amax_bits[blockIdx.y]);
+  for (int64_t i = first; i < packs; i += stride) {
+    float f[V];
+    load_floats<T, V>(x + i * V, f);
+    fp8_store_codes<V>(codes + i * V, f, scale);
+  }
+}
+
+template <typename T, int V>
+Status launch_attention_inputs(const void* q, const void* k, const void* v, int64_t nq, int64_t nkv,
+                               uint8_t* q8, uint8_t* k8, uint8_t* v8, float* scalars,
+                               float* o_row_scales, int64_t o_rows, const Launch& l) {
+  const int64_t packs = (nq > nkv ? nq : nkv) / V;
+  const unsigned blocks = grid_for(packs, kThreads, l, 4);
+  fp8_amax3_kernel<T, V><<<dim3(blocks, 3), kThreads, 0, l.stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), nq, nkv,
+      reinterpret_cast<unsigned*>(scalars) + kFp8AmaxQ);
+  LATENT_CUDA_CHECK_LAUNCH("fp8 attention amax");
+  fp8_codes3_kernel<T, V><<<dim3(blocks, 4), kThreads, 0, l.stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), nq, nkv, q8, k8,
+      v8, scalars, o_row_scales, o_rows);
+  LATENT_CUDA_CHECK_LAUNCH("fp8 attention codes");
+  return ok_status();
+}
+
 }  // namespace
+
+Status launch_fp8_attention_inputs(const void* q, const void* k, const void* v, int64_t nq,
+                                   int64_t nkv, DType dtype, uint8_t* q8, uint8_t* k8, uint8_t* v8,
+                                   float* scalars, float* o_row_scales, int64_t o_rows,
+                                   const Launch& l) {
+  if (nq <= 0 || nkv <= 0) return Status::errorf("fp8 attention: ", nq, " / ", nkv, " elements");
+  LATENT_CUDA_CHECK(cudaMemsetAsync(scalars, 0, kFp8Scalars * sizeof(float), l.stream));
+  return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
+    constexpr int kPack = Pack<T>::kN;
+    const bool vec = nq % kPack == 0 && nkv % kPack == 0 && aligned16(q) && aligned16(k) &&
+                     aligned16(v) && aligned16(q8) && aligned16(k8) && aligned16(v8);
+    return vec ? launch_attention_inputs<T, kPack>(q, k, v, nq, nkv, q8, k8, v8, scalars,
+                                                   o_row_scales, o_rows, l)
+               : launch_attention_inputs<T, 1>(q, k, v, nq, nkv, q8, k8, v8, scalars, o_row_scales,
+                                               o_rows, l);
+  });
+}
 
 Status launch_fp8_quantize_rows(const void* x, DType dtype, int64_t rows, int64_t cols,
                                 uint8_t* codes, float* scales, const Launch& l) {

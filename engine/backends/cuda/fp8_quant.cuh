@@ -17,4 +17,31 @@ namespace latent::cuda {
 Status launch_fp8_quantize_rows(const void* x, DType dtype, int64_t rows, int64_t cols,
                                 uint8_t* codes, float* scales, const Launch& l);
 
+// The scalars of an FP8 attention call (launch_fp8_attention_inputs, sdpa.h's
+// sdpa_attention_fp8), fp32 in one device block: the three inputs' largest magnitudes (as bits),
+// the graph's descale / scale inputs and its two amax outputs.
+enum Fp8AttentionScalar : int {
+  kFp8AmaxQ = 0,     // bits of max |q| (then k, v)
+  kFp8DescaleQ = 3,  // max |q| / 448: a code times this is the value (then k, v)
+  kFp8DescaleS = 6,  // 1 / 448: the softmax probabilities P in [0, 1] coded as P * 448
+  kFp8ScaleS = 7,    // 448
+  kFp8ScaleO = 8,    // 1 / kFp8DescaleO: the output's codes are O / descale_o
+  kFp8DescaleO = 9,  // descale_v * 9 / 8: |O| <= max |v| (a convex sum), with room for P's rounding
+  kFp8AmaxS = 10,    // written by cuDNN (max P, max |O|); not read
+  kFp8AmaxO = 11,
+  kFp8Scalars = 16,  // the block's size (64 bytes)
+};
+
+// Per-tensor e4m3 quantisation of an attention call's q [nq], k and v [nkv] (any layout: they
+// are read as flat arrays) for cuDNN's FP8 SDPA: each tensor's largest magnitude, then
+// code = e4m3(x / (amax / 448)) (round to nearest even, saturating; amax 0: scale 1, a NaN or an
+// infinity: NaN scales), the descales and scales above into `scalars` (kFp8Scalars floats), and
+// `o_row_scales` ([o_rows], may be null) all set to descale_o: the output's codes read back as
+// an Fp8Matrix with one scale per row (the next layer's FP8 input). Three kernels (the amax
+// block zeroed, the amax, the codes); no host synchronisation.
+Status launch_fp8_attention_inputs(const void* q, const void* k, const void* v, int64_t nq,
+                                   int64_t nkv, DType dtype, uint8_t* q8, uint8_t* k8, uint8_t* v8,
+                                   float* scalars, float* o_row_scales, int64_t o_rows,
+                                   const Launch& l);
+
 }  // namespace latent::cuda

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/backends/cuda/check.h"
+#include "engine/backends/cuda/fp8_quant.cuh"
 #include "engine/backends/frames.h"
 #include "engine/core/log.h"
 
@@ -65,6 +66,7 @@ namespace {
 
 std::atomic<int64_t> g_cudnn_calls{0};
 std::atomic<int64_t> g_cudnn_padding_calls{0};
+std::atomic<int64_t> g_cudnn_fp8_calls{0};
 std::atomic<int64_t> g_fallback_calls{0};
 
 // The graph variants: no mask, the key mask as an additive bias, cuDNN's padding mask (key
@@ -90,22 +92,24 @@ struct ShapeKey {
   DType dtype = DType::kBF16;
   MaskVariant mask = MaskVariant::kNone;
   int64_t out_ld = 0;  // elements between output rows; 0: heads * d
+  bool fp8 = false;    // e4m3 q, k, v and output (sdpa_attention_fp8); dtype: the caller's
 
   bool operator<(const ShapeKey& o) const {
-    return std::tie(b, tq, tk, heads, d, dtype, mask, out_ld) <
-           std::tie(o.b, o.tq, o.tk, o.heads, o.d, o.dtype, o.mask, o.out_ld);
+    return std::tie(b, tq, tk, heads, d, dtype, mask, out_ld, fp8) <
+           std::tie(o.b, o.tq, o.tk, o.heads, o.d, o.dtype, o.mask, o.out_ld, o.fp8);
   }
 };
 
 // "bf16 q [1, 4224, 24 x 128] k [1, 4224], key mask as bias"
 std::string describe(const ShapeKey& s) {
-  return str_cat(dtype_name(s.dtype), " q [", s.b, ", ", s.tq, ", ", s.heads, " x ", s.d, "] k [",
-                 s.b, ", ", s.tk, "], ", variant_name(s.mask),
+  return str_cat(s.fp8 ? "fp8 e4m3" : dtype_name(s.dtype), " q [", s.b, ", ", s.tq, ", ", s.heads,
+                 " x ", s.d, "] k [", s.b, ", ", s.tk, "], ", variant_name(s.mask),
                  s.out_ld ? str_cat(", output rows ", s.out_ld, " apart") : std::string());
 }
 
 // What runs when the graph of `s` cannot: the bias graph after the padding one, else ours.
 const char* instead(const ShapeKey& s) {
+  if (s.fp8) return "running this shape's attention in the compute dtype";
   return s.mask == MaskVariant::kPadding ? "using the key-mask bias graph instead"
                                          : "using our attention kernel for this shape";
 }
@@ -140,7 +144,24 @@ int64_t bias_stride(int64_t tk) { return (tk + 7) / 8 * 8; }
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
 namespace fe = cudnn_frontend;
 
-enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidBias, kUidSeqQ, kUidSeqKv };
+enum : int64_t {
+  kUidQ = 1,
+  kUidK,
+  kUidV,
+  kUidO,
+  kUidBias,
+  kUidSeqQ,
+  kUidSeqKv,
+  // the FP8 graph's scalars (fp8_quant.cuh, Fp8AttentionScalar)
+  kUidDescaleQ,
+  kUidDescaleK,
+  kUidDescaleV,
+  kUidDescaleS,
+  kUidScaleS,
+  kUidScaleO,
+  kUidAmaxS,
+  kUidAmaxO,
+};
 
 // Bytes from seq_len_q to seq_len_kv in one device block of key lengths (b int32 each).
 int64_t lengths_offset(int64_t b) { return (b * 4 + 255) / 256 * 256; }
@@ -210,7 +231,7 @@ Result<std::shared_ptr<SdpaState>> state_for(DeviceContext& ctx) {
 std::string build_graph(cudnnHandle_t handle, const ShapeKey& s,
                         const std::vector<int64_t>& bias_dim,
                         const std::vector<int64_t>& bias_stride, Plan* plan) {
-  const fe::DataType_t dt = half_type(s.dtype);
+  const fe::DataType_t dt = s.fp8 ? fe::DataType_t::FP8_E4M3 : half_type(s.dtype);
   auto g = new_graph(dt);
   // Our [B, T, H*d] rows as (B, H, T, d) with BSHD strides.
   const int64_t hd = s.heads * s.d;
@@ -250,9 +271,32 @@ std::string build_graph(cudnnHandle_t handle, const ShapeKey& s,
                               .set_stride(bias_stride));
     options.set_bias(bias);
   }
-  auto outputs = g->sdpa(q, k, v, options);
-  outputs[0]
-      ->set_output(true)
+  std::shared_ptr<fe::graph::Tensor_attributes> o;
+  if (s.fp8) {
+    auto scalar = [&](const char* name, int64_t uid) {
+      return g->tensor(fe::graph::Tensor_attributes()
+                           .set_name(name)
+                           .set_uid(uid)
+                           .set_dim({1, 1, 1, 1})
+                           .set_stride({1, 1, 1, 1})
+                           .set_data_type(fe::DataType_t::FLOAT));
+    };
+    auto outputs =
+        g->sdpa_fp8(q, k, v, scalar("descale_q", kUidDescaleQ), scalar("descale_k", kUidDescaleK),
+                    scalar("descale_v", kUidDescaleV), scalar("descale_s", kUidDescaleS),
+                    scalar("scale_s", kUidScaleS), scalar("scale_o", kUidScaleO), options);
+    o = outputs[0];
+    for (auto& [amax, uid] : {std::make_pair(outputs[2], int64_t{kUidAmaxS}),
+                              std::make_pair(outputs[3], int64_t{kUidAmaxO})})
+      amax->set_output(true)
+          .set_uid(uid)
+          .set_dim({1, 1, 1, 1})
+          .set_stride({1, 1, 1, 1})
+          .set_data_type(fe::DataType_t::FLOAT);
+  } else {
+    o = g->sdpa(q, k, v, options)[0];
+  }
+  o->set_output(true)
       .set_uid(kUidO)
       .set_data_type(dt)
       .set_dim({s.b, s.heads, s.tq, s.d})
@@ -372,6 +416,7 @@ SdpaCounters sdpa_counters() {
   SdpaCounters c;
   c.cudnn = g_cudnn_calls.load();
   c.cudnn_padding = g_cudnn_padding_calls.load();
+  c.cudnn_fp8 = g_cudnn_fp8_calls.load();
   c.fallback = g_fallback_calls.load();
   return c;
 }
@@ -448,6 +493,63 @@ Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, co
   return true;
 #else
   (void)ctx, (void)out, (void)key_lengths;
+  return fall_back(s, "built without cudnn-frontend");
+#endif
+}
+
+Result<bool> sdpa_attention_fp8(DeviceContext& ctx, const void* q8, const void* k8, const void* v8,
+                                const int64_t* key_lengths, void* o8, float* scalars, int64_t b,
+                                int64_t tq, int64_t tk, int heads, int64_t d, DType dtype) {
+  ShapeKey s;
+  s.b = b, s.tq = tq, s.tk = tk, s.heads = heads, s.d = d, s.dtype = dtype, s.fp8 = true;
+  s.mask = key_lengths ? MaskVariant::kPadding : MaskVariant::kNone;
+  if (!sdpa_compiled()) return fall_back(s, "built without cudnn-frontend");
+  if (env_is("LATENT_CUDNN_SDPA", "0")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
+  if (ctx.properties().major < 9) return fall_back(s, "FP8 attention needs sm_90 or newer");
+  if (d < 16 || d > 256 || d % 16 != 0)
+    return fall_back(s, "head dim not a multiple of 16 <= 256 (FP8)");
+  if (!aligned16(q8) || !aligned16(k8) || !aligned16(v8) || !aligned16(o8) || !aligned16(scalars))
+    return fall_back(s, "a tensor is not 16-byte aligned");
+
+#ifdef LATENT_HAVE_CUDNN_FRONTEND
+  Result<std::shared_ptr<SdpaState>> got = state_for(ctx);
+  if (!got.ok()) return fall_back(s, got.status().message());
+  const std::shared_ptr<SdpaState> state = got.value();
+  std::lock_guard<std::mutex> lock(state->mutex);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LATENT_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  Plan* plan = find_plan(ctx, *state, s, capturing);
+  if (!plan) return fall_back(s, "no cuDNN graph built before the capture began");
+  if (!plan->graph) return fall_back(s, "cuDNN has no FP8 engine for this shape");
+  std::unordered_map<int64_t, void*> pack = {{kUidQ, const_cast<void*>(q8)},
+                                             {kUidK, const_cast<void*>(k8)},
+                                             {kUidV, const_cast<void*>(v8)},
+                                             {kUidO, o8},
+                                             {kUidDescaleQ, scalars + kFp8DescaleQ},
+                                             {kUidDescaleK, scalars + kFp8DescaleQ + 1},
+                                             {kUidDescaleV, scalars + kFp8DescaleQ + 2},
+                                             {kUidDescaleS, scalars + kFp8DescaleS},
+                                             {kUidScaleS, scalars + kFp8ScaleS},
+                                             {kUidScaleO, scalars + kFp8ScaleO},
+                                             {kUidAmaxS, scalars + kFp8AmaxS},
+                                             {kUidAmaxO, scalars + kFp8AmaxO}};
+  if (key_lengths) {
+    LATENT_ASSIGN_OR_RETURN(void* lengths,
+                            device_lengths(*state, ctx.stream(), s, key_lengths, capturing));
+    if (!lengths) return fall_back(s, "key lengths not on the device before the capture began");
+    pack[kUidSeqQ] = lengths;
+    pack[kUidSeqKv] = static_cast<char*>(lengths) + lengths_offset(b);
+  }
+  LATENT_ASSIGN_OR_RETURN(const bool ran, execute(ctx, *state, s, *plan, pack));
+  if (!ran) return fall_back(s, "cuDNN execution failed");
+  ++g_cudnn_calls;
+  ++g_cudnn_fp8_calls;
+  if (key_lengths) ++g_cudnn_padding_calls;
+  log_path_once(s, "cudnn", "cuDNN FP8 SDPA");
+  return true;
+#else
+  (void)ctx, (void)q8, (void)k8, (void)v8, (void)o8, (void)scalars;
   return fall_back(s, "built without cudnn-frontend");
 #endif
 }

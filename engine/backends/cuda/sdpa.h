@@ -44,6 +44,7 @@ bool sdpa_compiled();
 struct SdpaCounters {
   int64_t cudnn = 0;          // ran cuDNN's SDPA
   int64_t cudnn_padding = 0;  // of those, with the padding mask (key lengths) rather than a bias
+  int64_t cudnn_fp8 = 0;      // of those, cuDNN's FP8 SDPA (sdpa_attention_fp8)
   int64_t fallback = 0;       // left to our kernel (any reason)
 };
 SdpaCounters sdpa_counters();
@@ -62,6 +63,20 @@ Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, co
                             const void* key_mask, const int64_t* key_lengths, void* out, int64_t b,
                             int64_t tq, int64_t tk, int heads, int64_t d, DType dtype,
                             int64_t out_ld = 0);
+
+// cuDNN's FP8 SDPA (Hopper and newer): q8 [B, Tq, H*d], k8 and v8 [B, Tk, H*d], o8 [B, Tq, H*d],
+// e4m3 codes one byte each, contiguous, each tensor with one scale: the descales and scales are
+// the device block `scalars` (fp8_quant.cuh, Fp8AttentionScalar, written by
+// launch_fp8_attention_inputs on the same stream), the output coded as O / descale_o. The
+// probabilities are coded in e4m3 too (P * 448), sums in fp32. `key_lengths`: null (no mask) or
+// b prefix lengths (cuDNN's padding mask; the graph has no bias input in FP8). Returns false
+// (counted as a fallback, logged once) where it cannot run: no frontend, below sm_90, d not a
+// multiple of 16 <= 256, a pointer not 16-byte aligned, LATENT_CUDNN_SDPA=0, no graph yet while
+// the stream is capturing, or cuDNN has no engine or fails (remembered). `dtype`: the caller's
+// compute dtype (for the log and the plan's key only).
+Result<bool> sdpa_attention_fp8(DeviceContext& ctx, const void* q8, const void* k8, const void* v8,
+                                const int64_t* key_lengths, void* o8, float* scalars, int64_t b,
+                                int64_t tq, int64_t tk, int heads, int64_t d, DType dtype);
 
 // bias[r, c] = mask[r, c] != 0 ? 0 : -65504 for a [rows, cols] mask, into rows of
 // `bias_stride` >= cols elements (the padding columns -65504), in `dtype` (sdpa_bias.cu).

@@ -962,7 +962,14 @@ std::string QwenImageMmdit::description() const {
           ? str_cat("linear layers: ", fp8_layers_,
                     " in fp8 e4m3 (a scale per output channel, inputs per token",
                     backend_->supports_fp8_linear() ? "" : "; emulated on this backend",
-                    "), the rest in ", dtype_name(backend_->compute_dtype()), "\n")
+                    "), the rest in ", dtype_name(backend_->compute_dtype()), "\n",
+                    "attention: its output quantised for to_out / to_add_out",
+                    backend_->supports_fp8_linear()
+                        ? "; q, k, v, probabilities and output in fp8 e4m3 (cuDNN's FP8 "
+                          "attention; one batch row, no runtime LoRA on the output layers, a key "
+                          "mask only as key lengths; LATENT_FP8_ATTENTION=0: in the compute dtype)"
+                        : " (computed in the compute dtype on this backend)",
+                    "\n")
           : "",
       loras);
 }
@@ -1003,6 +1010,28 @@ struct BlockContext {
   int heads = 0;
   int64_t dim = 0;
 };
+
+// Rows [start, start + count) of a quantised [1, T, K] matrix (the FP8 attention's output: image
+// rows, then text rows), as views of its storage: codes, scales, or the emulation's dequant.
+Result<Fp8Matrix> fp8_token_rows(const Fp8Matrix& m, int64_t start, int64_t count) {
+  if (m.shape.size() != 3 || m.shape[0] != 1 || start < 0 || count < 1 ||
+      start + count > m.shape[1])
+    return Status::errorf("internal: rows [", start, ", ", start + count, ") of a quantised ",
+                          shape_str(m.shape), " matrix (one batch row only)");
+  const int64_t k = m.shape[2];
+  Fp8Matrix r;
+  r.shape = {1, count, k};
+  auto rows_of = [&](const Tensor& t, int64_t row_bytes, const Shape& shape) {
+    return Tensor::from_storage(
+        t.storage(), t.byte_offset() + static_cast<size_t>(start * row_bytes), shape, t.dtype());
+  };
+  if (m.codes.defined()) r.codes = rows_of(m.codes, k, {count, k / 2});
+  if (m.scales.defined()) r.scales = rows_of(m.scales, 4, {count});
+  if (m.dequant.defined())
+    r.dequant =
+        rows_of(m.dequant, k * static_cast<int64_t>(dtype_size(m.dequant.dtype())), {1, count, k});
+  return r;
+}
 
 // The k-th D-wide chunk of a modulation output [rows, 6D] -> [rows, D].
 Result<Tensor> chunk(Backend& be, const Tensor& mod, int k, int64_t d) {
@@ -1102,25 +1131,44 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   const FoldedLoras* add_out_fold = w.fold_add_out.get();
   const int64_t o_extra =
       std::max(out_fold ? out_fold->extra : 0, add_out_fold ? add_out_fold->extra : 0);
-  Tensor o;  // [B, T, D (+ o_extra)]
-  if (o_extra > 0) {
-    LATENT_ASSIGN_OR_RETURN(
-        o, be.attention_wide(q, k, v, c.heads, c.key_mask, c.key_lengths, o_extra));
+  // FP8 output layers without runtime LoRAs (which read the compute-dtype input) take the
+  // attention's output quantised as it is written (Backend::attention_fp8: on Hopper cuDNN's FP8
+  // attention); one batch row (the image and text rows are then views of it).
+  const auto plain_fp8 = [](const Linear& l) {
+    return l.w8.defined() && !(l.lora && l.lora->up.defined());
+  };
+  if (o_extra == 0 && q.dim(0) == 1 && plain_fp8(w.to_out) && plain_fp8(w.to_add_out)) {
+    LATENT_ASSIGN_OR_RETURN(const Fp8Matrix o8,
+                            be.attention_fp8(q, k, v, c.heads, c.key_mask, c.key_lengths));
+    LATENT_ASSIGN_OR_RETURN(img_q, fp8_token_rows(o8, 0, t_img));
+    LATENT_ASSIGN_OR_RETURN(txt_q, fp8_token_rows(o8, t_img, t_txt));
+    LATENT_ASSIGN_OR_RETURN(Tensor o_i, w.to_out(be, Tensor(), none, &img_q));
+    LATENT_ASSIGN_OR_RETURN(Tensor o_t, w.to_add_out(be, Tensor(), none, &txt_q));
+    img_q = Fp8Matrix();
+    txt_q = Fp8Matrix();
+    LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
+    LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, o_t, tm[2], one_group));
   } else {
-    LATENT_ASSIGN_OR_RETURN(o, be.attention(q, k, v, c.heads, c.key_mask, c.key_lengths));
+    Tensor o;  // [B, T, D (+ o_extra)]
+    if (o_extra > 0) {
+      LATENT_ASSIGN_OR_RETURN(
+          o, be.attention_wide(q, k, v, c.heads, c.key_mask, c.key_lengths, o_extra));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(o, be.attention(q, k, v, c.heads, c.key_mask, c.key_lengths));
+    }
+    LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, 0, t_img));      // [B, T_img, D (+)]
+    LATENT_ASSIGN_OR_RETURN(Tensor o_t, be.slice(o, 1, t_img, t_txt));  // [B, T_txt, D (+)]
+    if (out_fold) {
+      LATENT_ASSIGN_OR_RETURN(o_i, out_fold->fill(be, o_i));
+    }
+    if (add_out_fold) {
+      LATENT_ASSIGN_OR_RETURN(o_t, add_out_fold->fill(be, o_t));
+    }
+    LATENT_ASSIGN_OR_RETURN(o_i, w.to_out(be, o_i));
+    LATENT_ASSIGN_OR_RETURN(o_t, w.to_add_out(be, o_t));
+    LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
+    LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, o_t, tm[2], one_group));
   }
-  LATENT_ASSIGN_OR_RETURN(Tensor o_i, be.slice(o, 1, 0, t_img));      // [B, T_img, D (+)]
-  LATENT_ASSIGN_OR_RETURN(Tensor o_t, be.slice(o, 1, t_img, t_txt));  // [B, T_txt, D (+)]
-  if (out_fold) {
-    LATENT_ASSIGN_OR_RETURN(o_i, out_fold->fill(be, o_i));
-  }
-  if (add_out_fold) {
-    LATENT_ASSIGN_OR_RETURN(o_t, add_out_fold->fill(be, o_t));
-  }
-  LATENT_ASSIGN_OR_RETURN(o_i, w.to_out(be, o_i));
-  LATENT_ASSIGN_OR_RETURN(o_t, w.to_add_out(be, o_t));
-  LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
-  LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, o_t, tm[2], one_group));
 
   // MLPs. x: [B, T, D] -> [B, T, 4D] -> [B, T, D]
   // With the output layer's LoRAs folded, the hidden activation is written wide ([h | h down^T]).
