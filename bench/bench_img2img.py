@@ -130,11 +130,18 @@ def main():
     ap.add_argument("--mod-cache", default="on",
                     help="on, off or on,off: the transformer's modulation cache (LATENT_DIT_MOD_CACHE); "
                          "on,off runs each dtype both ways (the A/B)")
+    ap.add_argument("--fp8-attention", default="on",
+                    help="on, off or on,off: dtype fp8's attention in FP8 (cuDNN's FP8 SDPA; "
+                         "LATENT_FP8_ATTENTION=0 is off: bf16, its output quantised after); "
+                         "on,off runs the fp8 rows both ways (the A/B)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     caches = [c for c in args.mod_cache.split(",") if c]
     if not caches or any(c not in ("on", "off") for c in caches):
         ap.error(f"--mod-cache {args.mod_cache}: give on, off or on,off")
+    fp8_atts = [c for c in args.fp8_attention.split(",") if c]
+    if not fp8_atts or any(c not in ("on", "off") for c in fp8_atts):
+        ap.error(f"--fp8-attention {args.fp8_attention}: give on, off or on,off")
     w, h = (int(v) for v in args.size.split("x"))
     prompt = os.path.join(args.dit_workdir, "prompt-64x3584.safetensors")
     vae = args.vae_dir
@@ -165,11 +172,17 @@ def main():
     ensure_prompt(prompt, 64, 3584, 0)
     result["setup_s"] = round(time.time() - t0, 1)
     targets = {"bf16": 450.0, "fp8": 350.0}
-    for dtype, cache in [(d, c) for d in args.dtypes.split(",") for c in caches]:
-        row = {"dtype": dtype, "mod_cache": cache, "pipeline": "gst-launch-1.0 " + line(dtype)}
+    variants = [(d, c, a) for d in args.dtypes.split(",") for c in caches
+                for a in (fp8_atts if d == "fp8" else ["-"])]
+    for dtype, cache, att in variants:
+        row = {"dtype": dtype, "mod_cache": cache, "fp8_attention": att,
+               "pipeline": "gst-launch-1.0 " + line(dtype)}
+        label = f"modulation cache {cache}" + (f", fp8 attention {att}" if att != "-" else "")
         try:
-            done, took = run(line(dtype), args.frames, args.timeout,
-                             {"LATENT_DIT_MOD_CACHE": "1" if cache == "on" else "0"})
+            env = {"LATENT_DIT_MOD_CACHE": "1" if cache == "on" else "0"}
+            if att != "-":
+                env["LATENT_FP8_ATTENTION"] = "1" if att == "on" else "0"
+            done, took = run(line(dtype), args.frames, args.timeout, env)
             out = done["vaedecode"]
             if len(out) != args.frames:
                 raise RuntimeError(f"{len(out)} of {args.frames} frames reached vaedecode's log")
@@ -181,18 +194,18 @@ def main():
                         "stage_ms": {k: round(median(v[1:]), 1) for k, v in took.items()}})
             if dtype in targets:
                 row["target_ms"] = targets[dtype]
-            print(f"{dtype} (modulation cache {cache}): {row['frame_ms']:.0f} ms a frame (target <= "
+            print(f"{dtype} ({label}): {row['frame_ms']:.0f} ms a frame (target <= "
                   f"{targets.get(dtype, float('nan')):.0f}); stages {row['stage_ms']}", flush=True)
         except RuntimeError as e:
             row["error"] = str(e)
-            print(f"{dtype} (modulation cache {cache}): failed: {str(e)[-300:]}", flush=True)
+            print(f"{dtype} ({label}): failed: {str(e)[-300:]}", flush=True)
         result["rows"].append(row)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    print(f"\n{'dtype':6} {'mod cache':9} {'ms/frame':>9} {'target':>7} {'encode':>7} {'denoise':>8} {'decode':>7}")
+    print(f"\n{'dtype':6} {'mod cache':9} {'fp8 att':7} {'ms/frame':>9} {'target':>7} {'encode':>7} {'denoise':>8} {'decode':>7}")
     for r in result["rows"]:
         st = r.get("stage_ms", {})
-        print(f"{r['dtype']:6} {r['mod_cache']:9} {r.get('frame_ms', float('nan')):9.0f} "
+        print(f"{r['dtype']:6} {r['mod_cache']:9} {r.get('fp8_attention', '-'):7} {r.get('frame_ms', float('nan')):9.0f} "
               f"{r.get('target_ms', float('nan')):7.0f} "
               f"{st.get('vaeencode', float('nan')):7.1f} {st.get('ditdenoise', float('nan')):8.1f} "
               f"{st.get('vaedecode', float('nan')):7.1f}")
