@@ -295,6 +295,49 @@ TEST(QwenImageFp8, Fp8LinearsRunEmulatedOnTheCpu) {
   EXPECT_LT(err, 5e-2);
 }
 
+// One batch row: the attention's output reaches to_out / to_add_out as Backend::attention_fp8's
+// quantised rows (on the CPU the default: attention, then its rows quantised), the image and text
+// rows as views of them. The same input as a batch of two takes the old path (each output
+// layer quantising its own slice): both rows must give the one-row output exactly, so a view at a
+// wrong offset (the text rows reach the image only through the next block) fails here.
+TEST(QwenImageFp8, OneBatchRowTakesTheAttentionOutputQuantised) {
+  auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), {}, LinearFormat::kFp8);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  Backend& be = (*m)->backend();
+  EXPECT_NE((*m)->description().find("attention: its output quantised for to_out"),
+            std::string::npos)
+      << (*m)->description();
+  const MmditInputs one = test::transformer_case_inputs(be, tiny_io(), "single");
+  ASSERT_EQ(one.hidden_states.dim(0), 1);
+  auto y = (*m)->forward(one);
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  const Tensor out = *be.download(*y);
+  const Tensor ref = test::transformer_case_sample(tiny_io(), "single");
+  ASSERT_EQ(out.shape(), ref.shape());
+  const double err = relative_l2(out, ref);
+  std::printf("fp8 (emulated), one batch row, vs diffusers fp32: relative L2 %.2e\n", err);
+  EXPECT_GT(err, 1e-3);
+  EXPECT_LT(err, 5e-2);
+
+  MmditInputs two = one;
+  two.hidden_states = *be.concat({one.hidden_states, one.hidden_states}, 0);
+  two.encoder_hidden_states = *be.concat({one.encoder_hidden_states, one.encoder_hidden_states}, 0);
+  for (auto* v : {&two.encoder_hidden_states_mask, &two.timestep})
+    v->insert(v->end(), v->begin(), v->end());
+  two.timestep_proj = Tensor();
+  auto y2 = (*m)->forward(two);
+  ASSERT_TRUE(y2.ok()) << y2.status().message();
+  const Tensor both = *be.download(*y2);
+  ASSERT_EQ(both.dim(0), 2);
+  const int64_t n = out.numel();
+  for (int64_t row = 0; row < 2; ++row) {
+    const Tensor part = Tensor::from_floats(
+        out.shape(),
+        std::vector<float>(both.data_as<float>() + row * n, both.data_as<float>() + (row + 1) * n));
+    EXPECT_LT(relative_l2(part, out), 1e-6) << "batch row " << row;
+  }
+}
+
 TEST(QwenImageFp8, Fp8WithLorasMergedBeforeTheQuantisationOrAtRunTime) {
   const std::string lora = fixture("dit_lora/lora_comfyui.safetensors");
   const Tensor ref = lora_reference("comfyui");  // strength 0.7, fp32 diffusers
