@@ -131,17 +131,18 @@ def main():
                     help="on, off or on,off: the transformer's modulation cache (LATENT_DIT_MOD_CACHE); "
                          "on,off runs each dtype both ways (the A/B)")
     ap.add_argument("--fp8-attention", default="on",
-                    help="on, off or on,off: dtype fp8's attention in FP8 (cuDNN's FP8 SDPA; "
-                         "LATENT_FP8_ATTENTION=0 is off: bf16, its output quantised after); "
-                         "on,off runs the fp8 rows both ways (the A/B)")
+                    help="on, off, codes or a list (on,off): dtype fp8's attention in FP8 (cuDNN's "
+                         "FP8 SDPA; LATENT_FP8_ATTENTION=0 is off: bf16, its output quantised after; "
+                         "codes: q and k coded by joint_qk, where the build has it); a list runs the "
+                         "fp8 rows each way in turn (the A/B)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     caches = [c for c in args.mod_cache.split(",") if c]
     if not caches or any(c not in ("on", "off") for c in caches):
         ap.error(f"--mod-cache {args.mod_cache}: give on, off or on,off")
     fp8_atts = [c for c in args.fp8_attention.split(",") if c]
-    if not fp8_atts or any(c not in ("on", "off") for c in fp8_atts):
-        ap.error(f"--fp8-attention {args.fp8_attention}: give on, off or on,off")
+    if not fp8_atts or any(c not in ("on", "off", "codes") for c in fp8_atts):
+        ap.error(f"--fp8-attention {args.fp8_attention}: give on, off, codes or a list of them")
     w, h = (int(v) for v in args.size.split("x"))
     prompt = os.path.join(args.dit_workdir, "prompt-64x3584.safetensors")
     vae = args.vae_dir
@@ -181,7 +182,7 @@ def main():
         try:
             env = {"LATENT_DIT_MOD_CACHE": "1" if cache == "on" else "0"}
             if att != "-":
-                env["LATENT_FP8_ATTENTION"] = "1" if att == "on" else "0"
+                env["LATENT_FP8_ATTENTION"] = {"on": "1", "off": "0", "codes": "codes"}[att]
             done, took = run(line(dtype), args.frames, args.timeout, env)
             out = done["vaedecode"]
             if len(out) != args.frames:
