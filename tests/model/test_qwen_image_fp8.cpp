@@ -322,8 +322,10 @@ TEST(QwenImageFp8, OneBatchRowTakesTheAttentionOutputQuantised) {
   MmditInputs two = one;
   two.hidden_states = *be.concat({one.hidden_states, one.hidden_states}, 0);
   two.encoder_hidden_states = *be.concat({one.encoder_hidden_states, one.encoder_hidden_states}, 0);
-  for (auto* v : {&two.encoder_hidden_states_mask, &two.timestep})
-    v->insert(v->end(), v->begin(), v->end());
+  for (auto* v : {&two.encoder_hidden_states_mask, &two.timestep}) {
+    const std::vector<float> first = *v;  // (a vector's own range may not be inserted into it)
+    v->insert(v->end(), first.begin(), first.end());
+  }
   two.timestep_proj = Tensor();
   auto y2 = (*m)->forward(two);
   ASSERT_TRUE(y2.ok()) << y2.status().message();
