@@ -1,5 +1,6 @@
 #include "engine/backends/backend.h"
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -234,6 +235,30 @@ Result<Fp8Matrix> Backend::layer_norm_modulate_fp8(const Tensor& x, const Tensor
                                                   float eps) {
   LATENT_ASSIGN_OR_RETURN(Tensor y, layer_norm_modulate(x, shift, scale, group_starts, eps));
   return fp8_quantize_rows(y);
+}
+
+Result<Fp8Matrix> Backend::joint_qk_fp8(const Tensor& img, const Tensor& txt,
+                                        const Tensor& gamma_img, const Tensor& gamma_txt,
+                                        const Tensor& freqs, int heads, float eps, float bound) {
+  if (!(bound > 0.f) || !std::isfinite(bound))
+    return Status::errorf("joint_qk_fp8: bound ", bound, " is not a positive number");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, joint_qk(img, txt, gamma_img, gamma_txt, freqs, heads, eps));
+  LATENT_ASSIGN_OR_RETURN(Tensor host, download(y));
+  std::vector<float> v = host.to_floats();
+  const float descale = bound / 448.f;
+  for (float& x : v) x = fp8_e4m3_to_f32(fp8_e4m3_from_f32(x / descale)) * descale;
+  Fp8Matrix m;
+  m.shape = y.shape();
+  LATENT_ASSIGN_OR_RETURN(m.dequant, upload(Tensor::from_floats(y.shape(), v)));
+  return m;
+}
+
+Result<Fp8Matrix> Backend::attention_fp8_coded(const Fp8Matrix& q, const Fp8Matrix& k,
+                                               const Tensor& v, int heads, const Tensor& key_mask,
+                                               const std::vector<int64_t>& key_lengths) {
+  if (!q.dequant.defined() || !k.dequant.defined())
+    return Status::errorf("attention_fp8_coded: q and k were not coded by backend ", name());
+  return attention_fp8(q.dequant, k.dequant, v, heads, key_mask, key_lengths);
 }
 
 Result<Fp8Matrix> Backend::attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,

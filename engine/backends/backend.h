@@ -458,6 +458,19 @@ class Backend {
   virtual Result<Fp8Matrix> attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
                                           int heads, const Tensor& key_mask,
                                           const std::vector<int64_t>& key_lengths);
+  // joint_qk() (below) for FP8 attention: its values coded in e4m3 with one scale, bound / 448,
+  // for the whole tensor (every row scale that value), where `bound` holds |every value| (after
+  // a per-head RMS norm with gamma and the rotation: sqrt(d) max|gamma|). CUDA writes the codes
+  // as it computes the values; the default composes joint_qk() and the coding on the host
+  // (emulated: `dequant`).
+  virtual Result<Fp8Matrix> joint_qk_fp8(const Tensor& img, const Tensor& txt,
+                                         const Tensor& gamma_img, const Tensor& gamma_txt,
+                                         const Tensor& freqs, int heads, float eps, float bound);
+  // attention_fp8() with q and k from joint_qk_fp8(); v [B, S, heads * d] in the compute dtype.
+  // The default: attention() of the dequantised q and k, its rows quantised.
+  virtual Result<Fp8Matrix> attention_fp8_coded(const Fp8Matrix& q, const Fp8Matrix& k,
+                                                const Tensor& v, int heads, const Tensor& key_mask,
+                                                const std::vector<int64_t>& key_lengths);
   // LayerNorm over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta (biased
   // variance). gamma, beta: [D] or undefined (no affine; either may be given alone).
   virtual Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,

@@ -325,6 +325,100 @@ TEST_F(CudaFp8, TinyTransformerOneRowRunsItsAttentionInFp8) {
   EXPECT_LT(vs_fp32, 8e-2);
 }
 
+// joint_qk_fp8 writes the codes the host's emulation gives (the bf16 intermediate may move a
+// value across a rounding boundary: a few codes one step apart), at d = 128 (the packed kernel)
+// and d = 16 (the warp-a-head kernel); attention_fp8_coded on them runs cuDNN's FP8 SDPA near
+// the fp32 attention of the uncoded values.
+TEST_F(CudaFp8, JointQkCodesAndAttentionFromThem) {
+  struct Case {
+    int64_t t_img, t_txt;
+    int heads;
+    int64_t d;
+  } cases[] = {{1000, 24, 4, 128}, {60, 10, 2, 16}};
+  for (const Case& c : cases) {
+    const int64_t hd = c.heads * c.d, t = c.t_img + c.t_txt;
+    const std::string what =
+        str_cat("[1, ", c.t_img, " + ", c.t_txt, ", ", c.heads, " x ", c.d, "]");
+    SCOPED_TRACE(what);
+    Tensor qi = bf16_input({1, c.t_img, hd}, 51, -3.f, 3.f),
+           qt = bf16_input({1, c.t_txt, hd}, 52, -3.f, 3.f);
+    Tensor ki = bf16_input({1, c.t_img, hd}, 53, -3.f, 3.f),
+           kt = bf16_input({1, c.t_txt, hd}, 54, -3.f, 3.f);
+    Tensor gi = bf16_input({c.d}, 55, 0.5f, 2.f), gt = bf16_input({c.d}, 56, -2.f, 1.f);
+    Tensor v = bf16_input({1, t, hd}, 57, -3.f, 3.f);
+    std::vector<float> f;
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t i = 0; i < c.d / 2; ++i) {
+        f.push_back(std::cos(0.01f * static_cast<float>(r * (i + 1))));
+        f.push_back(std::sin(0.01f * static_cast<float>(r * (i + 1))));
+      }
+    const Tensor freqs = Tensor::from_floats({t, c.d / 2, 2}, f);
+    const float bound = std::sqrt(static_cast<float>(c.d)) * 2.f;
+    Result<Tensor> fg = gpu_->upload_fp32(freqs), fc = cpu_->upload_fp32(freqs);
+    ASSERT_TRUE(fg.ok() && fc.ok());
+    auto q8 = gpu_->joint_qk_fp8(up(*gpu_, qi), up(*gpu_, qt), up(*gpu_, gi), up(*gpu_, gt), *fg,
+                                 c.heads, 1e-6f, bound);
+    auto k8 = gpu_->joint_qk_fp8(up(*gpu_, ki), up(*gpu_, kt), up(*gpu_, gi), up(*gpu_, gt), *fg,
+                                 c.heads, 1e-6f, bound);
+    ASSERT_TRUE(q8.ok() && k8.ok()) << (q8.ok() ? k8.status().message() : q8.status().message());
+    auto qc = cpu_->joint_qk_fp8(up(*cpu_, qi), up(*cpu_, qt), up(*cpu_, gi), up(*cpu_, gt), *fc,
+                                 c.heads, 1e-6f, bound);
+    ASSERT_TRUE(qc.ok()) << qc.status().message();
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    fetch(*q8, &codes, &scales);
+    const Tensor got = Tensor::from_floats({1, t, hd}, dequantised(codes, scales, hd));
+    const double codes_err = relative_l2(got, *cpu_->download(qc->dequant));
+    EXPECT_FLOAT_EQ(scales.front(), bound / 448.f);
+    EXPECT_FLOAT_EQ(scales.back(), bound / 448.f);
+    // The fp32 attention of the uncoded q and k (the CPU's joint_qk) against the GPU's FP8 path.
+    auto q = cpu_->joint_qk(up(*cpu_, qi), up(*cpu_, qt), up(*cpu_, gi), up(*cpu_, gt), *fc,
+                            c.heads, 1e-6f);
+    auto k = cpu_->joint_qk(up(*cpu_, ki), up(*cpu_, kt), up(*cpu_, gi), up(*cpu_, gt), *fc,
+                            c.heads, 1e-6f);
+    ASSERT_TRUE(q.ok() && k.ok());
+    Result<Tensor> want = cpu_->attention(*q, *k, up(*cpu_, v), c.heads, Tensor(), {});
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    const cuda::SdpaCounters before = cuda::sdpa_counters();
+    auto o = gpu_->attention_fp8_coded(*q8, *k8, up(*gpu_, v), c.heads, Tensor(), {});
+    ASSERT_TRUE(o.ok()) << o.status().message();
+    const bool fp8 = cuda::sdpa_counters().cudnn_fp8 > before.cudnn_fp8;
+    fetch(*o, &codes, &scales);
+    const double att_err =
+        relative_l2(Tensor::from_floats({1, t, hd}, dequantised(codes, scales, hd)), *want);
+    std::printf("  joint_qk_fp8 %-26s codes vs host %.2e; attention from codes %s vs fp32 %.2e\n",
+                what.c_str(), codes_err, fp8 ? "(cuDNN FP8)" : "(bf16)", att_err);
+    EXPECT_LT(codes_err, 1e-2);
+    EXPECT_TRUE(fp8);
+    EXPECT_LT(att_err, 8e-2);
+  }
+}
+
+// LATENT_FP8_ATTENTION=codes on the tiny transformer, one batch row: q and k coded by joint_qk,
+// FP8 attention in both blocks, near diffusers.
+TEST_F(CudaFp8, TinyTransformerCodesMode) {
+  const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  setenv("LATENT_FP8_ATTENTION", "codes", 1);
+  auto g = QwenImageMmdit::load(root, gpu_, {}, LinearFormat::kFp8);
+  unsetenv("LATENT_FP8_ATTENTION");
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const std::string io = root + "/io_transformer.safetensors";
+  const Tensor ref = test::transformer_case_sample(io, "single");
+  const cuda::SdpaCounters before = cuda::sdpa_counters();
+  auto yg = (*g)->forward(test::transformer_case_inputs(*gpu_, io, "single"));
+  const cuda::SdpaCounters after = cuda::sdpa_counters();
+  ASSERT_TRUE(yg.ok()) << yg.status().message();
+  Result<Tensor> hg = gpu_->download(yg.value());
+  ASSERT_TRUE(hg.ok());
+  const double vs_fp32 = relative_l2(hg.value(), ref);
+  std::printf(
+      "  tiny transformer fp8, codes mode: %lld FP8 attention calls, vs diffusers fp32 "
+      "%.2e\n",
+      static_cast<long long>(after.cudnn_fp8 - before.cudnn_fp8), vs_fp32);
+  EXPECT_EQ(after.cudnn_fp8 - before.cudnn_fp8, 2);
+  EXPECT_LT(vs_fp32, 8e-2);
+}
+
 TEST_F(CudaFp8, TinyTransformerMatchesTheCpuEmulation) {
   const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
   auto g = QwenImageMmdit::load(root, gpu_, {}, LinearFormat::kFp8);

@@ -340,6 +340,72 @@ TEST(QwenImageFp8, OneBatchRowTakesTheAttentionOutputQuantised) {
   }
 }
 
+// Backend::joint_qk_fp8's default: joint_qk's values coded in e4m3 with the one scale bound / 448,
+// each within e4m3's rounding of the value; a bound that is not a positive number is refused.
+TEST(QwenImageFp8, JointQkCodesWithOneStaticScale) {
+  auto be = test::cpu_backend();
+  const int heads = 2, d = 16;
+  auto up = [&](const Tensor& t) { return *be->upload(t); };
+  const Tensor img = up(test::random_tensor({1, 5, heads * d}, 71, -3.f, 3.f));
+  const Tensor txt = up(test::random_tensor({1, 3, heads * d}, 72, -3.f, 3.f));
+  const Tensor gi = up(test::random_tensor({d}, 73, 0.5f, 2.f));
+  const Tensor gt = up(test::random_tensor({d}, 74, -2.f, 1.f));
+  std::vector<float> f;
+  for (int t = 0; t < 8; ++t)
+    for (int i = 0; i < d / 2; ++i) {
+      f.push_back(std::cos(0.3f * t * (i + 1)));
+      f.push_back(std::sin(0.3f * t * (i + 1)));
+    }
+  const Tensor freqs = up(Tensor::from_floats({8, d / 2, 2}, f));
+  const float bound = std::sqrt(static_cast<float>(d)) * 2.f;
+  auto y = be->joint_qk(img, txt, gi, gt, freqs, heads, 1e-6f);
+  auto q = be->joint_qk_fp8(img, txt, gi, gt, freqs, heads, 1e-6f, bound);
+  ASSERT_TRUE(y.ok() && q.ok()) << q.status().message();
+  ASSERT_EQ(q->shape, y->shape());
+  const std::vector<float> a = be->download(*y)->to_floats(),
+                           b = be->download(q->dequant)->to_floats();
+  const float step = bound / 448.f;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LE(std::fabs(a[i]), bound);  // the bound holds
+    // e4m3: 3 mantissa bits, so within 1/16 of the value, or of the subnormal step near zero
+    EXPECT_LE(std::fabs(a[i] - b[i]), std::max(std::fabs(a[i]) / 16.f, step / 16.f)) << i;
+  }
+  for (float bad : {0.f, -1.f, std::nanf("")}) {
+    auto r = be->joint_qk_fp8(img, txt, gi, gt, freqs, heads, 1e-6f, bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("is not a positive number"), std::string::npos);
+  }
+}
+
+// LATENT_FP8_ATTENTION=codes: q and k coded by joint_qk with the blocks' static bounds (on the
+// CPU the default's emulation); the output stays near diffusers and near the default mode's.
+TEST(QwenImageFp8, CodesModeCodesQueriesAndKeysWithStaticBounds) {
+  auto run_single = [&](const char* mode) -> Tensor {
+    if (mode)
+      setenv("LATENT_FP8_ATTENTION", mode, 1);
+    else
+      unsetenv("LATENT_FP8_ATTENTION");
+    auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), {}, LinearFormat::kFp8);
+    unsetenv("LATENT_FP8_ATTENTION");
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    if (!m.ok()) return Tensor();
+    auto y = (*m)->forward(test::transformer_case_inputs((*m)->backend(), tiny_io(), "single"));
+    EXPECT_TRUE(y.ok()) << y.status().message();
+    return y.ok() ? *(*m)->backend().download(*y) : Tensor();
+  };
+  const Tensor plain = run_single(nullptr), codes = run_single("codes");
+  ASSERT_TRUE(plain.defined() && codes.defined());
+  const Tensor ref = test::transformer_case_sample(tiny_io(), "single");
+  const double vs_ref = relative_l2(codes, ref), vs_plain = relative_l2(codes, plain);
+  std::printf(
+      "fp8 codes mode (emulated), one batch row: vs diffusers fp32 %.2e, vs the default "
+      "mode %.2e\n",
+      vs_ref, vs_plain);
+  EXPECT_LT(vs_ref, 5e-2);
+  EXPECT_GT(vs_plain, 0.0);   // q and k really coded
+  EXPECT_LT(vs_plain, 3e-2);  // ... with e4m3's error only
+}
+
 TEST(QwenImageFp8, Fp8WithLorasMergedBeforeTheQuantisationOrAtRunTime) {
   const std::string lora = fixture("dit_lora/lora_comfyui.safetensors");
   const Tensor ref = lora_reference("comfyui");  // strength 0.7, fp32 diffusers

@@ -362,6 +362,25 @@ class CudaBackend final : public Backend {
       return cuda::dit_attention_fp8(env, q, k, v, heads, key_mask, key_lengths);
     });
   }
+  Result<Fp8Matrix> joint_qk_fp8(const Tensor& img, const Tensor& txt, const Tensor& gamma_img,
+                                 const Tensor& gamma_txt, const Tensor& freqs, int heads, float eps,
+                                 float bound) override {
+    if (!fp8_linear_)
+      return Backend::joint_qk_fp8(img, txt, gamma_img, gamma_txt, freqs, heads, eps, bound);
+    return run("joint_qk_fp8", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_joint_qk_fp8(env, img, txt, gamma_img, gamma_txt, freqs, heads, eps, bound);
+    });
+  }
+  Result<Fp8Matrix> attention_fp8_coded(const Fp8Matrix& q, const Fp8Matrix& k, const Tensor& v,
+                                        int heads, const Tensor& key_mask,
+                                        const std::vector<int64_t>& key_lengths) override {
+    if (!fp8_linear_) return Backend::attention_fp8_coded(q, k, v, heads, key_mask, key_lengths);
+    return run("attention_fp8_coded", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_attention_fp8_codes(env, q, k, v, heads, key_mask, key_lengths);
+    });
+  }
   Result<Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             float eps) override;
   Result<Tensor> rms_norm(const Tensor& x, const Tensor& gamma, float eps) override;

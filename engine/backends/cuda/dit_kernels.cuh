@@ -46,6 +46,13 @@ Status launch_dit_joint_qk(const void* img, const void* txt, const void* gamma_i
                            int64_t t_img, int64_t t_txt, int heads, int64_t d, float eps,
                            DType dtype, const Launch& l);
 
+// launch_dit_joint_qk with the output as e4m3 codes (one byte each) of value / descale
+// (Backend::joint_qk_fp8; descale > 0: |value| <= 448 descale is coded without saturation).
+Status launch_dit_joint_qk_codes(const void* img, const void* txt, const void* gamma_img,
+                                 const void* gamma_txt, const float* freqs, uint8_t* codes,
+                                 float descale, int64_t batch, int64_t t_img, int64_t t_txt,
+                                 int heads, int64_t d, float eps, DType dtype, const Launch& l);
+
 // x, y: [batch * tokens][heads * d]; freqs: [tokens][d / 2][2] fp32.
 Status launch_dit_rope(const void* x, const float* freqs, void* y, int64_t rows, int64_t tokens,
                        int heads, int64_t d, DType dtype, const Launch& l);

@@ -453,9 +453,11 @@ Result<Tensor> dit_rope(DitEnv& env, const Tensor& x, const Tensor& freqs, int h
   return y;
 }
 
-Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
-                            const Tensor& gamma_img, const Tensor& gamma_txt, const Tensor& freqs,
-                            int heads, float eps) {
+namespace {
+
+// The shapes joint_qk() and joint_qk_fp8() take (backend.h); the head size in *d.
+Status check_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt, const Tensor& gamma_img,
+                      const Tensor& gamma_txt, const Tensor& freqs, int heads, int64_t* d) {
   LATENT_TRY(check(env, "image stream", img, env.dtype, 3, "[B, T_img, heads * d]"));
   LATENT_TRY(check(env, "text stream", txt, env.dtype, 3, "[B, T_txt, heads * d]"));
   if (txt.dim(0) != img.dim(0) || txt.dim(2) != img.dim(2))
@@ -464,20 +466,53 @@ Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
   if (heads < 1 || img.dim(2) % heads != 0 || (img.dim(2) / heads) % 2 != 0)
     return Status::errorf(img.dim(2), " features of ", shape_str(img.shape()),
                           " do not split into ", heads, " heads of an even size");
-  const int64_t d = img.dim(2) / heads, t_all = img.dim(1) + txt.dim(1);
-  LATENT_TRY(check_vector(env, "gamma (image)", gamma_img, d, img));
-  LATENT_TRY(check_vector(env, "gamma (text)", gamma_txt, d, txt));
+  *d = img.dim(2) / heads;
+  const int64_t t_all = img.dim(1) + txt.dim(1);
+  LATENT_TRY(check_vector(env, "gamma (image)", gamma_img, *d, img));
+  LATENT_TRY(check_vector(env, "gamma (text)", gamma_txt, *d, txt));
   if (!gamma_img.defined() || !gamma_txt.defined())
     return Status::error("joint_qk: both streams need their RMS norm gamma");
   LATENT_TRY(check(env, "freqs", freqs, DType::kF32, 3, "[T, d/2, 2] fp32 (upload_fp32)"));
-  if (freqs.dim(0) != t_all || freqs.dim(1) != d / 2 || freqs.dim(2) != 2)
-    return Status::errorf("freqs ", shape_str(freqs.shape()), " should be [", t_all, ", ", d / 2,
+  if (freqs.dim(0) != t_all || freqs.dim(1) != *d / 2 || freqs.dim(2) != 2)
+    return Status::errorf("freqs ", shape_str(freqs.shape()), " should be [", t_all, ", ", *d / 2,
                           ", 2] for ", img.dim(1), " image and ", txt.dim(1), " text tokens");
+  return ok_status();
+}
+
+}  // namespace
+
+Result<Tensor> dit_joint_qk(DitEnv& env, const Tensor& img, const Tensor& txt,
+                            const Tensor& gamma_img, const Tensor& gamma_txt, const Tensor& freqs,
+                            int heads, float eps) {
+  int64_t d = 0;
+  LATENT_TRY(check_joint_qk(env, img, txt, gamma_img, gamma_txt, freqs, heads, &d));
+  const int64_t t_all = img.dim(1) + txt.dim(1);
   LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {img.dim(0), t_all, img.dim(2)}, env.dtype));
   LATENT_TRY(launch_dit_joint_qk(img.data(), txt.data(), gamma_img.data(), gamma_txt.data(),
                                  freqs.data_as<float>(), y.data(), img.dim(0), img.dim(1),
                                  txt.dim(1), heads, d, eps, env.dtype, env.launch));
   return y;
+}
+
+Result<Fp8Matrix> dit_joint_qk_fp8(DitEnv& env, const Tensor& img, const Tensor& txt,
+                                   const Tensor& gamma_img, const Tensor& gamma_txt,
+                                   const Tensor& freqs, int heads, float eps, float bound) {
+  int64_t d = 0;
+  LATENT_TRY(check_joint_qk(env, img, txt, gamma_img, gamma_txt, freqs, heads, &d));
+  if (!(bound > 0.f) || !std::isfinite(bound))
+    return Status::errorf("joint_qk_fp8: bound ", bound, " is not a positive number");
+  const int64_t b = img.dim(0), t_all = img.dim(1) + txt.dim(1), hd = img.dim(2);
+  const float descale = bound / 448.f;
+  Fp8Matrix m;
+  m.shape = {b, t_all, hd};
+  LATENT_ASSIGN_OR_RETURN(m.codes, empty(env, {b * t_all, hd / 2}, DType::kBF16));  // hd bytes
+  LATENT_ASSIGN_OR_RETURN(m.scales, empty(env, {b * t_all}, DType::kF32));
+  LATENT_TRY(launch_fp8_fill(static_cast<float*>(m.scales.data()), b * t_all, descale, env.launch));
+  LATENT_TRY(launch_dit_joint_qk_codes(
+      img.data(), txt.data(), gamma_img.data(), gamma_txt.data(), freqs.data_as<float>(),
+      static_cast<uint8_t*>(m.codes.data()), descale, b, img.dim(1), txt.dim(1), heads, d, eps,
+      env.dtype, env.launch));
+  return m;
 }
 
 namespace {
@@ -586,6 +621,76 @@ Result<Fp8Matrix> dit_attention_fp8(DitEnv& env, const Tensor& q, const Tensor& 
     // only where cuDNN lacks an FP8 engine.)
   }
   LATENT_ASSIGN_OR_RETURN(Tensor y, dit_attention(env, q, k, v, heads, key_mask, key_lengths, 0));
+  return dit_fp8_quantize_rows(env, y);
+}
+
+Result<Fp8Matrix> dit_attention_fp8_codes(DitEnv& env, const Fp8Matrix& q, const Fp8Matrix& k,
+                                          const Tensor& v, int heads, const Tensor& key_mask,
+                                          const std::vector<int64_t>& key_lengths) {
+  for (const Fp8Matrix* m : {&q, &k}) {
+    const char* what = m == &q ? "q" : "k";
+    if (!m->defined() || !m->codes.defined() || !m->scales.defined() || m->shape.size() != 3)
+      return Status::errorf("attention_fp8: ", what, " was not coded by ", env.name,
+                            "'s joint_qk_fp8");
+    if (m->codes.device() != env.device || m->scales.device() != env.device)
+      return Status::errorf("attention_fp8: ", what, " is not on ", env.name);
+  }
+  LATENT_TRY(check(env, "v", v, env.dtype, 3, "[B, S, heads * d]"));
+  const Shape ks = k.shape;
+  if (ks != v.shape() || ks[0] != q.shape[0] || ks[2] != q.shape[2])
+    return Status::errorf("q ", shape_str(q.shape), ", k ", shape_str(ks), " and v ",
+                          shape_str(v.shape()), " do not fit together");
+  const int64_t b = q.shape[0], tq = q.shape[1], tk = ks[1], hd = q.shape[2];
+  if (heads < 1 || hd % heads != 0)
+    return Status::errorf(hd, " features of q cannot be split into ", heads, " heads");
+  if (key_mask.defined()) {
+    LATENT_TRY(check(env, "key_mask", key_mask, env.dtype, 2, "[B, S]"));
+    if (key_mask.dim(0) != b || key_mask.dim(1) != tk)
+      return Status::errorf("key_mask ", shape_str(key_mask.shape()), " should be [", b, ", ", tk,
+                            "]");
+  }
+  if (!key_lengths.empty()) {
+    if (!key_mask.defined()) return Status::error("key_lengths given without a key_mask");
+    if (static_cast<int64_t>(key_lengths.size()) != b)
+      return Status::errorf(key_lengths.size(), " key_lengths for a batch of ", b);
+    for (size_t i = 0; i < key_lengths.size(); ++i)
+      if (key_lengths[i] < 1 || key_lengths[i] > tk)
+        return Status::errorf("key_lengths[", i, "] = ", key_lengths[i], " is outside [1, ", tk,
+                              "]");
+  }
+  const bool maskable = !key_mask.defined() || !key_lengths.empty();
+  if (maskable) {
+    const int64_t nkv = b * tk * hd;
+    TempBuffer scratch;
+    const int64_t s_off = (nkv + 255) / 256 * 256;
+    LATENT_TRY(
+        scratch.allocate(*env.ctx, static_cast<size_t>(s_off) + kFp8Scalars * sizeof(float)));
+    auto* v8 = static_cast<uint8_t*>(scratch.get());
+    float* scalars = reinterpret_cast<float*>(v8 + s_off);
+    Fp8Matrix o;
+    o.shape = q.shape;
+    LATENT_ASSIGN_OR_RETURN(o.codes, empty(env, {b * tq, hd / 2}, DType::kBF16));
+    LATENT_ASSIGN_OR_RETURN(o.scales, empty(env, {b * tq}, DType::kF32));
+    LATENT_TRY(launch_fp8_attention_v(v.data(), nkv, env.dtype, v8,
+                                      static_cast<const float*>(q.scales.data()),
+                                      static_cast<const float*>(k.scales.data()), scalars,
+                                      static_cast<float*>(o.scales.data()), b * tq, env.launch));
+    LATENT_ASSIGN_OR_RETURN(
+        const bool done,
+        sdpa_attention_fp8(*env.ctx, q.codes.data(), k.codes.data(), v8,
+                           key_lengths.empty() ? nullptr : key_lengths.data(), o.codes.data(),
+                           scalars, b, tq, tk, heads, hd / heads, env.dtype));
+    if (done) return o;
+  }
+  // cuDNN cannot: q and k back to the compute dtype, attention there, its rows quantised.
+  Tensor qd, kd;
+  for (auto [m, out] : {std::make_pair(&q, &qd), std::make_pair(&k, &kd)}) {
+    LATENT_ASSIGN_OR_RETURN(*out, empty(env, m->shape, env.dtype));
+    LATENT_TRY(launch_fp8_dequantize_rows(static_cast<const uint8_t*>(m->codes.data()),
+                                          static_cast<const float*>(m->scales.data()), m->rows(),
+                                          m->cols(), env.dtype, out->data(), env.launch));
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor y, dit_attention(env, qd, kd, v, heads, key_mask, key_lengths, 0));
   return dit_fp8_quantize_rows(env, y);
 }
 

@@ -91,6 +91,17 @@ Result<Tensor> dit_attention(DitEnv& env, const Tensor& q, const Tensor& k, cons
 Result<Fp8Matrix> dit_attention_fp8(DitEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,
                                     int heads, const Tensor& key_mask,
                                     const std::vector<int64_t>& key_lengths);
+// Backend::joint_qk_fp8: joint_qk's values coded in e4m3 as they are written, one scale
+// (bound / 448) for the whole tensor (every row scale that value).
+Result<Fp8Matrix> dit_joint_qk_fp8(DitEnv& env, const Tensor& img, const Tensor& txt,
+                                   const Tensor& gamma_img, const Tensor& gamma_txt,
+                                   const Tensor& freqs, int heads, float eps, float bound);
+// Backend::attention_fp8 with q and k coded already (joint_qk_fp8): v coded with its own
+// amax, cuDNN's FP8 SDPA; where it cannot run, q and k dequantised and dit_attention, its rows
+// quantised.
+Result<Fp8Matrix> dit_attention_fp8_codes(DitEnv& env, const Fp8Matrix& q, const Fp8Matrix& k,
+                                          const Tensor& v, int heads, const Tensor& key_mask,
+                                          const std::vector<int64_t>& key_lengths);
 Result<Tensor> dit_activation(DitEnv& env, const Tensor& x, DitActivation act);
 Result<Tensor> dit_scaled_add(DitEnv& env, const Tensor& a, const Tensor& b, float alpha,
                               float beta);

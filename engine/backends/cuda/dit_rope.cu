@@ -1,9 +1,11 @@
 // Rotary embedding on interleaved pairs (diffusers' apply_rotary_emb_qwen, use_real=False): a
 // thread rotates the V / 2 pairs of one 16-byte pack (or a single pair where rows are not
 // pack-aligned) with the fp32 (cos, sin) of its token.
+#include <cmath>
 #include <type_traits>
 
 #include "engine/backends/cuda/dit_common.cuh"
+#include "engine/backends/cuda/fp8_codes.cuh"
 
 namespace latent::cuda {
 namespace {
@@ -48,12 +50,14 @@ __global__ void __launch_bounds__(256)
 // (joint row, head); lane j takes pairs j, j + 32, ... of the head. The row's source is the
 // image stream for joint tokens t < t_img, else the text stream; per-head RMS norm with that
 // stream's gamma, then the rotation of each pair with freqs[t], stored once.
-template <typename T>
+// kCodes: y holds e4m3 codes (one byte each) of the values divided by `descale`
+// (Backend::joint_qk_fp8), else values of T.
+template <typename T, bool kCodes>
 __global__ void __launch_bounds__(256)
     dit_joint_qk_kernel(const T* __restrict__ img, const T* __restrict__ txt,
                         const T* __restrict__ gamma_img, const T* __restrict__ gamma_txt,
-                        const float* __restrict__ freqs, T* __restrict__ y, int64_t batch,
-                        int64_t t_img, int64_t t_txt, int heads, int d, float eps) {
+                        const float* __restrict__ freqs, void* __restrict__ y, int64_t batch,
+                        int64_t t_img, int64_t t_txt, int heads, int d, float eps, float descale) {
   const int lane = threadIdx.x & 31;
   const int64_t t_all = t_img + t_txt;
   const int64_t items = batch * t_all * heads;
@@ -76,13 +80,22 @@ __global__ void __launch_bounds__(256)
     }
     const float inv = rsqrtf(warp_sum(q) / static_cast<float>(d) + eps);
     const float2* f = reinterpret_cast<const float2*>(freqs) + t * half;
-    T* out = y + row * channels + int64_t{h} * d;
+    const int64_t at = row * channels + int64_t{h} * d;
     for (int p = lane; p < half; p += 32) {
       const float re = to_f32(src[2 * p]) * inv * to_f32(gamma[2 * p]);
       const float im = to_f32(src[2 * p + 1]) * inv * to_f32(gamma[2 * p + 1]);
       const float2 cs = f[p];
-      out[2 * p] = from_f32<T>(re * cs.x - im * cs.y);
-      out[2 * p + 1] = from_f32<T>(re * cs.y + im * cs.x);
+      const float a = re * cs.x - im * cs.y, b = re * cs.y + im * cs.x;
+      if constexpr (kCodes) {
+        uint8_t* out = static_cast<uint8_t*>(y) + at;
+        const float fa[1] = {a}, fb[1] = {b};
+        fp8_store_codes<1>(out + 2 * p, fa, descale);
+        fp8_store_codes<1>(out + 2 * p + 1, fb, descale);
+      } else {
+        T* out = static_cast<T*>(y) + at;
+        out[2 * p] = from_f32<T>(a);
+        out[2 * p + 1] = from_f32<T>(b);
+      }
     }
   }
 }
@@ -93,12 +106,12 @@ __global__ void __launch_bounds__(256)
 // together so the shuffles see the whole warp. For d = 128 in bf16 (L = 16) this reads and
 // writes each element once with 16-byte accesses, where the warp-a-head kernel made two passes
 // of 2-byte accesses (58 us a call at 4,224 x 3,072 on an H100, ~0.9 TB/s).
-template <typename T, int L>
+template <typename T, int L, bool kCodes>
 __global__ void __launch_bounds__(256)
     dit_joint_qk_vec_kernel(const T* __restrict__ img, const T* __restrict__ txt,
                             const T* __restrict__ gamma_img, const T* __restrict__ gamma_txt,
-                            const float* __restrict__ freqs, T* __restrict__ y, int64_t batch,
-                            int64_t t_img, int64_t t_txt, int heads, float eps) {
+                            const float* __restrict__ freqs, void* __restrict__ y, int64_t batch,
+                            int64_t t_img, int64_t t_txt, int heads, float eps, float descale) {
   constexpr int V = Pack<T>::kN;
   constexpr int kPerWarp = 32 / L;
   constexpr int d = L * V, half = d / 2;
@@ -137,7 +150,13 @@ __global__ void __launch_bounds__(256)
       v[2 * j] = re * cs.x - im * cs.y;
       v[2 * j + 1] = re * cs.y + im * cs.x;
     }
-    if (valid) store_floats<T, V>(y + row * channels + int64_t{h} * d + s * V, v);
+    if (valid) {
+      const int64_t at = row * channels + int64_t{h} * d + s * V;
+      if constexpr (kCodes)
+        fp8_store_codes<V>(static_cast<uint8_t*>(y) + at, v, descale);
+      else
+        store_floats<T, V>(static_cast<T*>(y) + at, v);
+    }
   }
 }
 
@@ -167,10 +186,12 @@ Status launch_dit_rope(const void* x, const float* freqs, void* y, int64_t rows,
   });
 }
 
-Status launch_dit_joint_qk(const void* img, const void* txt, const void* gamma_img,
-                           const void* gamma_txt, const float* freqs, void* y, int64_t batch,
-                           int64_t t_img, int64_t t_txt, int heads, int64_t d, float eps,
-                           DType dtype, const Launch& l) {
+namespace {
+
+template <bool kCodes>
+Status joint_qk(const void* img, const void* txt, const void* gamma_img, const void* gamma_txt,
+                const float* freqs, void* y, int64_t batch, int64_t t_img, int64_t t_txt, int heads,
+                int64_t d, float eps, float descale, DType dtype, const Launch& l) {
   const int64_t items = batch * (t_img + t_txt) * heads;
   if (items <= 0) return ok_status();
   if (d % 2 != 0 || d > 0x7fffffff) return Status::errorf("joint_qk: head size ", d);
@@ -182,10 +203,9 @@ Status launch_dit_joint_qk(const void* img, const void* txt, const void* gamma_i
                      aligned16(gamma_img) && aligned16(gamma_txt);
     auto go = [&](auto lanes) {
       constexpr int L = decltype(lanes)::value;
-      dit_joint_qk_vec_kernel<T, L><<<grid_for(items * L, 256, l), 256, 0, l.stream>>>(
-          static_cast<const T*>(img), static_cast<const T*>(txt),
-          static_cast<const T*>(gamma_img), static_cast<const T*>(gamma_txt), freqs,
-          static_cast<T*>(y), batch, t_img, t_txt, heads, eps);
+      dit_joint_qk_vec_kernel<T, L, kCodes><<<grid_for(items * L, 256, l), 256, 0, l.stream>>>(
+          static_cast<const T*>(img), static_cast<const T*>(txt), static_cast<const T*>(gamma_img),
+          static_cast<const T*>(gamma_txt), freqs, y, batch, t_img, t_txt, heads, eps, descale);
       LATENT_CUDA_CHECK_LAUNCH("dit_joint_qk_vec_kernel");
       return ok_status();
     };
@@ -198,13 +218,33 @@ Status launch_dit_joint_qk(const void* img, const void* txt, const void* gamma_i
         default: break;
       }
     }
-    dit_joint_qk_kernel<T><<<grid_for(items * 32, 256, l), 256, 0, l.stream>>>(
+    dit_joint_qk_kernel<T, kCodes><<<grid_for(items * 32, 256, l), 256, 0, l.stream>>>(
         static_cast<const T*>(img), static_cast<const T*>(txt), static_cast<const T*>(gamma_img),
-        static_cast<const T*>(gamma_txt), freqs, static_cast<T*>(y), batch, t_img, t_txt, heads,
-        static_cast<int>(d), eps);
+        static_cast<const T*>(gamma_txt), freqs, y, batch, t_img, t_txt, heads, static_cast<int>(d),
+        eps, descale);
     LATENT_CUDA_CHECK_LAUNCH("dit_joint_qk_kernel");
     return ok_status();
   });
+}
+
+}  // namespace
+
+Status launch_dit_joint_qk(const void* img, const void* txt, const void* gamma_img,
+                           const void* gamma_txt, const float* freqs, void* y, int64_t batch,
+                           int64_t t_img, int64_t t_txt, int heads, int64_t d, float eps,
+                           DType dtype, const Launch& l) {
+  return joint_qk<false>(img, txt, gamma_img, gamma_txt, freqs, y, batch, t_img, t_txt, heads, d,
+                         eps, 1.f, dtype, l);
+}
+
+Status launch_dit_joint_qk_codes(const void* img, const void* txt, const void* gamma_img,
+                                 const void* gamma_txt, const float* freqs, uint8_t* codes,
+                                 float descale, int64_t batch, int64_t t_img, int64_t t_txt,
+                                 int heads, int64_t d, float eps, DType dtype, const Launch& l) {
+  if (!(descale > 0.f) || !std::isfinite(descale))
+    return Status::errorf("joint_qk_fp8: scale ", descale, " is not a positive number");
+  return joint_qk<true>(img, txt, gamma_img, gamma_txt, freqs, codes, batch, t_img, t_txt, heads, d,
+                        eps, descale, dtype, l);
 }
 
 }  // namespace latent::cuda

@@ -96,15 +96,16 @@ void launch_rows(const T* x, uint8_t* codes, float* scales, int64_t rows, int co
     fp8_rows_kernel<T, V, 0><<<blocks, kThreads, 0, stream>>>(x, codes, scales, rows, cols);
 }
 
-// blockIdx.y picks q, k or v; grid-stride over its packs of V values (n a multiple of V, 16-byte
-// aligned when V > 1); one atomicMax a block.
+// blockIdx.y + first picks q, k or v (first 2: v alone); grid-stride over its packs of V values
+// (n a multiple of V, 16-byte aligned when V > 1); one atomicMax a block.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     fp8_amax3_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                     int64_t nq, int64_t nkv, unsigned* __restrict__ amax_bits) {
+                     int64_t nq, int64_t nkv, unsigned* __restrict__ amax_bits, int first) {
   __shared__ unsigned warp_bits[kThreads / 32];
-  const T* x = blockIdx.y == 0 ? q : blockIdx.y == 1 ? k : v;
-  const int64_t packs = (blockIdx.y == 0 ? nq : nkv) / V;
+  const int t = static_cast<int>(blockIdx.y) + first;
+  const T* x = t == 0 ? q : t == 1 ? k : v;
+  const int64_t packs = (t == 0 ? nq : nkv) / V;
   unsigned m = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < packs;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -121,59 +122,66 @@ __global__ void __launch_bounds__(kThreads)
     unsigned all = 0;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_bits[w]);
-    atomicMax(amax_bits + blockIdx.y, all);
+    atomicMax(amax_bits + t, all);
   }
 }
 
-// blockIdx.y < 3: q, k or v coded with its tensor scale (packs of V as above); blockIdx.y == 3:
-// the scalars and the output's row scales.
+// blockIdx.y + first < 3: q, k or v coded with its tensor scale (packs of V as above); == 3: the
+// scalars and the output's row scales. q_descale / k_descale: null (from their amax), or where
+// q and k, coded already (first 2), keep their one scale.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     fp8_codes3_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                       int64_t nq, int64_t nkv, uint8_t* __restrict__ q8, uint8_t* __restrict__ k8,
                       uint8_t* __restrict__ v8, float* __restrict__ scalars,
-                      float* __restrict__ o_row_scales, int64_t o_rows) {
+                      float* __restrict__ o_row_scales, int64_t o_rows, int first,
+                      const float* __restrict__ q_descale, const float* __restrict__ k_descale) {
   const unsigned* amax_bits = reinterpret_cast<const unsigned*>(scalars) + kFp8AmaxQ;
   const float descale_v = fp8_scale_of_bits(amax_bits[2]);
   const float descale_o = descale_v * 1.125f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  const int64_t first = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
-  if (blockIdx.y == 3) {
-    if (first == 0) {
-      for (int t = 0; t < 3; ++t) scalars[kFp8DescaleQ + t] = fp8_scale_of_bits(amax_bits[t]);
+  const int64_t first_item = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
+  const int t = static_cast<int>(blockIdx.y) + first;
+  if (t == 3) {
+    if (first_item == 0) {
+      for (int u = 0; u < 3; ++u) scalars[kFp8DescaleQ + u] = fp8_scale_of_bits(amax_bits[u]);
+      if (q_descale) scalars[kFp8DescaleQ] = *q_descale;
+      if (k_descale) scalars[kFp8DescaleQ + 1] = *k_descale;
       scalars[kFp8DescaleS] = 1.f / 448.f;
       scalars[kFp8ScaleS] = 448.f;
       scalars[kFp8ScaleO] = 1.f / descale_o;
       scalars[kFp8DescaleO] = descale_o;
     }
     if (o_row_scales)
-      for (int64_t r = first; r < o_rows; r += stride) o_row_scales[r] = descale_o;
+      for (int64_t r = first_item; r < o_rows; r += stride) o_row_scales[r] = descale_o;
     return;
   }
-  const T* x = blockIdx.y == 0 ? q : blockIdx.y == 1 ? k : v;
-  uint8_t* codes = blockIdx.y == 0 ? q8 : blockIdx.y == 1 ? k8 : v8;
-  const int64_t packs = (blockIdx.y == 0 ? nq : nkv) / V;
-  const float scale = fp8_scale_of_bits(amax_bits[blockIdx.y]);
-  for (int64_t i = first; i < packs; i += stride) {
+  const T* x = t == 0 ? q : t == 1 ? k : v;
+  uint8_t* codes = t == 0 ? q8 : t == 1 ? k8 : v8;
+  const int64_t packs = (t == 0 ? nq : nkv) / V;
+  const float scale = fp8_scale_of_bits(amax_bits[t]);
+  for (int64_t i = first_item; i < packs; i += stride) {
     float f[V];
     load_floats<T, V>(x + i * V, f);
     fp8_store_codes<V>(codes + i * V, f, scale);
   }
 }
 
+// first 0: q, k and v; first 2: v alone (q and k coded already, their descales given).
 template <typename T, int V>
 Status launch_attention_inputs(const void* q, const void* k, const void* v, int64_t nq, int64_t nkv,
                                uint8_t* q8, uint8_t* k8, uint8_t* v8, float* scalars,
-                               float* o_row_scales, int64_t o_rows, const Launch& l) {
-  const int64_t packs = (nq > nkv ? nq : nkv) / V;
+                               float* o_row_scales, int64_t o_rows, int first,
+                               const float* q_descale, const float* k_descale, const Launch& l) {
+  const int64_t packs = ((first == 0 && nq > nkv) ? nq : nkv) / V;
   const unsigned blocks = grid_for(packs, kThreads, l, 4);
-  fp8_amax3_kernel<T, V><<<dim3(blocks, 3), kThreads, 0, l.stream>>>(
+  fp8_amax3_kernel<T, V><<<dim3(blocks, 3 - first), kThreads, 0, l.stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), nq, nkv,
-      reinterpret_cast<unsigned*>(scalars) + kFp8AmaxQ);
+      reinterpret_cast<unsigned*>(scalars) + kFp8AmaxQ, first);
   LATENT_CUDA_CHECK_LAUNCH("fp8 attention amax");
-  fp8_codes3_kernel<T, V><<<dim3(blocks, 4), kThreads, 0, l.stream>>>(
+  fp8_codes3_kernel<T, V><<<dim3(blocks, 4 - first), kThreads, 0, l.stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), nq, nkv, q8, k8,
-      v8, scalars, o_row_scales, o_rows);
+      v8, scalars, o_row_scales, o_rows, first, q_descale, k_descale);
   LATENT_CUDA_CHECK_LAUNCH("fp8 attention codes");
   return ok_status();
 }
@@ -191,9 +199,67 @@ Status launch_fp8_attention_inputs(const void* q, const void* k, const void* v, 
     const bool vec = nq % kPack == 0 && nkv % kPack == 0 && aligned16(q) && aligned16(k) &&
                      aligned16(v) && aligned16(q8) && aligned16(k8) && aligned16(v8);
     return vec ? launch_attention_inputs<T, kPack>(q, k, v, nq, nkv, q8, k8, v8, scalars,
-                                                   o_row_scales, o_rows, l)
+                                                   o_row_scales, o_rows, 0, nullptr, nullptr, l)
                : launch_attention_inputs<T, 1>(q, k, v, nq, nkv, q8, k8, v8, scalars, o_row_scales,
-                                               o_rows, l);
+                                               o_rows, 0, nullptr, nullptr, l);
+  });
+}
+
+Status launch_fp8_attention_v(const void* v, int64_t nkv, DType dtype, uint8_t* v8,
+                              const float* q_descale, const float* k_descale, float* scalars,
+                              float* o_row_scales, int64_t o_rows, const Launch& l) {
+  if (nkv <= 0) return Status::errorf("fp8 attention: v has ", nkv, " elements");
+  LATENT_CUDA_CHECK(cudaMemsetAsync(scalars, 0, kFp8Scalars * sizeof(float), l.stream));
+  return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
+    constexpr int kPack = Pack<T>::kN;
+    const bool vec = nkv % kPack == 0 && aligned16(v) && aligned16(v8);
+    return vec ? launch_attention_inputs<T, kPack>(nullptr, nullptr, v, 0, nkv, nullptr, nullptr,
+                                                   v8, scalars, o_row_scales, o_rows, 2, q_descale,
+                                                   k_descale, l)
+               : launch_attention_inputs<T, 1>(nullptr, nullptr, v, 0, nkv, nullptr, nullptr, v8,
+                                               scalars, o_row_scales, o_rows, 2, q_descale,
+                                               k_descale, l);
+  });
+}
+
+namespace {
+
+__global__ void fp8_fill_kernel(float* __restrict__ p, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+template <typename T>
+__global__ void fp8_dequantize_kernel(const uint8_t* __restrict__ codes,
+                                      const float* __restrict__ scales, int64_t n, int64_t cols,
+                                      T* __restrict__ y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    __nv_fp8_e4m3 c;
+    c.__x = codes[i];
+    y[i] = from_f32<T>(static_cast<float>(c) * scales[i / cols]);
+  }
+}
+
+}  // namespace
+
+Status launch_fp8_fill(float* p, int64_t n, float value, const Launch& l) {
+  if (n <= 0) return ok_status();
+  fp8_fill_kernel<<<grid_for(n, kThreads, l), kThreads, 0, l.stream>>>(p, n, value);
+  LATENT_CUDA_CHECK_LAUNCH("fp8 fill");
+  return ok_status();
+}
+
+Status launch_fp8_dequantize_rows(const uint8_t* codes, const float* scales, int64_t rows,
+                                  int64_t cols, DType dtype, void* y, const Launch& l) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return ok_status();
+  return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
+    fp8_dequantize_kernel<T><<<grid_for(n, kThreads, l), kThreads, 0, l.stream>>>(
+        codes, scales, n, cols, static_cast<T*>(y));
+    LATENT_CUDA_CHECK_LAUNCH("fp8 dequantize");
+    return ok_status();
   });
 }
 

@@ -44,4 +44,18 @@ Status launch_fp8_attention_inputs(const void* q, const void* k, const void* v, 
                                    float* scalars, float* o_row_scales, int64_t o_rows,
                                    const Launch& l);
 
+// launch_fp8_attention_inputs for v alone, where q and k were coded already with one scale each
+// (Backend::joint_qk_fp8): v's amax and codes, the scalars (descale_q / descale_k copied from the
+// device floats given), the output's row scales.
+Status launch_fp8_attention_v(const void* v, int64_t nkv, DType dtype, uint8_t* v8,
+                              const float* q_descale, const float* k_descale, float* scalars,
+                              float* o_row_scales, int64_t o_rows, const Launch& l);
+
+// p[0, n) = value.
+Status launch_fp8_fill(float* p, int64_t n, float value, const Launch& l);
+
+// y [rows, cols] in `dtype` = e4m3 codes [rows, cols] x scales[row].
+Status launch_fp8_dequantize_rows(const uint8_t* codes, const float* scales, int64_t rows,
+                                  int64_t cols, DType dtype, void* y, const Launch& l);
+
 }  // namespace latent::cuda

@@ -361,6 +361,9 @@ struct Block {
   Linear to_q, to_k, to_v, to_out;         // image stream
   Linear add_q, add_k, add_v, to_add_out;  // text stream
   Tensor norm_q, norm_k, norm_added_q, norm_added_k;        // [head_dim]
+  // LATENT_FP8_ATTENTION=codes: bounds of |q| and |k| after the per-head RMS norm and rope,
+  // sqrt(head_dim) x the largest |gamma| of the two streams (0: not computed).
+  float q_bound = 0.f, k_bound = 0.f;
   Linear img_mlp_in, img_mlp_out, txt_mlp_in, txt_mlp_out;  // D -> 4D (GELU tanh) -> D
   // Runtime LoRAs folded into the GEMMs, per input (null: none, or not folded): the normalised
   // inputs of q/k/v and of the MLPs, the attention's output (image / text rows), and the MLPs'
@@ -650,6 +653,43 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   m->storage_dtypes_ = binder.storage_dtypes();
   LATENT_TRY(m->apply_loras(loras));
   if (fp8 && !quantize_early) LATENT_TRY(m->quantize_linears());
+  // LATENT_FP8_ATTENTION: 0 attention in the compute dtype, 1 (the default) FP8 attention with
+  // q, k and v quantised by their amax, codes (FP8 layers) q and k coded by joint_qk with static
+  // bounds: |x| <= sqrt(d) max|gamma| after an RMS norm with gamma and a rotation of pairs.
+  if (const char* a = std::getenv("LATENT_FP8_ATTENTION"); a && *a) {
+    const std::string v = a;
+    if (v == "codes") {
+      m->fp8_qk_codes_ = fp8;
+    } else if (v != "0" && v != "1") {
+      LATENT_WARN("LATENT_FP8_ATTENTION=", v, " is not 0, 1 or codes: taken as 1");
+    }
+  }
+  if (m->fp8_qk_codes_) {
+    auto bound = [&](const Tensor& a, const Tensor& b) -> Result<float> {
+      float most = 0.f;
+      for (const Tensor* g : {&a, &b}) {
+        LATENT_ASSIGN_OR_RETURN(Tensor h, backend->download(*g));
+        for (float x : h.to_floats()) most = std::max(most, std::fabs(x));
+      }
+      if (!(most > 0.f) || !std::isfinite(most))
+        return Status::errorf(
+            "LATENT_FP8_ATTENTION=codes: a QK norm's gamma has no finite "
+            "nonzero value (largest |gamma| ",
+            most, ")");
+      // (1 + 2^-7): room for the norm's and the rotation's rounding
+      return std::sqrt(static_cast<float>(cfg.attention_head_dim)) * most * (1.f + 1.f / 128.f);
+    };
+    for (size_t i = 0; i < w.blocks.size(); ++i) {
+      Block& blk = w.blocks[i];
+      const std::string where_i = str_cat("transformer_blocks.", i);
+      Result<float> qb = bound(blk.norm_q, blk.norm_added_q);
+      Result<float> kb = bound(blk.norm_k, blk.norm_added_k);
+      if (!qb.ok()) return qb.status().with_context(where_i);
+      if (!kb.ok()) return kb.status().with_context(where_i);
+      blk.q_bound = qb.value();
+      blk.k_bound = kb.value();
+    }
+  }
   LATENT_INFO("loaded QwenImageTransformer2DModel (", cfg.num_layers, " layers, ",
               cfg.num_attention_heads, " x ", cfg.attention_head_dim, " heads",
               cfg.zero_cond_t ? ", zero_cond_t" : "", ") from ", where, " onto ", backend->name(),
@@ -1009,6 +1049,7 @@ struct BlockContext {
   std::vector<int64_t> key_lengths;  // with key_mask when the text padding is a tail, else empty
   int heads = 0;
   int64_t dim = 0;
+  bool fp8_qk_codes = false;  // LATENT_FP8_ATTENTION=codes (QwenImageMmdit::fp8_qk_codes_)
 };
 
 // Rows [start, start + count) of a quantised [1, T, K] matrix (the FP8 attention's output: image
@@ -1119,12 +1160,6 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   LATENT_ASSIGN_OR_RETURN(Tensor v_t, w.add_v(be, txt_n, none, &txt_q));
   img_q = Fp8Matrix();  // released before the attention
   txt_q = Fp8Matrix();
-  // Per-head RMS QK norm, the streams joined [image, text], rope: [B, T_img + T_txt, D].
-  LATENT_ASSIGN_OR_RETURN(Tensor q,
-                          be.joint_qk(q_i, q_t, w.norm_q, w.norm_added_q, c.rope, c.heads, kNormEps));
-  LATENT_ASSIGN_OR_RETURN(Tensor k,
-                          be.joint_qk(k_i, k_t, w.norm_k, w.norm_added_k, c.rope, c.heads, kNormEps));
-  LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_i, v_t}, 1));
   // With the output layers' LoRAs folded, the attention writes its rows wide ([o | o downᵀ]),
   // as many columns more as the larger of the two streams' FoldedLoras needs.
   const FoldedLoras* out_fold = w.fold_out.get();
@@ -1137,9 +1172,32 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   const auto plain_fp8 = [](const Linear& l) {
     return l.w8.defined() && !(l.lora && l.lora->up.defined());
   };
-  if (o_extra == 0 && q.dim(0) == 1 && plain_fp8(w.to_out) && plain_fp8(w.to_add_out)) {
-    LATENT_ASSIGN_OR_RETURN(const Fp8Matrix o8,
-                            be.attention_fp8(q, k, v, c.heads, c.key_mask, c.key_lengths));
+  const bool fp8_out =
+      o_extra == 0 && q_i.dim(0) == 1 && plain_fp8(w.to_out) && plain_fp8(w.to_add_out);
+  // Per-head RMS QK norm, the streams joined [image, text], rope: [B, T_img + T_txt, D]; with
+  // LATENT_FP8_ATTENTION=codes, q and k written as e4m3 codes with the block's static bounds.
+  Tensor q, k;
+  Fp8Matrix q8, k8;
+  if (fp8_out && c.fp8_qk_codes && w.q_bound > 0.f && w.k_bound > 0.f) {
+    LATENT_ASSIGN_OR_RETURN(q8, be.joint_qk_fp8(q_i, q_t, w.norm_q, w.norm_added_q, c.rope, c.heads,
+                                                kNormEps, w.q_bound));
+    LATENT_ASSIGN_OR_RETURN(k8, be.joint_qk_fp8(k_i, k_t, w.norm_k, w.norm_added_k, c.rope, c.heads,
+                                                kNormEps, w.k_bound));
+  } else {
+    LATENT_ASSIGN_OR_RETURN(
+        q, be.joint_qk(q_i, q_t, w.norm_q, w.norm_added_q, c.rope, c.heads, kNormEps));
+    LATENT_ASSIGN_OR_RETURN(
+        k, be.joint_qk(k_i, k_t, w.norm_k, w.norm_added_k, c.rope, c.heads, kNormEps));
+  }
+  LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_i, v_t}, 1));
+  if (fp8_out) {
+    Fp8Matrix o8;
+    if (q8.defined()) {
+      LATENT_ASSIGN_OR_RETURN(
+          o8, be.attention_fp8_coded(q8, k8, v, c.heads, c.key_mask, c.key_lengths));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(o8, be.attention_fp8(q, k, v, c.heads, c.key_mask, c.key_lengths));
+    }
     LATENT_ASSIGN_OR_RETURN(img_q, fp8_token_rows(o8, 0, t_img));
     LATENT_ASSIGN_OR_RETURN(txt_q, fp8_token_rows(o8, t_img, t_txt));
     LATENT_ASSIGN_OR_RETURN(Tensor o_i, w.to_out(be, Tensor(), none, &img_q));
@@ -1315,6 +1373,7 @@ Result<Tensor> QwenImageMmdit::forward(const MmditInputs& in) {
   BlockContext ctx;
   ctx.heads = static_cast<int>(c.num_attention_heads);
   ctx.dim = c.inner_dim();
+  ctx.fp8_qk_codes = fp8_qk_codes_;
   ctx.img_groups = {0};
   std::vector<float> ts = in.timestep;
   if (two_groups) {
