@@ -128,6 +128,27 @@ Result<Tensor> Backend::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const
   return linear(x.dequant, w.dequant, bias, act);
 }
 
+Result<Tensor> Backend::linear_fp8_joined(const Fp8Matrix& x_a, const Fp8Matrix& w_a,
+                                          const Tensor& b_a, const Fp8Matrix& x_b,
+                                          const Fp8Matrix& w_b, const Tensor& b_b) {
+  LATENT_ASSIGN_OR_RETURN(Tensor a, linear_fp8(x_a, w_a, b_a, DitActivation::kNone));
+  LATENT_ASSIGN_OR_RETURN(Tensor b, linear_fp8(x_b, w_b, b_b, DitActivation::kNone));
+  return concat({a, b}, 1);
+}
+
+Result<Tensor> Backend::linear_fp8_gated_add(const Fp8Matrix& x, const Fp8Matrix& w,
+                                             const Tensor& bias, const Tensor& gate,
+                                             const Tensor& residual) {
+  if (gate.numel() != w.rows())
+    return Status::errorf("linear_fp8_gated_add: gate ", shape_str(gate.shape()),
+                          " is not one row of ", w.rows(), " (one batch row, one token group)");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, linear_fp8(x, w, bias, DitActivation::kNone));
+  if (residual.shape() != y.shape())
+    return Status::errorf("linear_fp8_gated_add: residual ", shape_str(residual.shape()),
+                          " is not the output's ", shape_str(y.shape()));
+  return gated_add(residual, y, gate, {0});
+}
+
 namespace {
 
 // The shape of x with its last dim set to n.

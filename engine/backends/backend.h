@@ -442,6 +442,20 @@ class Backend {
   // dtype. The default: linear() of the two `dequant` tensors.
   virtual Result<Tensor> linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias,
                                     DitActivation act);
+  // residual + gate * (x w^T + bias): an FP8 layer whose output is added to the residual stream
+  // through a gate (gated_add() below with one batch row and one token group). gate: one row
+  // of N values (numel N); residual: [..., N] as the output. The default composes linear_fp8
+  // and gated_add; CUDA folds the gate into the weight's channel scales and the bias and reads
+  // the residual in the GEMM's epilogue (LATENT_FP8_GATED_ADD=0: the default's two ops).
+  virtual Result<Tensor> linear_fp8_gated_add(const Fp8Matrix& x, const Fp8Matrix& w,
+                                              const Tensor& bias, const Tensor& gate,
+                                              const Tensor& residual);
+  // concat({linear_fp8(x_a, w_a, b_a), linear_fp8(x_b, w_b, b_b)}, 1): two FP8 layers' outputs
+  // joined along the tokens (the attention's v from the image and text streams: [B, T_a + T_b,
+  // N]). The default composes them; CUDA writes each GEMM's rows in place (one batch row).
+  virtual Result<Tensor> linear_fp8_joined(const Fp8Matrix& x_a, const Fp8Matrix& w_a,
+                                           const Tensor& b_a, const Fp8Matrix& x_b,
+                                           const Fp8Matrix& w_b, const Tensor& b_b);
   // layer_norm_modulate() (below) with its output's rows quantised as fp8_quantize_rows()
   // would: the normalised input of FP8 layers, never stored in the compute dtype. The default
   // composes the two.

@@ -6,6 +6,9 @@
 //     fp32) within the bf16 output's rounding and the tensor cores' accumulation;
 //   - and is an FP8 product, not a bf16 one: its distance from the unquantised fp32 product is
 //     that of e4m3 (a few %), within a bound;
+//   - linear_fp8_gated_add (the gate in the weight's scales, the residual as C) matches the
+//     emulation and the two-op composition on what it adds; linear_fp8_joined writes two
+//     layers' rows into one tensor as their outputs concatenated;
 //   - the tiny Qwen-Image transformer with LinearFormat::kFp8 on CUDA matches the CPU emulation;
 //   - attention_fp8 runs cuDNN's FP8 SDPA (e4m3 q, k, v, probabilities and output, one scale
 //     each) within e4m3's error of the fp32 attention, with and without key lengths, its output
@@ -166,6 +169,101 @@ TEST_F(CudaFp8, LinearMatchesTheEmulationAndIsAnFp8Product) {
   }
 }
 
+// linear_fp8_gated_add: residual + gate * (x w^T + b) with the gate folded into the weight's
+// channel scales and the bias and the residual read as cuBLASLt's C. Against the CPU's
+// emulation (linear_fp8 then gated_add, fp32) and the GPU's own two-op composition (the
+// Backend default), compared on what the layer adds (y - residual), which the residual would
+// otherwise hide.
+TEST_F(CudaFp8, GatedAddRunsInTheLayersGemm) {
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+  } cases[] = {
+      {1, 64, 32, true}, {7, 192, 64, false}, {301, 3072, 1536, true}, {64, 256, 128, true}};
+  for (const Case& c : cases) {
+    const std::string what = str_cat(c.m, "x", c.n, "x", c.k, c.bias ? " bias" : "");
+    SCOPED_TRACE(what);
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.k));
+    Tensor x = bf16_input({1, c.m, c.k}, 31), w = bf16_input({c.n, c.k}, 32, -ws, ws);
+    Tensor b = c.bias ? bf16_input({c.n}, 33) : Tensor();
+    Tensor r = bf16_input({1, c.m, c.n}, 34);
+    Tensor g = bf16_input({1, c.n}, 35, -2.f, 2.f);
+    g.data_as<float>()[0] = 0.f;  // a closed gate channel: exactly the residual
+    auto xg = gpu_->fp8_quantize_rows(up(*gpu_, x));
+    auto wg = gpu_->fp8_quantize_rows(up(*gpu_, w));
+    auto xc = cpu_->fp8_quantize_rows(up(*cpu_, x));
+    auto wc = cpu_->fp8_quantize_rows(up(*cpu_, w));
+    ASSERT_TRUE(xg.ok() && wg.ok() && xc.ok() && wc.ok());
+    const Tensor rg = up(*gpu_, r), gg = up(*gpu_, g), bg = up(*gpu_, b);
+    Result<Tensor> fused = gpu_->linear_fp8_gated_add(*xg, *wg, bg, gg, rg);
+    Result<Tensor> apart = gpu_->Backend::linear_fp8_gated_add(*xg, *wg, bg, gg, rg);
+    Result<Tensor> emu =
+        cpu_->linear_fp8_gated_add(*xc, *wc, up(*cpu_, b), up(*cpu_, g), up(*cpu_, r));
+    ASSERT_TRUE(fused.ok()) << fused.status().message();
+    ASSERT_TRUE(apart.ok()) << apart.status().message();
+    ASSERT_TRUE(emu.ok()) << emu.status().message();
+    EXPECT_EQ(fused->shape(), Shape({1, c.m, c.n}));
+    auto added = [&](Backend& be, const Tensor& y) {
+      Tensor h = be.download(y).value();
+      const float* rv = r.data_as<float>();
+      float* hv = h.data_as<float>();
+      for (int64_t i = 0; i < h.numel(); ++i) hv[i] -= rv[i];
+      return h;
+    };
+    const Tensor df = added(*gpu_, *fused), da = added(*gpu_, *apart), de = added(*cpu_, *emu);
+    EXPECT_EQ(test::count_non_finite(df), 0);
+    const double vs_emu = relative_l2(df, de), vs_apart = relative_l2(df, da);
+    std::printf("  fp8 gated add %-22s added part: vs emulation %.2e, vs two ops %.2e\n",
+                what.c_str(), vs_emu, vs_apart);
+    EXPECT_LT(vs_emu, 2e-2);  // bf16 roundings of the output (and the two-op path's o)
+    EXPECT_LT(vs_apart, 2e-2);
+    EXPECT_GT(vs_apart, 0.0);  // one rounding fewer: not the two-op path's bits
+    const float* dv = df.data_as<float>();
+    for (int64_t row = 0; row < c.m; ++row) EXPECT_EQ(dv[row * c.n], 0.f) << "row " << row;
+  }
+  // A gate that is not one row of the layer's width is refused, naming it.
+  Tensor x = bf16_input({1, 4, 32}, 1), w = bf16_input({64, 32}, 2);
+  auto xg = gpu_->fp8_quantize_rows(up(*gpu_, x));
+  auto wg = gpu_->fp8_quantize_rows(up(*gpu_, w));
+  ASSERT_TRUE(xg.ok() && wg.ok());
+  Result<Tensor> bad = gpu_->linear_fp8_gated_add(
+      *xg, *wg, Tensor(), up(*gpu_, bf16_input({2, 64}, 3)), up(*gpu_, bf16_input({1, 4, 64}, 4)));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gate"), std::string::npos) << bad.status().message();
+}
+
+// linear_fp8_joined: the image and text streams' v written into one [1, T_a + T_b, N] tensor
+// by their GEMMs in place, against the default's two outputs and concat on the same GPU.
+TEST_F(CudaFp8, JoinedLayersWriteTheirRowsInPlace) {
+  struct Case {
+    int64_t ta, tb, n, k;
+    bool bias;
+  } cases[] = {{1000, 24, 384, 128, true}, {7, 5, 64, 32, false}, {64, 1, 3072, 256, true}};
+  for (const Case& c : cases) {
+    const std::string what = str_cat(c.ta, "+", c.tb, "x", c.n, "x", c.k, c.bias ? " bias" : "");
+    SCOPED_TRACE(what);
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.k));
+    auto q = [&](const Tensor& host) {
+      Result<Fp8Matrix> r = gpu_->fp8_quantize_rows(up(*gpu_, host));
+      EXPECT_TRUE(r.ok()) << r.status().message();
+      return r.ok() ? *r : Fp8Matrix();
+    };
+    const Fp8Matrix xa = q(bf16_input({1, c.ta, c.k}, 41)), xb = q(bf16_input({1, c.tb, c.k}, 42));
+    const Fp8Matrix wa = q(bf16_input({c.n, c.k}, 43, -ws, ws));
+    const Fp8Matrix wb = q(bf16_input({c.n, c.k}, 44, -ws, ws));
+    const Tensor ba = c.bias ? up(*gpu_, bf16_input({c.n}, 45)) : Tensor();
+    const Tensor bb = c.bias ? up(*gpu_, bf16_input({c.n}, 46)) : Tensor();
+    Result<Tensor> joined = gpu_->linear_fp8_joined(xa, wa, ba, xb, wb, bb);
+    Result<Tensor> apart = gpu_->Backend::linear_fp8_joined(xa, wa, ba, xb, wb, bb);
+    ASSERT_TRUE(joined.ok()) << joined.status().message();
+    ASSERT_TRUE(apart.ok()) << apart.status().message();
+    EXPECT_EQ(joined->shape(), Shape({1, c.ta + c.tb, c.n}));
+    const double d = rel(joined, *gpu_, apart, *gpu_);
+    std::printf("  fp8 joined %-24s vs two outputs and concat %.2e\n", what.c_str(), d);
+    EXPECT_LT(d, 1e-3);  // the same GEMMs (another algorithm at most: accumulation order)
+  }
+}
+
 TEST_F(CudaFp8, LayerNormModulateQuantisesItsOutputRows) {
   // The fused norm + quantisation against the CPU's composition (LayerNorm-modulate in fp32,
   // then the rows quantised): the same codes but where the GPU's fp32 norm output lands on a
@@ -300,7 +398,9 @@ TEST_F(CudaFp8, AttentionRunsInFp8NearTheFloatResult) {
 
 TEST_F(CudaFp8, TinyTransformerOneRowRunsItsAttentionInFp8) {
   const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  setenv("LATENT_FP8_ATTENTION", "1", 1);  // q, k and v scaled by their amax (codes: below)
   auto g = QwenImageMmdit::load(root, gpu_, {}, LinearFormat::kFp8);
+  unsetenv("LATENT_FP8_ATTENTION");
   ASSERT_TRUE(g.ok()) << g.status().message();
   auto c = QwenImageMmdit::load(root, cpu_, {}, LinearFormat::kFp8);
   ASSERT_TRUE(c.ok()) << c.status().message();
@@ -394,13 +494,12 @@ TEST_F(CudaFp8, JointQkCodesAndAttentionFromThem) {
   }
 }
 
-// LATENT_FP8_ATTENTION=codes on the tiny transformer, one batch row: q and k coded by joint_qk,
-// FP8 attention in both blocks, near diffusers.
+// The default (LATENT_FP8_ATTENTION unset, = codes) on the tiny transformer, one batch row: q
+// and k coded by joint_qk, FP8 attention in both blocks, near diffusers.
 TEST_F(CudaFp8, TinyTransformerCodesMode) {
   const std::string root = test::fixtures_dir() + "/dit_qwen_image_tiny";
-  setenv("LATENT_FP8_ATTENTION", "codes", 1);
-  auto g = QwenImageMmdit::load(root, gpu_, {}, LinearFormat::kFp8);
   unsetenv("LATENT_FP8_ATTENTION");
+  auto g = QwenImageMmdit::load(root, gpu_, {}, LinearFormat::kFp8);
   ASSERT_TRUE(g.ok()) << g.status().message();
   const std::string io = root + "/io_transformer.safetensors";
   const Tensor ref = test::transformer_case_sample(io, "single");

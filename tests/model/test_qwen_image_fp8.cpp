@@ -301,7 +301,9 @@ TEST(QwenImageFp8, Fp8LinearsRunEmulatedOnTheCpu) {
 // layer quantising its own slice): both rows must give the one-row output exactly, so a view at a
 // wrong offset (the text rows reach the image only through the next block) fails here.
 TEST(QwenImageFp8, OneBatchRowTakesTheAttentionOutputQuantised) {
+  setenv("LATENT_FP8_ATTENTION", "1", 1);  // q and k as they are (the default codes them: below)
   auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), {}, LinearFormat::kFp8);
+  unsetenv("LATENT_FP8_ATTENTION");
   ASSERT_TRUE(m.ok()) << m.status().message();
   Backend& be = (*m)->backend();
   EXPECT_NE((*m)->description().find("attention: its output quantised for to_out"),
@@ -377,8 +379,9 @@ TEST(QwenImageFp8, JointQkCodesWithOneStaticScale) {
   }
 }
 
-// LATENT_FP8_ATTENTION=codes: q and k coded by joint_qk with the blocks' static bounds (on the
-// CPU the default's emulation); the output stays near diffusers and near the default mode's.
+// LATENT_FP8_ATTENTION=codes (the default with FP8 layers): q and k coded by joint_qk with the
+// blocks' static bounds; the output stays near diffusers and near LATENT_FP8_ATTENTION=1's
+// (q, k and v scaled by their amax), and unset means codes.
 TEST(QwenImageFp8, CodesModeCodesQueriesAndKeysWithStaticBounds) {
   auto run_single = [&](const char* mode) -> Tensor {
     if (mode)
@@ -393,13 +396,14 @@ TEST(QwenImageFp8, CodesModeCodesQueriesAndKeysWithStaticBounds) {
     EXPECT_TRUE(y.ok()) << y.status().message();
     return y.ok() ? *(*m)->backend().download(*y) : Tensor();
   };
-  const Tensor plain = run_single(nullptr), codes = run_single("codes");
-  ASSERT_TRUE(plain.defined() && codes.defined());
+  const Tensor plain = run_single("1"), codes = run_single("codes"), unset = run_single(nullptr);
+  ASSERT_TRUE(plain.defined() && codes.defined() && unset.defined());
+  EXPECT_EQ(relative_l2(unset, codes), 0.0);
   const Tensor ref = test::transformer_case_sample(tiny_io(), "single");
   const double vs_ref = relative_l2(codes, ref), vs_plain = relative_l2(codes, plain);
   std::printf(
-      "fp8 codes mode (emulated), one batch row: vs diffusers fp32 %.2e, vs the default "
-      "mode %.2e\n",
+      "fp8 codes mode (emulated), one batch row: vs diffusers fp32 %.2e, vs "
+      "LATENT_FP8_ATTENTION=1 %.2e\n",
       vs_ref, vs_plain);
   EXPECT_LT(vs_ref, 5e-2);
   EXPECT_GT(vs_plain, 0.0);   // q and k really coded

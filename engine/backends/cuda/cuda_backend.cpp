@@ -125,6 +125,12 @@ class CudaBackend final : public Backend {
     launch_.stream = ctx_->stream();
     launch_.sm_count = ctx_->properties().multiProcessorCount;
     fp8_linear_ = ctx_->properties().major == 9;
+    if (const char* g = std::getenv("LATENT_FP8_GATED_ADD"); g && *g) {
+      if (std::strcmp(g, "0") == 0)
+        fp8_gated_add_ = false;
+      else if (std::strcmp(g, "1") != 0)
+        LATENT_WARN("LATENT_FP8_GATED_ADD='", g, "' is neither 0 nor 1; using 1");
+    }
     launch_.smem_optin = ctx_->properties().sharedMemPerBlockOptin;
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
@@ -352,6 +358,32 @@ class CudaBackend final : public Backend {
       cuda::DitEnv env = dit_env();
       return cuda::dit_linear_fp8(env, x, w, bias, act);
     });
+  }
+  Result<Tensor> linear_fp8_joined(const Fp8Matrix& x_a, const Fp8Matrix& w_a, const Tensor& b_a,
+                                   const Fp8Matrix& x_b, const Fp8Matrix& w_b,
+                                   const Tensor& b_b) override {
+    if (!fp8_linear_ || x_a.shape.empty() || x_a.shape[0] != 1)
+      return Backend::linear_fp8_joined(x_a, w_a, b_a, x_b, w_b, b_b);
+    return run("linear_fp8_joined", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_linear_fp8_joined(env, x_a, w_a, b_a, x_b, w_b, b_b);
+    });
+  }
+  Result<Tensor> linear_fp8_gated_add(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias,
+                                      const Tensor& gate, const Tensor& residual) override {
+    if (!fp8_linear_ || !fp8_gated_add_)
+      return Backend::linear_fp8_gated_add(x, w, bias, gate, residual);
+    Result<Tensor> y = run("linear_fp8_gated_add", [&] {
+      cuda::DitEnv env = dit_env();
+      return cuda::dit_linear_fp8_gated_add(env, x, w, bias, gate, residual);
+    });
+    if (y.ok() || y.status().message().find("cuBLASLt has no algorithm") == std::string::npos)
+      return y;
+    // cuBLASLt without a kernel for C read with per-channel scales: the two ops from now on.
+    LATENT_WARN("linear_fp8_gated_add: ", y.status().message(),
+                "; gated adds run after their layers from now on");
+    fp8_gated_add_ = false;
+    return Backend::linear_fp8_gated_add(x, w, bias, gate, residual);
   }
   Result<Fp8Matrix> attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, int heads,
                                   const Tensor& key_mask,
@@ -711,6 +743,7 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<cuda::DitLinear> dit_linear_;  // cuBLASLt handle and plans
   bool fp8_linear_ = false;  // supports_fp8_linear()
+  bool fp8_gated_add_ = true;  // LATENT_FP8_GATED_ADD (linear_fp8_gated_add in one GEMM)
   // === end cuda-dit ===
 };
 

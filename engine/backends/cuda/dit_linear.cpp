@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "engine/backends/cuda/check.h"
 #include "engine/core/log.h"
@@ -44,6 +45,9 @@ struct DitLinear::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
+  // FP8 with LATENT_FP8_GEMM_TUNE: the heuristic's other candidates, until tune() chose.
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+  bool tuned = false;
   ~Plan() {
     if (a) LATENT_CUDA_WARN(cublasLtMatrixLayoutDestroy(a));
     if (b) LATENT_CUDA_WARN(cublasLtMatrixLayoutDestroy(b));
@@ -62,6 +66,11 @@ DitLinear::DitLinear(bool tf32) : tf32_(tf32) {
     } else if (std::strcmp(v, "1") != 0) {
       LATENT_WARN("LATENT_FP8_FAST_ACCUM='", v, "' is neither 0 nor 1; using 1");
     }
+  }
+  if (const char* v = std::getenv("LATENT_FP8_GEMM_TUNE"); v && *v) {
+    fp8_tune_ = std::strcmp(v, "1") == 0;
+    if (!fp8_tune_ && std::strcmp(v, "0") != 0)
+      LATENT_WARN("LATENT_FP8_GEMM_TUNE='", v, "' is neither 0 nor 1; using 0");
   }
 }
 
@@ -149,12 +158,14 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
   LATENT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof(align_y)));
 
-  cublasLtMatmulHeuristicResult_t result{};
+  const int want = fp8 && fp8_tune_ ? 16 : 1;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want));
   int found = 0;
   // Not LATENT_CUDA_CHECK: "no kernel for this epilogue" is an answer here (run_fp8 then runs
   // the epilogue apart), not an error to log.
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c,
-                                                           p->c, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c,
+                                                           pref, want, results.data(), &found);
+  const cublasLtMatmulHeuristicResult_t result = results[0];
   if (st != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
     return Status::errorf("cuBLASLt has no algorithm for x [", m, ", ", k, "] . w^T [", k, ", ", n,
                           "] in ", fp8 ? "fp8 e4m3 (row scales) -> " : "", dtype_name(dtype),
@@ -162,6 +173,10 @@ Result<DitLinear::Plan*> DitLinear::plan(DeviceContext& ctx, int64_t m, int64_t 
                           cublasLtGetStatusName(st), ")");
   p->algo = result.algo;
   p->workspace = result.workspaceSize;
+  for (int i = 1; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(results[i]);
+  if (!p->candidates.empty()) p->candidates.insert(p->candidates.begin(), result);
+  p->tuned = p->candidates.empty();
   LATENT_DEBUG("dit linear plan ", key, ": workspace ", p->workspace, " bytes");
   (void)ctx;
   Plan* raw = p.get();
@@ -212,20 +227,23 @@ Status DitLinear::run_f32_out(DeviceContext& ctx, const void* x, const void* w, 
   return matmul(ctx, *p, w, x, nullptr, y);
 }
 
-Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_scales,
-                          const void* wq, const float* w_scales, const void* bias, void* y,
-                          int64_t m, int64_t n, int64_t k, DType out, bool gelu, bool* fused) {
+Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_scales, const void* wq,
+                          const float* w_scales, const void* bias, void* y, int64_t m, int64_t n,
+                          int64_t k, DType out, bool gelu, bool* fused, const void* accumulate) {
   *fused = true;
   if (m <= 0 || n <= 0 || k <= 0) return ok_status();
-  const uint32_t ax = alignment_of(xq), aw = alignment_of(wq), ay = alignment_of(y);
+  const uint32_t ax = alignment_of(xq), aw = alignment_of(wq);
+  const uint32_t ay =
+      accumulate ? std::min(alignment_of(y), alignment_of(accumulate)) : alignment_of(y);
+  const bool acc = accumulate != nullptr;
   const bool want_epilogue = bias != nullptr || gelu;
   const std::string key = str_cat(m, 'x', n, 'x', k, ':', dtype_name(out), ':', bias != nullptr,
-                                  gelu, ':', ax, ',', aw, ',', ay);
+                                  gelu, ':', ax, ',', aw, ',', ay, acc ? ":acc" : "");
   Plan* p = nullptr;
   auto known = fp8_fused_.find(key);
   if (want_epilogue && (known == fp8_fused_.end() || known->second)) {
     Result<Plan*> r =
-        plan(ctx, m, n, k, out, bias != nullptr, gelu, ax, aw, ay, false, w_scales, x_scales);
+        plan(ctx, m, n, k, out, bias != nullptr, gelu, ax, aw, ay, acc, w_scales, x_scales);
     fp8_fused_[key] = r.ok();
     if (r.ok()) {
       p = r.value();
@@ -235,7 +253,7 @@ Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_sca
   }
   if (!p) {
     LATENT_ASSIGN_OR_RETURN(
-        p, plan(ctx, m, n, k, out, false, false, ax, aw, ay, false, w_scales, x_scales));
+        p, plan(ctx, m, n, k, out, false, false, ax, aw, ay, acc, w_scales, x_scales));
     *fused = !want_epilogue;
   }
   if (*fused && bias)
@@ -245,7 +263,61 @@ Status DitLinear::run_fp8(DeviceContext& ctx, const void* xq, const float* x_sca
                                                    &w_scales, sizeof(w_scales)));
   LATENT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                    &x_scales, sizeof(x_scales)));
-  return matmul(ctx, *p, wq, xq, nullptr, y);
+  if (!p->tuned && accumulate != y) LATENT_TRY(tune(ctx, *p, wq, xq, accumulate, y));
+  return matmul(ctx, *p, wq, xq, accumulate, y);
+}
+
+Status DitLinear::tune(DeviceContext& ctx, Plan& p, const void* w, const void* x,
+                       const void* accumulate, void* y) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LATENT_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return ok_status();  // a later call, outside
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LATENT_CUDA_CHECK(cudaEventCreate(&start));
+  LATENT_CUDA_CHECK(cudaEventCreate(&stop));
+  struct Events {
+    cudaEvent_t a, b;
+    ~Events() {
+      LATENT_CUDA_WARN(cudaEventDestroy(a));
+      LATENT_CUDA_WARN(cudaEventDestroy(b));
+    }
+  } events{start, stop};
+  const float one = 1.f, zero = 0.f;
+  const void* c = accumulate ? accumulate : y;
+  float best_ms = 0.f;
+  size_t best = 0;  // the heuristic's first unless another ran faster
+  bool timed = false;
+  std::string times;
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    const cublasLtMatmulHeuristicResult_t& r = p.candidates[i];
+    void* workspace = nullptr;
+    if (r.workspaceSize) {
+      LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, r.workspaceSize));
+    }
+    auto launch = [&] {
+      return cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, accumulate ? &one : &zero, c,
+                            p.c, y, p.c, &r.algo, workspace, r.workspaceSize, ctx.stream());
+    };
+    if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops the candidate
+    constexpr int kRuns = 5;
+    LATENT_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+    for (int run = 0; run < kRuns; ++run) launch();
+    LATENT_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
+    LATENT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    LATENT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    ms /= kRuns;
+    times += str_cat(i ? " " : "", static_cast<int>(ms * 1000.f));
+    if (!timed || ms < best_ms) best_ms = ms, best = i;
+    timed = true;
+  }
+  LATENT_DEBUG("fp8 GEMM tuned: candidate ", best, " of ", p.candidates.size(), " (us: ", times,
+               ")");
+  p.algo = p.candidates[best].algo;
+  p.workspace = p.candidates[best].workspaceSize;
+  p.candidates.clear();
+  p.tuned = true;
+  return ok_status();
 }
 
 }  // namespace latent::cuda

@@ -50,9 +50,11 @@ class DitLinear {
   // the plain product is written and *fused comes back false: the caller applies bias and
   // GELU (else true). Per-row scaling of FP8 needs Hopper (compute capability 9.0); elsewhere
   // the heuristic finds nothing and this fails, naming the shape.
+  // With `accumulate` ([m, n] in `out`, may equal y): y = accumulate + that (beta = 1, C read
+  // in the epilogue), the residual of a gated add (dit_linear_fp8_gated_add).
   Status run_fp8(DeviceContext& ctx, const void* xq, const float* x_scales, const void* wq,
-                 const float* w_scales, const void* bias, void* y, int64_t m, int64_t n,
-                 int64_t k, DType out, bool gelu, bool* fused);
+                 const float* w_scales, const void* bias, void* y, int64_t m, int64_t n, int64_t k,
+                 DType out, bool gelu, bool* fused, const void* accumulate = nullptr);
 
   // Plans built so far (tests: a repeated shape reuses its plan).
   size_t plan_count() const { return plans_.size(); }
@@ -65,6 +67,11 @@ class DitLinear {
                      const float* fp8_x_scales = nullptr, bool f32_out = false, int64_t ldx = 0,
                      int64_t ldy = 0);
 
+  // LATENT_FP8_GEMM_TUNE=1: the FP8 plan's first call outside a graph capture times each of the
+  // heuristic's candidates (up to 16) on its own operands and keeps the fastest.
+  Status tune(DeviceContext& ctx, Plan& p, const void* w, const void* x, const void* accumulate,
+              void* y);
+
   // y = w-x product of plan p on ctx's stream (alpha 1; beta 1 reading `accumulate` as C when
   // given, else 0), the workspace grown to what p asks.
   Status matmul(DeviceContext& ctx, Plan& p, const void* w, const void* x, const void* accumulate,
@@ -75,6 +82,7 @@ class DitLinear {
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   std::map<std::string, bool> fp8_fused_;  // FP8 shape + epilogue -> whether a fused plan exists
   bool fp8_fast_accum_ = true;             // LATENT_FP8_FAST_ACCUM (dit_linear.cpp)
+  bool fp8_tune_ = false;                  // LATENT_FP8_GEMM_TUNE (tune())
   GrowableBuffer workspace_;
 };
 

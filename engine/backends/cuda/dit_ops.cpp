@@ -280,8 +280,10 @@ Result<Fp8Matrix> dit_fp8_quantize_rows(DitEnv& env, const Tensor& x) {
   return q;
 }
 
-Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
-                              const Tensor& bias, DitActivation act) {
+namespace {
+
+// dit_linear_fp8's operands: both quantised on this device, w [N, K] with x's K, bias [N].
+Status check_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& bias) {
   for (const Fp8Matrix* m : {&x, &w}) {
     const char* what = m == &x ? "input x" : "weight w";
     if (!m->defined() || !m->codes.defined() || !m->scales.defined())
@@ -304,6 +306,14 @@ Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& 
       return Status::errorf("bias ", shape_str(bias.shape()), " should have ", w.rows(),
                             " elements for weight ", shape_str(w.shape));
   }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
+                              const Tensor& bias, DitActivation act) {
+  LATENT_TRY(check_linear_fp8(env, x, w, bias));
   LATENT_TRY(check_act(act));
   const int64_t m = x.rows(), n = w.rows(), k = w.cols();
   const int64_t big = std::numeric_limits<int32_t>::max();
@@ -327,6 +337,88 @@ Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& 
     LATENT_TRY(launch_dit_bias_act(y.data(), bias_left ? bias.data() : nullptr, y.data(), y.numel(),
                                    n, act_left ? act : DitActivation::kNone, env.dtype,
                                    env.launch));
+  return y;
+}
+
+Result<Tensor> dit_linear_fp8_joined(DitEnv& env, const Fp8Matrix& x_a, const Fp8Matrix& w_a,
+                                     const Tensor& b_a, const Fp8Matrix& x_b, const Fp8Matrix& w_b,
+                                     const Tensor& b_b) {
+  LATENT_TRY(check_linear_fp8(env, x_a, w_a, b_a));
+  LATENT_TRY(check_linear_fp8(env, x_b, w_b, b_b));
+  if (x_a.shape.size() != 3 || x_b.shape.size() != 3 || x_a.shape[0] != 1 || x_b.shape[0] != 1)
+    return Status::errorf("linear_fp8_joined: inputs ", shape_str(x_a.shape), " and ",
+                          shape_str(x_b.shape), " are not [1, T, K] each");
+  if (w_a.rows() != w_b.rows())
+    return Status::errorf("linear_fp8_joined: weights ", shape_str(w_a.shape), " and ",
+                          shape_str(w_b.shape), " differ in output features");
+  const int64_t n = w_a.rows(), ta = x_a.rows(), tb = x_b.rows();
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (ta + tb > big || n > big || w_a.cols() > big || w_b.cols() > big)
+    return Status::errorf("linear_fp8_joined: ", ta + tb, " x ", n, " is too large for cuBLASLt");
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {1, ta + tb, n}, env.dtype));
+  const size_t row_bytes = static_cast<size_t>(n) * dtype_size(env.dtype);
+  struct Part {
+    const Fp8Matrix* x;
+    const Fp8Matrix* w;
+    const Tensor* b;
+    int64_t rows;
+    void* out;
+  } parts[2] = {{&x_a, &w_a, &b_a, ta, y.data()},
+                {&x_b, &w_b, &b_b, tb, static_cast<uint8_t*>(y.data()) + ta * row_bytes}};
+  for (const Part& p : parts) {
+    const bool fuse_bias = !p.b->defined() || aligned16(p.b->data());
+    bool fused = false;
+    LATENT_TRY(env.linear->run_fp8(*env.ctx, p.x->codes.data(),
+                                   static_cast<const float*>(p.x->scales.data()), p.w->codes.data(),
+                                   static_cast<const float*>(p.w->scales.data()),
+                                   fuse_bias && p.b->defined() ? p.b->data() : nullptr, p.out,
+                                   p.rows, n, p.w->cols(), env.dtype, false, &fused));
+    if (p.b->defined() && !(fuse_bias && fused))
+      LATENT_TRY(launch_dit_bias_act(p.out, p.b->data(), p.out, p.rows * n, n, DitActivation::kNone,
+                                     env.dtype, env.launch));
+  }
+  return y;
+}
+
+Result<Tensor> dit_linear_fp8_gated_add(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
+                                        const Tensor& bias, const Tensor& gate,
+                                        const Tensor& residual) {
+  LATENT_TRY(check_linear_fp8(env, x, w, bias));
+  const int64_t m = x.rows(), n = w.rows(), k = w.cols();
+  LATENT_TRY(check(env, "gate", gate, env.dtype, -1, "one row of the layer's width"));
+  if (gate.numel() != n)
+    return Status::errorf("linear_fp8_gated_add: gate ", shape_str(gate.shape()),
+                          " is not one row of ", n, " (one batch row, one token group)");
+  LATENT_TRY(check(env, "residual", residual, env.dtype, -1, "[..., N]"));
+  Shape out_shape = x.shape;
+  out_shape.back() = n;
+  if (residual.shape() != out_shape)
+    return Status::errorf("linear_fp8_gated_add: residual ", shape_str(residual.shape()),
+                          " is not the output's ", shape_str(out_shape));
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  if (m > big || n > big || k > big)
+    return Status::errorf("x ", shape_str(x.shape), " . w^T ", shape_str(w.shape),
+                          " is too large for cuBLASLt");
+  // The gate goes into the weight's per-channel scales and the bias:
+  // residual + gate * (x w^T + b) = residual + (x w^T) * (w_scale * gate) * x_scale + b * gate.
+  LATENT_ASSIGN_OR_RETURN(Tensor scales, empty(env, {n}, DType::kF32));
+  Tensor gated_bias;
+  if (bias.defined()) {
+    LATENT_ASSIGN_OR_RETURN(gated_bias, empty(env, {n}, env.dtype));
+  }
+  LATENT_TRY(launch_fp8_gate_scales(static_cast<const float*>(w.scales.data()), gate.data(),
+                                    data_or_null(bias), n, env.dtype,
+                                    static_cast<float*>(scales.data()),
+                                    bias.defined() ? gated_bias.data() : nullptr, env.launch));
+  LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
+  bool fused = false;
+  LATENT_TRY(env.linear->run_fp8(
+      *env.ctx, x.codes.data(), static_cast<const float*>(x.scales.data()), w.codes.data(),
+      static_cast<const float*>(scales.data()), bias.defined() ? gated_bias.data() : nullptr,
+      y.data(), m, n, k, env.dtype, false, &fused, residual.data()));
+  if (bias.defined() && !fused)
+    LATENT_TRY(launch_dit_bias_act(y.data(), gated_bias.data(), y.data(), y.numel(), n,
+                                   DitActivation::kNone, env.dtype, env.launch));
   return y;
 }
 

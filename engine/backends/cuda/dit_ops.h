@@ -60,6 +60,16 @@ Result<Tensor> dit_layer_norm_modulate_wide(DitEnv& env, const Tensor& x, const 
 Result<Fp8Matrix> dit_fp8_quantize_rows(DitEnv& env, const Tensor& x);
 Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
                               const Tensor& bias, DitActivation act);
+// Backend::linear_fp8_joined for one batch row: one output [1, T_a + T_b, N], each GEMM writing
+// its rows in place (no concat pass).
+Result<Tensor> dit_linear_fp8_joined(DitEnv& env, const Fp8Matrix& x_a, const Fp8Matrix& w_a,
+                                     const Tensor& b_a, const Fp8Matrix& x_b, const Fp8Matrix& w_b,
+                                     const Tensor& b_b);
+// Backend::linear_fp8_gated_add: the gate folded into the weight's channel scales and the bias,
+// the residual read as the GEMM's C (beta = 1): one GEMM, no gated_add pass.
+Result<Tensor> dit_linear_fp8_gated_add(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
+                                        const Tensor& bias, const Tensor& gate,
+                                        const Tensor& residual);
 Result<Tensor> dit_layer_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               float eps);
 Result<Tensor> dit_rms_norm(DitEnv& env, const Tensor& x, const Tensor& gamma, float eps);

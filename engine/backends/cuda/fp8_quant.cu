@@ -242,7 +242,32 @@ __global__ void fp8_dequantize_kernel(const uint8_t* __restrict__ codes,
   }
 }
 
+template <typename T>
+__global__ void fp8_gate_scales_kernel(const float* __restrict__ w_scales,
+                                       const T* __restrict__ gate, const T* __restrict__ bias,
+                                       int64_t n, float* __restrict__ out_scales,
+                                       T* __restrict__ out_bias) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = to_f32(gate[i]);
+    out_scales[i] = w_scales[i] * g;
+    if (bias) out_bias[i] = from_f32<T>(to_f32(bias[i]) * g);
+  }
+}
+
 }  // namespace
+
+Status launch_fp8_gate_scales(const float* w_scales, const void* gate, const void* bias, int64_t n,
+                              DType dtype, float* out_scales, void* out_bias, const Launch& l) {
+  if (n <= 0) return ok_status();
+  return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
+    fp8_gate_scales_kernel<T><<<grid_for(n, kThreads, l), kThreads, 0, l.stream>>>(
+        w_scales, static_cast<const T*>(gate), static_cast<const T*>(bias), n, out_scales,
+        static_cast<T*>(out_bias));
+    LATENT_CUDA_CHECK_LAUNCH("fp8 gate scales");
+    return ok_status();
+  });
+}
 
 Status launch_fp8_fill(float* p, int64_t n, float value, const Launch& l) {
   if (n <= 0) return ok_status();

@@ -51,6 +51,13 @@ Status launch_fp8_attention_v(const void* v, int64_t nkv, DType dtype, uint8_t* 
                               const float* q_descale, const float* k_descale, float* scalars,
                               float* o_row_scales, int64_t o_rows, const Launch& l);
 
+// A gated FP8 layer's epilogue operands (dit_linear_fp8_gated_add): out_scales[j] =
+// w_scales[j] * gate[j] (fp32) and, with a bias, out_bias[j] = bias[j] * gate[j] (rounded to
+// `dtype`), j < n; gate and bias in `dtype`. So x w^T * gate + bias * gate comes out of the
+// GEMM's own per-channel scaling and bias.
+Status launch_fp8_gate_scales(const float* w_scales, const void* gate, const void* bias, int64_t n,
+                              DType dtype, float* out_scales, void* out_bias, const Launch& l);
+
 // p[0, n) = value.
 Status launch_fp8_fill(float* p, int64_t n, float value, const Launch& l);
 

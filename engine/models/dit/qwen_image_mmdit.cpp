@@ -168,6 +168,18 @@ struct Linear {
     LATENT_ASSIGN_OR_RETURN(Tensor h, be.linear(x, lora->down, Tensor(), DitActivation::kNone));
     return be.linear_add(h, lora->up, y, act);
   }
+  // An FP8 layer without a runtime LoRA (gated_fp8()): residual + gate * (x W^T + b) as one op
+  // (Backend::linear_fp8_gated_add); gate one row of `out` values.
+  bool gated_fp8() const { return w8.defined() && !(lora && lora->up.defined()); }
+  Result<Tensor> gated_add(Backend& be, const Tensor& x, const Fp8Matrix* xq, const Tensor& gate,
+                           const Tensor& residual) const {
+    Fp8Matrix own;
+    if (!xq || !xq->defined()) {
+      LATENT_ASSIGN_OR_RETURN(own, be.fp8_quantize_rows(x));
+      xq = &own;
+    }
+    return be.linear_fp8_gated_add(*xq, w8, b, gate, residual);
+  }
 };
 
 }  // namespace
@@ -653,15 +665,16 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   m->storage_dtypes_ = binder.storage_dtypes();
   LATENT_TRY(m->apply_loras(loras));
   if (fp8 && !quantize_early) LATENT_TRY(m->quantize_linears());
-  // LATENT_FP8_ATTENTION: 0 attention in the compute dtype, 1 (the default) FP8 attention with
-  // q, k and v quantised by their amax, codes (FP8 layers) q and k coded by joint_qk with static
-  // bounds: |x| <= sqrt(d) max|gamma| after an RMS norm with gamma and a rotation of pairs.
+  // LATENT_FP8_ATTENTION: 0 attention in the compute dtype, 1 FP8 attention with q, k and v
+  // quantised by their amax, codes (the default with FP8 layers) q and k coded by joint_qk with
+  // static bounds: |x| <= sqrt(d) max|gamma| after an RMS norm with gamma and a rotation of pairs.
+  m->fp8_qk_codes_ = fp8;
   if (const char* a = std::getenv("LATENT_FP8_ATTENTION"); a && *a) {
     const std::string v = a;
-    if (v == "codes") {
-      m->fp8_qk_codes_ = fp8;
-    } else if (v != "0" && v != "1") {
-      LATENT_WARN("LATENT_FP8_ATTENTION=", v, " is not 0, 1 or codes: taken as 1");
+    if (v == "0" || v == "1") {
+      m->fp8_qk_codes_ = false;
+    } else if (v != "codes") {
+      LATENT_WARN("LATENT_FP8_ATTENTION=", v, " is not 0, 1 or codes: taken as codes");
     }
   }
   if (m->fp8_qk_codes_) {
@@ -1007,7 +1020,8 @@ std::string QwenImageMmdit::description() const {
                     backend_->supports_fp8_linear()
                         ? "; q, k, v, probabilities and output in fp8 e4m3 (cuDNN's FP8 "
                           "attention; one batch row, no runtime LoRA on the output layers, a key "
-                          "mask only as key lengths; LATENT_FP8_ATTENTION=0: in the compute dtype)"
+                          "mask only as key lengths; q and k coded with static per-block bounds; "
+                          "LATENT_FP8_ATTENTION=1: by their amax, 0: in the compute dtype)"
                         : " (computed in the compute dtype on this backend)",
                     "\n")
           : "",
@@ -1049,7 +1063,8 @@ struct BlockContext {
   std::vector<int64_t> key_lengths;  // with key_mask when the text padding is a tail, else empty
   int heads = 0;
   int64_t dim = 0;
-  bool fp8_qk_codes = false;  // LATENT_FP8_ATTENTION=codes (QwenImageMmdit::fp8_qk_codes_)
+  bool fp8_qk_codes =
+      false;  // LATENT_FP8_ATTENTION=codes, the default (QwenImageMmdit::fp8_qk_codes_)
 };
 
 // Rows [start, start + count) of a quantised [1, T, K] matrix (the FP8 attention's output: image
@@ -1154,10 +1169,25 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   const DitActivation none = DitActivation::kNone;
   LATENT_ASSIGN_OR_RETURN(Tensor q_i, w.to_q(be, img_n, none, &img_q));  // [B, T_img, D]
   LATENT_ASSIGN_OR_RETURN(Tensor k_i, w.to_k(be, img_n, none, &img_q));
-  LATENT_ASSIGN_OR_RETURN(Tensor v_i, w.to_v(be, img_n, none, &img_q));
   LATENT_ASSIGN_OR_RETURN(Tensor q_t, w.add_q(be, txt_n, none, &txt_q));  // [B, T_txt, D]
   LATENT_ASSIGN_OR_RETURN(Tensor k_t, w.add_k(be, txt_n, none, &txt_q));
-  LATENT_ASSIGN_OR_RETURN(Tensor v_t, w.add_v(be, txt_n, none, &txt_q));
+  // v joined [image, text] (as the attention reads it): FP8 layers of one batch row write their
+  // rows into it in place.
+  // LATENT_FP8_JOIN_V=0: the two outputs concatenated after (the A/B of bench_img2img.py).
+  static const bool join_v = [] {
+    const char* e = std::getenv("LATENT_FP8_JOIN_V");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  Tensor v;
+  if (join_v && img->dim(0) == 1 && img_q.defined() && txt_q.defined() && w.to_v.gated_fp8() &&
+      w.add_v.gated_fp8()) {
+    LATENT_ASSIGN_OR_RETURN(
+        v, be.linear_fp8_joined(img_q, w.to_v.w8, w.to_v.b, txt_q, w.add_v.w8, w.add_v.b));
+  } else {
+    LATENT_ASSIGN_OR_RETURN(Tensor v_i, w.to_v(be, img_n, none, &img_q));
+    LATENT_ASSIGN_OR_RETURN(Tensor v_t, w.add_v(be, txt_n, none, &txt_q));
+    LATENT_ASSIGN_OR_RETURN(v, be.concat({v_i, v_t}, 1));
+  }
   img_q = Fp8Matrix();  // released before the attention
   txt_q = Fp8Matrix();
   // With the output layers' LoRAs folded, the attention writes its rows wide ([o | o downᵀ]),
@@ -1189,7 +1219,6 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
     LATENT_ASSIGN_OR_RETURN(
         k, be.joint_qk(k_i, k_t, w.norm_k, w.norm_added_k, c.rope, c.heads, kNormEps));
   }
-  LATENT_ASSIGN_OR_RETURN(Tensor v, be.concat({v_i, v_t}, 1));
   if (fp8_out) {
     Fp8Matrix o8;
     if (q8.defined()) {
@@ -1200,12 +1229,17 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
     }
     LATENT_ASSIGN_OR_RETURN(img_q, fp8_token_rows(o8, 0, t_img));
     LATENT_ASSIGN_OR_RETURN(txt_q, fp8_token_rows(o8, t_img, t_txt));
-    LATENT_ASSIGN_OR_RETURN(Tensor o_i, w.to_out(be, Tensor(), none, &img_q));
-    LATENT_ASSIGN_OR_RETURN(Tensor o_t, w.to_add_out(be, Tensor(), none, &txt_q));
+    // One batch row: the gated residual adds run inside the output layers' GEMMs (one token
+    // group for the image stream).
+    if (c.img_groups.size() == 1) {
+      LATENT_ASSIGN_OR_RETURN(*img, w.to_out.gated_add(be, Tensor(), &img_q, im[2], *img));
+    } else {
+      LATENT_ASSIGN_OR_RETURN(Tensor o_i, w.to_out(be, Tensor(), none, &img_q));
+      LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
+    }
+    LATENT_ASSIGN_OR_RETURN(*txt, w.to_add_out.gated_add(be, Tensor(), &txt_q, tm[2], *txt));
     img_q = Fp8Matrix();
     txt_q = Fp8Matrix();
-    LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
-    LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, o_t, tm[2], one_group));
   } else {
     Tensor o;  // [B, T, D (+ o_extra)]
     if (o_extra > 0) {
@@ -1240,8 +1274,14 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   if (img_out_fold) {
     LATENT_ASSIGN_OR_RETURN(h_i, img_out_fold->fill(be, h_i));
   }
-  LATENT_ASSIGN_OR_RETURN(h_i, w.img_mlp_out(be, h_i));
-  LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, h_i, im[5], c.img_groups));
+  // FP8 without a runtime LoRA, one batch row and token group: the gated add in fc2's GEMM.
+  const bool one_row = img->dim(0) == 1;
+  if (one_row && c.img_groups.size() == 1 && !img_out_fold && w.img_mlp_out.gated_fp8()) {
+    LATENT_ASSIGN_OR_RETURN(*img, w.img_mlp_out.gated_add(be, h_i, nullptr, im[5], *img));
+  } else {
+    LATENT_ASSIGN_OR_RETURN(h_i, w.img_mlp_out(be, h_i));
+    LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, h_i, im[5], c.img_groups));
+  }
   LATENT_TRY(normalized_input(be, *txt, tm[3], tm[4], one_group, {&w.txt_mlp_in},
                               w.fold_txt_mlp_in.get(), &txt_n, &txt_q));
   LATENT_ASSIGN_OR_RETURN(Tensor h_t, w.txt_mlp_in(be, txt_n, DitActivation::kGELUTanh, &txt_q,
@@ -1250,8 +1290,12 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   if (txt_out_fold) {
     LATENT_ASSIGN_OR_RETURN(h_t, txt_out_fold->fill(be, h_t));
   }
-  LATENT_ASSIGN_OR_RETURN(h_t, w.txt_mlp_out(be, h_t));
-  LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, h_t, tm[5], one_group));
+  if (one_row && !txt_out_fold && w.txt_mlp_out.gated_fp8()) {
+    LATENT_ASSIGN_OR_RETURN(*txt, w.txt_mlp_out.gated_add(be, h_t, nullptr, tm[5], *txt));
+  } else {
+    LATENT_ASSIGN_OR_RETURN(h_t, w.txt_mlp_out(be, h_t));
+    LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, h_t, tm[5], one_group));
+  }
   return ok_status();
 }
 

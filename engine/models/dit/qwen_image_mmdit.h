@@ -266,7 +266,7 @@ class QwenImageMmdit {
   };
   std::vector<CachedModulation> mods_;
   bool mod_cache_enabled_ = true;
-  // LATENT_FP8_ATTENTION=codes (dtype fp8): joint_qk codes q and k with static bounds
+  // dtype fp8 unless LATENT_FP8_ATTENTION=0 / 1: joint_qk codes q and k with static bounds
   bool fp8_qk_codes_ = false;
   int64_t mod_cache_hits_ = 0;
   // Graphs of forward()'s device work, one per input shape (see set_forward_graphs); declared
