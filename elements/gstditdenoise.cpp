@@ -56,6 +56,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,8 +66,8 @@
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/models/dit/denoise.h"
-#include "engine/models/dit/pipeline_inputs.h"
 #include "engine/models/dit/flow_match_scheduler.h"
+#include "engine/models/dit/pipeline_inputs.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
 #include "engine/weights/config.h"
 #include "engine/weights/model_source.h"
@@ -143,6 +144,12 @@ struct State {
   latent::DenoisePrompts prompts;
   std::shared_ptr<const Embeds> prompts_of, negative_of;
   guint64 frames = 0;  // frames denoised since start (fresh noise: seed + frames)
+  // Fresh noise: the next frame's (seed + frames + 1), drawn on a thread of its own while this
+  // frame runs (torch's CPU generator takes a few ms on the host, which the GPU would otherwise
+  // wait for); used when the next frame asks for that seed and shape, else dropped.
+  std::future<latent::Result<latent::Tensor>> noise_ahead;
+  guint64 noise_ahead_seed = 0;
+  latent::Shape noise_ahead_shape;
 };
 
 // Reads the prompt embeddings of `path`, checked against the transformer's text width (shared
@@ -825,7 +832,21 @@ static GstFlowReturn gst_dit_denoise_transform(GstBaseTransform* trans, GstBuffe
     const bool fixed = settings.noise_mode == NOISE_FIXED;
     if (!fixed || !st.fixed_noise.defined() || st.noise_seed != settings.seed) {
       const guint64 seed = fixed ? settings.seed : settings.seed + st.frames;
-      auto n = latent::torch_randn({1, 1, c, h, w}, seed);
+      const latent::Shape noise_shape = {1, 1, c, h, w};
+      latent::Result<latent::Tensor> n = latent::Tensor();
+      if (st.noise_ahead.valid()) {
+        const bool same = st.noise_ahead_seed == seed && st.noise_ahead_shape == noise_shape;
+        n = st.noise_ahead.get();  // (a different seed or shape: waited for, dropped)
+        if (!same) n = latent::Tensor();
+      }
+      if (!n.ok() || !n->defined()) n = latent::torch_randn(noise_shape, seed);
+      if (!fixed) {
+        st.noise_ahead_seed = seed + 1;
+        st.noise_ahead_shape = noise_shape;
+        st.noise_ahead = std::async(std::launch::async, [noise_shape, next = seed + 1] {
+          return latent::torch_randn(noise_shape, next);
+        });
+      }
       auto shaped = n.ok() ? n->reshape({1, c, h, w}) : n;
       auto up = shaped.ok() ? st.backend->upload(*shaped) : shaped;
       if (!up.ok()) {

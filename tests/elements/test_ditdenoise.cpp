@@ -332,6 +332,12 @@ TEST(DitDenoise, FixedNoiseRepeatsFreshNoiseDiffers) {
     Settings next = r;
     next.seed = r.seed + 1;
     EXPECT_LE(max_abs_diff(f1, engine_run(next, in)), 1e-6);
+    // The next frame's noise is drawn ahead (seed + 2); a new seed drops it: frame 2 draws 50 + 2.
+    g_object_set(h->element, "seed", static_cast<guint64>(50), nullptr);
+    const auto f2 = denoise_frame(h, in, 2 * GST_SECOND / 30);
+    Settings changed = r;
+    changed.seed = 52;
+    EXPECT_LE(max_abs_diff(f2, engine_run(changed, in)), 1e-6);
     gst_harness_teardown(h);
   }
 }
