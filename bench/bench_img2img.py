@@ -20,8 +20,10 @@ per-frame debug lines (GST_DEBUG=<stage>:6: when each frame left each stage, and
 stage took on it). The per-frame time is the median period between frames leaving vaedecode,
 the first frame (plans, first cuBLASLt calls) left out. Start-up (loading 41 GB) is not in it,
 and neither is the variance of start-up that timing two runs of different lengths would add.
-Frames go one after another on one GPU stream, so that period is also a frame's latency once the
-pipeline runs. Targets: <= 0.45 s (bf16), <= 0.35 s (fp8).
+Frames go one after another through one streaming thread (no queues), so that period is a frame's
+latency through the elements plus the source's time on the next frame; the latency itself
+(vaeencode taking the frame to vaedecode pushing it) is reported next to it. Targets: <= 0.45 s
+(bf16), <= 0.35 s (fp8).
 
   python3 bench/bench_img2img.py --tool /tmp/dev/bin/latent-tool --out bench/results/img2img.json
   python3 bench/bench_img2img.py --dry-run      # the launch lines only
@@ -130,19 +132,36 @@ def main():
     ap.add_argument("--mod-cache", default="on",
                     help="on, off or on,off: the transformer's modulation cache (LATENT_DIT_MOD_CACHE); "
                          "on,off runs each dtype both ways (the A/B)")
-    ap.add_argument("--fp8-attention", default="on",
-                    help="on, off, codes or a list (on,off): dtype fp8's attention in FP8 (cuDNN's "
-                         "FP8 SDPA; LATENT_FP8_ATTENTION=0 is off: bf16, its output quantised after; "
-                         "codes: q and k coded by joint_qk, where the build has it); a list runs the "
+    ap.add_argument("--fp8-attention", default="codes",
+                    help="codes, amax, off or a list (codes,amax): dtype fp8's attention (cuDNN's FP8 "
+                         "SDPA). codes (the default): q and k coded by joint_qk with static bounds; "
+                         "amax (LATENT_FP8_ATTENTION=1; session 17's 'on'): q, k and v scaled by "
+                         "their amax; off (=0): bf16, its output quantised after. A list runs the "
                          "fp8 rows each way in turn (the A/B)")
+    ap.add_argument("--gated-add", default="on",
+                    help="on, off or on,off: dtype fp8's gated residual adds inside the output "
+                         "layers' GEMMs (LATENT_FP8_GATED_ADD; off: a gated_add pass after each); "
+                         "a list runs the fp8 rows each way in turn")
+    ap.add_argument("--ab", default="",
+                    help="ENV=V1,V2: the fp8 rows run once with each value of environment variable ENV "
+                         "(e.g. LATENT_FP8_JOIN_V=1,0), crossed with the options above")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     caches = [c for c in args.mod_cache.split(",") if c]
     if not caches or any(c not in ("on", "off") for c in caches):
         ap.error(f"--mod-cache {args.mod_cache}: give on, off or on,off")
     fp8_atts = [c for c in args.fp8_attention.split(",") if c]
-    if not fp8_atts or any(c not in ("on", "off", "codes") for c in fp8_atts):
-        ap.error(f"--fp8-attention {args.fp8_attention}: give on, off, codes or a list of them")
+    if not fp8_atts or any(c not in ("codes", "amax", "off") for c in fp8_atts):
+        ap.error(f"--fp8-attention {args.fp8_attention}: give codes, amax, off or a list of them")
+    gated = [c for c in args.gated_add.split(",") if c]
+    if not gated or any(c not in ("on", "off") for c in gated):
+        ap.error(f"--gated-add {args.gated_add}: give on, off or on,off")
+    ab_name, ab_values = "", ["-"]
+    if args.ab:
+        ab_name, _, vals = args.ab.partition("=")
+        ab_values = [v for v in vals.split(",") if v]
+        if not ab_name or not ab_values:
+            ap.error(f"--ab {args.ab}: give ENV=V1,V2")
     w, h = (int(v) for v in args.size.split("x"))
     prompt = os.path.join(args.dit_workdir, "prompt-64x3584.safetensors")
     vae = args.vae_dir
@@ -173,16 +192,24 @@ def main():
     ensure_prompt(prompt, 64, 3584, 0)
     result["setup_s"] = round(time.time() - t0, 1)
     targets = {"bf16": 450.0, "fp8": 350.0}
-    variants = [(d, c, a) for d in args.dtypes.split(",") for c in caches
-                for a in (fp8_atts if d == "fp8" else ["-"])]
-    for dtype, cache, att in variants:
-        row = {"dtype": dtype, "mod_cache": cache, "fp8_attention": att,
+    variants = [(d, c, a, g, x) for d in args.dtypes.split(",") for c in caches
+                for a in (fp8_atts if d == "fp8" else ["-"]) for g in (gated if d == "fp8" else ["-"])
+                for x in (ab_values if d == "fp8" else ["-"])]
+    for dtype, cache, att, gate, abv in variants:
+        row = {"dtype": dtype, "mod_cache": cache, "fp8_attention": att, "gated_add": gate,
                "pipeline": "gst-launch-1.0 " + line(dtype)}
-        label = f"modulation cache {cache}" + (f", fp8 attention {att}" if att != "-" else "")
+        if abv != "-":
+            row["env"] = {ab_name: abv}
+        label = f"modulation cache {cache}" + (f", fp8 attention {att}" if att != "-" else "") + \
+            (f", gated add {gate}" if gate != "-" else "") + (f", {ab_name}={abv}" if abv != "-" else "")
         try:
             env = {"LATENT_DIT_MOD_CACHE": "1" if cache == "on" else "0"}
+            if abv != "-":
+                env[ab_name] = abv
             if att != "-":
-                env["LATENT_FP8_ATTENTION"] = {"on": "1", "off": "0", "codes": "codes"}[att]
+                env["LATENT_FP8_ATTENTION"] = {"amax": "1", "off": "0", "codes": "codes"}[att]
+            if gate != "-":
+                env["LATENT_FP8_GATED_ADD"] = "1" if gate == "on" else "0"
             done, took = run(line(dtype), args.frames, args.timeout, env)
             out = done["vaedecode"]
             if len(out) != args.frames:
@@ -190,12 +217,18 @@ def main():
             # Steady state: the period between frames leaving the pipeline (the first frame, with
             # its plans, left out) and each stage's own time on a frame.
             periods = [1000 * (b - a) for a, b in zip(out[1:], out[2:])]
+            # A frame's latency through the elements: from vaeencode taking it (the time its line
+            # was written less what it says it took) to vaedecode's line. The period also holds
+            # the source's time on the next frame (videotestsrc drawing 1024x1024 RGBA).
+            enc = done["vaeencode"]
+            latencies = [1000 * (d - e) + t for d, e, t in zip(out, enc, took["vaeencode"])][1:]
             row.update({"frame_ms": median(periods), "frame_periods_ms": [round(x, 1) for x in periods],
+                        "latency_ms": median(latencies), "latencies_ms": [round(x, 1) for x in latencies],
                         "first_frame_stage_ms": {k: round(v[0], 1) for k, v in took.items() if v},
                         "stage_ms": {k: round(median(v[1:]), 1) for k, v in took.items()}})
             if dtype in targets:
                 row["target_ms"] = targets[dtype]
-            print(f"{dtype} ({label}): {row['frame_ms']:.0f} ms a frame (target <= "
+            print(f"{dtype} ({label}): {row['frame_ms']:.0f} ms a frame, latency {row['latency_ms']:.0f} ms (target <= "
                   f"{targets.get(dtype, float('nan')):.0f}); stages {row['stage_ms']}", flush=True)
         except RuntimeError as e:
             row["error"] = str(e)
@@ -203,10 +236,12 @@ def main():
         result["rows"].append(row)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    print(f"\n{'dtype':6} {'mod cache':9} {'fp8 att':7} {'ms/frame':>9} {'target':>7} {'encode':>7} {'denoise':>8} {'decode':>7}")
+    print(f"\n{'dtype':6} {'mod cache':9} {'fp8 att':7} {'gated':5} {'env':>22} {'ms/frame':>9} {'latency':>8} {'target':>7} {'encode':>7} {'denoise':>8} {'decode':>7}")
     for r in result["rows"]:
         st = r.get("stage_ms", {})
-        print(f"{r['dtype']:6} {r['mod_cache']:9} {r.get('fp8_attention', '-'):7} {r.get('frame_ms', float('nan')):9.0f} "
+        print(f"{r['dtype']:6} {r['mod_cache']:9} {r.get('fp8_attention', '-'):7} {r.get('gated_add', '-'):5} "
+              f"{','.join(f'{k}={v}' for k, v in r.get('env', {}).items()) or '-':>22} "
+              f"{r.get('frame_ms', float('nan')):9.0f} {r.get('latency_ms', float('nan')):8.0f} "
               f"{r.get('target_ms', float('nan')):7.0f} "
               f"{st.get('vaeencode', float('nan')):7.1f} {st.get('ditdenoise', float('nan')):8.1f} "
               f"{st.get('vaedecode', float('nan')):7.1f}")
