@@ -147,14 +147,18 @@ def gpu_count() -> int:
 
 def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
-    # local-together: the local engine with its pipelines' first clips not staggered
-    job_engine = "local" if engine == "local-together" else engine
+    # local-together: the local engine with its pipelines' first clips not staggered;
+    # local-preroll / ray-preroll: with --preroll (clips prerolled while others stream)
+    job_engine = "local" if engine in ("local-together", "local-preroll") else \
+        "ray" if engine == "ray-preroll" else engine
     cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", job_engine, "--workers", str(gpus),
            "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress",
            "--pipelines-per-worker", str(pipelines)]
     summary = os.path.join(args.work, "summary.json")
     cmd += ["--summary", summary]
-    if engine == "ray":
+    if engine.endswith("-preroll"):
+        cmd += ["--preroll"]
+    if job_engine == "ray":
         cmd += ["--gpus-per-worker", "1"]
     else:  # one worker process per GPU, devices dealt in turn
         cmd += ["--device", ",".join(f"cuda:{i}" for i in range(gpus))]
@@ -389,7 +393,7 @@ def main():
                     help="workers, one a GPU (default: every GPU); a comma-separated list runs the job "
                          "once per count (scaling: 1,2)")
     ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local, local-together (the local engine with "
-                         "LATENT_PRECOMPUTE_STAGGER=0) or a "
+                         "LATENT_PRECOMPUTE_STAGGER=0), local-preroll / ray-preroll (with --preroll) or a "
                          "comma-separated list, run in that order (a name may repeat: alternation)")
     ap.add_argument("--pipelines", default="2",
                     help="the job's --pipelines-per-worker; a comma-separated list runs it once per value")

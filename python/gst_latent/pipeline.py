@@ -92,6 +92,9 @@ class ClipResult:
     first_latent_s: float = 0.0
     stream_s: float = 0.0
     teardown_s: float = 0.0
+    # Prerolled (the precompute job's --preroll): from the start to PLAYING, the clip prerolled
+    # and waiting for a free streaming slot (0 without).
+    preroll_s: float = 0.0
 
 
 def _bus_error(msg) -> str:
@@ -191,15 +194,20 @@ class ClipEncoder:
         self._video_linked = False
         self._decode.connect("pad-added", self._on_pad_added)
         # When the current clip's first frame entered vaeencode and its first latent left it
-        # (one-shot probes on its pads, added for each clip).
+        # (one-shot probes on its pads, added for each clip), and the event to set at the latter.
         self._first = {}
+        self._first_event = None
+        self._prerolled = False
 
-    def _probe_first(self, pad_name: str, event=None):
+    def _probe_first(self, pad_name: str):
+        """One-shot probe: when the clip's first buffer passes vaeencode's `pad_name` pad; on the
+        src pad it also sets the current clip's first-latent event (run())."""
         Gst = gst()
         self._first.pop(pad_name, None)
 
         def once(pad, info):
             self._first.setdefault(pad_name, time.monotonic())
+            event = self._first_event if pad_name == "src" else None
             if event is not None:
                 event.set()
             return Gst.PadProbeReturn.REMOVE
@@ -277,28 +285,53 @@ class ClipEncoder:
 
         Never raises for a bad clip: the error is in the result.
         """
-        from gst_latent.latentfile import LatentFileError, read_header
+        self.prepare(clip, output, source, preroll=False)
+        self.run(first_latent)
+        return self.finish()
 
+    def prepare(self, clip: str, output: str, source: str, preroll: bool = True) -> None:
+        """Sets the pipeline up for `clip`. With `preroll` it goes to PAUSED: the demuxer and the
+        decoder start, frames reach vaeencode and its first latents reach latentsink, which holds
+        the first until run() (the latents' queue holds one more meanwhile, so a prerolled clip
+        takes little of the GPU from the clips streaming). Never raises for a bad clip: a failure
+        is the result's error (run() then returns at once)."""
         Gst = gst()
-        res = ClipResult(path=source, output=output)
+        self._res = res = ClipResult(path=source, output=output)
         res.started = time.time()
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
+        self._t_play = self._t_end = None
         self._src.set_property("location", clip)
         self._sink.set_property("location", output)
         self._sink.set_property("source", source)
         self._link_error = ""
         self._unlink_last_clip()
         self._first.pop("pad", None)
+        self._first_event = None
         self._probe_first("sink")
-        self._probe_first("src", first_latent)
-        t_end = None
+        self._probe_first("src")
+        self._failed_start = False
+        self._prerolled = preroll
+        self._latents.set_property("max-size-buffers", 1 if preroll else QUEUE_FRAMES)
+        if preroll and self._pipeline.set_state(Gst.State.PAUSED) == Gst.StateChangeReturn.FAILURE:
+            self._failed_start = True
+
+    def run(self, first_latent=None) -> None:
+        """Streams the prepared clip to its EOS (or error). `first_latent` as for encode()."""
+        Gst = gst()
+        res = self._res
+        self._first_event = first_latent
+        if self._first.get("src") is not None and first_latent is not None:
+            first_latent.set()  # (prerolled: the first latent left vaeencode already)
         try:
-            if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
+            self._latents.set_property("max-size-buffers", QUEUE_FRAMES)
+            self._t_play = time.monotonic()
+            if self._failed_start or \
+                    self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
                 msg = self._pipeline.get_bus().pop_filtered(Gst.MessageType.ERROR)
                 res.error = _bus_error(msg) if msg else "the pipeline could not start"
             else:
                 res.error = _wait(self._pipeline, self.timeout)
-            t_end = time.monotonic()
+            self._t_end = time.monotonic()
             if self._link_error and res.error:
                 res.error = f"{self._link_error}: {res.error}"
             res.decoder = decoder_in(self._decode)
@@ -310,17 +343,28 @@ class ClipEncoder:
         finally:
             if first_latent is not None:
                 first_latent.set()  # no latent came: whoever waits for one need not wait more
-            self._pipeline.set_state(Gst.State.NULL)
-            self._pipeline.get_bus().set_flushing(True)  # drop what is left of this clip
-            self._pipeline.get_bus().set_flushing(False)
+
+    def finish(self) -> ClipResult:
+        """Takes the pipeline back to NULL and returns the clip's result (its file read back)."""
+        from gst_latent.latentfile import LatentFileError, read_header
+
+        Gst = gst()
+        res, t0, t_end = self._res, self._t0, self._t_end
+        self._pipeline.set_state(Gst.State.NULL)
+        self._pipeline.get_bus().set_flushing(True)  # drop what is left of this clip
+        self._pipeline.get_bus().set_flushing(False)
         t_null = time.monotonic()
         res.seconds = t_null - t0
+        t_play = self._t_play if self._t_play is not None else t0
+        res.preroll_s = t_play - t0 if self._prerolled else 0.0
         if "pad" in self._first:
             res.pad_added_s = self._first["pad"] - t0
         if "sink" in self._first:
             res.first_frame_s = self._first["sink"] - t0
         first = self._first.get("src")
         if first is not None:
+            # A prerolled clip streams from its start (its first latent came before).
+            first = max(first, t_play)
             res.first_latent_s = first - t0
             if t_end is not None:
                 res.stream_s = max(t_end - first, 0.0)
@@ -328,11 +372,11 @@ class ClipEncoder:
             res.teardown_s = t_null - t_end
         if not res.error:
             try:
-                _, meta = read_header(output)
+                _, meta = read_header(res.output)
                 res.frames = meta["frame_count"]
                 res.latent_frames = meta["latent_frames"]
             except (LatentFileError, OSError, KeyError) as e:
-                res.error = f"latentsink reported success but {output} does not read back: {e}"
+                res.error = f"latentsink reported success but {res.output} does not read back: {e}"
         return res
 
     def close(self):

@@ -81,6 +81,12 @@ def pipelines_per_worker(options: dict) -> int:
     return max(1, int(options.get("pipelines", 1)))
 
 
+def calls_per_worker(options: dict) -> int:
+    """How many clips a worker takes at once: its pipelines, twice that with --preroll (one clip
+    prerolling beside each one streaming)."""
+    return pipelines_per_worker(options) * (2 if options.get("preroll") else 1)
+
+
 def output_path(output: str, rel: str) -> str:
     return os.path.join(output, rel + ".safetensors")
 
@@ -103,7 +109,15 @@ class Worker:
     and the GPU idle, round after round (on an H100, 4 pipelines on 81-frame 720p clips: some
     clip streaming only 92-95 % of the time). Offsets once made persist, since the pipelines then
     share the GPU evenly (bench/NOTES.md, session 15); one pipeline alone keeps the GPU busy, so
-    the later starts cost nothing but their wait."""
+    the later starts cost nothing but their wait.
+
+
+    With `preroll` (--preroll) the worker has twice as many pipelines as streaming slots: a clip
+    is prerolled (demuxer and decoder started, its first frames decoded and its first latents
+    encoded, latentsink holding the first) while the slots stream other clips, starts streaming
+    the moment a slot frees, and returns to NULL after giving its slot back. A slot then goes from
+    one clip's EOS to the next clip's stream with no start and no teardown between; the stagger
+    is not used (its clips' starts need not be spread)."""
 
     STAGGER_MAX_S = 2.0
     STAGGER_WAIT_S = 10.0
@@ -115,7 +129,8 @@ class Worker:
         from gst_latent.pipeline import ClipEncoder
 
         self.options = options
-        count = pipelines_per_worker(options)
+        self._preroll = bool(options.get("preroll"))
+        count = calls_per_worker(options)
         self.encoders = []
         try:
             for i in range(count):
@@ -130,6 +145,8 @@ class Worker:
         self._free = queue.SimpleQueue()
         for enc in self.encoders:
             self._free.put(enc)
+        # --preroll: the streaming slots (the job's pipelines per worker)
+        self._slots = threading.Semaphore(pipelines_per_worker(options))
         # The first clip of each pipeline: when it started, and set at its first latent (the
         # stagger, see above).
         self._first_latents = [threading.Event() for _ in self.encoders]
@@ -173,6 +190,15 @@ class Worker:
         except OSError as e:
             return self._row(ClipResult(path=rel, output=out,
                                         error=f"cannot make {os.path.dirname(out)}: {e.strerror}"))
+        if self._preroll:
+            enc = self._free.get()
+            try:
+                enc.prepare(clip, out, rel)
+                with self._slots:
+                    enc.run()
+                return self._row(enc.finish())
+            finally:
+                self._free.put(enc)
         first_latent = self._stagger() if len(self.encoders) > 1 and self._staggered else None
         enc = self._free.get()
         try:
@@ -305,7 +331,7 @@ def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
     try:
         for task in todo:
             tasks.put(task)
-        for _ in range(workers * pipelines_per_worker(options)):
+        for _ in range(workers * calls_per_worker(options)):
             tasks.put(None)
         remaining = len(todo)
         while remaining:
@@ -367,7 +393,7 @@ def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_w
         ctx.execution_options.preserve_order = False
         ds = ray.data.from_items([{"path": rel, "file": clip} for rel, clip in todo],
                                  override_num_blocks=max(1, min(len(todo), 4 * workers)))
-        pipelines = pipelines_per_worker(options)
+        pipelines = calls_per_worker(options)
         ds = ds.map_batches(
             Worker,
             fn_constructor_kwargs={"options": options},
@@ -411,6 +437,11 @@ def parse_args(argv=None):
     p.add_argument("--pipelines-per-worker", type=int, default=2, metavar="K",
                    help="clip pipelines per worker, sharing its loaded model (default 2: one "
                         "clip's start and teardown overlap another's stream; 1: one clip at a time)")
+    p.add_argument("--preroll", action=argparse.BooleanOptionalAction, default=None,
+                   help="preroll each clip (demuxer, decoder, first latents) while the worker's "
+                        "pipelines stream others, so a pipeline goes from one clip's end to the "
+                        "next clip's stream without a start or teardown between (twice the "
+                        "pipelines; default: $LATENT_PRECOMPUTE_PREROLL=1 turns it on, else off)")
     p.add_argument("--dtype", default="", help="fp32, bf16 or fp16 (default: the device's)")
     p.add_argument("--encoder-prop", action="append", default=[], metavar="NAME=VALUE",
                    help="another vaeencode property, as in gst-launch (repeatable), e.g. "
@@ -465,6 +496,7 @@ def main(argv=None) -> int:
     # it spawns and the Ray actors (runtime_env passes LATENT_*) all read it.
     try:
         os.environ["LATENT_CUDNN_SEARCH"] = conv_search_env(args.conv_algorithms)
+        preroll_wanted(args.preroll)
     except ValueError as e:
         print(f"latent-precompute: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -513,6 +545,16 @@ def main(argv=None) -> int:
                 os.remove(args.summary)
 
 
+def preroll_wanted(flag: bool | None) -> bool:
+    """--preroll / --no-preroll, else LATENT_PRECOMPUTE_PREROLL (1 on, 0 or unset off)."""
+    if flag is not None:
+        return flag
+    env = os.environ.get("LATENT_PRECOMPUTE_PREROLL", "0")
+    if env not in ("0", "1"):
+        raise ValueError(f"LATENT_PRECOMPUTE_PREROLL={env}: give 0 or 1")
+    return env == "1"
+
+
 def _run(args, inputs, output) -> tuple[int, dict | None]:
     """Runs the job: its exit status and its summary (None when it stopped before the end)."""
     todo = [(r, f) for r, f in inputs if not (args.resume and is_complete(output_path(output, r)))]
@@ -520,7 +562,8 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     options = {"model": args.model, "device": args.device, "dtype": args.dtype,
                "clip_timeout": args.clip_timeout, "output": output,
                "encoder_props": dict(p.split("=", 1) for p in args.encoder_prop),
-               "latent_caps": args.latent_caps, "pipelines": args.pipelines_per_worker}
+               "latent_caps": args.latent_caps, "pipelines": args.pipelines_per_worker,
+               "preroll": preroll_wanted(args.preroll)}
 
     from tqdm import tqdm
 
@@ -529,7 +572,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     paths = {}  # (decoder, memory) -> clips
     # Sums over the written clips: their whole time (set-up to NULL) and its phases.
     phases = {"seconds": 0.0, "pad_added_s": 0.0, "first_frame_s": 0.0, "first_latent_s": 0.0,
-              "stream_s": 0.0, "teardown_s": 0.0}
+              "stream_s": 0.0, "teardown_s": 0.0, "preroll_s": 0.0}
     span = [float("inf"), 0.0]  # the first written clip's start, the last one's end (time.time())
     workers_up = {}  # each worker's (start, end) of its load, from its rows (time.time())
     streaming = []  # (start, end) of each written clip's stream: first latent to EOS (time.time())
@@ -610,7 +653,9 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
               f"pad at {phases['pad_added_s'] / done:.3f} s, the first frame at "
               f"{phases['first_frame_s'] / done:.3f} s) + "
               f"{phases['stream_s'] / done:.3f} s streaming + "
-              f"{phases['teardown_s'] / done:.3f} s teardown; "
+              f"{phases['teardown_s'] / done:.3f} s teardown"
+              + (f" ({phases['preroll_s'] / done:.3f} s of it prerolled, waiting for a slot)"
+                 if options.get("preroll") else "") + "; "
               f"{while_running:.1f} frames/s per worker while clips ran"
               + (f"; some clip streaming {100 * stream_share:.1f} % of that time"
                  if stream_share is not None else ""), file=sys.stderr)
@@ -624,6 +669,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     summary = {"written": done, "failed": failed, "skipped": skipped, "frames": frames,
                "seconds": round(elapsed, 3), "frames_per_s": round(frames / max(elapsed, 1e-9), 2),
                "workers": args.workers, "pipelines_per_worker": args.pipelines_per_worker,
+               "preroll": options["preroll"],
                "conv_algorithms": os.environ["LATENT_CUDNN_SEARCH"],
                "frames_per_s_per_worker_while_clips_ran": round(while_running, 2),
                "clips_ran": [span[0], span[1]] if done else None,

@@ -143,7 +143,8 @@ def test_the_summary_says_where_each_clip_s_time_went(clips, tmp_path):
     start, end = summary["clips_ran"]
     assert 0 < end - start <= summary["seconds"] and summary["frames_per_s_per_worker_while_clips_ran"] > 0
     assert set(summary["per_clip_mean_s"]) == {"seconds", "pad_added_s", "first_frame_s", "first_latent_s",
-                                               "stream_s", "teardown_s"}
+                                               "stream_s", "teardown_s", "preroll_s"}
+    assert summary["per_clip_mean_s"]["preroll_s"] == 0 and summary["preroll"] is False  # (the default)
     # cuDNN's choices are cuDNN's heuristics unless asked otherwise: the same bytes on every node.
     assert summary["conv_algorithms"] == "heuristic"
     # One pipeline: some clip streams only between a clip's first latent and its EOS.
@@ -375,6 +376,47 @@ def test_pipelines_per_worker_overlap_clips_and_give_the_same_bytes(clips, local
     r = run_job("--input", str(clips), "--output", str(tmp_path / "p3"), "--pipelines-per-worker", "3")
     assert r.returncode == 3, r.stderr
     assert outputs(tmp_path / "p3") == outputs(local_out)
+
+
+def test_prerolled_clips_give_the_same_bytes_and_stream_one_per_slot(clips, local_out, tmp_path):
+    # --preroll: a worker with 2 streaming slots has 4 pipelines; clips preroll while others
+    # stream. The files are the same, at most 2 clips stream at once, and a clip's streaming
+    # interval starts when it got its slot (not during its preroll).
+    from gst_latent.precompute import Worker, list_inputs
+
+    good = [t for t in list_inputs(str(clips)) if t[0] in GOOD]
+    todo = good + [("again/" + rel, path) for rel, path in good]
+    out = tmp_path / "preroll"
+    worker = Worker({"model": MODEL, "device": "cpu", "dtype": "", "clip_timeout": 120.0,
+                     "output": str(out), "pipelines": 2, "preroll": True})
+    try:
+        assert len(worker.encoders) == 4
+        rows = list(worker.process_all(todo))
+    finally:
+        worker.close()
+    assert len(rows) == len(todo) and not any(r["error"] for r in rows), rows
+    made = {rel: (out / (rel + ".safetensors")).read_bytes() for rel, _ in todo}
+    assert {rel: made[rel] for rel in GOOD} == outputs(local_out)
+    streams = [(r["started"] + r["first_latent_s"], r["started"] + r["first_latent_s"] + r["stream_s"])
+               for r in rows]
+    events = sorted([(a, 1) for a, _ in streams] + [(b, -1) for _, b in streams], key=lambda e: (e[0], e[1]))
+    running = most = 0
+    for _, step in events:  # (an end sorts before a start at the same instant)
+        running += step
+        most = max(most, running)
+    assert most <= 2, streams
+    assert all(r["preroll_s"] >= 0 and r["first_latent_s"] >= r["preroll_s"] - 1e-6 for r in rows), rows
+    assert any(r["preroll_s"] > 0 for r in rows), rows  # 6 clips, 2 slots: some waited prerolled
+    # The command line: --preroll, and the corrupt clip still fails on its own.
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "cli"), "--preroll",
+                "--summary", str(tmp_path / "summary.json"))
+    assert r.returncode == 3, r.stderr
+    assert outputs(tmp_path / "cli") == outputs(local_out)
+    assert [row["path"] for row in failures(tmp_path / "cli")] == ["sub/corrupt.mp4"]
+    assert json.loads((tmp_path / "summary.json").read_text())["preroll"] is True
+    r = run_job("--input", str(clips), "--output", str(tmp_path / "bad"),
+                env_extra={"LATENT_PRECOMPUTE_PREROLL": "yes"})
+    assert r.returncode == 2 and "LATENT_PRECOMPUTE_PREROLL=yes" in r.stderr, r.stderr
 
 
 def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
