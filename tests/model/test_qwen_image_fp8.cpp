@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "engine/models/dit/qwen_image_mmdit.h"
@@ -408,6 +410,54 @@ TEST(QwenImageFp8, CodesModeCodesQueriesAndKeysWithStaticBounds) {
   EXPECT_LT(vs_ref, 5e-2);
   EXPECT_GT(vs_plain, 0.0);   // q and k really coded
   EXPECT_LT(vs_plain, 3e-2);  // ... with e4m3's error only
+}
+
+// A block whose QK-norm gamma is all zeros has no static bound: the model still loads in codes
+// mode (the default), that block scaling q and k by their amax, and its output is the amax
+// mode's in that block (the same as LATENT_FP8_ATTENTION=1 on a model whose every block is so).
+TEST(QwenImageFp8, AGammaWithoutABoundFallsBackToAmaxScaling) {
+  namespace fs = std::filesystem;
+  const std::string root = test::temp_dir() + "/dit_zero_gamma";
+  fs::remove_all(root);
+  fs::copy(tiny_root() + "/transformer", root, fs::copy_options::recursive);
+  int zeroed = 0;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    auto f = SafetensorsFile::open(entry.path().string());
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    std::map<std::string, Tensor> all;
+    for (const TensorRecord& r : (*f)->records()) {
+      auto t = (*f)->tensor(r.name);
+      ASSERT_TRUE(t.ok()) << t.status().message();
+      if (r.name.find("norm_q.weight") != std::string::npos ||
+          r.name.find("norm_added_q.weight") != std::string::npos) {
+        *t = Tensor::from_floats(t->shape(), std::vector<float>(t->numel(), 0.f));
+        ++zeroed;
+      }
+      all[r.name] = *t;
+    }
+    f = Result<std::shared_ptr<SafetensorsFile>>(Status::error("closed"));
+    ASSERT_TRUE(write_safetensors(entry.path().string(), all).ok());
+  }
+  ASSERT_GT(zeroed, 0);
+  auto run = [&](const char* mode) -> Tensor {
+    if (mode)
+      setenv("LATENT_FP8_ATTENTION", mode, 1);
+    else
+      unsetenv("LATENT_FP8_ATTENTION");
+    auto m = QwenImageMmdit::load(root, test::cpu_backend(), {}, LinearFormat::kFp8);
+    unsetenv("LATENT_FP8_ATTENTION");
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    if (!m.ok()) return Tensor();
+    auto y = (*m)->forward(test::transformer_case_inputs((*m)->backend(), tiny_io(), "single"));
+    EXPECT_TRUE(y.ok()) << y.status().message();
+    return y.ok() ? *(*m)->backend().download(*y) : Tensor();
+  };
+  const Tensor codes = run(nullptr), amax = run("1");
+  ASSERT_TRUE(codes.defined() && amax.defined());
+  for (float v : codes.to_floats()) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(relative_l2(codes, amax), 0.0);  // every block's q gamma zeroed: all fell back
+  fs::remove_all(root);
 }
 
 TEST(QwenImageFp8, Fp8WithLorasMergedBeforeTheQuantisationOrAtRunTime) {
