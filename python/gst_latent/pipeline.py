@@ -286,8 +286,11 @@ class ClipEncoder:
         Never raises for a bad clip: the error is in the result.
         """
         self.prepare(clip, output, source, preroll=False)
-        self.run(first_latent)
-        return self.finish()
+        try:
+            self.run(first_latent)
+        finally:
+            res = self.finish()  # back to NULL whatever run() met
+        return res
 
     def prepare(self, clip: str, output: str, source: str, preroll: bool = True) -> None:
         """Sets the pipeline up for `clip`. With `preroll` it goes to PAUSED: the demuxer and the

@@ -194,9 +194,12 @@ class Worker:
             enc = self._free.get()
             try:
                 enc.prepare(clip, out, rel)
-                with self._slots:
-                    enc.run()
-                return self._row(enc.finish())
+                try:
+                    with self._slots:
+                        enc.run()
+                finally:
+                    res = enc.finish()  # back to NULL (after the slot is free) whatever run() met
+                return self._row(res)
             finally:
                 self._free.put(enc)
         first_latent = self._stagger() if len(self.encoders) > 1 and self._staggered else None
