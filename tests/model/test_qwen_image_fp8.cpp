@@ -384,20 +384,24 @@ TEST(QwenImageFp8, JointQkCodesWithOneStaticScale) {
 // LATENT_FP8_ATTENTION=codes (the default with FP8 layers): q and k coded by joint_qk with the
 // blocks' static bounds; the output stays near diffusers and near LATENT_FP8_ATTENTION=1's
 // (q, k and v scaled by their amax), and unset means codes.
-TEST(QwenImageFp8, CodesModeCodesQueriesAndKeysWithStaticBounds) {
-  auto run_single = [&](const char* mode) -> Tensor {
-    if (mode)
-      setenv("LATENT_FP8_ATTENTION", mode, 1);
-    else
-      unsetenv("LATENT_FP8_ATTENTION");
-    auto m = QwenImageMmdit::load(tiny_root(), test::cpu_backend(), {}, LinearFormat::kFp8);
+// The FP8 model at `root` loaded with LATENT_FP8_ATTENTION=mode (unset for null), run on the
+// tiny fixture's one-batch-row case: its output on the host (undefined after a failure).
+Tensor run_fp8_attention_mode(const std::string& root, const char* mode) {
+  if (mode)
+    setenv("LATENT_FP8_ATTENTION", mode, 1);
+  else
     unsetenv("LATENT_FP8_ATTENTION");
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    if (!m.ok()) return Tensor();
-    auto y = (*m)->forward(test::transformer_case_inputs((*m)->backend(), tiny_io(), "single"));
-    EXPECT_TRUE(y.ok()) << y.status().message();
-    return y.ok() ? *(*m)->backend().download(*y) : Tensor();
-  };
+  auto m = QwenImageMmdit::load(root, test::cpu_backend(), {}, LinearFormat::kFp8);
+  unsetenv("LATENT_FP8_ATTENTION");
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  if (!m.ok()) return Tensor();
+  auto y = (*m)->forward(test::transformer_case_inputs((*m)->backend(), tiny_io(), "single"));
+  EXPECT_TRUE(y.ok()) << y.status().message();
+  return y.ok() ? *(*m)->backend().download(*y) : Tensor();
+}
+
+TEST(QwenImageFp8, CodesModeCodesQueriesAndKeysWithStaticBounds) {
+  auto run_single = [](const char* mode) { return run_fp8_attention_mode(tiny_root(), mode); };
   const Tensor plain = run_single("1"), codes = run_single("codes"), unset = run_single(nullptr);
   ASSERT_TRUE(plain.defined() && codes.defined() && unset.defined());
   EXPECT_EQ(relative_l2(unset, codes), 0.0);
@@ -440,19 +444,7 @@ TEST(QwenImageFp8, AGammaWithoutABoundFallsBackToAmaxScaling) {
     ASSERT_TRUE(write_safetensors(entry.path().string(), all).ok());
   }
   ASSERT_GT(zeroed, 0);
-  auto run = [&](const char* mode) -> Tensor {
-    if (mode)
-      setenv("LATENT_FP8_ATTENTION", mode, 1);
-    else
-      unsetenv("LATENT_FP8_ATTENTION");
-    auto m = QwenImageMmdit::load(root, test::cpu_backend(), {}, LinearFormat::kFp8);
-    unsetenv("LATENT_FP8_ATTENTION");
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    if (!m.ok()) return Tensor();
-    auto y = (*m)->forward(test::transformer_case_inputs((*m)->backend(), tiny_io(), "single"));
-    EXPECT_TRUE(y.ok()) << y.status().message();
-    return y.ok() ? *(*m)->backend().download(*y) : Tensor();
-  };
+  auto run = [&](const char* mode) { return run_fp8_attention_mode(root, mode); };
   const Tensor codes = run(nullptr), amax = run("1");
   ASSERT_TRUE(codes.defined() && amax.defined());
   for (float v : codes.to_floats()) ASSERT_TRUE(std::isfinite(v));
