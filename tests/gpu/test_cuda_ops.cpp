@@ -318,6 +318,43 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
              same, true, false, Activation::kReLU, 700);
 }
 
+// Convolutions with <= 16 output channels (a decoder's last, to RGB or to 2x2 patches of RGB):
+// conv_narrow.cu by default on bf16 / fp16 (one n8 tile up to 8 channels, two up to 16), cuDNN
+// with LATENT_CUDA_CONV_NARROW=0; both against the CPU. Partial tiles (sides not multiples of
+// 8 x 32), a batch, every epilogue, 1x1 and lopsided padding, the widest input it takes (256).
+TEST_P(CudaOps, ConvNarrowShapes) {
+  const Conv2dParams same = Conv2dParams::same(3);
+  std::shared_ptr<Backend> cudnn = backend_with({{"LATENT_CUDA_CONV_NARROW", "0"}});
+  ASSERT_TRUE(cudnn);
+  auto check_conv = [&](const std::string& what, const Shape& xs, int64_t cout, int kernel,
+                        const Conv2dParams& p, bool bias, bool residual, Activation act,
+                        uint64_t seed) {
+    this->check_conv(what, xs, cout, kernel, p, bias, residual, act, seed);
+    this->check_conv(what + " [LATENT_CUDA_CONV_NARROW=0]", xs, cout, kernel, p, bias, residual,
+                     act, seed, cudnn.get());
+  };
+  check_conv("conv 3x3 [1,64,48,96] -> 3 +bias (TAEW's last)", {1, 64, 48, 96}, 3, 3, same, true,
+             false, Activation::kNone, 1100);
+  check_conv("conv 3x3 [2,64,19,37] -> 3 +bias, ReLU", {2, 64, 19, 37}, 3, 3, same, true, false,
+             Activation::kReLU, 1110);
+  check_conv("conv 3x3 [1,128,24,40] -> 12 +bias +residual, SiLU", {1, 128, 24, 40}, 12, 3, same,
+             true, true, Activation::kSiLU, 1120);
+  check_conv("conv 3x3 [1,96,16,17] -> 16", {1, 96, 16, 17}, 16, 3, same, false, false,
+             Activation::kNone, 1130);
+  check_conv("conv 3x3 [1,256,10,12] -> 8 +bias, GELU", {1, 256, 10, 12}, 8, 3, same, true, false,
+             Activation::kGELU, 1140);
+  check_conv("conv 1x1 [1,32,9,10] -> 16 +bias", {1, 32, 9, 10}, 16, 1, Conv2dParams(), true, false,
+             Activation::kNone, 1150);
+  Conv2dParams lopsided;  // all height padding on top
+  lopsided.pad_top = 2;
+  lopsided.pad_left = lopsided.pad_right = 1;
+  check_conv("conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 3 +bias", {1, 32, 19, 23}, 3, 3, lopsided,
+             true, false, Activation::kNone, 1160);
+  Conv2dParams valid;  // no padding: the output is smaller than the input
+  check_conv("conv 3x3 valid [1,48,13,40] -> 5 +bias", {1, 48, 13, 40}, 5, 3, valid, true, false,
+             Activation::kTanh, 1170);
+}
+
 // A causal 3x3x3 convolution over frames (Backend::conv3d_frames): [T + 2] frames in, [T] out.
 TEST_P(CudaOps, Conv3dFrames) {
   struct Case {
@@ -331,7 +368,11 @@ TEST_P(CudaOps, Conv3dFrames) {
                         Case{3, 192, 384, 9, 16, false, Activation::kNone},
                         Case{4, 64, 64, 12, 12, false, Activation::kReLU},
                         Case{5, 3, 96, 17, 30, false, Activation::kNone},
-                        Case{4, 12, 96, 9, 14, true, Activation::kSiLU}}) {
+                        Case{4, 12, 96, 9, 14, true, Activation::kSiLU},
+                        // few output channels (conv_narrow.cu): the Wan decoder's conv_out,
+                        // 2x2 patches of RGB (Wan 2.2)
+                        Case{5, 96, 3, 20, 37, false, Activation::kNone},
+                        Case{4, 32, 12, 11, 9, true, Activation::kSiLU}}) {
     const uint64_t seed = 700 + static_cast<uint64_t>(c.cin + c.cout);
     const float ws = 1.f / std::sqrt(static_cast<float>(c.cin * 27));
     Tensor x = input({c.frames + 2, c.cin, c.h, c.w}, seed);

@@ -26,6 +26,9 @@
 //                                  that kernel only where it beat cuDNN on the H100
 //                                  (conv_wgmma_preferred); another value is refused with a warning
 //                                  and runs the default
+//   LATENT_CUDA_CONV_NARROW=0      convolutions with <= 16 output channels (a decoder's last, to
+//                                  RGB) on cuDNN too; 1 (the default): on conv_narrow.cu where it
+//                                  takes them (stride 1, filters up to 3x3x3, bf16/fp16)
 //   LATENT_CUDNN_FUSION=off        cuDNN convolutions with their epilogue (bias, residual, ReLU /
 //                                  SiLU) as a separate pass; on (the default): fused in one cuDNN
 //                                  operation graph (conv_fused.cpp) where cuDNN has an engine;
@@ -59,6 +62,7 @@
 #include "engine/backends/cuda/attention_flash.cuh"
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/conv2d.cuh"
+#include "engine/backends/cuda/conv_narrow.cuh"
 #include "engine/backends/cuda/conv_wgmma.cuh"
 #include "engine/backends/cuda/convert.cuh"
 #include "engine/backends/cuda/dit_ops.h"  // cuda-dit
@@ -105,6 +109,8 @@ class CudaBackend final : public Backend {
     bool conv3d_taps = false;   // video: conv3d_frames through its 2-D fallback (tests)
     // The Hopper implicit-GEMM convolution: 0 never, 1 where it beats cuDNN, 2 wherever it fits.
     int conv_wgmma = 1;
+    // Convolutions with <= 16 output channels on conv_narrow.cu (LATENT_CUDA_CONV_NARROW=0: off).
+    bool conv_narrow = true;
     // Convolution epilogues fused into cuDNN operation graphs where cuDNN has an engine.
     bool conv_fusion = true;
     bool conv_fusion_runtime_compiled = true;  // engines cuDNN compiles at plan time too
@@ -467,8 +473,6 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv_wgmma(const Tensor& x0, const Tensor& x1, const Tensor& w, int kt,
                             const Tensor& bias, const Conv2dParams& p, const Tensor& residual,
                             Activation act, int64_t frames, const Tensor& x2 = Tensor()) {
-#ifdef LATENT_CONV_WGMMA
-    if (options_.conv_wgmma == 0) return Tensor();
     const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
     const int64_t ho = (x0.dim(2) + p.pad_top + p.pad_bottom - kh) / p.stride + 1,
                   wo = (x0.dim(3) + p.pad_left + p.pad_right - kw) / p.stride + 1;
@@ -503,6 +507,16 @@ class CudaBackend final : public Backend {
     a.bias = bias.defined() ? bias.data() : nullptr;
     a.residual = residual.defined() ? residual.data() : nullptr;
     a.act = act;
+    const Shape out_shape = {frames, w.dim(0), ho, wo};
+    // Few output channels (a decoder's last convolution): conv_narrow.cu on any 8.0+ device.
+    if (options_.conv_narrow && cuda::conv_narrow_fits(a, dtype_, launch_)) {
+      LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+      a.y = y.data();
+      LATENT_TRY(cuda::launch_conv_narrow(a, dtype_, launch_));
+      return y;
+    }
+#ifdef LATENT_CONV_WGMMA
+    if (options_.conv_wgmma == 0) return Tensor();
     // Input channels not a multiple of 8 (the 3 of an RGB frame at a VAE's first convolution,
     // where cuDNN picks a legacy kernel: 1.15 ms a 720p frame for Wan's 3 -> 96 3x3x3): the
     // kernel runs on copies padded with zero channels to the next multiple of 8, weights too.
@@ -532,14 +546,11 @@ class CudaBackend final : public Backend {
       LATENT_TRY(pad(w, &wp));
       a.weight = wp.data();
     }
-    const Shape out_shape = {frames, w.dim(0), ho, wo};
     LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
     a.y = y.data();
     LATENT_TRY(cuda::launch_conv_wgmma(a, dtype_, launch_));
     return y;
 #else
-    (void)x0, (void)x1, (void)w, (void)kt, (void)bias, (void)p, (void)residual, (void)act,
-        (void)frames, (void)x2;
     return Tensor();
 #endif
   }
@@ -1553,6 +1564,10 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   if (const char* v = std::getenv("LATENT_CUDNN_PAD");
       v && *v && !env_is("LATENT_CUDNN_PAD", "copy") && !env_is("LATENT_CUDNN_PAD", "graph"))
     LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using graph");
+  options.conv_narrow = !env_is("LATENT_CUDA_CONV_NARROW", "0");
+  if (const char* v = std::getenv("LATENT_CUDA_CONV_NARROW");
+      v && *v && !env_is("LATENT_CUDA_CONV_NARROW", "0") && !env_is("LATENT_CUDA_CONV_NARROW", "1"))
+    LATENT_WARN("LATENT_CUDA_CONV_NARROW=", v, " is neither 0 nor 1: using 1");
   options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0
                        : env_is("LATENT_CUDA_CONV", "wgmma") ? 2
                                                              : 1;
