@@ -237,38 +237,41 @@ TEST(CudaVideoStream, DeviceMemoryDoesNotGrowWithClipLength) {
 TEST(CudaVideoOps, ClipFramesRoundTripAndConcat) {
   auto cpu = get_backend(BackendOptions{"cpu", "fp32"});
   ASSERT_TRUE(cpu.ok());
-  for (const char* dtype : {"fp32", "bf16"}) {
-    auto gpu = cuda(dtype);
-    ASSERT_TRUE(gpu);
-    // bf16-exact values so both dtypes compare exactly.
-    Tensor host =
-        test::random_tensor({1, 5, 3, 6, 7}, 11).to_dtype(DType::kBF16).to_dtype(DType::kF32);
-    auto c_in = (*cpu)->upload(host);
-    auto g_in = gpu->upload(host);
-    ASSERT_TRUE(c_in.ok() && g_in.ok());
-    auto c_frames = (*cpu)->clip_to_frames(*c_in);
-    auto g_frames = gpu->clip_to_frames(*g_in);
-    ASSERT_TRUE(c_frames.ok()) << c_frames.status().message();
-    ASSERT_TRUE(g_frames.ok()) << g_frames.status().message();
-    EXPECT_EQ(shape_str(g_frames->shape()), "[3, 5, 6, 7]");
-    EXPECT_EQ(relative_l2(host_of(*gpu, *g_frames), host_of(**cpu, *c_frames)), 0.0) << dtype;
-    // frames joined along dim 0 (NHWC on the GPU), then back to a clip
-    auto g_cat = gpu->concat({*g_frames, *g_frames}, 0);
-    auto c_cat = (*cpu)->concat({*c_frames, *c_frames}, 0);
-    ASSERT_TRUE(g_cat.ok()) << g_cat.status().message();
-    ASSERT_TRUE(c_cat.ok());
-    EXPECT_EQ(relative_l2(host_of(*gpu, *g_cat), host_of(**cpu, *c_cat)), 0.0) << dtype;
-    auto g_clip = gpu->frames_to_clip(*g_cat);
-    auto c_clip = (*cpu)->frames_to_clip(*c_cat);
-    ASSERT_TRUE(g_clip.ok()) << g_clip.status().message();
-    ASSERT_TRUE(c_clip.ok());
-    EXPECT_EQ(shape_str(g_clip->shape()), "[1, 5, 6, 6, 7]");
-    EXPECT_EQ(relative_l2(host_of(*gpu, *g_clip), host_of(**cpu, *c_clip)), 0.0) << dtype;
-    // a clip round trip gives the input back
-    auto back = gpu->frames_to_clip(*g_frames);
-    ASSERT_TRUE(back.ok());
-    EXPECT_EQ(relative_l2(host_of(*gpu, *back), host), 0.0) << dtype;
-  }
+  // 5 channels: the transposes' short-side kernel (RGB frames); 40: the 32 x 32 tiles.
+  for (const char* dtype : {"fp32", "bf16"})
+    for (int64_t ch : {5, 40}) {
+      SCOPED_TRACE(str_cat(dtype, ", ", ch, " channels"));
+      auto gpu = cuda(dtype);
+      ASSERT_TRUE(gpu);
+      // bf16-exact values so both dtypes compare exactly.
+      Tensor host =
+          test::random_tensor({1, ch, 3, 6, 7}, 11).to_dtype(DType::kBF16).to_dtype(DType::kF32);
+      auto c_in = (*cpu)->upload(host);
+      auto g_in = gpu->upload(host);
+      ASSERT_TRUE(c_in.ok() && g_in.ok());
+      auto c_frames = (*cpu)->clip_to_frames(*c_in);
+      auto g_frames = gpu->clip_to_frames(*g_in);
+      ASSERT_TRUE(c_frames.ok()) << c_frames.status().message();
+      ASSERT_TRUE(g_frames.ok()) << g_frames.status().message();
+      EXPECT_EQ(shape_str(g_frames->shape()), str_cat("[3, ", ch, ", 6, 7]"));
+      EXPECT_EQ(relative_l2(host_of(*gpu, *g_frames), host_of(**cpu, *c_frames)), 0.0) << dtype;
+      // frames joined along dim 0 (NHWC on the GPU), then back to a clip
+      auto g_cat = gpu->concat({*g_frames, *g_frames}, 0);
+      auto c_cat = (*cpu)->concat({*c_frames, *c_frames}, 0);
+      ASSERT_TRUE(g_cat.ok()) << g_cat.status().message();
+      ASSERT_TRUE(c_cat.ok());
+      EXPECT_EQ(relative_l2(host_of(*gpu, *g_cat), host_of(**cpu, *c_cat)), 0.0) << dtype;
+      auto g_clip = gpu->frames_to_clip(*g_cat);
+      auto c_clip = (*cpu)->frames_to_clip(*c_cat);
+      ASSERT_TRUE(g_clip.ok()) << g_clip.status().message();
+      ASSERT_TRUE(c_clip.ok());
+      EXPECT_EQ(shape_str(g_clip->shape()), str_cat("[1, ", ch, ", 6, 6, 7]"));
+      EXPECT_EQ(relative_l2(host_of(*gpu, *g_clip), host_of(**cpu, *c_clip)), 0.0) << dtype;
+      // a clip round trip gives the input back
+      auto back = gpu->frames_to_clip(*g_frames);
+      ASSERT_TRUE(back.ok());
+      EXPECT_EQ(relative_l2(host_of(*gpu, *back), host), 0.0) << dtype;
+    }
 }
 
 // conv3d_frames (cuDNN 3-D convolution over NDHWC frames) against the CPU backend's (one conv2d
