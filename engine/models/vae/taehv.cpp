@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -128,6 +130,9 @@ struct Layer {
   Activation act = Activation::kNone;
   MemBlock mem;                 // kMemBlock
   std::vector<Conv> per_frame;  // kPool: the weight over input frame i; kGrow: output frame i
+  // kGrow of the decoder: the closing conv two layers on (after the Upsample) composed with
+  // per_frame[i] (see load_decoder); empty where the layers do not follow that pattern.
+  std::vector<Conv> folded;
 };
 
 // One part (encoder or decoder) as the list of layers a frame flows through.
@@ -162,6 +167,19 @@ Result<Tensor> soft_clamp(Backend& be, const Tensor& in) {
   LATENT_ASSIGN_OR_RETURN(Tensor x, be.affine(in, 1.f / 3.f, 0.f));
   LATENT_ASSIGN_OR_RETURN(x, be.activation(x, Activation::kTanh));
   return be.affine(x, 3.f, 0.f);
+}
+
+// Whether the decoder runs its TGrow layers folded into the closing convs (Layer::folded):
+// LATENT_TAEHV_FOLD_GROW=0 runs them as taehv.py does (1x1 conv, upsample, conv), for A/B runs.
+bool fold_grow() {
+  static const bool on = [] {
+    const char* v = std::getenv("LATENT_TAEHV_FOLD_GROW");
+    if (!v || !*v || std::strcmp(v, "1") == 0) return true;
+    if (std::strcmp(v, "0") == 0) return false;
+    LATENT_WARN("LATENT_TAEHV_FOLD_GROW='", v, "' is neither 0 nor 1; using 1");
+    return true;
+  }();
+  return on;
 }
 
 // Feeds frame x: [N, C, H, W] into layer i of `net`; the frames that leave the last layer are
@@ -205,6 +223,28 @@ Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
       case Kind::kGrow: {
         // Frame by frame, each through the rest of the net before the next is made (the order
         // taehv.py's sequential mode visits them; MemBlocks only see their own layer's order).
+        if (!l.folded.empty() && fold_grow()) {
+          // kGrow, kUpsample, kConv as conv_i(up(x)). After the last grow only stateless
+          // layers follow (the full-resolution head): one upsample serves every grown frame.
+          // Earlier, each grown frame runs the rest of the decoder before the next, and an
+          // upsample kept alive meanwhile would add to the peak: one each.
+          const Layer& closing = net.layers[i + 2];
+          const bool share = i + 1 == net.stateless_tail;
+          Tensor up;
+          for (const Conv& c : l.folded) {
+            if (share && st.drop > 0) {  // a trimmed frame
+              --st.drop;
+              continue;
+            }
+            if (!up.defined()) {
+              LATENT_ASSIGN_OR_RETURN(up, be.upsample_nearest2x(x));
+            }
+            LATENT_ASSIGN_OR_RETURN(Tensor y, c(be, up, Tensor(), closing.act));
+            if (!share) up = Tensor();
+            LATENT_TRY(run_frame(be, net, st, std::move(y), i + 3, out));
+          }
+          return ok_status();
+        }
         for (const Conv& c : l.per_frame) {
           LATENT_ASSIGN_OR_RETURN(Tensor y, c(be, x));
           LATENT_TRY(run_frame(be, net, st, std::move(y), i + 1, out));  // y freed as it goes
@@ -277,6 +317,15 @@ struct FrameIo {
                                              f.dtype(), Layout::kContiguous));
       }
       return cat(parts, 2);
+    }
+    if (n == 1) {
+      // One clip: the frames joined along dim 0 ([T, C, H, W]) and transposed once.
+      Tensor joined = frames.front();
+      if (frames.size() > 1) {
+        LATENT_ASSIGN_OR_RETURN(joined, be.concat(frames, 0));
+      }
+      Result<Tensor> clip = be.frames_to_clip(joined);
+      if (clip.ok()) return clip;
     }
     // Channels-last: one channel of a frame is row-major; gather [N, 1, T, H, W] per channel.
     std::vector<Tensor> channels;
@@ -456,17 +505,55 @@ Net load_decoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
                                                Conv2dParams::same(1), Tensor(), st));
       }
     }
+    // The stage's closing conv (no bias); after the last one, 21: ReLU.
+    const std::string cname = key("decoder", base + 5, "weight");
+    Tensor cw = b.take_host(cname, {n[j + 1], c, 3, 3});
+    if (gw.defined() && cw.defined() && static_cast<int>(grow.per_frame.size()) == s) {
+      // TGrow's 1x1 convs, the Upsample and this conv are linear with nothing between them:
+      // conv(up(G_i x)) = conv_i(up(x)) with conv_i's weight W . G_i (summed over W's input
+      // channels). One upsample then serves every grown frame, and no 1x1 conv runs.
+      const int64_t first = gw.dim(0) - s * c;
+      const float* wp = cw.data_as<float>();
+      for (int i = 0; i < s; ++i) {
+        Tensor g = host_slice(gw, 0, first + i * c, c);  // [m = c, ci = c, 1, 1]
+        const float* gp = g.data_as<float>();
+        Tensor wi = Tensor::zeros({n[j + 1], c, 3, 3}, DType::kF32);
+        float* out = wi.data_as<float>();
+        for (int64_t co = 0; co < n[j + 1]; ++co)
+          for (int64_t m = 0; m < c; ++m)
+            for (int64_t ci = 0; ci < c; ++ci) {
+              const float gv = gp[m * c + ci];
+              for (int t = 0; t < 9; ++t)
+                out[(co * c + ci) * 9 + t] += wp[(co * c + m) * 9 + t] * gv;
+            }
+        grow.folded.push_back(upload_conv(be, wi, Conv2dParams::same(3), Tensor(), st));
+      }
+    }
     net.layers.push_back(std::move(grow));
     net.layers.push_back(simple_layer(base + 3, Kind::kUpsample));
-    // The stage's closing conv (no bias); after the last one, 21: ReLU.
     net.layers.push_back(conv_layer(
-        base + 5,
-        take_conv(b, key("decoder", base + 5, ""), n[j + 1], c, 3, false, Conv2dParams::same(3)),
+        base + 5, cw.defined() ? upload_conv(be, cw, Conv2dParams::same(3), Tensor(), st) : Conv{},
         j == 2 ? Activation::kReLU : Activation::kNone));
   }
   const int64_t out = cfg.image_channels * cfg.patch_size * cfg.patch_size;
-  net.layers.push_back(
-      conv_layer(22, take_conv(b, "decoder.22", out, n[3], 3, true, Conv2dParams::same(3))));
+  // 22: conv(64 -> 3p^2), with the map from taehv.py's [0, 1] to our [-1, 1] (2y - 1) folded in:
+  // weights x 2 (exact), bias 2b - 1. The clamp stays in postprocess().
+  Tensor w22 = b.take_host("decoder.22.weight", {out, n[3], 3, 3});
+  Tensor b22 = b.take_host("decoder.22.bias", {out});
+  if (w22.defined() && b22.defined()) {
+    float* wp = w22.data_as<float>();
+    for (int64_t i = 0; i < w22.numel(); ++i) wp[i] *= 2.f;
+    float* bp = b22.data_as<float>();
+    for (int64_t i = 0; i < b22.numel(); ++i) bp[i] = 2.f * bp[i] - 1.f;
+    Tensor bias;
+    if (auto up = be.upload(b22); up.ok()) {
+      bias = *up;
+    } else if (st->ok()) {
+      *st = up.status();
+    }
+    net.layers.push_back(
+        conv_layer(22, upload_conv(be, w22, Conv2dParams::same(3), std::move(bias), st)));
+  }
   net.finalise();
   return net;
 }
@@ -544,14 +631,15 @@ class TaehvModel final : public VaeModel {
     return postprocess(raw[0]);
   }
 
-  // The decoder's last conv output [N, 3p^2, h, w] -> frame [N, 3, H, W] in [-1, 1].
+  // The decoder's last conv output [N, 3p^2, h, w] (2y - 1 of taehv.py's y) -> frame
+  // [N, 3, H, W] in [-1, 1].
   Result<Tensor> postprocess(const Tensor& y) const {
     Tensor x = y;
     if (cfg_.patch_size > 1) {
       LATENT_ASSIGN_OR_RETURN(x, io_.pixel_shuffle(y, cfg_.patch_size));
     }
-    // taehv.py clamps to [0, 1]; 2x - 1 then [-1, 1] is the same map, exactly.
-    LATENT_ASSIGN_OR_RETURN(x, backend_->affine(x, 2.f, -1.f));
+    // taehv.py clamps to [0, 1]; the last conv already computed 2x - 1 (load_decoder), and
+    // [-1, 1] is the same clamp.
     return backend_->clamp(x, -1.f, 1.f);
   }
 
