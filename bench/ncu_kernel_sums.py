@@ -45,6 +45,7 @@ def main():
     ap.add_argument("base", help="ncu CSV of the shorter run (or the only one)")
     ap.add_argument("longer", nargs="?", help="ncu CSV of the run with one more forward")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--by-grid", action="store_true", help="sum per kernel name and grid (layer shapes apart)")
     args = ap.parse_args()
     a = load(args.base)
     if args.longer:
@@ -58,9 +59,10 @@ def main():
     total = sum(t for _, t, _ in tail)
     print(f"{len(tail)} kernels, {total / 1e6:.3f} ms")
     agg = collections.defaultdict(lambda: [0.0, 0])
-    for name, t, _ in tail:
-        agg[short(name)][0] += t
-        agg[short(name)][1] += 1
+    for name, t, grid in tail:
+        key = short(name) + (f" {grid}" if args.by_grid else "")
+        agg[key][0] += t
+        agg[key][1] += 1
     for name, (t, n) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"{t / 1e6:9.3f} ms {100 * t / total:5.1f} % {n:5d}  {name}")
 
