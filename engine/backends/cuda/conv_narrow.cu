@@ -28,15 +28,12 @@ constexpr int kTh = 8;   // output rows a tile: one a warp
 constexpr int kTw = 32;  // output columns a tile: two m16 tiles
 
 struct Params {
-  const void* x0;
-  const void* x1;
-  const void* x2;
+  ConvFrames in;
   const void* weight;
   const void* bias;
   const void* residual;
   void* y;
-  int64_t frame_elems;  // h * w * c
-  int n0, n1, frames, h, w, c, k, kt, r, s, pad_h, pad_w, out_h, out_w, act;
+  int frames, h, w, c, k, kt, r, s, pad_h, pad_w, out_h, out_w, act;
 };
 
 __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
@@ -84,9 +81,9 @@ __global__ void __launch_bounds__(kThreads) conv_narrow_kernel(const Params p) {
   const int chunks_px = pc / 8;
   const int tile_chunks = rows_s * cols_s * chunks_px;
   const uint32_t x_addr = smem_addr(x_s);
-  const T* x0 = static_cast<const T*>(p.x0);
-  const T* x1 = static_cast<const T*>(p.x1);
-  const T* x2 = static_cast<const T*>(p.x2);
+  const T* x0 = static_cast<const T*>(p.in.x0);
+  const T* x1 = static_cast<const T*>(p.in.x1);
+  const T* x2 = static_cast<const T*>(p.in.x2);
   const T* bias = static_cast<const T*>(p.bias);
   const T* res = static_cast<const T*>(p.residual);
   T* y = static_cast<T*>(p.y);
@@ -106,9 +103,9 @@ __global__ void __launch_bounds__(kThreads) conv_narrow_kernel(const Params p) {
 
     for (int t = 0; t < p.kt; ++t) {
       const int fi = f + t;
-      const T* src = fi < p.n0   ? x0 + fi * p.frame_elems
-                     : fi < p.n1 ? x1 + (fi - p.n0) * p.frame_elems
-                                 : x2 + (fi - p.n1) * p.frame_elems;
+      const T* src = fi < p.in.n0   ? x0 + fi * p.in.frame_elems
+                     : fi < p.in.n1 ? x1 + (fi - p.in.n0) * p.in.frame_elems
+                                    : x2 + (fi - p.in.n1) * p.in.frame_elems;
       __syncthreads();  // every warp is done reading x_s (and the filter is in place)
       for (int j = tid; j < tile_chunks; j += kThreads) {
         const int ch = j % chunks_px, px = j / chunks_px;
@@ -249,26 +246,18 @@ bool conv_narrow_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   if (a.out_h - 1 - a.pad_top >= a.h || a.out_w - 1 - a.pad_left >= a.w) return false;
   const int64_t m = static_cast<int64_t>(a.frames) * a.out_h * a.out_w;
   if (m > INT32_MAX || static_cast<int64_t>(a.h) * a.w * a.c > INT32_MAX / 2) return false;
-  if (a.x2 && (!a.x1 || a.n1 <= a.n0 || a.n1 > a.frames + a.kt - 1)) return false;
-  if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || (a.x2 && !aligned16(a.x2)) ||
-      !aligned16(a.weight))
-    return false;
+  if (!conv_frames_fit(a)) return false;
   if (smem_bytes(a) > l.smem_optin) return false;
   return device_has_mma_sync();
 }
 
 Status launch_conv_narrow(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   Params p{};
-  p.x0 = a.x0;
-  p.x1 = a.x1 ? a.x1 : a.x0;
-  p.x2 = a.x2 ? a.x2 : p.x1;
+  p.in = conv_frames(a);
   p.weight = a.weight;
   p.bias = a.bias;
   p.residual = a.residual;
   p.y = a.y;
-  p.frame_elems = static_cast<int64_t>(a.h) * a.w * a.c;
-  p.n0 = a.x1 ? a.n0 : a.frames + a.kt;  // no x1: every frame from x0
-  p.n1 = a.x2 ? a.n1 : a.frames + a.kt;  // no x2: every frame past x0 from x1
   p.frames = a.frames;
   p.h = a.h;
   p.w = a.w;

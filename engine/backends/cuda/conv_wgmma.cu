@@ -34,15 +34,12 @@ constexpr int kBk = 64;  // K elements a step: one 128-byte row
 constexpr int kStages = 4;
 
 struct Params {
-  const void* x0;
-  const void* x1;
-  const void* x2;
+  ConvFrames in;
   const void* weight;
   const void* bias;
   const void* residual;
   void* y;
-  int64_t frame_elems;  // h * w * c
-  int n0, n1, m, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
+  int m, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
   int ohw, ow, stride;  // output pixels a frame, output width, spatial stride
 };
 
@@ -94,8 +91,8 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wg = warp >> 2, wl = warp & 3;
   const int m0 = blockIdx.x * kBm, n0 = blockIdx.y * kBn;
-  const T* x0 = static_cast<const T*>(p.x0);
-  const T* x1 = static_cast<const T*>(p.x1);
+  const T* x0 = static_cast<const T*>(p.in.x0);
+  const T* x1 = static_cast<const T*>(p.in.x1);
   const T* wt = static_cast<const T*>(p.weight);
 
   // This thread's A rows (r = tid / 8 + 32 i, 16-byte chunk column jc = tid % 8 of every step):
@@ -118,8 +115,8 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
       // the input pixel under the filter's top-left tap (may lie in the padding)
       const int iy0 = y * p.stride - p.pad_h, ix0 = x * p.stride - p.pad_w;
       rframe[i] = f;
-      roff[i] =
-          static_cast<int64_t>(f) * p.frame_elems + (static_cast<int64_t>(iy0) * p.w + ix0) * p.c;
+      roff[i] = static_cast<int64_t>(f) * p.in.frame_elems +
+                (static_cast<int64_t>(iy0) * p.w + ix0) * p.c;
       for (int dy = 0; dy < p.r; ++dy)
         for (int dx = 0; dx < p.s; ++dx) {
           const int iy = iy0 + dy, ix = ix0 + dx;
@@ -148,8 +145,9 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
   const uint32_t row_dst = (tid >> 3) * 128 + swz;
   // Input frames past x0 continue in x1, those past x1 in x2: pointers to where x1's frame -n0
   // and x2's frame -n1 would be.
-  const T* x1_shifted = x1 - static_cast<int64_t>(p.n0) * p.frame_elems;
-  const T* x2_shifted = static_cast<const T*>(p.x2) - static_cast<int64_t>(p.n1) * p.frame_elems;
+  const T* x1_shifted = x1 - static_cast<int64_t>(p.in.n0) * p.in.frame_elems;
+  const T* x2_shifted =
+      static_cast<const T*>(p.in.x2) - static_cast<int64_t>(p.in.n1) * p.in.frame_elems;
 
   auto load_step = [&](int kc, int slot) {
     const uint32_t as = base + slot * kStageBytes + row_dst,
@@ -157,8 +155,8 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
     const bool kin = dt < p.kt;
     // This step's offset from an output pixel to the input element it reads, for either
     // segment of frames.
-    const int64_t delta =
-        static_cast<int64_t>(dt) * p.frame_elems + static_cast<int64_t>(dy * p.w + dx) * p.c + ch;
+    const int64_t delta = static_cast<int64_t>(dt) * p.in.frame_elems +
+                          static_cast<int64_t>(dy * p.w + dx) * p.c + ch;
     const T* base0 = x0 + delta;
     const T* base1 = x1_shifted + delta;
     const T* base2 = x2_shifted + delta;
@@ -166,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
     for (int i = 0; i < kRowsA; ++i) {
       const bool ok = kin && ((rmask[i] >> sp) & 1u);
       const int f = rframe[i] + dt;
-      const T* src = (f < p.n0 ? base0 : f < p.n1 ? base1 : base2) + roff[i];
+      const T* src = (f < p.in.n0 ? base0 : f < p.in.n1 ? base1 : base2) + roff[i];
       cp_async16_zfill(as + i * 32 * 128, src, ok ? 16 : 0);
     }
 #pragma unroll
@@ -354,9 +352,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   const int64_t m = static_cast<int64_t>(a.frames) * a.out_h * a.out_w;
   const int64_t ktot = static_cast<int64_t>(a.kt) * a.r * a.s * a.c;
   if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
-  if (a.x2 && (!a.x1 || a.n1 <= a.n0 || a.n1 > a.frames + a.kt - 1)) return false;
-  if (!aligned16(a.x0) || (a.x1 && !aligned16(a.x1)) || (a.x2 && !aligned16(a.x2)) ||
-      !aligned16(a.weight) || (a.y && !aligned16(a.y)) || (a.residual && !aligned16(a.residual)))
+  if (!conv_frames_fit(a) || (a.y && !aligned16(a.y)) || (a.residual && !aligned16(a.residual)))
     return false;
   return current_device_runs_sm90a();
 }
@@ -376,16 +372,11 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   Params p{};
-  p.x0 = a.x0;
-  p.x1 = a.x1 ? a.x1 : a.x0;
-  p.x2 = a.x2 ? a.x2 : p.x1;
+  p.in = conv_frames(a);
   p.weight = a.weight;
   p.bias = a.bias;
   p.residual = a.residual;
   p.y = a.y;
-  p.frame_elems = static_cast<int64_t>(a.h) * a.w * a.c;
-  p.n0 = a.x1 ? a.n0 : a.frames + a.kt;  // no x1: every frame from x0
-  p.n1 = a.x2 ? a.n1 : a.frames + a.kt;  // no x2: every frame past x0 from x1
   p.stride = a.stride;
   p.ow = a.out_w;
   p.ohw = a.out_h * a.out_w;

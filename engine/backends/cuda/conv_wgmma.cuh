@@ -42,6 +42,36 @@ struct ConvWgmmaArgs {
   Activation act = Activation::kNone;
 };
 
+// The input frames of a call as the kernels (this one and conv_narrow.cu) read them: input frame
+// f is frame f of x0 when f < n0, else frame f - n0 of x1 when f < n1, else frame f - n1 of x2,
+// with the absent tensors and bounds filled in so that no branch needs a null check.
+struct ConvFrames {
+  const void* x0 = nullptr;
+  const void* x1 = nullptr;
+  const void* x2 = nullptr;
+  int n0 = 0, n1 = 0;
+  int64_t frame_elems = 0;  // h * w * c
+};
+
+inline ConvFrames conv_frames(const ConvWgmmaArgs& a) {
+  ConvFrames f;
+  f.x0 = a.x0;
+  f.x1 = a.x1 ? a.x1 : a.x0;
+  f.x2 = a.x2 ? a.x2 : f.x1;
+  f.n0 = a.x1 ? a.n0 : a.frames + a.kt;  // no x1: every frame from x0
+  f.n1 = a.x2 ? a.n1 : a.frames + a.kt;  // no x2: every frame past x0 from x1
+  f.frame_elems = static_cast<int64_t>(a.h) * a.w * a.c;
+  return f;
+}
+
+// Whether a call's frame sources are consistent and its inputs and filter 16-byte aligned (the
+// kernels' cp.async loads).
+inline bool conv_frames_fit(const ConvWgmmaArgs& a) {
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if (a.x2 && (!a.x1 || a.n1 <= a.n0 || a.n1 > a.frames + a.kt - 1)) return false;
+  return aligned(a.x0) && (!a.x1 || aligned(a.x1)) && (!a.x2 || aligned(a.x2)) && aligned(a.weight);
+}
+
 // Whether the kernel runs this call: bf16/fp16, a compute capability 9.0 device, c % 8 == 0, an
 // output-channel tile that divides k, r * s <= 32, stride 1 or 2, padding smaller than the
 // filter, 16-byte aligned pointers, sizes within int32.
