@@ -309,6 +309,30 @@ Status check_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w, con
   return ok_status();
 }
 
+// One FP8 GEMM of x [M, K] and w [N, K] into `out` (M rows of N): act(x w^T + bias), plus
+// `accumulate` (cuBLASLt's C) where given, with w's row scales or `w_scales` in their place (the
+// gated add's). Bias and GELU run in cuBLASLt's epilogue where it has a kernel for them (and the
+// bias is 16-byte aligned), else in a pass after, as does SiLU.
+Status run_fp8_into(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w, const float* w_scales,
+                    const Tensor& bias, void* out, DitActivation act,
+                    const void* accumulate = nullptr) {
+  const int64_t m = x.rows(), n = w.rows(), k = w.cols();
+  const bool fuse_bias = !bias.defined() || aligned16(bias.data());
+  const bool gelu = act == DitActivation::kGELUTanh;
+  bool fused = false;
+  LATENT_TRY(env.linear->run_fp8(*env.ctx, x.codes.data(),
+                                 static_cast<const float*>(x.scales.data()), w.codes.data(),
+                                 w_scales ? w_scales : static_cast<const float*>(w.scales.data()),
+                                 fuse_bias && bias.defined() ? bias.data() : nullptr, out, m, n, k,
+                                 env.dtype, gelu && fuse_bias, &fused, accumulate));
+  const bool bias_left = bias.defined() && !(fuse_bias && fused);
+  const bool act_left = act == DitActivation::kSiLU || (gelu && !(fuse_bias && fused));
+  if (bias_left || act_left)
+    LATENT_TRY(launch_dit_bias_act(out, bias_left ? bias.data() : nullptr, out, m * n, n,
+                                   act_left ? act : DitActivation::kNone, env.dtype, env.launch));
+  return ok_status();
+}
+
 }  // namespace
 
 Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& w,
@@ -323,20 +347,7 @@ Result<Tensor> dit_linear_fp8(DitEnv& env, const Fp8Matrix& x, const Fp8Matrix& 
   Shape out_shape = x.shape;
   out_shape.back() = n;
   LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
-  const bool fuse_bias = !bias.defined() || aligned16(bias.data());
-  const bool gelu = act == DitActivation::kGELUTanh;
-  bool fused = false;
-  LATENT_TRY(env.linear->run_fp8(
-      *env.ctx, x.codes.data(), static_cast<const float*>(x.scales.data()), w.codes.data(),
-      static_cast<const float*>(w.scales.data()),
-      fuse_bias && bias.defined() ? bias.data() : nullptr, y.data(), m, n, k, env.dtype,
-      gelu && fuse_bias, &fused));
-  const bool bias_left = bias.defined() && !(fuse_bias && fused);
-  const bool act_left = act == DitActivation::kSiLU || (gelu && !(fuse_bias && fused));
-  if (bias_left || act_left)
-    LATENT_TRY(launch_dit_bias_act(y.data(), bias_left ? bias.data() : nullptr, y.data(), y.numel(),
-                                   n, act_left ? act : DitActivation::kNone, env.dtype,
-                                   env.launch));
+  LATENT_TRY(run_fp8_into(env, x, w, nullptr, bias, y.data(), act));
   return y;
 }
 
@@ -357,26 +368,9 @@ Result<Tensor> dit_linear_fp8_joined(DitEnv& env, const Fp8Matrix& x_a, const Fp
     return Status::errorf("linear_fp8_joined: ", ta + tb, " x ", n, " is too large for cuBLASLt");
   LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, {1, ta + tb, n}, env.dtype));
   const size_t row_bytes = static_cast<size_t>(n) * dtype_size(env.dtype);
-  struct Part {
-    const Fp8Matrix* x;
-    const Fp8Matrix* w;
-    const Tensor* b;
-    int64_t rows;
-    void* out;
-  } parts[2] = {{&x_a, &w_a, &b_a, ta, y.data()},
-                {&x_b, &w_b, &b_b, tb, static_cast<uint8_t*>(y.data()) + ta * row_bytes}};
-  for (const Part& p : parts) {
-    const bool fuse_bias = !p.b->defined() || aligned16(p.b->data());
-    bool fused = false;
-    LATENT_TRY(env.linear->run_fp8(*env.ctx, p.x->codes.data(),
-                                   static_cast<const float*>(p.x->scales.data()), p.w->codes.data(),
-                                   static_cast<const float*>(p.w->scales.data()),
-                                   fuse_bias && p.b->defined() ? p.b->data() : nullptr, p.out,
-                                   p.rows, n, p.w->cols(), env.dtype, false, &fused));
-    if (p.b->defined() && !(fuse_bias && fused))
-      LATENT_TRY(launch_dit_bias_act(p.out, p.b->data(), p.out, p.rows * n, n, DitActivation::kNone,
-                                     env.dtype, env.launch));
-  }
+  LATENT_TRY(run_fp8_into(env, x_a, w_a, nullptr, b_a, y.data(), DitActivation::kNone));
+  LATENT_TRY(run_fp8_into(env, x_b, w_b, nullptr, b_b,
+                          static_cast<uint8_t*>(y.data()) + ta * row_bytes, DitActivation::kNone));
   return y;
 }
 
@@ -411,14 +405,8 @@ Result<Tensor> dit_linear_fp8_gated_add(DitEnv& env, const Fp8Matrix& x, const F
                                     static_cast<float*>(scales.data()),
                                     bias.defined() ? gated_bias.data() : nullptr, env.launch));
   LATENT_ASSIGN_OR_RETURN(Tensor y, empty(env, out_shape, env.dtype));
-  bool fused = false;
-  LATENT_TRY(env.linear->run_fp8(
-      *env.ctx, x.codes.data(), static_cast<const float*>(x.scales.data()), w.codes.data(),
-      static_cast<const float*>(scales.data()), bias.defined() ? gated_bias.data() : nullptr,
-      y.data(), m, n, k, env.dtype, false, &fused, residual.data()));
-  if (bias.defined() && !fused)
-    LATENT_TRY(launch_dit_bias_act(y.data(), gated_bias.data(), y.data(), y.numel(), n,
-                                   DitActivation::kNone, env.dtype, env.launch));
+  LATENT_TRY(run_fp8_into(env, x, w, static_cast<const float*>(scales.data()), gated_bias, y.data(),
+                          DitActivation::kNone, residual.data()));
   return y;
 }
 
