@@ -463,13 +463,13 @@ class CudaBackend final : public Backend {
  private:
   Result<Tensor> conv2d_locked(const Tensor& x, const Tensor& w, const Tensor& bias,
                                const Conv2dParams& p, const Tensor& residual, Activation act);
-  // The Hopper implicit-GEMM convolution (conv_wgmma.cu) over `frames` output frames: input
-  // frames are those of x0, then those of x1 (if defined), then those of x2 (if defined: x1 is
-  // then too), output frame t reads input frames
-  // t .. t + kt - 1; w [Cout, Cin, kt * kh, kw]. Arguments already checked by the caller. An
-  // undefined tensor (no error) when the kernel does not take this call (not a 9.0 device,
-  // LATENT_CUDA_CONV=cudnn, fp32, a stride above 2, channels) or, by default, a shape where
-  // cuDNN was faster.
+  // Our own convolution kernels over `frames` output frames: input frames are those of x0, then
+  // those of x1 (if defined), then those of x2 (if defined: x1 is then too), output frame t
+  // reads input frames t .. t + kt - 1; w [Cout, Cin, kt * kh, kw]. Arguments already checked
+  // by the caller. Few output channels go to conv_narrow.cu where it takes them; otherwise the
+  // Hopper implicit-GEMM kernel (conv_wgmma.cu). An undefined tensor (no error) when neither
+  // takes this call (not a 9.0 device, LATENT_CUDA_CONV=cudnn, fp32, a stride above 2,
+  // channels) or, by default, a shape where cuDNN was faster.
   Result<Tensor> conv_wgmma(const Tensor& x0, const Tensor& x1, const Tensor& w, int kt,
                             const Tensor& bias, const Conv2dParams& p, const Tensor& residual,
                             Activation act, int64_t frames, const Tensor& x2 = Tensor()) {
