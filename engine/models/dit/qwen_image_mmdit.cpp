@@ -168,9 +168,11 @@ struct Linear {
     LATENT_ASSIGN_OR_RETURN(Tensor h, be.linear(x, lora->down, Tensor(), DitActivation::kNone));
     return be.linear_add(h, lora->up, y, act);
   }
-  // An FP8 layer without a runtime LoRA (gated_fp8()): residual + gate * (x W^T + b) as one op
-  // (Backend::linear_fp8_gated_add); gate one row of `out` values.
-  bool gated_fp8() const { return w8.defined() && !(lora && lora->up.defined()); }
+  // An FP8 layer without a runtime LoRA: its product is the FP8 GEMM alone, so its output can be
+  // written quantised-in (the attention's) or gated into a residual (gated_add()).
+  bool plain_fp8() const { return w8.defined() && !(lora && lora->up.defined()); }
+  // A plain_fp8() layer: residual + gate * (x W^T + b) as one op (Backend::linear_fp8_gated_add);
+  // gate one row of `out` values.
   Result<Tensor> gated_add(Backend& be, const Tensor& x, const Fp8Matrix* xq, const Tensor& gate,
                            const Tensor& residual) const {
     Fp8Matrix own;
@@ -1144,6 +1146,17 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   const int64_t d = c.dim;
   const int64_t t_txt = txt->dim(1), t_img = img->dim(1);
   const std::vector<int64_t> one_group = {0};
+  // residual + gate * layer(x) (xq: x quantised, or null): inside the layer's GEMM for a plain
+  // FP8 layer with one batch row and one token group whose input is not wide (`wide_x`: x
+  // carries the layer's folded LoRA columns), else the layer and then Backend::gated_add.
+  const auto gated_out = [&](const Linear& l, const Tensor& x, const Fp8Matrix* xq,
+                             const Tensor& gate, const Tensor& residual,
+                             const std::vector<int64_t>& groups, bool wide_x) -> Result<Tensor> {
+    if (!wide_x && residual.dim(0) == 1 && groups.size() == 1 && l.plain_fp8())
+      return l.gated_add(be, x, xq, gate, residual);
+    LATENT_ASSIGN_OR_RETURN(Tensor o, l(be, x, DitActivation::kNone, xq));
+    return be.gated_add(residual, o, gate, groups);
+  };
   // Modulation: [rows, 6D] = shift1, scale1, gate1 (attention), shift2, scale2, gate2 (MLP).
   Tensor img_mod, txt_mod;  // [G*B, 6D], [B, 6D]
   if (mods.defined()) {
@@ -1179,8 +1192,8 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
     return !(e && std::strcmp(e, "0") == 0);
   }();
   Tensor v;
-  if (join_v && img->dim(0) == 1 && img_q.defined() && txt_q.defined() && w.to_v.gated_fp8() &&
-      w.add_v.gated_fp8()) {
+  if (join_v && img->dim(0) == 1 && img_q.defined() && txt_q.defined() && w.to_v.plain_fp8() &&
+      w.add_v.plain_fp8()) {
     LATENT_ASSIGN_OR_RETURN(
         v, be.linear_fp8_joined(img_q, w.to_v.w8, w.to_v.b, txt_q, w.add_v.w8, w.add_v.b));
   } else {
@@ -1199,11 +1212,8 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   // FP8 output layers without runtime LoRAs (which read the compute-dtype input) take the
   // attention's output quantised as it is written (Backend::attention_fp8: on Hopper cuDNN's FP8
   // attention); one batch row (the image and text rows are then views of it).
-  const auto plain_fp8 = [](const Linear& l) {
-    return l.w8.defined() && !(l.lora && l.lora->up.defined());
-  };
   const bool fp8_out =
-      o_extra == 0 && q_i.dim(0) == 1 && plain_fp8(w.to_out) && plain_fp8(w.to_add_out);
+      o_extra == 0 && q_i.dim(0) == 1 && w.to_out.plain_fp8() && w.to_add_out.plain_fp8();
   // Per-head RMS QK norm, the streams joined [image, text], rope: [B, T_img + T_txt, D]; with
   // LATENT_FP8_ATTENTION=codes, q and k written as e4m3 codes with the block's static bounds.
   Tensor q, k;
@@ -1229,15 +1239,10 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
     }
     LATENT_ASSIGN_OR_RETURN(img_q, fp8_token_rows(o8, 0, t_img));
     LATENT_ASSIGN_OR_RETURN(txt_q, fp8_token_rows(o8, t_img, t_txt));
-    // One batch row: the gated residual adds run inside the output layers' GEMMs (one token
-    // group for the image stream).
-    if (c.img_groups.size() == 1) {
-      LATENT_ASSIGN_OR_RETURN(*img, w.to_out.gated_add(be, Tensor(), &img_q, im[2], *img));
-    } else {
-      LATENT_ASSIGN_OR_RETURN(Tensor o_i, w.to_out(be, Tensor(), none, &img_q));
-      LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, o_i, im[2], c.img_groups));
-    }
-    LATENT_ASSIGN_OR_RETURN(*txt, w.to_add_out.gated_add(be, Tensor(), &txt_q, tm[2], *txt));
+    LATENT_ASSIGN_OR_RETURN(
+        *img, gated_out(w.to_out, Tensor(), &img_q, im[2], *img, c.img_groups, false));
+    LATENT_ASSIGN_OR_RETURN(
+        *txt, gated_out(w.to_add_out, Tensor(), &txt_q, tm[2], *txt, one_group, false));
     img_q = Fp8Matrix();
     txt_q = Fp8Matrix();
   } else {
@@ -1274,14 +1279,8 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   if (img_out_fold) {
     LATENT_ASSIGN_OR_RETURN(h_i, img_out_fold->fill(be, h_i));
   }
-  // FP8 without a runtime LoRA, one batch row and token group: the gated add in fc2's GEMM.
-  const bool one_row = img->dim(0) == 1;
-  if (one_row && c.img_groups.size() == 1 && !img_out_fold && w.img_mlp_out.gated_fp8()) {
-    LATENT_ASSIGN_OR_RETURN(*img, w.img_mlp_out.gated_add(be, h_i, nullptr, im[5], *img));
-  } else {
-    LATENT_ASSIGN_OR_RETURN(h_i, w.img_mlp_out(be, h_i));
-    LATENT_ASSIGN_OR_RETURN(*img, be.gated_add(*img, h_i, im[5], c.img_groups));
-  }
+  LATENT_ASSIGN_OR_RETURN(*img, gated_out(w.img_mlp_out, h_i, nullptr, im[5], *img, c.img_groups,
+                                          img_out_fold != nullptr));
   LATENT_TRY(normalized_input(be, *txt, tm[3], tm[4], one_group, {&w.txt_mlp_in},
                               w.fold_txt_mlp_in.get(), &txt_n, &txt_q));
   LATENT_ASSIGN_OR_RETURN(Tensor h_t, w.txt_mlp_in(be, txt_n, DitActivation::kGELUTanh, &txt_q,
@@ -1290,12 +1289,8 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   if (txt_out_fold) {
     LATENT_ASSIGN_OR_RETURN(h_t, txt_out_fold->fill(be, h_t));
   }
-  if (one_row && !txt_out_fold && w.txt_mlp_out.gated_fp8()) {
-    LATENT_ASSIGN_OR_RETURN(*txt, w.txt_mlp_out.gated_add(be, h_t, nullptr, tm[5], *txt));
-  } else {
-    LATENT_ASSIGN_OR_RETURN(h_t, w.txt_mlp_out(be, h_t));
-    LATENT_ASSIGN_OR_RETURN(*txt, be.gated_add(*txt, h_t, tm[5], one_group));
-  }
+  LATENT_ASSIGN_OR_RETURN(*txt, gated_out(w.txt_mlp_out, h_t, nullptr, tm[5], *txt, one_group,
+                                          txt_out_fold != nullptr));
   return ok_status();
 }
 
