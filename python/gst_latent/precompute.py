@@ -111,7 +111,6 @@ class Worker:
     share the GPU evenly (bench/NOTES.md, session 15); one pipeline alone keeps the GPU busy, so
     the later starts cost nothing but their wait.
 
-
     With `preroll` (--preroll) the worker has twice as many pipelines as streaming slots: a clip
     is prerolled (demuxer and decoder started, its first frames decoded and its first latents
     encoded, latentsink holding the first) while the slots stream other clips, starts streaming
