@@ -204,6 +204,15 @@ class Backend {
   virtual Result<Tensor> rms_norm_channels(const Tensor& x, const Tensor& gamma,
                                            const Tensor& beta,
                                            Activation act = Activation::kNone) = 0;
+  // The same written into y (x's shape, this backend's; e.g. a frame of a causal convolution's
+  // ring of input frames, see engine/models/vae/qwen_image.cpp). The default computes it and
+  // copies it in (copy_into()).
+  virtual Status rms_norm_channels_into(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        Activation act, const Tensor& y) {
+    Result<Tensor> r = rms_norm_channels(x, gamma, beta, act);
+    if (!r.ok()) return r.status();
+    return copy_into(r.value(), y);
+  }
 
   virtual Result<Tensor> activation(const Tensor& x, Activation act) = 0;
   // a + b, same shapes.

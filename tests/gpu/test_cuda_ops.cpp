@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include "engine/backends/cuda/conv2d.cuh"
+#include "engine/backends/cuda/conv_wgmma.cuh"
 #include "engine/backends/cuda/cuda_backend.h"
 #include "tests/util/cuda_test_util.h"
 #endif
@@ -272,17 +273,25 @@ TEST_P(CudaOps, ConvOddChannels) {
 // Shapes of the video VAEs' convolutions for the Hopper implicit-GEMM kernel (conv_wgmma.cu;
 // bf16/fp16 on a 9.0 device, cuDNN elsewhere): 96 channels (a 64-wide K step spans two taps),
 // every output-channel tile (64, 96, 128, 192, 256), pixel counts that leave a partial tile,
-// the smallest channel count it takes (8).
+// the smallest channel count it takes (8); then again with the four-warpgroup tiles forced
+// (LATENT_CONV_WGMMA_TILE 256x64w4, 256x96w4s5, 256x128w4: where their width divides the
+// output channels, the default tile elsewhere).
 TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
-  std::shared_ptr<Backend> forced = wgmma_backend();
-  ASSERT_TRUE(forced);
+  std::vector<std::pair<std::string, std::shared_ptr<Backend>>> forced = {
+      {"LATENT_CUDA_CONV=wgmma", wgmma_backend()}};
+  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4"})
+    forced.emplace_back(
+        str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
+        backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}));
+  for (const auto& [name, b] : forced) ASSERT_TRUE(b) << name;
   auto check_conv = [&](const std::string& what, const Shape& xs, int64_t cout, int kernel,
                         const Conv2dParams& p, bool bias, bool residual, Activation act,
                         uint64_t seed) {
     this->check_conv(what, xs, cout, kernel, p, bias, residual, act, seed);
-    this->check_conv(what + " [LATENT_CUDA_CONV=wgmma]", xs, cout, kernel, p, bias, residual, act,
-                     seed, forced.get());
+    for (const auto& [name, b] : forced)
+      this->check_conv(str_cat(what, " [", name, "]"), xs, cout, kernel, p, bias, residual, act,
+                       seed, b.get());
   };
   check_conv("conv 3x3 [1,96,45,80] -> 96 +bias +residual, SiLU", {1, 96, 45, 80}, 96, 3, same,
              true, true, Activation::kSiLU, 600);
@@ -787,6 +796,29 @@ TEST(CudaBackend, ErrorsNameTheDevice) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find(str_cat("cuda:", count + 3)), std::string::npos)
       << r.status().message();
+}
+
+// LATENT_CONV_WGMMA_TILE's names (what ConvWgmmaShapes forces) and a refused one.
+TEST(CudaBackend, ConvWgmmaTileNames) {
+  struct Want {
+    const char* text;
+    int mt, bn, wg, stages;
+  };
+  for (const Want& w : {Want{"", 1, 0, 2, 4}, Want{"128x96", 1, 96, 2, 4},
+                        Want{"256x128", 2, 128, 2, 4}, Want{"256x96w4", 1, 96, 4, 4},
+                        Want{"256x64w4s5", 1, 64, 4, 5}, Want{"128x256", 1, 256, 2, 4}}) {
+    Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(w.text);
+    ASSERT_TRUE(t.ok()) << w.text << ": " << t.status().message();
+    EXPECT_EQ(t.value().mt, w.mt) << w.text;
+    EXPECT_EQ(t.value().bn, w.bn) << w.text;
+    EXPECT_EQ(t.value().wg, w.wg) << w.text;
+    EXPECT_EQ(t.value().stages, w.stages) << w.text;
+  }
+  for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80"}) {
+    Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(bad);
+    ASSERT_FALSE(t.ok()) << bad;
+    EXPECT_NE(t.status().message().find(bad), std::string::npos) << t.status().message();
+  }
 }
 
 TEST(CudaBackend, WrongDtypeIsRejected) {

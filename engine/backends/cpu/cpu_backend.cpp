@@ -209,6 +209,20 @@ Result<Tensor> CpuBackend::rms_norm_channels(const Tensor& x, const Tensor& gamm
   });
 }
 
+Status CpuBackend::copy_into(const Tensor& src, const Tensor& dst) {
+  return guarded("copy_into",
+                 [&]() -> Result<Tensor> {
+                   LATENT_TRY(check_tensor("copy_into", "src", src, dtype_, -1));
+                   LATENT_TRY(check_tensor("copy_into", "dst", dst, dtype_, -1));
+                   if (src.shape() != dst.shape())
+                     return Status::errorf("copy_into: src ", src.describe(), " and dst ",
+                                           dst.describe(), " differ in shape");
+                   if (src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.nbytes());
+                   return dst;
+                 })
+      .status();
+}
+
 Result<Tensor> CpuBackend::activation(const Tensor& x, Activation act) {
   return guarded("activation", [&]() -> Result<Tensor> {
     LATENT_TRY(check_tensor("activation", "input x", x, dtype_, -1));

@@ -48,6 +48,8 @@ class CpuBackend final : public Backend {
   Result<Tensor> rms_norm_channels(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    Activation act = Activation::kNone) override;
   Result<Tensor> activation(const Tensor& x, Activation act) override;
+  // dst <- src (same shape), both of this backend: rms_norm_channels_into() and the like.
+  Status copy_into(const Tensor& src, const Tensor& dst) override;
   Result<Tensor> add(const Tensor& a, const Tensor& b) override;
   Result<Tensor> affine(const Tensor& x, float scale, float shift) override;
   Result<Tensor> channel_affine(const Tensor& x, const std::vector<float>& scale,

@@ -2,11 +2,12 @@
 // pixels x 64 channels of one filter tap) and B (output channels x the same 64 K) from 128B-
 // swizzled shared tiles filled by cp.async, fp32 accumulators, the epilogue fused.
 //
-// A block: 256 threads, two warpgroups of 64 x kMt output pixels each (a tile of 128 kMt pixels)
-// by kBn output channels. The K loop walks K = kt * r * s * c in steps of 64 (a step may span two
+// A block: kWg warpgroups (2, or 4 for a 256-pixel tile that loads each step's filter rows once
+// for twice the pixels) of 64 x kMt output pixels each (a tile of 64 kWg kMt pixels) by kBn
+// output channels. The K loop walks K = kt * r * s * c in steps of 64 (a step may span two
 // taps when c is not a multiple of 64: every 16-byte chunk of 8 channels finds its own tap; K is
 // zero-filled to a multiple of 64). kStages shared buffers; the step kc + kStages - 2 is requested
-// while step kc multiplies, and a buffer is refilled only after both warpgroups' wgmmas that read
+// while step kc multiplies, and a buffer is refilled only after every warpgroup's wgmmas that read
 // it are complete (wait_group 1 before the next step's barrier).
 //
 // Output pixel (y, x) reads input (y * stride - pad_top + dy, x * stride - pad_left + dx): any zero
@@ -29,9 +30,8 @@
 namespace latent::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kBk = 64;  // K elements a step: one 128-byte row
-constexpr int kStages = 4;
+constexpr int kStages = 4;  // shared buffers (5 for the 4-warpgroup tile with "s5")
 
 struct Params {
   ConvFrames in;
@@ -78,11 +78,14 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
          (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);  // 128B swizzle
 }
 
-template <typename T, int kBn, int kMt>
-__global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
+template <typename T, int kBn, int kMt, int kWg, int kSt>
+__global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 ? 2 : 1)
     conv_wgmma_kernel(const Params p) {
-  constexpr int kBm = 128 * kMt;
-  constexpr int kRowsA = kBm / 32;  // A rows a thread loads a step (chunk column tid % 8)
+  constexpr int kThreads = 128 * kWg;
+  constexpr int kRowStep = kThreads / 8;  // rows a pass of the block's threads loads
+  constexpr int kBm = 64 * kWg * kMt;
+  constexpr int kRowsA = kBm / kRowStep;  // A rows a thread loads a step (chunk column tid % 8)
+  constexpr int kRowsB = (kBn + kRowStep - 1) / kRowStep;  // B rows (the last pass may be partial)
   constexpr uint32_t kABytes = kBm * 128, kBBytes = kBn * 128, kStageBytes = kABytes + kBBytes;
   constexpr int kAcc = kBn / 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -95,18 +98,18 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
   const T* x1 = static_cast<const T*>(p.in.x1);
   const T* wt = static_cast<const T*>(p.weight);
 
-  // This thread's A rows (r = tid / 8 + 32 i, 16-byte chunk column jc = tid % 8 of every step):
-  // element offset, from x0's start, of the input pixel under the filter's top-left tap (frame *
-  // frame_elems + (iy0 * w + ix0) * c; negative or past the frame where that tap is padding),
-  // the output pixel's frame, and which of the r * s spatial taps stay inside the image (bit
-  // dy * s + dx; 0 for rows past M, whose chunks are zero-filled).
+  // This thread's A rows (r = tid / 8 + kRowStep i, 16-byte chunk column jc = tid % 8 of every
+  // step): element offset, from x0's start, of the input pixel under the filter's top-left tap
+  // (frame * frame_elems + (iy0 * w + ix0) * c; negative or past the frame where that tap is
+  // padding), the output pixel's frame, and which of the r * s spatial taps stay inside the image
+  // (bit dy * s + dx; 0 for rows past M, whose chunks are zero-filled).
   const int jc = tid & 7;
   int64_t roff[kRowsA];
   int rframe[kRowsA];
   uint32_t rmask[kRowsA];
 #pragma unroll
   for (int i = 0; i < kRowsA; ++i) {
-    const int m = m0 + (tid >> 3) + 32 * i;
+    const int m = m0 + (tid >> 3) + kRowStep * i;
     rmask[i] = 0;
     rframe[i] = 0;
     roff[i] = 0;
@@ -139,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
     }
   };
   advance_k(jc * 8);
-  // The thread's B chunk rows n = tid / 8 + 32 it, column jc: weight pointers of step 0.
+  // The thread's B chunk rows n = tid / 8 + kRowStep it, column jc: weight pointers of step 0.
   const T* bptr = wt + static_cast<int64_t>(n0 + (tid >> 3)) * p.ktot + jc * 8;
   const uint32_t swz = (jc ^ ((tid >> 3) & 7)) << 4;  // r % 8 == (tid / 8) % 8 for every row
   const uint32_t row_dst = (tid >> 3) * 128 + swz;
@@ -165,12 +168,14 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
       const bool ok = kin && ((rmask[i] >> sp) & 1u);
       const int f = rframe[i] + dt;
       const T* src = (f < p.in.n0 ? base0 : f < p.in.n1 ? base1 : base2) + roff[i];
-      cp_async16_zfill(as + i * 32 * 128, src, ok ? 16 : 0);
+      cp_async16_zfill(as + i * kRowStep * 128, src, ok ? 16 : 0);
     }
 #pragma unroll
-    for (int it = 0; it < kBn / 32; ++it)
-      cp_async16_zfill(bs + it * 32 * 128, bptr + static_cast<int64_t>(it) * 32 * p.ktot,
-                       kc * kBk + jc * 8 < p.ktot ? 16 : 0);
+    for (int it = 0; it < kRowsB; ++it)
+      if (kBn % kRowStep == 0 || (tid >> 3) + it * kRowStep < kBn)
+        cp_async16_zfill(bs + it * kRowStep * 128,
+                         bptr + static_cast<int64_t>(it) * kRowStep * p.ktot,
+                         kc * kBk + jc * 8 < p.ktot ? 16 : 0);
     bptr += kBk;
     advance_k(kBk);
   };
@@ -182,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
     for (int i = 0; i < kAcc; ++i) acc[t][i] = 0.f;
 
   const int steps = (p.ktot + kBk - 1) / kBk;
-  constexpr int kAhead = kStages - 2;
+  constexpr int kAhead = kSt - 2;
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (s < steps) load_step(s, s);
@@ -191,10 +196,10 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
   for (int kc = 0; kc < steps; ++kc) {
     cp_async_wait<kAhead - 1>();
     fence_proxy_async();
-    __syncthreads();  // step kc resident; step kc - 2's wgmmas done in both warpgroups
-    if (kc + kAhead < steps) load_step(kc + kAhead, (kc + kAhead) % kStages);
+    __syncthreads();  // step kc resident; step kc - 2's wgmmas done in every warpgroup
+    if (kc + kAhead < steps) load_step(kc + kAhead, (kc + kAhead) % kSt);
     cp_async_commit();
-    const uint32_t as = base + (kc % kStages) * kStageBytes, bs = as + kABytes;
+    const uint32_t as = base + (kc % kSt) * kStageBytes, bs = as + kABytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) {
@@ -246,91 +251,75 @@ __global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
 
 #else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
 
-template <typename T, int kBn, int kMt>
-__global__ void __launch_bounds__(kThreads, kMt == 1 && kBn <= 128 ? 2 : 1)
+template <typename T, int kBn, int kMt, int kWg, int kSt>
+__global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 ? 2 : 1)
     conv_wgmma_kernel(const Params) {
   __trap();
 }
 
 #endif
 
-constexpr size_t smem_for(int bn, int mt) {
-  return 1024 /* alignment slack */ + static_cast<size_t>(kStages) * (128 * mt + bn) * 128;
+constexpr size_t smem_for(int bn, int mt, int wg = 2, int stages = kStages) {
+  return 1024 /* alignment slack */ + static_cast<size_t>(stages) * (64 * wg * mt + bn) * 128;
 }
 
-// A block's tile: 128 mt output pixels by bn output channels. mt = 1 with bn <= 128 fits two
-// blocks an SM (16 warps hide the gather's latency: 1.7x the one-block 256 x 96 tile at the Wan
-// VAE's full-resolution 96-channel convolutions, bench_conv on the H100).
-struct Tile {
-  int mt = 0, bn = 0;
-};
+// A block's tile: 64 wg mt output pixels by bn output channels. wg = 2, mt = 1 with bn <= 128
+// fits two blocks an SM (16 warps hide the gather's latency: 1.7x the one-block 256 x 96 tile of
+// 2 warpgroups at the Wan VAE's full-resolution 96-channel convolutions, bench_conv on the H100).
+// wg = 4, mt = 1 (bn <= 128): one block of the same 16 warps over 256 pixels, which loads each
+// step's filter rows once where two blocks load them twice (~40 % of the bytes the 96-channel
+// 3x3x3 convolutions move from L2).
+using Tile = ConvWgmmaTile;
 
-// LATENT_CONV_WGMMA_TILE=<128|256>x<64|96|128|192|256> forces a tile where it divides the output
-// channels (bench_conv's sweeps); otherwise the default below.
-Tile forced_tile() {
-  static const Tile t = [] {
-    Tile f;
-    const char* e = std::getenv("LATENT_CONV_WGMMA_TILE");
-    int bm = 0, bn = 0;
-    if (!e || !*e) return f;
-    if (std::sscanf(e, "%dx%d", &bm, &bn) == 2 && (bm == 128 || (bm == 256 && bn <= 128)) &&
-        (bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 256))
-      f = {bm / 128, bn};
-    else
-      LATENT_WARN("LATENT_CONV_WGMMA_TILE=", e,
-                  " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, 256x96, "
-                  "256x128): using the default tiles");
-    return f;
-  }();
+// `forced` where its bn divides k; else the default: the narrowest of 96, 128, 64 that divides
+// k, else the widest of 256, 192; two blocks an SM where bn <= 128. bn 0: no tile divides k.
+Tile tile_for(int k, const Tile& forced) {
+  if (forced.bn && k % forced.bn == 0) return forced;
+  Tile t;
+  for (int bn : {96, 128, 64, 256, 192})
+    if (k % bn == 0) {
+      t.bn = bn;
+      return t;
+    }
   return t;
 }
 
-// The default: the narrowest of 96, 128, 64 that divides k, else the widest of 256, 192; two
-// blocks an SM where bn <= 128. {0, 0}: no tile divides k.
-Tile tile_for(int k) {
-  const Tile f = forced_tile();
-  if (f.bn && k % f.bn == 0) return f;
-  for (int bn : {96, 128, 64})
-    if (k % bn == 0) return {1, bn};
-  for (int bn : {256, 192})
-    if (k % bn == 0) return {1, bn};
-  return {};
-}
-
-template <typename T, int kBn, int kMt>
+template <typename T, int kBn, int kMt, int kWg, int kSt = kStages>
 Status run_tile(const Params& p, const Launch& l) {
-  constexpr size_t kSmem = smem_for(kBn, kMt);
-  auto kernel = conv_wgmma_kernel<T, kBn, kMt>;
+  constexpr size_t kSmem = smem_for(kBn, kMt, kWg, kSt);
+  constexpr int kBm = 64 * kWg * kMt;
+  auto kernel = conv_wgmma_kernel<T, kBn, kMt, kWg, kSt>;
   LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmem)));
-  const dim3 grid((p.m + 128 * kMt - 1) / (128 * kMt), p.k / kBn);
-  kernel<<<grid, kThreads, kSmem, l.stream>>>(p);
+  const dim3 grid((p.m + kBm - 1) / kBm, p.k / kBn);
+  kernel<<<grid, 128 * kWg, kSmem, l.stream>>>(p);
   LATENT_CUDA_CHECK_LAUNCH("conv_wgmma_kernel");
   return ok_status();
 }
 
 template <typename T, int kBn>
-Status run(const Params& p, int mt, const Launch& l) {
+Status run(const Params& p, const Tile& t, const Launch& l) {
   if constexpr (kBn <= 128) {
-    if (mt == 2) return run_tile<T, kBn, 2>(p, l);
+    if (t.wg == 4 && t.stages == 5) return run_tile<T, kBn, 1, 4, 5>(p, l);
+    if (t.wg == 4) return run_tile<T, kBn, 1, 4>(p, l);
+    if (t.mt == 2) return run_tile<T, kBn, 2, 2>(p, l);
   }
-  return run_tile<T, kBn, 1>(p, l);
+  return run_tile<T, kBn, 1, 2>(p, l);
 }
 
 template <typename T>
-Status run_for(const Params& p, const Launch& l) {
-  const Tile t = tile_for(p.k);
+Status run_for(const Params& p, const Tile& t, const Launch& l) {
   switch (t.bn) {
     case 256:
-      return run<T, 256>(p, t.mt, l);
+      return run<T, 256>(p, t, l);
     case 192:
-      return run<T, 192>(p, t.mt, l);
+      return run<T, 192>(p, t, l);
     case 128:
-      return run<T, 128>(p, t.mt, l);
+      return run<T, 128>(p, t, l);
     case 96:
-      return run<T, 96>(p, t.mt, l);
+      return run<T, 96>(p, t, l);
     case 64:
-      return run<T, 64>(p, t.mt, l);
+      return run<T, 64>(p, t, l);
     default:
       return Status::errorf("conv_wgmma: no channel tile divides ", p.k, " output channels");
   }
@@ -339,7 +328,7 @@ Status run_for(const Params& p, const Launch& l) {
 }  // namespace
 
 bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
-  const Tile t = tile_for(a.k);
+  const Tile t = tile_for(a.k, a.tile);
   if (dtype == DType::kF32 || a.c % 8 != 0 || a.c < 8 || t.bn == 0) return false;
   if (a.r < 1 || a.s < 1 || a.r * a.s > 32 || a.kt < 1 || a.frames < 1 || a.h < 1 || a.w < 1 ||
       a.out_h < 1 || a.out_w < 1 || (a.stride != 1 && a.stride != 2) || a.pad_top < 0 ||
@@ -348,7 +337,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   // every output pixel's filter window starts inside the padded input
   if ((a.out_h - 1) * a.stride - a.pad_top >= a.h || (a.out_w - 1) * a.stride - a.pad_left >= a.w)
     return false;
-  if (smem_for(t.bn, t.mt) > l.smem_optin) return false;
+  if (smem_for(t.bn, t.mt, t.wg, t.stages) > l.smem_optin) return false;
   const int64_t m = static_cast<int64_t>(a.frames) * a.out_h * a.out_w;
   const int64_t ktot = static_cast<int64_t>(a.kt) * a.r * a.s * a.c;
   if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
@@ -366,8 +355,11 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
   // 10-50%). Whole models disagree with the per-call numbers outside the first case: with the
   // 2-D 192-channel and stride-2 shapes on the kernel as well, the Qwen-Image VAE's image mode at
   // 1024^2 ran 31.2 ms a frame against 29.9 all-cuDNN and the Wan streams gained nothing more,
-  // so only the first case is the default.
-  return a.k == 96 && a.kt == 3;
+  // so only the first case is the default, and only where the kernel reads the past frames in
+  // place (x1: a causal cache in separate tensors). Over one tensor of frames (a frame ring,
+  // engine/models/vae/qwen_image.cpp) cuDNN's fused operation graph is ahead at that shape too
+  // (bench_conv, 2026-11-28: 1.01 against 1.39 ms on an H200; H100 session 12: 1.17 against 1.40).
+  return a.k == 96 && a.kt == 3 && a.x1 != nullptr;
 }
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
@@ -392,8 +384,9 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.pad_h = a.pad_top;
   p.pad_w = a.pad_left;
   p.act = static_cast<int>(a.act);
-  if (dtype == DType::kBF16) return run_for<bf16>(p, l);
-  if (dtype == DType::kF16) return run_for<f16>(p, l);
+  const Tile t = tile_for(a.k, a.tile);
+  if (dtype == DType::kBF16) return run_for<bf16>(p, t, l);
+  if (dtype == DType::kF16) return run_for<f16>(p, t, l);
   return Status::error("conv_wgmma: bf16 or fp16 only");
 }
 

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #include "engine/backends/backend.h"
 #include "engine/backends/cuda/launch.h"
@@ -20,6 +22,35 @@
 #include "engine/core/status.h"
 
 namespace latent::cuda {
+
+// A block's tile: 64 wg mt output pixels by bn output channels, with `stages` shared buffers. bn
+// 0: the default for the call's output channels (conv_wgmma.cu).
+struct ConvWgmmaTile {
+  int mt = 1, bn = 0, wg = 2, stages = 4;
+};
+
+// LATENT_CONV_WGMMA_TILE's values: "<128|256>x<64|96|128|192|256>" (two warpgroups; 256 with bn
+// <= 128: two m64 tiles each), or "256x<64|96|128>w4" (four warpgroups of one m64 tile), "w4s5"
+// with 5 shared buffers. Null or empty: the default ({} with bn 0). An error names the value.
+inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
+  ConvWgmmaTile f;
+  if (!text || !*text) return f;
+  int bm = 0, bn = 0, used = 0;
+  const bool parsed = std::sscanf(text, "%dx%d%n", &bm, &bn, &used) == 2;
+  const std::string rest = parsed ? text + used : "";
+  const bool w4 = rest == "w4" || rest == "w4s5";
+  if (parsed && (rest.empty() || w4) && (bm == 128 || (bm == 256 && bn <= 128)) &&
+      (!w4 || bm == 256) && (bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 256)) {
+    f.bn = bn;
+    f.mt = w4 ? 1 : bm / 128;
+    f.wg = w4 ? 4 : 2;
+    f.stages = rest == "w4s5" ? 5 : 4;
+    return f;
+  }
+  return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
+                        " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
+                        "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5)");
+}
 
 struct ConvWgmmaArgs {
   const void* x0 = nullptr;  // input frames [0, n0): [n0][h][w][c]
@@ -40,6 +71,7 @@ struct ConvWgmmaArgs {
   const void* residual = nullptr;  // [frames][out_h][out_w][k] or null
   void* y = nullptr;               // [frames][out_h][out_w][k]
   Activation act = Activation::kNone;
+  ConvWgmmaTile tile;  // forced where its bn divides k (bench_conv's sweeps); else the default
 };
 
 // The input frames of a call as the kernels (this one and conv_narrow.cu) read them: input frame
@@ -77,8 +109,8 @@ inline bool conv_frames_fit(const ConvWgmmaArgs& a) {
 // filter, 16-byte aligned pointers, sizes within int32.
 bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
 
-// Whether the kernel beat cuDNN (with its separate epilogue pass) at this shape on the H100
-// (bench_conv): the backend's default runs it only there.
+// Whether the kernel beat cuDNN at this shape on the H100 (bench_conv), reading the frames from
+// where they are: the backend's default runs it only there.
 bool conv_wgmma_preferred(const ConvWgmmaArgs& a);
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l);

@@ -111,6 +111,9 @@ class CudaBackend final : public Backend {
     int conv_wgmma = 1;
     // Convolutions with <= 16 output channels on conv_narrow.cu (LATENT_CUDA_CONV_NARROW=0: off).
     bool conv_narrow = true;
+    // LATENT_CONV_WGMMA_TILE: the implicit-GEMM kernel's tile where its width divides the output
+    // channels (bench_conv's sweeps); bn 0: the kernel's defaults.
+    cuda::ConvWgmmaTile conv_wgmma_tile;
     // Convolution epilogues fused into cuDNN operation graphs where cuDNN has an engine.
     bool conv_fusion = true;
     bool conv_fusion_runtime_compiled = true;  // engines cuDNN compiles at plan time too
@@ -231,6 +234,8 @@ class CudaBackend final : public Backend {
                             float eps, Activation act) override;
   Result<Tensor> rms_norm_channels(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    Activation act) override;
+  Status rms_norm_channels_into(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                Activation act, const Tensor& y) override;
   Result<Tensor> activation(const Tensor& x, Activation act) override;
   Result<Tensor> add(const Tensor& a, const Tensor& b) override;
   Result<Tensor> affine(const Tensor& x, float scale, float shift) override;
@@ -507,6 +512,7 @@ class CudaBackend final : public Backend {
     a.bias = bias.defined() ? bias.data() : nullptr;
     a.residual = residual.defined() ? residual.data() : nullptr;
     a.act = act;
+    a.tile = options_.conv_wgmma_tile;
     const Shape out_shape = {frames, w.dim(0), ho, wo};
     // Few output channels (a decoder's last convolution): conv_narrow.cu on any 8.0+ device.
     if (options_.conv_narrow && cuda::conv_narrow_fits(a, dtype_, launch_)) {
@@ -570,6 +576,9 @@ class CudaBackend final : public Backend {
   Result<Tensor> conv3d_by_taps(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                 const Conv2dParams& p, const Tensor& residual, Activation act);
   bool conv3d_failed_ = false;  // video: cuDNN refused a 3-D plan once; taps from then on
+  // rms_norm_channels into y (checked by the caller to be x's shape), the lock held.
+  Status rms_norm_channels_locked(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                  Activation act, const Tensor& y);
   // spatial_attention for one head unfused (d > 256, or LATENT_ATTENTION_KERNEL=gemm): y NHWC.
   Status spatial_attention_gemm(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& y);
 
@@ -1057,17 +1066,36 @@ Result<Tensor> CudaBackend::group_norm(const Tensor& x, int groups, const Tensor
 Result<Tensor> CudaBackend::rms_norm_channels(const Tensor& x, const Tensor& gamma,
                                               const Tensor& beta, Activation act) {
   return run("rms_norm_channels", [&]() -> Result<Tensor> {
-    LATENT_TRY(check_tensor("input x", x, 4));
-    if (gamma.defined()) LATENT_TRY(check_param("gamma", gamma, x.dim(1), x));
-    if (beta.defined()) LATENT_TRY(check_param("beta", beta, x.dim(1), x));
-    LATENT_TRY(check_activation(act));
     LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(x.shape(), dtype_, Layout::kNHWC));
-    LATENT_TRY(cuda::launch_rms_norm_channels(x.data(), y.data(), x.dim(0) * x.dim(2) * x.dim(3),
-                                              x.dim(1), gamma.defined() ? gamma.data() : nullptr,
-                                              beta.defined() ? beta.data() : nullptr, act, dtype_,
-                                              launch_));
+    LATENT_TRY(rms_norm_channels_locked(x, gamma, beta, act, y));
     return y;
   });
+}
+
+Status CudaBackend::rms_norm_channels_into(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                           Activation act, const Tensor& y) {
+  return run("rms_norm_channels_into",
+             [&]() -> Result<Tensor> {
+               LATENT_TRY(check_tensor("output y", y, 4));
+               if (y.shape() != x.shape() || y.layout() != Layout::kNHWC)
+                 return Status::errorf("output y ", y.describe(), " is not the shape of x ",
+                                       x.describe());
+               LATENT_TRY(rms_norm_channels_locked(x, gamma, beta, act, y));
+               return y;
+             })
+      .status();
+}
+
+Status CudaBackend::rms_norm_channels_locked(const Tensor& x, const Tensor& gamma,
+                                             const Tensor& beta, Activation act, const Tensor& y) {
+  LATENT_TRY(check_tensor("input x", x, 4));
+  if (gamma.defined()) LATENT_TRY(check_param("gamma", gamma, x.dim(1), x));
+  if (beta.defined()) LATENT_TRY(check_param("beta", beta, x.dim(1), x));
+  LATENT_TRY(check_activation(act));
+  return cuda::launch_rms_norm_channels(x.data(), y.data(), x.dim(0) * x.dim(2) * x.dim(3),
+                                        x.dim(1), gamma.defined() ? gamma.data() : nullptr,
+                                        beta.defined() ? beta.data() : nullptr, act, dtype_,
+                                        launch_);
 }
 
 Result<Tensor> CudaBackend::activation(const Tensor& x, Activation act) {
@@ -1568,6 +1596,14 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   if (const char* v = std::getenv("LATENT_CUDA_CONV_NARROW");
       v && *v && !env_is("LATENT_CUDA_CONV_NARROW", "0") && !env_is("LATENT_CUDA_CONV_NARROW", "1"))
     LATENT_WARN("LATENT_CUDA_CONV_NARROW=", v, " is neither 0 nor 1: using 1");
+  {
+    Result<cuda::ConvWgmmaTile> tile =
+        cuda::parse_conv_wgmma_tile(std::getenv("LATENT_CONV_WGMMA_TILE"));
+    if (tile.ok())
+      options.conv_wgmma_tile = tile.value();
+    else
+      LATENT_WARN(tile.status().message(), ": using the default tiles");
+  }
   options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0
                        : env_is("LATENT_CUDA_CONV", "wgmma") ? 2
                                                              : 1;
