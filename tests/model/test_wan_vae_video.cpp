@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/core/log.h"
 #include "engine/models/vae/vae.h"
 #include "tests/util/test_util.h"
 #include "tests/util/vae_test_util.h"
@@ -169,6 +171,8 @@ TEST_P(WanVideo, StreamingInAnyChunkingEqualsWholeClip) {
 // The models' fused path (Backend::conv3d_frames, what CUDA runs through cuDNN's 3-D
 // convolution): a CPU backend made with LATENT_CPU_CONV3D=1 offers the op (as one conv2d per
 // tap over the merged kernel), so the merged weight layout and its use are checked here too.
+// The layers that see one frame at a time keep their input frames in a frame ring there
+// (CausalConv::ring_w, LATENT_VIDEO_RING): the debug log says when a ring starts.
 TEST_P(WanVideo, FusedConv3dPathMatchesDiffusers) {
   setenv("LATENT_CPU_CONV3D", "1", 1);
   auto backend = create_cpu_backend(DType::kF32);
@@ -179,10 +183,25 @@ TEST_P(WanVideo, FusedConv3dPathMatchesDiffusers) {
   ASSERT_TRUE(vae.ok()) << vae.status().message();
   auto t = io(GetParam());
   Backend& b = **backend;
+  static int rings = 0;
+  rings = 0;
+  set_log_callback(
+      [](LogLevel, const char*, int, const char* message, void*) {
+        if (std::string(message).find("a frame ring of") != std::string::npos) ++rings;
+      },
+      nullptr);  // a callback sees every level
   expect_close(down(b, (*vae)->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
                "encode_video (fused)");
+  const int encoder_rings = rings;
   expect_close(down(b, (*vae)->decode_video(up(b, t["latent"]))), t["decoded"], kTolerance,
                "decode_video (fused)");
+  const int decoder_rings = rings - encoder_rings;
+  set_log_callback(nullptr, nullptr);
+  // ctest runs these once more with LATENT_VIDEO_RING=0 (test_wan_vae_video_no_ring): no rings.
+  const char* ring_env = std::getenv("LATENT_VIDEO_RING");
+  const bool ring_on = !ring_env || std::string(ring_env) != "0";
+  EXPECT_EQ(encoder_rings > 0, ring_on) << encoder_rings << " rings in the encoder";
+  EXPECT_EQ(decoder_rings > 0, ring_on) << decoder_rings << " rings in the decoder";
   expect_close(stream_in_chunks(**vae, true, t["sample_odd"], {2, 3}), t["latent_mean_odd"],
                kTolerance, "encoder chunks of 2, 3 (fused)");
   // image mode still runs on the last tap

@@ -75,6 +75,20 @@ bool copy_cached_frames() {
   return copy;
 }
 
+// LATENT_VIDEO_RING=0: the layers that see one frame at a time keep their past frames as above
+// (views, read in place by CUDA's implicit-GEMM kernel or joined for cuDNN) instead of in a
+// frame ring (CausalConv below); for A/B timing and memory, the results are the same.
+bool frame_rings() {
+  static const bool on = [] {
+    const char* e = std::getenv("LATENT_VIDEO_RING");
+    if (!e || !*e || std::string(e) == "1") return true;
+    if (std::string(e) == "0") return false;
+    LATENT_WARN("LATENT_VIDEO_RING=", e, " is neither 0 nor 1: using 1");
+    return true;
+  }();
+  return on;
+}
+
 // What a stream keeps between chunks, one slot per causal layer (diffusers' feat_cache).
 // A causal conv keeps its last 2 input frames as the tensors they came in, not as a copy: `older`
 // (when defined) holds the first of them and `frames` the rest, so a chunk of one frame (the
@@ -84,7 +98,12 @@ struct CausalCache {
   std::vector<Tensor> frames;  // a causal conv's last input frames; a downsampler's last frame
   std::vector<Tensor> older;   // a causal conv's frame before `frames` (then each holds one)
   std::vector<char> started;   // resamplers: a chunk has passed (diffusers' non-None slot)
-  explicit CausalCache(int slots) : frames(slots), older(slots), started(slots, 0) {}
+  // A causal conv's frame ring ([3, C, H, W]; frame j of the clip in slot j % 3) and the number
+  // of frames it has taken, where the conv keeps one (CausalConv::input_slot).
+  std::vector<Tensor> ring;
+  std::vector<int64_t> ring_frames;
+  explicit CausalCache(int slots)
+      : frames(slots), older(slots), started(slots, 0), ring(slots), ring_frames(slots, 0) {}
 };
 
 // Pixels of p x p patches as channels, channel c*p*p + dy*p + dx (Backend::pack_latents'
@@ -148,6 +167,31 @@ struct CausalConv {
   Conv2dParams params;
   bool temporal = false;  // 3 taps
   int slot = -1;          // its CausalCache slot
+  // The frame ring of a layer that sees one frame at a time (a stream's full-resolution
+  // levels): its input frames go to a 3-frame ring, frame j in slot j % 3, written there by
+  // their producer (input_slot), and the convolution reads the ring as one tensor of 3 frames
+  // with the temporal taps permuted to where the frames sit: ring_w[j % 3] (ring_w[2] = fused,
+  // the taps in order). No join and no copy of the past frames, and cuDNN (which reads frames
+  // only at one stride) can run it. Undefined where the layer has no ring.
+  std::array<Tensor, 3> ring_w;
+
+  // Where the producer of this layer's next input frame writes it: the ring slot of that frame,
+  // for a one-frame input shaped like `like` (a frame of the same channels and size). Undefined
+  // where the layer keeps no ring: image mode, no ring weights, more than one frame, or a clip
+  // that started outside the ring. The ring starts (zeroed: the past before frame 0) with the
+  // clip's first frame.
+  Result<Tensor> input_slot(Backend& b, CausalCache* cache, const Tensor& like) const {
+    if (!cache || !ring_w[0].defined() || like.dim(0) != 1) return Tensor();
+    Tensor& ring = cache->ring[slot];
+    if (!ring.defined()) {
+      if (cache->frames[slot].defined()) return Tensor();
+      LATENT_ASSIGN_OR_RETURN(ring, zero_frames(b, 3, like));
+      cache->ring_frames[slot] = 0;
+      LATENT_DEBUG("causal conv (cache slot ", slot, "): a frame ring of ",
+                   shape_str(ring.shape()));
+    }
+    return frame_view(ring, cache->ring_frames[slot] % 3, 1);
+  }
 
   // x: [T, Cin, H, W] -> [T, Cout, H, W]; y = act(conv3d(x) + bias + residual). `cache` null:
   // image mode (every frame a clip of its own).
@@ -159,6 +203,26 @@ struct CausalConv {
     Tensor& past = cache->frames[slot];
     Tensor& older = cache->older[slot];
     const int64_t t = x.dim(0);
+    Tensor& ring = cache->ring[slot];
+    if (ring.defined()) {
+      const int64_t j = cache->ring_frames[slot];
+      const Tensor at = frame_view(ring, j % 3, 1);
+      if (t == 1 && x.storage() == at.storage() && x.byte_offset() == at.byte_offset()) {
+        // Frame j is in its slot: the ring's 3 frames with the taps permuted, or for the clip's
+        // first frame only the last tap (its past is zero).
+        Result<Tensor> y =
+            j == 0 ? b.conv2d(x, last, bias, params, residual, act)
+                   : b.conv3d_frames(ring, ring_w[j % 3], 3, bias, params, residual, act);
+        if (!y.ok()) return y;
+        cache->ring_frames[slot] = j + 1;
+        // The same past as views, for a chunk that comes outside the ring (which ends it).
+        older = frame_view(ring, (j + 2) % 3, 1);
+        past = at;
+        return y;
+      }
+      // An input not written into the ring: the views above carry the past on, the ring ends.
+      ring = Tensor();
+    }
     if (!past.defined() && t == 1) {
       // Zero past: only the last tap meets data.
       LATENT_ASSIGN_OR_RETURN(older, zero_frames(b, 1, x));
@@ -218,9 +282,12 @@ class ParamLoader {
   // patch x patch patches in diffusers' patchify order (c, dx, dy); they are reordered to
   // (c, dy, dx), the order of Backend::pack_latents / unpack_latents (see space_to_depth).
   enum PatchSide { kNoPatch, kPatchInputs, kPatchOutputs };
+  // `ring`: the layer sees one frame at a time in a stream and its input comes from a norm that
+  // can write into a ring slot; it keeps a frame ring (CausalConv::ring_w) where the kernel is
+  // fused (3x3x3) and LATENT_VIDEO_RING is not 0.
   CausalConv causal_conv(const std::string& prefix, int64_t in, int64_t out, int k, int kt,
                          int64_t rows = 0, bool fuse = true, PatchSide side = kNoPatch,
-                         int64_t patch = 1) {
+                         int64_t patch = 1, bool ring = false) {
     CausalConv c;
     c.params = Conv2dParams::same(k);
     c.temporal = kt == 3;
@@ -265,6 +332,22 @@ class ParamLoader {
         Tensor s = Tensor::empty({keep, in, kt * k, k}, DType::kF32);
         std::copy(src, src + keep * in * kt * k * k, s.data_as<float>());
         c.fused = upload(s, prefix + ".weight");
+        if (ring && frame_rings()) {
+          // ring_w[r]: ring slot q holds the frame of tap 2 - (r - q) mod 3 (frame j in slot
+          // j % 3, r = j % 3: slot r holds frame j = tap 2, slot r + 1 frame j - 2 = tap 0)
+          c.ring_w[2] = c.fused;
+          for (int r = 0; r < 2; ++r) {
+            Tensor rw = Tensor::empty({keep, in, kt * k, k}, DType::kF32);
+            float* dst = rw.data_as<float>();
+            for (int64_t oi = 0; oi < keep * in; ++oi)
+              for (int q = 0; q < 3; ++q) {
+                const int tap = 2 - (r - q + 3) % 3;
+                std::copy(src + (oi * kt + tap) * plane, src + (oi * kt + tap + 1) * plane,
+                          dst + (oi * kt + q) * plane);
+              }
+            c.ring_w[r] = upload(rw, prefix + ".weight");
+          }
+        }
       }
       for (int j = fused ? kt - 1 : 0; j < kt; ++j) {
         Tensor s = Tensor::empty({keep, in, k, k}, DType::kF32);
@@ -330,18 +413,32 @@ class ParamLoader {
 // ---------------------------------------------------------------------------------------------
 // Blocks. Every forward takes a chunk x: [T, C, H, W] and the stream's cache (null: images).
 
+// SiLU(rms_norm_channels(x) * gamma), the input of `conv`: written into conv's frame ring where
+// it keeps one (the ring's slot is the result), else a new tensor.
+Result<Tensor> norm_silu_into(Backend& b, const Tensor& x, const Tensor& gamma,
+                              const CausalConv& conv, CausalCache* cache) {
+  LATENT_ASSIGN_OR_RETURN(Tensor slot, conv.input_slot(b, cache, x));
+  if (!slot.defined()) return b.rms_norm_channels(x, gamma, Tensor(), Activation::kSiLU);
+  LATENT_TRY(b.rms_norm_channels_into(x, gamma, Tensor(), Activation::kSiLU, slot));
+  return slot;
+}
+
 // WanResidualBlock: norm1 -> SiLU -> conv1 -> norm2 -> SiLU -> conv2, + shortcut(x).
 struct ResidualBlock {
   Tensor norm1, norm2;
   CausalConv conv1, conv2;
   std::optional<CausalConv> conv_shortcut;  // 1x1x1 when in != out
 
-  static ResidualBlock load(ParamLoader& p, const std::string& prefix, int64_t in, int64_t out) {
+  // per_frame: the block sees one frame at a time in a stream; its convs keep frame rings.
+  static ResidualBlock load(ParamLoader& p, const std::string& prefix, int64_t in, int64_t out,
+                            bool per_frame = false) {
     ResidualBlock r;
     r.norm1 = p.norm_gamma(prefix + ".norm1.gamma", in, /*images=*/false);
-    r.conv1 = p.causal_conv(prefix + ".conv1", in, out, 3, 3);
+    r.conv1 = p.causal_conv(prefix + ".conv1", in, out, 3, 3, 0, true, ParamLoader::kNoPatch, 1,
+                            per_frame);
     r.norm2 = p.norm_gamma(prefix + ".norm2.gamma", out, /*images=*/false);
-    r.conv2 = p.causal_conv(prefix + ".conv2", out, out, 3, 3);
+    r.conv2 = p.causal_conv(prefix + ".conv2", out, out, 3, 3, 0, true, ParamLoader::kNoPatch, 1,
+                            per_frame);
     if (in != out) r.conv_shortcut = p.causal_conv(prefix + ".conv_shortcut", in, out, 1, 1);
     return r;
   }
@@ -352,9 +449,9 @@ struct ResidualBlock {
     if (conv_shortcut) {
       LATENT_ASSIGN_OR_RETURN(h, conv_shortcut->forward(b, x, cache));
     }
-    LATENT_ASSIGN_OR_RETURN(Tensor y, b.rms_norm_channels(x, norm1, Tensor(), Activation::kSiLU));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, norm_silu_into(b, x, norm1, conv1, cache));
     LATENT_ASSIGN_OR_RETURN(y, conv1.forward(b, y, cache));
-    LATENT_ASSIGN_OR_RETURN(y, b.rms_norm_channels(y, norm2, Tensor(), Activation::kSiLU));
+    LATENT_ASSIGN_OR_RETURN(y, norm_silu_into(b, y, norm2, conv2, cache));
     // dropout is the identity at inference
     return conv2.forward(b, y, cache, h);
   }
@@ -652,6 +749,8 @@ struct Encoder {
     e.conv_in = p.causal_conv("encoder.conv_in", c.input_channels, dims[0], 3, 3, 0, true,
                               ParamLoader::kPatchInputs, c.patch_size);
     int64_t out_dim = dims[0];
+    // The layers before the first temporal one see one frame at a time (first_temporal()).
+    bool per_frame = true;
     for (size_t i = 0; i < m.size(); ++i) {
       int64_t in_dim = dims[i];
       out_dim = dims[i + 1];
@@ -659,12 +758,13 @@ struct Encoder {
         const std::string prefix = str_cat("encoder.down_blocks.", i);
         const bool down = i + 1 != m.size();
         const bool temporal = down && c.temperal_downsample[i];
+        per_frame = per_frame && !temporal;
         ResidualDownBlock r;
         r.shortcut = AvgDown::load(p, prefix + ".avg_shortcut", in_dim, out_dim, temporal ? 2 : 1,
                                    down ? 2 : 1);
         for (int64_t j = 0; j < c.num_res_blocks; ++j) {
           r.resnets.push_back(
-              ResidualBlock::load(p, str_cat(prefix, ".resnets.", j), in_dim, out_dim));
+              ResidualBlock::load(p, str_cat(prefix, ".resnets.", j), in_dim, out_dim, per_frame));
           in_dim = out_dim;
         }
         if (down)
@@ -675,13 +775,14 @@ struct Encoder {
       }
       for (int64_t r = 0; r < c.num_res_blocks; ++r) {
         const std::string prefix = str_cat("encoder.down_blocks.", e.down_blocks.size());
-        e.down_blocks.emplace_back(ResidualBlock::load(p, prefix, in_dim, out_dim));
+        e.down_blocks.emplace_back(ResidualBlock::load(p, prefix, in_dim, out_dim, per_frame));
         in_dim = out_dim;
       }
       if (i + 1 != m.size()) {
         const std::string prefix = str_cat("encoder.down_blocks.", e.down_blocks.size());
         e.down_blocks.emplace_back(
             Resample::load(p, prefix, out_dim, /*up=*/false, c.temperal_downsample[i]));
+        per_frame = per_frame && !c.temperal_downsample[i];
       }
     }
     e.mid_block = MidBlock::load(p, "encoder.mid_block", out_dim);
@@ -788,11 +889,17 @@ struct Decoder {
     d.mid_block = MidBlock::load(p, "decoder.mid_block", dims[0]);
     int64_t out_dim = dims[0];
     d.patch = c.patch_size;
+    // Up blocks after the last one with a temporal upsampler see one frame at a time
+    // (after_last_temporal(); temperal_upsample = temperal_downsample reversed).
+    size_t per_frame_from = 0;
+    for (size_t i = 0; i + 1 < m.size(); ++i)
+      if (c.temperal_downsample[m.size() - 2 - i]) per_frame_from = i + 1;
     for (size_t i = 0; i < m.size(); ++i) {
       int64_t in_dim = i > 0 && !c.is_residual ? dims[i] / 2 : dims[i];
       out_dim = dims[i + 1];
       UpBlock u;
       const std::string prefix = str_cat("decoder.up_blocks.", i);
+      const bool per_frame = i >= per_frame_from;
       if (c.is_residual) {
         const bool up = i + 1 != m.size();
         const bool temporal = up && c.temperal_downsample[m.size() - 2 - i];
@@ -800,7 +907,7 @@ struct Decoder {
           u.shortcut = DupUp::load(p, prefix + ".avg_shortcut", in_dim, out_dim, temporal ? 2 : 1);
         for (int64_t r = 0; r <= c.num_res_blocks; ++r) {
           u.resnets.push_back(
-              ResidualBlock::load(p, str_cat(prefix, ".resnets.", r), in_dim, out_dim));
+              ResidualBlock::load(p, str_cat(prefix, ".resnets.", r), in_dim, out_dim, per_frame));
           in_dim = out_dim;
         }
         if (up)
@@ -811,7 +918,7 @@ struct Decoder {
       }
       for (int64_t r = 0; r <= c.num_res_blocks; ++r) {
         u.resnets.push_back(
-            ResidualBlock::load(p, str_cat(prefix, ".resnets.", r), in_dim, out_dim));
+            ResidualBlock::load(p, str_cat(prefix, ".resnets.", r), in_dim, out_dim, per_frame));
         in_dim = out_dim;
       }
       if (i + 1 != m.size()) {
