@@ -8,8 +8,10 @@
 // Without cudnn-frontend (the build found no headers) forward_fused() answers "not fused" and
 // the caller runs the plain convolution and its own epilogue, as it does for any shape or
 // epilogue cuDNN has no engine for.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,13 +69,103 @@ std::vector<int64_t> channels_last(const std::vector<int64_t>& dim) {
 struct FusedPlan {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN has no engine for it
   int64_t workspace = 0;
+  bool tune = false;           // several engines built: time them on the first call (choose_engine)
+  int64_t index = -1;          // the engine chosen by timing (-1: the graph's own candidate)
+  std::vector<int64_t> built;  // the candidates built, in the heuristics' order
 };
+
+// The 3-D (video) graphs build cuDNN's first N candidate engines (LATENT_CUDNN_FUSED_TUNE=N,
+// default 4; 0 or 1: the heuristics' first alone) and time them on their first call: an engine
+// replaces the heuristics' first only where it is at least 10 % faster (choose_engine). At the
+// Wan VAEs' 720p 96-channel 3x3x3 convolution with a bias only, the first is an sm80 kernel
+// taking 1.86 ms a frame on an H100, where another engine takes 1.28 ms; the Wan 2.1 720p streams
+// ran 14 % faster (bench/NOTES.md, session 20).
+int fused_tune_candidates() {
+  static const int n = [] {
+    const char* e = std::getenv("LATENT_CUDNN_FUSED_TUNE");
+    if (!e || !*e) return 4;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end || v < 0 || v > 64) {
+      LATENT_WARN("LATENT_CUDNN_FUSED_TUNE=", e, " is not a count from 0 to 64: using 4");
+      return 4;
+    }
+    return static_cast<int>(v);
+  }();
+  return n;
+}
 
 // Builds `s` with epilogue `e` into `plan`: by the engine cuDNN's heuristics rank first, or
 // (`runtime_compiled` false) the first of those cuDNN ships compiled. Empty string: built; else
 // the step that failed and cuDNN's message.
 std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
                         bool runtime_compiled, FusedPlan* plan);
+
+}  // namespace
+
+namespace {
+
+// Times the engines built for `plan` on this call's tensors (each run computes the same y: 3
+// runs each, the median kept) and chooses the fastest if it beats the heuristics' first by at
+// least 10 %, else that first: the margin keeps the choice the same from run to run (and so the
+// output's bits, which differ between engines) wherever the engines are close.
+Status choose_engine(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
+                     std::unordered_map<int64_t, void*>& pack, DeviceContext& ctx,
+                     FusedPlan* plan) {
+  if (plan->built.size() < 2) return ok_status();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t most = 0;
+  for (int64_t i : plan->built) {
+    int64_t ws = 0;
+    if (plan->graph->get_workspace_size_plan_at_index(i, ws).is_good()) most = std::max(most, ws);
+  }
+  TempBuffer scratch;
+  if (most > 0) LATENT_TRY(scratch.allocate(ctx, static_cast<size_t>(most)));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LATENT_CUDA_CHECK(cudaEventCreate(&start));
+  LATENT_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms(plan->built.size(), -1.f);
+  for (size_t k = 0; k < plan->built.size(); ++k) {
+    std::vector<float> runs;
+    for (int r = 0; r < 4; ++r) {  // the first run is a warm-up
+      cudaEventRecord(start, ctx.stream());
+      const fe::error_t rc =
+          plan->graph->execute_plan_at_index(handle, pack, scratch.get(), plan->built[k]);
+      cudaEventRecord(stop, ctx.stream());
+      if (rc.is_bad() || cudaEventSynchronize(stop) != cudaSuccess) break;
+      float t = 0.f;
+      cudaEventElapsedTime(&t, start, stop);
+      if (r > 0) runs.push_back(t);
+    }
+    if (runs.size() == 3) {
+      std::sort(runs.begin(), runs.end());
+      ms[k] = runs[1];
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  (void)cudaGetLastError();
+  size_t best = 0;
+  for (size_t k = 1; k < ms.size(); ++k)
+    if (ms[k] > 0.f && (ms[best] <= 0.f || ms[k] < ms[best])) best = k;
+  // the first unless another is >= 10 % faster (or the first failed to run)
+  if (ms[0] > 0.f && ms[best] > 0.9f * ms[0]) best = 0;
+  if (ms[best] <= 0.f) return ok_status();  // none ran: the graph's own candidate
+  plan->index = plan->built[best];
+  int64_t ws = 0;
+  if (plan->graph->get_workspace_size_plan_at_index(plan->index, ws).is_good())
+    plan->workspace = ws;
+  std::string first, kept;
+  (void)plan->graph->get_plan_name_at_index(plan->built[0], first);
+  (void)plan->graph->get_plan_name_at_index(plan->index, kept);
+  LATENT_INFO(
+      "conv fused: ", describe_fused(s, e.bias, e.residual, e.act), ": ", plan->built.size(),
+      " engines timed in ",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+      " ms: ", kept, " (", ms[best], " ms) ", best == 0 ? "is" : "replaces",
+      " the heuristics' first ", first, " (", ms[0], " ms)");
+  return ok_status();
+}
 
 }  // namespace
 
@@ -126,13 +218,19 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
   }
   FusedPlan& plan = it->second;
   if (!plan.graph) return false;
-  TempBuffer workspace;  // freed in stream order once the graph is queued
-  if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
   std::unordered_map<int64_t, void*> pack = {
       {kUidX, const_cast<void*>(x)}, {kUidW, const_cast<void*>(w)}, {kUidY, y}};
   if (e.bias) pack[kUidBias] = const_cast<void*>(e.bias);
   if (e.residual) pack[kUidResidual] = const_cast<void*>(e.residual);
-  fe::error_t rc = plan.graph->execute(handle_, pack, workspace.get());
+  if (plan.tune && !capturing_) {
+    plan.tune = false;
+    LATENT_TRY(choose_engine(handle_, s, e, pack, ctx, &plan));
+  }
+  TempBuffer workspace;  // freed in stream order once the graph is queued
+  if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
+  fe::error_t rc = plan.index >= 0 ? plan.graph->execute_plan_at_index(handle_, pack,
+                                                                       workspace.get(), plan.index)
+                                   : plan.graph->execute(handle_, pack, workspace.get());
   if (rc.is_bad()) {
     const std::string what =
         str_cat("conv fused: cuDNN failed to run ", describe_fused(s, e.bias, e.residual, e.act),
@@ -215,10 +313,12 @@ std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpil
     if (!runtime_compiled) graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   };
   int64_t workspace = 0;
-  const std::string why = build_graph_plan(*g, handle, deselect, &workspace);
+  const int tune = video ? fused_tune_candidates() : 0;
+  const std::string why = build_graph_plan(*g, handle, deselect, &workspace, tune, &plan->built);
   if (!why.empty()) return why;
   plan->graph = std::move(g);
   plan->workspace = workspace;
+  plan->tune = plan->built.size() > 1;
   return std::string();
 }
 

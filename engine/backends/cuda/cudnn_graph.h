@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/core/dtype.h"
 
@@ -30,11 +31,14 @@ inline std::shared_ptr<cudnn_frontend::graph::Graph> new_graph(cudnn_frontend::D
 
 // Validates `g`, builds its operation graph on `handle`, asks cuDNN's heuristics (mode A, then
 // the fallback list) for engine configurations, lets `filter(g)` deselect some, checks support
-// and builds the heuristics' first plan that builds. Empty string: built, with its workspace
-// size in *workspace; else the step that failed and cuDNN's message.
+// and builds the heuristics' first plan that builds (`candidates` > 1: the first that many that
+// build, their indices in *built, the first of them the graph's candidate). Empty string: built,
+// with the candidate's workspace size in *workspace; else the step that failed and cuDNN's
+// message.
 template <typename Filter>
 std::string build_graph_plan(cudnn_frontend::graph::Graph& g, cudnnHandle_t handle, Filter&& filter,
-                             int64_t* workspace) {
+                             int64_t* workspace, int candidates = 1,
+                             std::vector<int64_t>* built = nullptr) {
   namespace fe = cudnn_frontend;
   fe::error_t e = g.validate();
   if (e.is_bad()) return "validate: " + e.get_message();
@@ -45,8 +49,21 @@ std::string build_graph_plan(cudnn_frontend::graph::Graph& g, cudnnHandle_t hand
   filter(g);
   e = g.check_support(handle);
   if (e.is_bad()) return "check_support: " + e.get_message();
-  e = g.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
-  if (e.is_bad()) return "build_plans: " + e.get_message();
+  if (candidates > 1) {
+    // The first `candidates` engines that build (the caller times them).
+    std::vector<int64_t> ok;
+    for (int64_t i = 0;
+         i < g.get_execution_plan_count() && static_cast<int>(ok.size()) < candidates; ++i)
+      if (g.build_plan_at_index(handle, i).is_good()) ok.push_back(i);
+    if (ok.empty()) return "build_plan_at_index: no candidate engine built";
+    // the heuristics' first stays the graph's candidate until a caller chooses by timing
+    e = g.build_plan_at_index(handle, ok.front());
+    if (e.is_bad()) return "build_plan_at_index: " + e.get_message();
+    if (built) *built = ok;
+  } else {
+    e = g.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+    if (e.is_bad()) return "build_plans: " + e.get_message();
+  }
   e = g.get_workspace_size(*workspace);
   if (e.is_bad()) return "get_workspace_size: " + e.get_message();
   return std::string();
