@@ -251,7 +251,10 @@ def run_encoder_alone(model, args) -> dict:
                f"videotestsrc num-buffers={{n}} pattern=black ! video/x-raw,format=RGBA,width={W},height={H},"
                "framerate=30/1 ! queue"]
 
-    env = trace_env(args, "encoder")
+    # cuDNN's choices as the job makes them (latent-precompute: LATENT_CUDNN_SEARCH as set, else
+    # heuristic, which also keeps the 3-D graphs on the heuristics' first engine).
+    env = dict(trace_env(args, "encoder") or os.environ)
+    env.setdefault("LATENT_CUDNN_SEARCH", "heuristic")
 
     def once(src, n):
         desc = f"{src.format(n=n)} ! vaeencode model={model} device=cuda {dtype} {props} ! fakesink"

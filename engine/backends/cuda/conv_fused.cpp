@@ -74,16 +74,21 @@ struct FusedPlan {
   std::vector<int64_t> built;  // the candidates built, in the heuristics' order
 };
 
-// The 3-D (video) graphs build cuDNN's first N candidate engines (LATENT_CUDNN_FUSED_TUNE=N,
-// default 4; 0 or 1: the heuristics' first alone) and time them on their first call: an engine
-// replaces the heuristics' first only where it is at least 10 % faster (choose_engine). At the
+// The 3-D (video) graphs build cuDNN's first N candidate engines (LATENT_CUDNN_FUSED_TUNE=N;
+// 0 or 1: the heuristics' first alone; unset: 4, or 0 where LATENT_CUDNN_SEARCH=heuristic asks
+// for cuDNN's heuristic choices everywhere, as the precompute job does by default so that every
+// worker writes the same bytes) and time them on their first call: an engine replaces the
+// heuristics' first only where it is at least 10 % faster (choose_engine). At the
 // Wan VAEs' 720p 96-channel 3x3x3 convolution with a bias only, the first is an sm80 kernel
 // taking 1.86 ms a frame on an H100, where another engine takes 1.28 ms; the Wan 2.1 720p streams
 // ran 14 % faster (bench/NOTES.md, session 20).
 int fused_tune_candidates() {
   static const int n = [] {
     const char* e = std::getenv("LATENT_CUDNN_FUSED_TUNE");
-    if (!e || !*e) return 4;
+    if (!e || !*e) {
+      const char* search = std::getenv("LATENT_CUDNN_SEARCH");
+      return search && std::string(search) == "heuristic" ? 0 : 4;
+    }
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     if (*end || v < 0 || v > 64) {
@@ -107,8 +112,10 @@ namespace {
 
 // Times the engines built for `plan` on this call's tensors (each run computes the same y: 3
 // runs each, the median kept) and chooses the fastest if it beats the heuristics' first by at
-// least 10 %, else that first: the margin keeps the choice the same from run to run (and so the
-// output's bits, which differ between engines) wherever the engines are close.
+// least 10 %, else that first. The margin keeps the choice (and so the output's bits, which
+// differ between engines) the same from run to run where engines are close, but not where one is
+// near 10 % faster: two processes on one H100 chose differently for a 90p graph (12 % against
+// 9 %), which is why LATENT_CUDNN_SEARCH=heuristic turns the timing off.
 Status choose_engine(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
                      std::unordered_map<int64_t, void*>& pack, DeviceContext& ctx,
                      FusedPlan* plan) {

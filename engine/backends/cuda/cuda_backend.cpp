@@ -11,7 +11,11 @@
 // (backends are shared between elements), which also keeps the cuDNN handle single-threaded.
 //
 // Environment (read when a backend is created):
-//   LATENT_CUDNN_SEARCH=heuristic  pick convolution algorithms without timing them
+//   LATENT_CUDNN_SEARCH=heuristic  pick convolution algorithms without timing them (also the
+//                                  3-D fused graphs' engines, unless LATENT_CUDNN_FUSED_TUNE says)
+//   LATENT_CUDNN_FUSED_TUNE=N      video: time cuDNN's first N engines of each 3-D fused graph on
+//                                  its first call (default 4; 0: the heuristics' first;
+//                                  conv_fused.cpp)
 //   LATENT_CUDA_TF32=0             exact fp32 convolutions (no TF32 tensor cores)
 //   LATENT_CUDA_ATTENTION=simple   the CUDA-core attention kernel even for bf16/fp16
 //   LATENT_CUDA_POISON=1           fill new buffers with NaN (tests: catches unwritten outputs)
