@@ -798,7 +798,7 @@ TEST(CudaBackend, ErrorsNameTheDevice) {
       << r.status().message();
 }
 
-// LATENT_CONV_WGMMA_TILE's names (what ConvWgmmaShapes forces) and a refused one.
+// LATENT_CONV_WGMMA_TILE's names (what ConvWgmmaShapes forces) and refused ones.
 TEST(CudaBackend, ConvWgmmaTileNames) {
   struct Want {
     const char* text;
