@@ -268,9 +268,9 @@ constexpr size_t smem_for(int bn, int mt, int wg = 2, int stages = kStages) {
 // 2 warpgroups at the Wan VAE's full-resolution 96-channel convolutions, bench_conv on the H100).
 // wg = 4, mt = 1 (bn <= 128): one block of the same 16 warps over 256 pixels, which loads each
 // step's filter rows once where two blocks load them twice (~40 % of the bytes the 96-channel
-// 3x3x3 convolutions move from L2); measured 5-8 % slower a call than two blocks (one barrier a
-// step now holds all 16 warps; bench/NOTES.md, session 20), so only LATENT_CONV_WGMMA_TILE
-// picks it.
+// 3x3x3 convolutions move from L2); measured 5-8 % slower a call than two blocks (likely one
+// barrier a step holding all 16 warps; bench/NOTES.md, session 20), so only
+// LATENT_CONV_WGMMA_TILE picks it.
 using Tile = ConvWgmmaTile;
 
 // `forced` where its bn divides k; else the default: the narrowest of 96, 128, 64 that divides
