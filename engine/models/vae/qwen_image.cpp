@@ -62,16 +62,22 @@ Result<Tensor> zero_frames(Backend& b, int64_t n, const Tensor& x) {
   return b.zeros({n, x.dim(1), x.dim(2), x.dim(3)});
 }
 
+// A two-valued setting read once: `value_on` or `value_off` (unset or empty: `fallback`); any
+// other value is warned about and read as `fallback`.
+bool env_switch(const char* name, const char* value_off, const char* value_on, bool fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  if (std::string(e) == value_on) return true;
+  if (std::string(e) == value_off) return false;
+  LATENT_WARN(name, "=", e, " is neither ", value_off, " nor ", value_on, ": using ",
+              fallback ? value_on : value_off);
+  return fallback;
+}
+
 // LATENT_VIDEO_CACHE=copy: causal convs keep copies of their last 2 input frames, as before
 // session 10 (for A/B timing only; the results are the same); `views` (or unset) is the default.
 bool copy_cached_frames() {
-  static const bool copy = [] {
-    const char* e = std::getenv("LATENT_VIDEO_CACHE");
-    if (!e || !*e || std::string(e) == "views") return false;
-    if (std::string(e) == "copy") return true;
-    LATENT_WARN("LATENT_VIDEO_CACHE=", e, " is not views or copy: using views");
-    return false;
-  }();
+  static const bool copy = env_switch("LATENT_VIDEO_CACHE", "views", "copy", false);
   return copy;
 }
 
@@ -79,13 +85,7 @@ bool copy_cached_frames() {
 // (views, read in place by CUDA's implicit-GEMM kernel or joined for cuDNN) instead of in a
 // frame ring (CausalConv below); for A/B timing and memory, the results are the same.
 bool frame_rings() {
-  static const bool on = [] {
-    const char* e = std::getenv("LATENT_VIDEO_RING");
-    if (!e || !*e || std::string(e) == "1") return true;
-    if (std::string(e) == "0") return false;
-    LATENT_WARN("LATENT_VIDEO_RING=", e, " is neither 0 nor 1: using 1");
-    return true;
-  }();
+  static const bool on = env_switch("LATENT_VIDEO_RING", "0", "1", true);
   return on;
 }
 
