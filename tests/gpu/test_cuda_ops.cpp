@@ -89,6 +89,16 @@ class CudaOps : public test::CudaOpTest {
     return r.ok() ? r.value() : Tensor();
   }
 
+  // check_conv on this fixture's backend, then on each of `also` ("[name]" after `what`).
+  void check_conv_also(const std::vector<std::pair<std::string, Backend*>>& also,
+                       const std::string& what, const Shape& xs, int64_t cout, int kernel,
+                       const Conv2dParams& p, bool bias, bool residual, Activation act,
+                       uint64_t seed) {
+    check_conv(what, xs, cout, kernel, p, bias, residual, act, seed);
+    for (const auto& [name, b] : also)
+      check_conv(str_cat(what, " [", name, "]"), xs, cout, kernel, p, bias, residual, act, seed, b);
+  }
+
   // A poisoned backend of this dtype made with the variables `env` (NAME, VALUE) set, which are
   // unset again after; one per dtype and `env`, kept for the test binary's life. Null (and a
   // failure) if it cannot be made.
@@ -278,53 +288,45 @@ TEST_P(CudaOps, ConvOddChannels) {
 // output channels, the default tile elsewhere).
 TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
-  std::vector<std::pair<std::string, std::shared_ptr<Backend>>> forced = {
-      {"LATENT_CUDA_CONV=wgmma", wgmma_backend()}};
+  std::vector<std::pair<std::string, Backend*>> forced = {
+      {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
   for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
-        backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}));
+        backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
   for (const auto& [name, b] : forced) ASSERT_TRUE(b) << name;
-  auto check_conv = [&](const std::string& what, const Shape& xs, int64_t cout, int kernel,
-                        const Conv2dParams& p, bool bias, bool residual, Activation act,
-                        uint64_t seed) {
-    this->check_conv(what, xs, cout, kernel, p, bias, residual, act, seed);
-    for (const auto& [name, b] : forced)
-      this->check_conv(str_cat(what, " [", name, "]"), xs, cout, kernel, p, bias, residual, act,
-                       seed, b.get());
-  };
-  check_conv("conv 3x3 [1,96,45,80] -> 96 +bias +residual, SiLU", {1, 96, 45, 80}, 96, 3, same,
-             true, true, Activation::kSiLU, 600);
-  check_conv("conv 3x3 [1,384,23,40] -> 384 +bias", {1, 384, 23, 40}, 384, 3, same, true, false,
-             Activation::kNone, 610);
-  check_conv("conv 3x3 [1,192,17,30] -> 384 +bias", {1, 192, 17, 30}, 384, 3, same, true, false,
-             Activation::kNone, 620);
-  check_conv("conv 3x3 [3,64,19,21] -> 64 +bias, ReLU", {3, 64, 19, 21}, 64, 3, same, true, false,
-             Activation::kReLU, 630);
-  check_conv("conv 3x3 [1,8,33,31] -> 256", {1, 8, 33, 31}, 256, 3, same, false, false,
-             Activation::kNone, 640);
-  check_conv("conv 1x1 [1,96,30,50] -> 192 +bias", {1, 96, 30, 50}, 192, 1, Conv2dParams(), true,
-             false, Activation::kNone, 650);
-  check_conv("conv 3x3 [1,128,40,40] -> 128 +bias +residual, GELU", {1, 128, 40, 40}, 128, 3, same,
-             true, true, Activation::kGELU, 660);
+  check_conv_also(forced, "conv 3x3 [1,96,45,80] -> 96 +bias +residual, SiLU", {1, 96, 45, 80}, 96,
+                  3, same, true, true, Activation::kSiLU, 600);
+  check_conv_also(forced, "conv 3x3 [1,384,23,40] -> 384 +bias", {1, 384, 23, 40}, 384, 3, same,
+                  true, false, Activation::kNone, 610);
+  check_conv_also(forced, "conv 3x3 [1,192,17,30] -> 384 +bias", {1, 192, 17, 30}, 384, 3, same,
+                  true, false, Activation::kNone, 620);
+  check_conv_also(forced, "conv 3x3 [3,64,19,21] -> 64 +bias, ReLU", {3, 64, 19, 21}, 64, 3, same,
+                  true, false, Activation::kReLU, 630);
+  check_conv_also(forced, "conv 3x3 [1,8,33,31] -> 256", {1, 8, 33, 31}, 256, 3, same, false, false,
+                  Activation::kNone, 640);
+  check_conv_also(forced, "conv 1x1 [1,96,30,50] -> 192 +bias", {1, 96, 30, 50}, 192, 1,
+                  Conv2dParams(), true, false, Activation::kNone, 650);
+  check_conv_also(forced, "conv 3x3 [1,128,40,40] -> 128 +bias +residual, GELU", {1, 128, 40, 40},
+                  128, 3, same, true, true, Activation::kGELU, 660);
   Conv2dParams down;  // diffusers' downsampling: F.pad(x, (0, 1, 0, 1)), stride 2
   down.stride = 2;
   down.pad_bottom = down.pad_right = 1;
-  check_conv("conv 3x3 s2 pad(0,1,0,1) [1,96,45,81] -> 96 +bias", {1, 96, 45, 81}, 96, 3, down,
-             true, false, Activation::kNone, 670);
-  check_conv("conv 3x3 s2 pad(0,1,0,1) [2,192,20,34] -> 192 +residual", {2, 192, 20, 34}, 192, 3,
-             down, false, true, Activation::kNone, 680);
+  check_conv_also(forced, "conv 3x3 s2 pad(0,1,0,1) [1,96,45,81] -> 96 +bias", {1, 96, 45, 81}, 96,
+                  3, down, true, false, Activation::kNone, 670);
+  check_conv_also(forced, "conv 3x3 s2 pad(0,1,0,1) [2,192,20,34] -> 192 +residual",
+                  {2, 192, 20, 34}, 192, 3, down, false, true, Activation::kNone, 680);
   const Conv2dParams taesd_down = Conv2dParams::same(3, 2);  // TAESD's: pad 1, stride 2
-  check_conv("conv 3x3 s2 pad 1 [2,64,27,41] -> 64 +bias", {2, 64, 27, 41}, 64, 3, taesd_down, true,
-             false, Activation::kNone, 685);
+  check_conv_also(forced, "conv 3x3 s2 pad 1 [2,64,27,41] -> 64 +bias", {2, 64, 27, 41}, 64, 3,
+                  taesd_down, true, false, Activation::kNone, 685);
   Conv2dParams lopsided;  // all height padding on top, stride 1
   lopsided.pad_top = 2;
   lopsided.pad_left = lopsided.pad_right = 1;
-  check_conv("conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 64", {1, 32, 19, 23}, 64, 3, lopsided, true,
-             false, Activation::kNone, 690);
+  check_conv_also(forced, "conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 64", {1, 32, 19, 23}, 64, 3,
+                  lopsided, true, false, Activation::kNone, 690);
   // Input channels padded to a multiple of 8 (an RGB image's first convolution).
-  check_conv("conv 3x3 [2,3,21,34] -> 64 +bias, ReLU (channels padded)", {2, 3, 21, 34}, 64, 3,
-             same, true, false, Activation::kReLU, 700);
+  check_conv_also(forced, "conv 3x3 [2,3,21,34] -> 64 +bias, ReLU (channels padded)",
+                  {2, 3, 21, 34}, 64, 3, same, true, false, Activation::kReLU, 700);
 }
 
 // Convolutions with <= 16 output channels (a decoder's last, to RGB or to 2x2 patches of RGB):
@@ -335,33 +337,28 @@ TEST_P(CudaOps, ConvNarrowShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::shared_ptr<Backend> cudnn = backend_with({{"LATENT_CUDA_CONV_NARROW", "0"}});
   ASSERT_TRUE(cudnn);
-  auto check_conv = [&](const std::string& what, const Shape& xs, int64_t cout, int kernel,
-                        const Conv2dParams& p, bool bias, bool residual, Activation act,
-                        uint64_t seed) {
-    this->check_conv(what, xs, cout, kernel, p, bias, residual, act, seed);
-    this->check_conv(what + " [LATENT_CUDA_CONV_NARROW=0]", xs, cout, kernel, p, bias, residual,
-                     act, seed, cudnn.get());
-  };
-  check_conv("conv 3x3 [1,64,48,96] -> 3 +bias (TAEW's last)", {1, 64, 48, 96}, 3, 3, same, true,
-             false, Activation::kNone, 1100);
-  check_conv("conv 3x3 [2,64,19,37] -> 3 +bias, ReLU", {2, 64, 19, 37}, 3, 3, same, true, false,
-             Activation::kReLU, 1110);
-  check_conv("conv 3x3 [1,128,24,40] -> 12 +bias +residual, SiLU", {1, 128, 24, 40}, 12, 3, same,
-             true, true, Activation::kSiLU, 1120);
-  check_conv("conv 3x3 [1,96,16,17] -> 16", {1, 96, 16, 17}, 16, 3, same, false, false,
-             Activation::kNone, 1130);
-  check_conv("conv 3x3 [1,256,10,12] -> 8 +bias, GELU", {1, 256, 10, 12}, 8, 3, same, true, false,
-             Activation::kGELU, 1140);
-  check_conv("conv 1x1 [1,32,9,10] -> 16 +bias", {1, 32, 9, 10}, 16, 1, Conv2dParams(), true, false,
-             Activation::kNone, 1150);
+  const std::vector<std::pair<std::string, Backend*>> also = {
+      {"LATENT_CUDA_CONV_NARROW=0", cudnn.get()}};
+  check_conv_also(also, "conv 3x3 [1,64,48,96] -> 3 +bias (TAEW's last)", {1, 64, 48, 96}, 3, 3,
+                  same, true, false, Activation::kNone, 1100);
+  check_conv_also(also, "conv 3x3 [2,64,19,37] -> 3 +bias, ReLU", {2, 64, 19, 37}, 3, 3, same, true,
+                  false, Activation::kReLU, 1110);
+  check_conv_also(also, "conv 3x3 [1,128,24,40] -> 12 +bias +residual, SiLU", {1, 128, 24, 40}, 12,
+                  3, same, true, true, Activation::kSiLU, 1120);
+  check_conv_also(also, "conv 3x3 [1,96,16,17] -> 16", {1, 96, 16, 17}, 16, 3, same, false, false,
+                  Activation::kNone, 1130);
+  check_conv_also(also, "conv 3x3 [1,256,10,12] -> 8 +bias, GELU", {1, 256, 10, 12}, 8, 3, same,
+                  true, false, Activation::kGELU, 1140);
+  check_conv_also(also, "conv 1x1 [1,32,9,10] -> 16 +bias", {1, 32, 9, 10}, 16, 1, Conv2dParams(),
+                  true, false, Activation::kNone, 1150);
   Conv2dParams lopsided;  // all height padding on top
   lopsided.pad_top = 2;
   lopsided.pad_left = lopsided.pad_right = 1;
-  check_conv("conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 3 +bias", {1, 32, 19, 23}, 3, 3, lopsided,
-             true, false, Activation::kNone, 1160);
+  check_conv_also(also, "conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 3 +bias", {1, 32, 19, 23}, 3, 3,
+                  lopsided, true, false, Activation::kNone, 1160);
   Conv2dParams valid;  // no padding: the output is smaller than the input
-  check_conv("conv 3x3 valid [1,48,13,40] -> 5 +bias", {1, 48, 13, 40}, 5, 3, valid, true, false,
-             Activation::kTanh, 1170);
+  check_conv_also(also, "conv 3x3 valid [1,48,13,40] -> 5 +bias", {1, 48, 13, 40}, 5, 3, valid,
+                  true, false, Activation::kTanh, 1170);
 }
 
 // A causal 3x3x3 convolution over frames (Backend::conv3d_frames): [T + 2] frames in, [T] out.
