@@ -2,18 +2,20 @@
 // VAE, both parts, at two input shapes, a plan captured as a CUDA graph gives the same output as
 // the plain forward, and new input data replayed through the same graph gives the new output.
 // New buffers are poisoned with NaN (LATENT_CUDA_POISON), so an output the graph leaves unwritten
-// fails. Also: the cuDNN algorithm choices land in the on-disk plan cache
+// fails. Also: the cuDNN algorithm and fused-graph engine choices land in the on-disk plan cache
 // ($LATENT_PLAN_CACHE, here a temporary folder). Exits 77 (skipped) without a GPU.
 #include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/backends/cuda/conv2d.cuh"
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/core/plan_cache.h"
@@ -36,6 +38,8 @@ const bool kSkipWithoutGpu = [] {
   setenv("LATENT_CUDA_POISON", "1", 1);
   setenv("LATENT_PLAN_CACHE", plan_dir().c_str(), 1);
   setenv("LATENT_CUDNN_SEARCH", "timed", 1);  // only timed choices go to the plan cache
+  // the fused graphs' engines timed for 2-D convolutions too (by default only for 3-D ones)
+  setenv("LATENT_CUDNN_FUSED_TUNE", "4", 1);
   return true;
 }();
 
@@ -337,6 +341,29 @@ std::vector<Param> params() {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGraphs, testing::ValuesIn(params()), param_name);
 
+// The plan file of this process's GPU and libraries in $LATENT_PLAN_CACHE (there must be one),
+// parsed; its path in *path.
+nlohmann::json read_plan_file(std::string* path) {
+  std::vector<std::string> files;
+  if (DIR* d = opendir(plan_dir().c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("cuda-plans-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".json")
+        files.push_back(plan_dir() + "/" + n);
+    }
+    closedir(d);
+  }
+  EXPECT_EQ(files.size(), 1u) << "one GPU, one cuDNN: one file in " << plan_dir();
+  if (files.empty()) return nlohmann::json();
+  *path = files[0];
+  std::ifstream in(files[0]);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << files[0];
+  return j.is_discarded() ? nlohmann::json() : j;
+}
+
 // Timed convolution algorithms are written to $LATENT_PLAN_CACHE, under this GPU's and these
 // libraries' context, one entry per convolution shape. Self-contained: two shapes no other test
 // uses, so the result does not depend on which tests ran before in this process.
@@ -356,21 +383,9 @@ TEST(CudaPlanCache, ConvChoicesAreSaved) {
   Status s = b.save_plans();
   ASSERT_TRUE(s.ok()) << s.message();
 
-  std::vector<std::string> files;
-  DIR* d = opendir(plan_dir().c_str());
-  ASSERT_NE(d, nullptr) << plan_dir() << " was not created";
-  while (dirent* e = readdir(d)) {
-    const std::string n = e->d_name;
-    if (n.rfind("cuda-plans-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".json")
-      files.push_back(plan_dir() + "/" + n);
-  }
-  closedir(d);
-  ASSERT_EQ(files.size(), 1u) << "one GPU, one cuDNN: one file";
-  std::ifstream in(files[0]);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << files[0];
+  std::string file;
+  const nlohmann::json j = read_plan_file(&file);
+  ASSERT_TRUE(j.is_object());
   EXPECT_FALSE(j["context"]["gpu"].get<std::string>().empty());
   EXPECT_FALSE(j["context"]["cudnn"].get<std::string>().empty());
   const std::string key = "conv2d bf16 tf32=1 x=1,24,37,41 w=40,3,3 pad=1,1 stride=1";
@@ -380,8 +395,55 @@ TEST(CudaPlanCache, ConvChoicesAreSaved) {
   EXPECT_TRUE(j["entries"].contains(key2)) << j["entries"].dump(1);
   EXPECT_GE(j["entries"].size(), 2u);
   // The file loads back under the same context (what the next process does).
-  PlanCache again(files[0], j["context"].get<PlanCache::Context>());
+  PlanCache again(file, j["context"].get<PlanCache::Context>());
   EXPECT_EQ(again.load(), j["entries"].size());
+}
+
+// The engine chosen by timing cuDNN's candidates for a fused convolution graph (conv_fused.cpp)
+// is saved in the plan cache, and a later backend (the next process) takes it without timing:
+// the same engine, so the same bytes. A shape no other test uses.
+TEST(CudaPlanCache, FusedEngineChoicesAreSavedAndTakenAgain) {
+  if (!cuda::ConvPlanCache::fusion_available())
+    GTEST_SKIP() << "built without cudnn-frontend: no fused convolutions";
+  const Tensor hx = test::random_tensor({1, 64, 45, 52}, 21);
+  const Tensor hw = test::random_tensor({64, 64, 3, 3}, 22, -0.05f, 0.05f);
+  const Tensor hb = test::random_tensor({64}, 23);
+  auto run = [&](Tensor* out) {
+    auto backend = get_backend(BackendOptions{"cuda", "bf16"});
+    ASSERT_TRUE(backend.ok()) << backend.status().message();
+    Backend& b = **backend;
+    auto x = b.upload(hx);
+    auto w = b.upload(hw);
+    auto bias = b.upload(hb);
+    ASSERT_TRUE(x.ok() && w.ok() && bias.ok());
+    const int64_t before = cuda::ConvPlanCache::fused_calls();
+    auto y = b.conv2d(*x, *w, *bias, Conv2dParams::same(3), Tensor(), Activation::kReLU);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    EXPECT_EQ(cuda::ConvPlanCache::fused_calls() - before, 1) << "not run as a fused graph";
+    auto host = b.download(*y);
+    ASSERT_TRUE(host.ok()) << host.status().message();
+    *out = *host;
+    Status s = b.save_plans();
+    ASSERT_TRUE(s.ok()) << s.message();
+  };
+  Tensor first, second;
+  ASSERT_NO_FATAL_FAILURE(run(&first));
+  std::string file;
+  const nlohmann::json j = read_plan_file(&file);
+  ASSERT_TRUE(j.is_object());
+  const std::string key =
+      "conv fused bf16 x[1, 64, 45, 52] * w[64, 64, 3, 3] stride 1 pad 1/1 + "
+      "bias, ReLU";
+  ASSERT_TRUE(j["entries"].contains(key)) << j["entries"].dump(1);
+  const nlohmann::json& e = j["entries"][key];
+  ASSERT_TRUE(e["engine"].is_string()) << e.dump();
+  EXPECT_GE(e["candidates"].get<int>(), 2) << e.dump();
+  EXPECT_GT(e["ms"].get<double>(), 0.0) << e.dump();
+  ASSERT_NO_FATAL_FAILURE(run(&second));
+  ASSERT_EQ(first.nbytes(), second.nbytes());
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.nbytes()), 0)
+      << "the second backend's output differs from the first's: not the saved engine (" << e.dump()
+      << ")";
 }
 
 }  // namespace

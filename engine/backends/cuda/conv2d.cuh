@@ -75,12 +75,13 @@ class ConvPlanCache {
 
   // === conv fusion (conv_fused.cpp) ===
   // y = act(conv(x, w) + bias + residual) as one cuDNN operation graph (cudnn-frontend), built on
-  // first use per shape and epilogue with cuDNN's heuristic engine choice (deterministic, inputs
-  // not down-converted, fp32 sums). False, with nothing queued, where no graph serves the call:
-  // fusion off, fp32, fewer than 32 channels in or out, an activation other than ReLU / SiLU,
-  // cuDNN has no engine for it, or the graph was not built before a capture began; the caller
-  // then runs forward() and its own epilogue pass. The workspace is a buffer of this call, as in
-  // forward().
+  // first use per shape and epilogue from cuDNN's heuristic candidates (deterministic, inputs not
+  // down-converted, fp32 sums): the first, or one timed >= 10 % faster on the first call, a
+  // choice then kept in the plan cache (conv_fused.cpp, LATENT_CUDNN_FUSED_TUNE). False, with
+  // nothing queued, where no graph serves the call: fusion off, fp32, fewer than 32 channels in or
+  // out, an activation other than ReLU / SiLU, cuDNN has no engine for it, or the graph was not
+  // built before a capture began; the caller then runs forward() and its own epilogue pass. The
+  // workspace is a buffer of this call, as in forward().
   Result<bool> forward_fused(const ConvShape& shape, const void* x, const void* w, void* y,
                              const ConvEpilogue& epilogue, DeviceContext& ctx);
   // `runtime_compiled` false: only engines cuDNN ships compiled (no kernel built at plan time).
@@ -96,7 +97,8 @@ class ConvPlanCache {
 
   // === plans: on-disk algorithm choices and graph capture ===
   // Algorithm choices are looked up in `disk` before searching, and timed choices are added to
-  // it (under plan_key()); the owner saves it.
+  // it (under plan_key(); the fused graphs' engines under "conv fused <shape, epilogue>"); the
+  // owner saves it.
   void set_disk_cache(std::shared_ptr<PlanCache> disk) { disk_ = std::move(disk); }
   // While capturing a graph nothing may be timed or synchronised: a shape without a plan is
   // an error instead (run the work once before capturing it).

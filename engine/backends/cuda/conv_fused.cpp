@@ -22,6 +22,7 @@
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/conv2d.cuh"
 #include "engine/core/log.h"
+#include "engine/core/plan_cache.h"
 
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
@@ -74,37 +75,50 @@ struct FusedPlan {
   std::vector<int64_t> built;  // the candidates built, in the heuristics' order
 };
 
-// The 3-D (video) graphs build cuDNN's first N candidate engines (LATENT_CUDNN_FUSED_TUNE=N;
-// 0 or 1: the heuristics' first alone; unset: 4, or 0 where LATENT_CUDNN_SEARCH=heuristic asks
-// for cuDNN's heuristic choices everywhere, as the precompute job does by default so that every
-// worker writes the same bytes) and time them on their first call: an engine replaces the
-// heuristics' first only where it is at least 10 % faster (choose_engine). At the
-// Wan VAEs' 720p 96-channel 3x3x3 convolution with a bias only, the first is an sm80 kernel
-// taking 1.86 ms a frame on an H100, where another engine takes 1.28 ms; the Wan 2.1 720p streams
-// ran 14 % faster (bench/NOTES.md, session 20).
-int fused_tune_candidates() {
-  static const int n = [] {
+// How many of cuDNN's candidate engines a fused graph builds and times on its first call
+// (choose_engine: one replaces the heuristics' first only where it is at least 10 % faster).
+// LATENT_CUDNN_FUSED_TUNE=N: N for every graph (0 or 1: the heuristics' first alone). Unset: 4
+// for the 3-D (video) graphs, or 0 where LATENT_CUDNN_SEARCH=heuristic asks for cuDNN's heuristic
+// choices everywhere (as the precompute job does by default, so that every worker writes the same
+// bytes); 0 for the 2-D (image) graphs.
+// - 3-D: at the Wan VAEs' 720p 96-channel 3x3x3 convolution with a bias only the first is an
+//   sm80 kernel taking 1.86 ms a frame on an H100, where another engine takes 1.28 ms; the Wan
+//   2.1 720p streams ran 14 % faster (bench/NOTES.md, session 20).
+// - 2-D: on the TAESD-size and default models at 1080p the first was the fastest at every large
+//   shape (the models ran as fast either way), and building 4 candidates took 9.4 s of start-up
+//   against 0.3 s, most of it cuDNN compiling kernels (bench/NOTES.md, session 21).
+// A timed choice is kept in the plan cache, and a later process builds that engine alone.
+int fused_tune_candidates(bool video) {
+  static const int set = [] {
     const char* e = std::getenv("LATENT_CUDNN_FUSED_TUNE");
-    if (!e || !*e) {
-      const char* search = std::getenv("LATENT_CUDNN_SEARCH");
-      return search && std::string(search) == "heuristic" ? 0 : 4;
-    }
+    if (!e || !*e) return -1;
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     if (*end || v < 0 || v > 64) {
-      LATENT_WARN("LATENT_CUDNN_FUSED_TUNE=", e, " is not a count from 0 to 64: using 4");
-      return 4;
+      LATENT_WARN("LATENT_CUDNN_FUSED_TUNE=", e,
+                  " is not a count from 0 to 64: using the defaults");
+      return -1;
     }
     return static_cast<int>(v);
   }();
-  return n;
+  if (set >= 0) return set;
+  if (!video) return 0;
+  const char* search = std::getenv("LATENT_CUDNN_SEARCH");
+  return search && std::string(search) == "heuristic" ? 0 : 4;
+}
+
+// The plan cache's key for a fused graph's engine choice.
+std::string fused_plan_key(const ConvShape& s, const ConvEpilogue& e) {
+  return str_cat("conv fused ", describe_fused(s, e.bias, e.residual, e.act));
 }
 
 // Builds `s` with epilogue `e` into `plan`: by the engine cuDNN's heuristics rank first, or
-// (`runtime_compiled` false) the first of those cuDNN ships compiled. Empty string: built; else
-// the step that failed and cuDNN's message.
+// (`runtime_compiled` false) the first of those cuDNN ships compiled; `tune` > 1: that many
+// candidates, timed on the first call (plan->tune); `want`: that engine alone where it is among
+// the candidates (a choice saved by an earlier process). Empty string: built; else the step that
+// failed and cuDNN's message.
 std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
-                        bool runtime_compiled, FusedPlan* plan);
+                        bool runtime_compiled, int tune, const std::string& want, FusedPlan* plan);
 
 }  // namespace
 
@@ -115,11 +129,16 @@ namespace {
 // least 10 %, else that first. The margin keeps the choice (and so the output's bits, which
 // differ between engines) the same from run to run where engines are close, but not where one is
 // near 10 % faster: two processes on one H100 chose differently for a 90p graph (12 % against
-// 9 %), which is why LATENT_CUDNN_SEARCH=heuristic turns the timing off.
+// 9 %). Hence the plan cache: the timed choice is saved in `disk` under fused_plan_key(), and a
+// later process builds that engine alone (forward_fused), so one machine's processes choose alike
+// once one has saved its choice (workers on several machines still may not:
+// LATENT_CUDNN_SEARCH=heuristic turns the timing off).
 Status choose_engine(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
-                     std::unordered_map<int64_t, void*>& pack, DeviceContext& ctx,
+                     std::unordered_map<int64_t, void*>& pack, DeviceContext& ctx, PlanCache* disk,
                      FusedPlan* plan) {
   if (plan->built.size() < 2) return ok_status();
+  const std::string what = describe_fused(s, e.bias, e.residual, e.act);
+  const std::string key = fused_plan_key(s, e);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t most = 0;
   for (int64_t i : plan->built) {
@@ -166,11 +185,16 @@ Status choose_engine(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogu
   (void)plan->graph->get_plan_name_at_index(plan->built[0], first);
   (void)plan->graph->get_plan_name_at_index(plan->index, kept);
   LATENT_INFO(
-      "conv fused: ", describe_fused(s, e.bias, e.residual, e.act), ": ", plan->built.size(),
-      " engines timed in ",
+      "conv fused: ", what, ": ", plan->built.size(), " engines timed in ",
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
       " ms: ", kept, " (", ms[best], " ms) ", best == 0 ? "is" : "replaces",
       " the heuristics' first ", first, " (", ms[0], " ms)");
+  if (disk && !kept.empty())
+    disk->put(key, nlohmann::json{{"engine", kept},
+                                  {"ms", ms[best]},
+                                  {"first", first},
+                                  {"first_ms", ms[0]},
+                                  {"candidates", plan->built.size()}});
   return ok_status();
 }
 
@@ -208,7 +232,14 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
     // it compiles (the residual-add graphs) in 0.1-0.8 s each on the H100. Compiling once per kind
     // of convolution through a kernel cache (cuDNN's dynamic shapes) started faster but its
     // kernels ran the default model 1.3x slower (bench/NOTES.md, session 13).
-    const std::string why = build_fused(handle_, s, e, fusion_runtime_compiled_, &plan);
+    // A choice timed by an earlier process (the plan cache): that engine alone is built.
+    const int tune = fused_tune_candidates(s.kt > 1);
+    std::string want;
+    nlohmann::json saved;
+    if (tune > 1 && disk_ && disk_->lookup(fused_plan_key(s, e), &saved) && saved.is_object() &&
+        saved.contains("engine") && saved["engine"].is_string())
+      want = saved["engine"].get<std::string>();
+    const std::string why = build_fused(handle_, s, e, fusion_runtime_compiled_, tune, want, &plan);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!why.empty()) {
@@ -219,7 +250,11 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
     } else {
       // What planning costs at start-up (engines compiled at plan time take the longest).
       LATENT_INFO("conv fused: ", describe_fused(s, e.bias, e.residual, e.act), ": built in ", ms,
-                  " ms, ", plan.workspace, " bytes of workspace");
+                  " ms, ", plan.workspace, " bytes of workspace",
+                  plan.index >= 0 ? str_cat(", engine ", want, " (saved in ", disk_->path(), ")")
+                  : !want.empty() ? str_cat("; the saved engine ", want,
+                                            " is not among the candidates built here")
+                                  : std::string());
     }
     it = fused_->plans.emplace(key, std::move(plan)).first;
   }
@@ -231,7 +266,7 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
   if (e.residual) pack[kUidResidual] = const_cast<void*>(e.residual);
   if (plan.tune && !capturing_) {
     plan.tune = false;
-    LATENT_TRY(choose_engine(handle_, s, e, pack, ctx, &plan));
+    LATENT_TRY(choose_engine(handle_, s, e, pack, ctx, disk_.get(), &plan));
   }
   TempBuffer workspace;  // freed in stream order once the graph is queued
   if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
@@ -255,7 +290,7 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
 namespace {
 
 std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
-                        bool runtime_compiled, FusedPlan* plan) {
+                        bool runtime_compiled, int tune, const std::string& want, FusedPlan* plan) {
   const fe::DataType_t dt = half_type(s.dtype);
   auto g = new_graph(dt);
   const bool video = s.kt > 1;
@@ -320,12 +355,17 @@ std::string build_fused(cudnnHandle_t handle, const ConvShape& s, const ConvEpil
     if (!runtime_compiled) graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   };
   int64_t workspace = 0;
-  const int tune = video ? fused_tune_candidates() : 0;
-  const std::string why = build_graph_plan(*g, handle, deselect, &workspace, tune, &plan->built);
+  const std::string why =
+      build_graph_plan(*g, handle, deselect, &workspace, tune, &plan->built, want);
   if (!why.empty()) return why;
   plan->graph = std::move(g);
   plan->workspace = workspace;
   plan->tune = plan->built.size() > 1;
+  if (!want.empty() && plan->built.size() == 1) {
+    std::string name;
+    if (plan->graph->get_plan_name_at_index(plan->built[0], name).is_good() && name == want)
+      plan->index = plan->built[0];  // the saved choice (forward_fused logs it)
+  }
   return std::string();
 }
 

@@ -32,13 +32,15 @@ inline std::shared_ptr<cudnn_frontend::graph::Graph> new_graph(cudnn_frontend::D
 // Validates `g`, builds its operation graph on `handle`, asks cuDNN's heuristics (mode A, then
 // the fallback list) for engine configurations, lets `filter(g)` deselect some, checks support
 // and builds the heuristics' first plan that builds (`candidates` > 1: the first that many that
-// build, their indices in *built, the first of them the graph's candidate). Empty string: built,
-// with the candidate's workspace size in *workspace; else the step that failed and cuDNN's
-// message.
+// build, their indices in *built, the first of them the graph's candidate). `want` (an engine's
+// name, e.g. a choice saved earlier): that engine alone where it is among the candidates and
+// builds (*built = its index alone). Empty string: built, with the candidate's workspace size in
+// *workspace; else the step that failed and cuDNN's message.
 template <typename Filter>
 std::string build_graph_plan(cudnn_frontend::graph::Graph& g, cudnnHandle_t handle, Filter&& filter,
                              int64_t* workspace, int candidates = 1,
-                             std::vector<int64_t>* built = nullptr) {
+                             std::vector<int64_t>* built = nullptr,
+                             const std::string& want = std::string()) {
   namespace fe = cudnn_frontend;
   fe::error_t e = g.validate();
   if (e.is_bad()) return "validate: " + e.get_message();
@@ -49,6 +51,18 @@ std::string build_graph_plan(cudnn_frontend::graph::Graph& g, cudnnHandle_t hand
   filter(g);
   e = g.check_support(handle);
   if (e.is_bad()) return "check_support: " + e.get_message();
+  if (!want.empty() && built) {
+    // (names come from the engine configurations: nothing is compiled to find it)
+    for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+      std::string name;
+      if (!g.get_plan_name_at_index(i, name).is_good() || name != want) continue;
+      if (g.build_plan_at_index(handle, i).is_bad() ||
+          g.get_workspace_size_plan_at_index(i, *workspace).is_bad())
+        break;
+      *built = {i};
+      return std::string();
+    }
+  }
   if (candidates > 1) {
     // The first `candidates` engines that build (the caller times them).
     std::vector<int64_t> ok;
