@@ -41,7 +41,6 @@ struct Params {
   void* y;
   int m, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
   int ohw, ow, stride;  // output pixels a frame, output width, spatial stride
-  int oh, frames;       // output height, output frames (the halo kernel's tiles)
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -250,172 +249,11 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
   }
 }
 
-// === the halo tile (LATENT_CONV_WGMMA_TILE=halo) ===
-// 3x3 (x kt) filters, stride 1. A block computes 4 output rows x 64 output columns of one frame by
-// kBn channels: warpgroup g rows 2 g and 2 g + 1, one m64 tile a row. For each temporal tap the
-// block loads the input under its tile once, a halo of 6 rows x 66 pixels x all kC channels, and
-// every spatial tap reads its A from that halo in place: tap (dy, dx) of output row j is the 64
-// consecutive halo pixels from (j + dy, dx). The default tile's im2col loads each input value 9
-// times from L2 a temporal tap; the halo 1.55 times (6 x 66 / (4 x 64)), and the filter is loaded
-// once per 256 output pixels instead of 128.
-// Shared layout without swizzle (the wgmma canonical "interleave" layout): 8-channel chunk j of
-// halo pixel q at (j * kNp + q) * 16, so 8 consecutive pixels of one chunk are one 8 x 16-byte
-// core matrix wherever a window starts (descriptor: K-direction core matrices kNp * 16 bytes
-// apart, M-direction 128). The filter of one spatial tap (kC channels, kBn rows): chunk j of row n
-// at (j * kBn + n) * 16. Loads go 8 pixels (rows) x 4 chunks a warp: 128 contiguous shared bytes a
-// quarter warp and 64 contiguous global bytes a pixel (row). A K step is one spatial tap (kC / 16
-// wgmmas a row tile); kSt filter buffers; the halo is double-buffered, the next temporal tap's
-// loaded during this one's taps. Everything but the frame and the K step is a constant, so a
-// step costs ~100 instructions a warp besides its wgmmas (a first version with run-time sizes
-// spent ~700 and ran at 0.7 instructions a cycle: 2.3x slower than the default tile).
-__device__ __forceinline__ uint64_t plain_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32);  // no swizzle
-}
-
-template <typename T, int kBn, int kC, int kSt>
-__global__ void __launch_bounds__(256, 1) conv_halo_kernel(const Params p) {
-  constexpr int kR = 4, kMt = 2, kAcc = kBn / 2, kAhead = kSt - 2, kTaps = 9;
-  constexpr int kHw = 66, kHh = kR + 2, kNp = (kHh * kHw + 7) / 8 * 8;  // halo pixels, padded
-  constexpr int kC8 = kC / 8, kJg = kC8 / 4;                            // chunks; groups of 4
-  constexpr uint32_t kHaloBytes = kNp * kC * 2u, kHaloStride = (kHaloBytes + 1023u) & ~1023u;
-  constexpr uint32_t kBBytes = kBn * kC * 2u;
-  static_assert(kC8 % 4 == 0 && kBn % 8 == 0, "chunk groups of 4, rows in groups of 8");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t b_base = base + 2 * kHaloStride;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wg = warp >> 2, wl = warp & 3;
-  const int lo8 = lane & 7, lj = lane >> 3;  // a warp's loads: 8 rows (pixels) x 4 chunks
-  // this block's tile
-  const int tiles_x = (p.ow + 63) >> 6, tiles_y = (p.oh + kR - 1) / kR;
-  int t = blockIdx.x;
-  const int tx = t % tiles_x;
-  t /= tiles_x;
-  const int ty = t % tiles_y, f = t / tiles_y;
-  const int oy0 = ty * kR, ox0 = tx * 64, n0 = blockIdx.y * kBn;
-  const int steps = p.kt * kTaps;
-
-  auto load_halo = [&](int dt, uint32_t dst) {
-    const int fi = f + dt;  // input frame
-    const T* src = static_cast<const T*>(fi < p.in.n0 ? p.in.x0 : fi < p.in.n1 ? p.in.x1 : p.in.x2);
-    const int64_t fo = fi < p.in.n0 ? fi : fi < p.in.n1 ? fi - p.in.n0 : fi - p.in.n1;
-    src += fo * p.in.frame_elems;
-    constexpr int kGroups = kNp / 8 * kJg;  // warp loads of 8 pixels x 4 chunks
-#pragma unroll 2
-    for (int w = warp; w < kGroups; w += 8) {
-      const int q = (w / kJg) * 8 + lo8, j = (w % kJg) * 4 + lj;
-      const int hy = q / kHw, hx = q - hy * kHw;
-      const int iy = oy0 - p.pad_h + hy, ix = ox0 - p.pad_w + hx;
-      const bool ok = hy < kHh && iy >= 0 && iy < p.h && ix >= 0 && ix < p.w;
-      const T* g = ok ? src + (static_cast<int64_t>(iy) * p.w + ix) * kC + j * 8 : src;
-      cp_async16_zfill(dst + static_cast<uint32_t>(j * kNp + q) * 16u, g, ok ? 16 : 0);
-    }
-  };
-  // The filter: warp load w covers rows 8 (w % (kBn / 8)) + lo8, chunks 4 (w / (kBn / 8)) + lj.
-  const T* wt = static_cast<const T*>(p.weight);
-  auto load_b = [&](int step, uint32_t dst) {
-    constexpr int kGroups = kBn / 8 * kJg;
-#pragma unroll
-    for (int w = warp; w < kGroups; w += 8) {
-      const int n = (w % (kBn / 8)) * 8 + lo8, j = (w / (kBn / 8)) * 4 + lj;
-      cp_async16_zfill(dst + static_cast<uint32_t>(j * kBn + n) * 16u,
-                       wt + static_cast<int64_t>(n0 + n) * p.ktot + step * kC + j * 8, 16);
-    }
-  };
-  // Group g: the filter of step g, and the halo of temporal tap 0 (g = 0) or of tap dt + 1
-  // (g = 9 dt + 1 + kAhead: issued at step 9 dt + 1, once step 9 dt - 1, the last to read that
-  // buffer, is complete; 8 steps ahead of its use).
-  auto load_group = [&](int g) {
-    load_b(g, b_base + (g % kSt) * kBBytes);
-    if (g == 0) load_halo(0, base);
-    const int h = g - 1 - kAhead;
-    if (h >= 0 && h % kTaps == 0 && h / kTaps + 1 < p.kt)
-      load_halo(h / kTaps + 1, base + ((h / kTaps + 1) & 1) * kHaloStride);
-  };
-
-  float acc[kMt][kAcc];
-#pragma unroll
-  for (int m = 0; m < kMt; ++m)
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[m][i] = 0.f;
-
-#pragma unroll
-  for (int g = 0; g < kAhead; ++g) {
-    if (g < steps) load_group(g);
-    cp_async_commit();
-  }
-  // Descriptors of the halo's and the filter's start; a step adds its byte offset / 16 to the
-  // address field (shared addresses stay below 2^18, so the field never carries).
-  const uint64_t da0 = plain_desc(base, kNp * 16u, 128), db0 = plain_desc(b_base, kBn * 16u, 128);
-  for (int kc = 0; kc < steps; ++kc) {
-    cp_async_wait<kAhead - 1>();
-    fence_proxy_async();
-    __syncthreads();
-    if (kc + kAhead < steps) load_group(kc + kAhead);
-    cp_async_commit();
-    const int dt = kc / kTaps, sp = kc - dt * kTaps, dy = sp / 3, dx = sp - dy * 3;
-    const uint64_t da = da0 + (((dt & 1) * kHaloStride + ((wg * kMt + dy) * kHw + dx) * 16u) >> 4);
-    const uint64_t db = db0 + (((kc % kSt) * kBBytes) >> 4);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk)
-#pragma unroll
-      for (int m = 0; m < kMt; ++m)
-        wgmma_ss<T, kBn>(acc[m], da + ((kk * 2 * kNp + m * kHw) * 16u >> 4),
-                         db + ((kk * 2 * kBn * 16u) >> 4));
-    wgmma_commit();
-    wgmma_wait<1>();
-  }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
-
-  // Epilogue: acc[m][4 i + e] is output column ox0 + 16 wl + g (e = 0, 1) or + 8 (e = 2, 3) of
-  // row oy0 + 2 wg + m, channel n0 + 8 i + 2 tig + e % 2.
-  const int g = lane >> 2, tig = lane & 3;
-  const T* bias = static_cast<const T*>(p.bias);
-  const T* res = static_cast<const T*>(p.residual);
-  T* y = static_cast<T*>(p.y);
-  const Activation act = static_cast<Activation>(p.act);
-#pragma unroll
-  for (int m = 0; m < kMt; ++m) {
-    const int oy = oy0 + wg * kMt + m;
-    if (oy >= p.oh) continue;
-#pragma unroll
-    for (int i = 0; i < kBn / 8; ++i) {
-      const int col = n0 + i * 8 + tig * 2;
-      float b0 = 0.f, b1 = 0.f;
-      if (bias) {
-        b0 = to_f32(bias[col]);
-        b1 = to_f32(bias[col + 1]);
-      }
-#pragma unroll
-      for (int hrow = 0; hrow < 2; ++hrow) {
-        const int ox = ox0 + wl * 16 + g + hrow * 8;
-        if (ox >= p.ow) continue;
-        const int64_t off = ((static_cast<int64_t>(f) * p.oh + oy) * p.ow + ox) * p.k + col;
-        float v0 = acc[m][4 * i + 2 * hrow] + b0, v1 = acc[m][4 * i + 2 * hrow + 1] + b1;
-        if (res) {
-          v0 += to_f32(res[off]);
-          v1 += to_f32(res[off + 1]);
-        }
-        *reinterpret_cast<uint32_t*>(y + off) = pack2<T>(activate(v0, act), activate(v1, act));
-      }
-    }
-  }
-}
-
 #else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
 
 template <typename T, int kBn, int kMt, int kWg, int kSt>
 __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 ? 2 : 1)
     conv_wgmma_kernel(const Params) {
-  __trap();
-}
-
-template <typename T, int kBn, int kC, int kSt>
-__global__ void __launch_bounds__(256, 1) conv_halo_kernel(const Params) {
   __trap();
 }
 
@@ -471,65 +309,6 @@ Status run(const Params& p, const Tile& t, const Launch& l) {
   return run_tile<T, kBn, 1, 2>(p, l);
 }
 
-// The halo kernel's shared memory: two halos of 6 x 66 pixels (padded to 400) x c, and
-// kHaloStages filter buffers of bn x c (one spatial tap each), 1024-byte aligned.
-constexpr int kHaloRows = 4, kHaloStages = 4;
-size_t halo_smem(int bn, int c) {
-  const size_t halo = static_cast<size_t>((kHaloRows + 2) * 66 + 7) / 8 * 8 * c * 2;
-  return 1024 + 2 * ((halo + 1023) / 1024 * 1024) + static_cast<size_t>(kHaloStages) * bn * c * 2;
-}
-
-// The halo kernel's channel tile: the narrowest of 96, 128, 64 that divides k (0: none).
-int halo_bn(int k) {
-  for (int bn : {96, 128, 64})
-    if (k % bn == 0) return bn;
-  return 0;
-}
-
-// Whether the halo kernel (LATENT_CONV_WGMMA_TILE=halo) runs this call: 3x3 (x kt) filters,
-// stride 1, 64 or 96 input channels (128 would not fit the shared memory), an output-channel tile,
-// its shared memory (96 channels: only with bn 96, 223 KiB), the tile count in range.
-bool halo_fits(const ConvWgmmaArgs& a, const Launch& l) {
-  if (!a.tile.halo || a.stride != 1 || a.r != 3 || a.s != 3) return false;
-  if (a.c != 64 && a.c != 96) return false;
-  const int bn = halo_bn(a.k);
-  if (bn == 0 || halo_smem(bn, a.c) > l.smem_optin) return false;
-  const int64_t tiles = static_cast<int64_t>(a.frames) * ((a.out_h + kHaloRows - 1) / kHaloRows) *
-                        ((a.out_w + 63) / 64);
-  return tiles < INT32_MAX;
-}
-
-template <typename T, int kBn, int kC>
-Status run_halo_tile(const Params& p, const Launch& l) {
-  const size_t smem = halo_smem(kBn, kC);
-  auto kernel = conv_halo_kernel<T, kBn, kC, kHaloStages>;
-  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
-  const dim3 grid(p.frames * ((p.oh + kHaloRows - 1) / kHaloRows) * ((p.ow + 63) / 64), p.k / kBn);
-  kernel<<<grid, 256, smem, l.stream>>>(p);
-  LATENT_CUDA_CHECK_LAUNCH("conv_halo_kernel");
-  return ok_status();
-}
-
-template <typename T, int kC>
-Status run_halo_c(const Params& p, const Launch& l) {
-  switch (halo_bn(p.k)) {
-    case 96:
-      return run_halo_tile<T, 96, kC>(p, l);
-    case 128:
-      return run_halo_tile<T, 128, kC>(p, l);
-    case 64:
-      return run_halo_tile<T, 64, kC>(p, l);
-    default:
-      return Status::errorf("conv_wgmma: no halo channel tile divides ", p.k, " output channels");
-  }
-}
-
-template <typename T>
-Status run_halo(const Params& p, const Launch& l) {
-  return p.c == 64 ? run_halo_c<T, 64>(p, l) : run_halo_c<T, 96>(p, l);
-}
-
 template <typename T>
 Status run_for(const Params& p, const Tile& t, const Launch& l) {
   switch (t.bn) {
@@ -552,8 +331,7 @@ Status run_for(const Params& p, const Tile& t, const Launch& l) {
 
 bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   const Tile t = tile_for(a.k, a.tile);
-  if (dtype == DType::kF32 || a.c % 8 != 0 || a.c < 8 || (t.bn == 0 && !halo_fits(a, l)))
-    return false;
+  if (dtype == DType::kF32 || a.c % 8 != 0 || a.c < 8 || t.bn == 0) return false;
   if (a.r < 1 || a.s < 1 || a.r * a.s > 32 || a.kt < 1 || a.frames < 1 || a.h < 1 || a.w < 1 ||
       a.out_h < 1 || a.out_w < 1 || (a.stride != 1 && a.stride != 2) || a.pad_top < 0 ||
       a.pad_left < 0 || a.pad_top >= a.r || a.pad_left >= a.s)
@@ -561,7 +339,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   // every output pixel's filter window starts inside the padded input
   if ((a.out_h - 1) * a.stride - a.pad_top >= a.h || (a.out_w - 1) * a.stride - a.pad_left >= a.w)
     return false;
-  if (!halo_fits(a, l) && smem_for(t.bn, t.mt, t.wg, t.stages) > l.smem_optin) return false;
+  if (smem_for(t.bn, t.mt, t.wg, t.stages) > l.smem_optin) return false;
   const int64_t m = static_cast<int64_t>(a.frames) * a.out_h * a.out_w;
   const int64_t ktot = static_cast<int64_t>(a.kt) * a.r * a.s * a.c;
   if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
@@ -570,7 +348,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   return current_device_runs_sm90a();
 }
 
-bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l) {
+bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
   // bench_conv, H100, bf16 (2026-11-24, bench/NOTES.md): per call the kernel is ahead of cuDNN +
   // its epilogue pass at 3x3x3 with 96 output channels (720p, the Wan VAEs' full-resolution
   // convolutions: 1.31 against 2.26 ms), at 2-D 3x3 / 1x1 convolutions with 192 output channels
@@ -583,8 +361,7 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l) {
   // place (x1: a causal cache in separate tensors). Over one tensor of frames (a frame ring,
   // engine/models/vae/qwen_image.cpp) cuDNN's fused operation graph is ahead at that shape too
   // (bench_conv, 2026-11-28: 1.01 against 1.39 ms on an H200; H100 session 12: 1.17 against 1.40).
-  // LATENT_CONV_WGMMA_TILE=halo / halo2 (measuring it): every call the halo kernel fits.
-  return (a.k == 96 && a.kt == 3 && a.x1 != nullptr) || halo_fits(a, l);
+  return a.k == 96 && a.kt == 3 && a.x1 != nullptr;
 }
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
@@ -609,12 +386,6 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.pad_h = a.pad_top;
   p.pad_w = a.pad_left;
   p.act = static_cast<int>(a.act);
-  p.oh = a.out_h;
-  p.frames = a.frames;
-  if (halo_fits(a, l)) {
-    if (dtype == DType::kBF16) return run_halo<bf16>(p, l);
-    if (dtype == DType::kF16) return run_halo<f16>(p, l);
-  }
   const Tile t = tile_for(a.k, a.tile);
   if (dtype == DType::kBF16) return run_for<bf16>(p, t, l);
   if (dtype == DType::kF16) return run_for<f16>(p, t, l);
