@@ -27,14 +27,7 @@ constexpr int kThreads = 256;
 constexpr int kTh = 8;   // output rows a tile: one a warp
 constexpr int kTw = 32;  // output columns a tile: two m16 tiles
 
-struct Params {
-  ConvFrames in;
-  const void* weight;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int frames, h, w, c, k, kt, r, s, pad_h, pad_w, out_h, out_w, act;
-};
+using Params = ConvKernelArgs;
 
 __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
@@ -252,25 +245,7 @@ bool conv_narrow_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
 }
 
 Status launch_conv_narrow(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
-  Params p{};
-  p.in = conv_frames(a);
-  p.weight = a.weight;
-  p.bias = a.bias;
-  p.residual = a.residual;
-  p.y = a.y;
-  p.frames = a.frames;
-  p.h = a.h;
-  p.w = a.w;
-  p.c = a.c;
-  p.k = a.k;
-  p.kt = a.kt;
-  p.r = a.r;
-  p.s = a.s;
-  p.pad_h = a.pad_top;
-  p.pad_w = a.pad_left;
-  p.out_h = a.out_h;
-  p.out_w = a.out_w;
-  p.act = static_cast<int>(a.act);
+  const Params p = conv_kernel_args(a);
   const size_t smem = smem_bytes(a);
   if (dtype == DType::kBF16) return run_for<bf16>(p, n_tiles(a), smem, l);
   if (dtype == DType::kF16) return run_for<f16>(p, n_tiles(a), smem, l);

@@ -33,14 +33,9 @@ namespace {
 constexpr int kBk = 64;  // K elements a step: one 128-byte row
 constexpr int kStages = 4;  // shared buffers (5 for the 4-warpgroup tile with "s5")
 
-struct Params {
-  ConvFrames in;
-  const void* weight;
-  const void* bias;
-  const void* residual;
-  void* y;
-  int m, h, w, c, k, ktot, kt, r, s, pad_h, pad_w, act;
-  int ohw, ow, stride;  // output pixels a frame, output width, spatial stride
+struct Params : ConvKernelArgs {
+  int m = 0, ktot = 0;      // output pixels of the call, K = kt * r * s * c
+  int ohw = 0, stride = 1;  // output pixels a frame, spatial stride
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -114,7 +109,7 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
     rframe[i] = 0;
     roff[i] = 0;
     if (m < p.m) {
-      const int f = m / p.ohw, rem = m - f * p.ohw, y = rem / p.ow, x = rem - y * p.ow;
+      const int f = m / p.ohw, rem = m - f * p.ohw, y = rem / p.out_w, x = rem - y * p.out_w;
       // the input pixel under the filter's top-left tap (may lie in the padding)
       const int iy0 = y * p.stride - p.pad_h, ix0 = x * p.stride - p.pad_w;
       rframe[i] = f;
@@ -365,27 +360,12 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
 }
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
-  Params p{};
-  p.in = conv_frames(a);
-  p.weight = a.weight;
-  p.bias = a.bias;
-  p.residual = a.residual;
-  p.y = a.y;
+  Params p;
+  static_cast<ConvKernelArgs&>(p) = conv_kernel_args(a);
   p.stride = a.stride;
-  p.ow = a.out_w;
   p.ohw = a.out_h * a.out_w;
   p.m = a.frames * p.ohw;
-  p.h = a.h;
-  p.w = a.w;
-  p.c = a.c;
-  p.k = a.k;
   p.ktot = a.kt * a.r * a.s * a.c;
-  p.kt = a.kt;
-  p.r = a.r;
-  p.s = a.s;
-  p.pad_h = a.pad_top;
-  p.pad_w = a.pad_left;
-  p.act = static_cast<int>(a.act);
   const Tile t = tile_for(a.k, a.tile);
   if (dtype == DType::kBF16) return run_for<bf16>(p, t, l);
   if (dtype == DType::kF16) return run_for<f16>(p, t, l);

@@ -96,6 +96,41 @@ inline ConvFrames conv_frames(const ConvWgmmaArgs& a) {
   return f;
 }
 
+// What every convolution kernel of ours reads (conv_wgmma.cu and conv_narrow.cu extend it), as
+// conv_kernel_args() fills it from a call's arguments: trivially copyable, passed by value.
+struct ConvKernelArgs {
+  ConvFrames in;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  const void* residual = nullptr;
+  void* y = nullptr;
+  int frames = 0, h = 0, w = 0, c = 0, k = 0, kt = 1, r = 1, s = 1;
+  int pad_h = 0, pad_w = 0, out_h = 0, out_w = 0, act = 0;
+};
+
+inline ConvKernelArgs conv_kernel_args(const ConvWgmmaArgs& a) {
+  ConvKernelArgs p;
+  p.in = conv_frames(a);
+  p.weight = a.weight;
+  p.bias = a.bias;
+  p.residual = a.residual;
+  p.y = a.y;
+  p.frames = a.frames;
+  p.h = a.h;
+  p.w = a.w;
+  p.c = a.c;
+  p.k = a.k;
+  p.kt = a.kt;
+  p.r = a.r;
+  p.s = a.s;
+  p.pad_h = a.pad_top;
+  p.pad_w = a.pad_left;
+  p.out_h = a.out_h;
+  p.out_w = a.out_w;
+  p.act = static_cast<int>(a.act);
+  return p;
+}
+
 // Whether a call's frame sources are consistent and its inputs and filter 16-byte aligned (the
 // kernels' cp.async loads).
 inline bool conv_frames_fit(const ConvWgmmaArgs& a) {

@@ -210,11 +210,18 @@ Status DitLinear::matmul(DeviceContext& ctx, Plan& p, const void* w, const void*
   if (p.workspace) {
     LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p.workspace));
   }
-  const float one = 1.f, zero = 0.f;
-  const void* c = accumulate ? accumulate : y;
-  LATENT_CUDA_CHECK(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, accumulate ? &one : &zero,
-                                   c, p.c, y, p.c, &p.algo, workspace, p.workspace, ctx.stream()));
+  LATENT_CUDA_CHECK(launch(ctx, p, p.algo, workspace, p.workspace, w, x, accumulate, y));
   return ok_status();
+}
+
+cublasStatus_t DitLinear::launch(DeviceContext& ctx, const Plan& p,
+                                 const cublasLtMatmulAlgo_t& algo, void* workspace,
+                                 size_t workspace_size, const void* w, const void* x,
+                                 const void* accumulate, void* y) {
+  const float one = 1.f, zero = 0.f;
+  return cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, accumulate ? &one : &zero,
+                        accumulate ? accumulate : y, p.c, y, p.c, &algo, workspace, workspace_size,
+                        ctx.stream());
 }
 
 Status DitLinear::run_f32_out(DeviceContext& ctx, const void* x, const void* w, float* y, int64_t m,
@@ -282,8 +289,6 @@ Status DitLinear::tune(DeviceContext& ctx, Plan& p, const void* w, const void* x
       LATENT_CUDA_WARN(cudaEventDestroy(b));
     }
   } events{start, stop};
-  const float one = 1.f, zero = 0.f;
-  const void* c = accumulate ? accumulate : y;
   float best_ms = 0.f;
   size_t best = 0;  // the heuristic's first unless another ran faster
   bool timed = false;
@@ -294,14 +299,13 @@ Status DitLinear::tune(DeviceContext& ctx, Plan& p, const void* w, const void* x
     if (r.workspaceSize) {
       LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, r.workspaceSize));
     }
-    auto launch = [&] {
-      return cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, accumulate ? &one : &zero, c,
-                            p.c, y, p.c, &r.algo, workspace, r.workspaceSize, ctx.stream());
+    auto run_once = [&] {
+      return launch(ctx, p, r.algo, workspace, r.workspaceSize, w, x, accumulate, y);
     };
-    if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops the candidate
+    if (run_once() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops the candidate
     constexpr int kRuns = 5;
     LATENT_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
-    for (int run = 0; run < kRuns; ++run) launch();
+    for (int run = 0; run < kRuns; ++run) run_once();
     LATENT_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
     LATENT_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0.f;

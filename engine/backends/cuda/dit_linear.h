@@ -76,6 +76,11 @@ class DitLinear {
   // given, else 0), the workspace grown to what p asks.
   Status matmul(DeviceContext& ctx, Plan& p, const void* w, const void* x, const void* accumulate,
                 void* y);
+  // The one cublasLtMatmul call of matmul() and tune(): plan p's product by `algo` with
+  // `workspace` (`workspace_size` bytes).
+  cublasStatus_t launch(DeviceContext& ctx, const Plan& p, const cublasLtMatmulAlgo_t& algo,
+                        void* workspace, size_t workspace_size, const void* w, const void* x,
+                        const void* accumulate, void* y);
 
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;
