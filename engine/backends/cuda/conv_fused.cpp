@@ -107,9 +107,11 @@ int fused_tune_candidates(bool video) {
   return search && std::string(search) == "heuristic" ? 0 : 4;
 }
 
-// The plan cache's key for a fused graph's engine choice.
-std::string fused_plan_key(const ConvShape& s, const ConvEpilogue& e) {
-  return str_cat("conv fused ", describe_fused(s, e.bias, e.residual, e.act));
+// The plan cache's key for a fused graph's engine choice (LATENT_CUDNN_FUSION=precompiled keeps
+// its own: its candidates leave out the engines compiled at plan time).
+std::string fused_plan_key(const ConvShape& s, const ConvEpilogue& e, bool runtime_compiled) {
+  return str_cat("conv fused ", describe_fused(s, e.bias, e.residual, e.act),
+                 runtime_compiled ? "" : " (precompiled engines)");
 }
 
 // Builds `s` with epilogue `e` into `plan`: by the engine cuDNN's heuristics rank first, or
@@ -129,16 +131,15 @@ namespace {
 // least 10 %, else that first. The margin keeps the choice (and so the output's bits, which
 // differ between engines) the same from run to run where engines are close, but not where one is
 // near 10 % faster: two processes on one H100 chose differently for a 90p graph (12 % against
-// 9 %). Hence the plan cache: the timed choice is saved in `disk` under fused_plan_key(), and a
+// 9 %). Hence the plan cache: the timed choice is saved in `disk` under `key`, and a
 // later process builds that engine alone (forward_fused), so one machine's processes choose alike
 // once one has saved its choice (workers on several machines still may not:
 // LATENT_CUDNN_SEARCH=heuristic turns the timing off).
 Status choose_engine(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogue& e,
                      std::unordered_map<int64_t, void*>& pack, DeviceContext& ctx, PlanCache* disk,
-                     FusedPlan* plan) {
+                     const std::string& key, FusedPlan* plan) {
   if (plan->built.size() < 2) return ok_status();
   const std::string what = describe_fused(s, e.bias, e.residual, e.act);
-  const std::string key = fused_plan_key(s, e);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t most = 0;
   for (int64_t i : plan->built) {
@@ -236,8 +237,9 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
     const int tune = fused_tune_candidates(s.kt > 1);
     std::string want;
     nlohmann::json saved;
-    if (tune > 1 && disk_ && disk_->lookup(fused_plan_key(s, e), &saved) && saved.is_object() &&
-        saved.contains("engine") && saved["engine"].is_string())
+    if (tune > 1 && disk_ &&
+        disk_->lookup(fused_plan_key(s, e, fusion_runtime_compiled_), &saved) &&
+        saved.is_object() && saved.contains("engine") && saved["engine"].is_string())
       want = saved["engine"].get<std::string>();
     const std::string why = build_fused(handle_, s, e, fusion_runtime_compiled_, tune, want, &plan);
     const double ms =
@@ -266,7 +268,8 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
   if (e.residual) pack[kUidResidual] = const_cast<void*>(e.residual);
   if (plan.tune && !capturing_) {
     plan.tune = false;
-    LATENT_TRY(choose_engine(handle_, s, e, pack, ctx, disk_.get(), &plan));
+    LATENT_TRY(choose_engine(handle_, s, e, pack, ctx, disk_.get(),
+                             fused_plan_key(s, e, fusion_runtime_compiled_), &plan));
   }
   TempBuffer workspace;  // freed in stream order once the graph is queued
   if (plan.workspace > 0) LATENT_TRY(workspace.allocate(ctx, static_cast<size_t>(plan.workspace)));
