@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#ifdef LATENT_HAVE_CUDA
 #include "engine/backends/cuda/conv2d.cuh"
+#endif
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/core/plan_cache.h"
@@ -403,6 +405,9 @@ TEST(CudaPlanCache, ConvChoicesAreSaved) {
 // is saved in the plan cache, and a later backend (the next process) takes it without timing:
 // the same engine, so the same bytes. A shape no other test uses.
 TEST(CudaPlanCache, FusedEngineChoicesAreSavedAndTakenAgain) {
+#ifndef LATENT_HAVE_CUDA
+  GTEST_SKIP() << "built without the CUDA backend";
+#else
   if (!cuda::ConvPlanCache::fusion_available())
     GTEST_SKIP() << "built without cudnn-frontend: no fused convolutions";
   const Tensor hx = test::random_tensor({1, 64, 45, 52}, 21);
@@ -444,6 +449,7 @@ TEST(CudaPlanCache, FusedEngineChoicesAreSavedAndTakenAgain) {
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.nbytes()), 0)
       << "the second backend's output differs from the first's: not the saved engine (" << e.dump()
       << ")";
+#endif
 }
 
 }  // namespace
