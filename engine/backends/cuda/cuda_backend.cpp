@@ -13,8 +13,9 @@
 // Environment (read when a backend is created):
 //   LATENT_CUDNN_SEARCH=heuristic  pick convolution algorithms without timing them (also the
 //                                  3-D fused graphs' engines, unless LATENT_CUDNN_FUSED_TUNE says)
-//   LATENT_CUDNN_FUSED_TUNE=N      video: time cuDNN's first N engines of each 3-D fused graph on
-//                                  its first call (default 4; 0: the heuristics' first;
+//   LATENT_CUDNN_FUSED_TUNE=N      time cuDNN's first N engines of each fused graph on its first
+//                                  call, the choice kept in the plan cache (default: 4 for the
+//                                  3-D graphs, 0 for the 2-D ones; 0: the heuristics' first;
 //                                  conv_fused.cpp)
 //   LATENT_CUDA_TF32=0             exact fp32 convolutions (no TF32 tensor cores)
 //   LATENT_CUDA_ATTENTION=simple   the CUDA-core attention kernel even for bf16/fp16
