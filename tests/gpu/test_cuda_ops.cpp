@@ -290,7 +290,7 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::vector<std::pair<std::string, Backend*>> forced = {
       {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
-  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4"})
+  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
         backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
@@ -389,11 +389,12 @@ TEST_P(CudaOps, Conv3dFrames) {
     if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
     Result<Tensor> got =
         gpu_->conv3d_frames(on_gpu(x), on_gpu(w), 3, on_gpu(b), p, on_gpu(r), c.act);
-    std::shared_ptr<Backend> forced = wgmma_backend();
-    ASSERT_TRUE(forced);
-    Result<Tensor> got_forced = forced->conv3d_frames(up(*forced, x), up(*forced, w), 3,
-                                                      up(*forced, b), p, up(*forced, r), c.act);
-    EXPECT_TRUE(forced->synchronize().ok());
+    // The implicit-GEMM kernel forced, with its default tiles and with the halo tile (64 / 96
+    // input channels; the default tile for the rest).
+    const std::shared_ptr<Backend> wgmma = wgmma_backend(),
+                                   halo = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
+                                                        {"LATENT_CONV_WGMMA_TILE", "halo"}});
+    ASSERT_TRUE(wgmma && halo);
     // Reference: one CPU conv2d per temporal tap dt over frames [dt, dt + T), summed through the
     // residual input (what a causal convolution is), bias and activation on the last.
     const int64_t plane = c.cin * c.h * c.w, tap = 9;
@@ -421,37 +422,39 @@ TEST_P(CudaOps, Conv3dFrames) {
     const std::string what = "conv3d_frames " + std::to_string(c.frames) + "+2 frames " +
                              std::to_string(c.cin) + "->" + std::to_string(c.cout);
     EXPECT_TRUE(close(what, got, want, conv_tol()));
-    EXPECT_TRUE(close(what + " [LATENT_CUDA_CONV=wgmma]", got_forced, want, conv_tol()));
-    // The same with the 2 past frames and the chunk in separate tensors (a causal cache read in
-    // place), on both backends.
     auto slice = [&](int64_t first, int64_t count) {
       Tensor t = Tensor::empty({count, c.cin, c.h, c.w}, DType::kF32);
       std::copy(x.data_as<float>() + first * plane, x.data_as<float>() + (first + count) * plane,
                 t.data_as<float>());
       return t;
     };
+    // The same with the 2 past frames and the chunk in separate tensors (a causal cache read in
+    // place).
     Result<Tensor> after =
         gpu_->conv3d_frames_after({on_gpu(slice(0, 2))}, on_gpu(slice(2, c.frames)), on_gpu(w), 3,
                                   on_gpu(b), p, on_gpu(r), c.act);
     EXPECT_TRUE(close(what + " (past, x)", after, want, conv_tol()));
-    Result<Tensor> after_forced =
-        forced->conv3d_frames_after({up(*forced, slice(0, 2))}, up(*forced, slice(2, c.frames)),
-                                    up(*forced, w), 3, up(*forced, b), p, up(*forced, r), c.act);
-    EXPECT_TRUE(forced->synchronize().ok());
-    EXPECT_TRUE(
-        close(what + " (past, x) [LATENT_CUDA_CONV=wgmma]", after_forced, want, conv_tol()));
     // The 2 past frames in two tensors of one frame each (a cache that kept the frames as they
     // came: the kernel reads three places).
     Result<Tensor> after3 = gpu_->conv3d_frames_after({on_gpu(slice(0, 1)), on_gpu(slice(1, 1))},
                                                       on_gpu(slice(2, c.frames)), on_gpu(w), 3,
                                                       on_gpu(b), p, on_gpu(r), c.act);
     EXPECT_TRUE(close(what + " (past0, past1, x)", after3, want, conv_tol()));
-    Result<Tensor> after3_forced = forced->conv3d_frames_after(
-        {up(*forced, slice(0, 1)), up(*forced, slice(1, 1))}, up(*forced, slice(2, c.frames)),
-        up(*forced, w), 3, up(*forced, b), p, up(*forced, r), c.act);
-    EXPECT_TRUE(forced->synchronize().ok());
-    EXPECT_TRUE(close(what + " (past0, past1, x) [LATENT_CUDA_CONV=wgmma]", after3_forced, want,
-                      conv_tol()));
+    for (const auto& [name, f] :
+         {std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma]"), wgmma.get()),
+          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halo]"), halo.get())}) {
+      Result<Tensor> all =
+          f->conv3d_frames(up(*f, x), up(*f, w), 3, up(*f, b), p, up(*f, r), c.act);
+      Result<Tensor> two = f->conv3d_frames_after({up(*f, slice(0, 2))}, up(*f, slice(2, c.frames)),
+                                                  up(*f, w), 3, up(*f, b), p, up(*f, r), c.act);
+      Result<Tensor> three = f->conv3d_frames_after({up(*f, slice(0, 1)), up(*f, slice(1, 1))},
+                                                    up(*f, slice(2, c.frames)), up(*f, w), 3,
+                                                    up(*f, b), p, up(*f, r), c.act);
+      EXPECT_TRUE(f->synchronize().ok());
+      EXPECT_TRUE(close(what + name, all, want, conv_tol()));
+      EXPECT_TRUE(close(what + " (past, x)" + name, two, want, conv_tol()));
+      EXPECT_TRUE(close(what + " (past0, past1, x)" + name, three, want, conv_tol()));
+    }
   }
   // A past of three tensors is refused with a message (the kernel reads at most three places).
   {
@@ -810,8 +813,12 @@ TEST(CudaBackend, ConvWgmmaTileNames) {
     EXPECT_EQ(t.value().bn, w.bn) << w.text;
     EXPECT_EQ(t.value().wg, w.wg) << w.text;
     EXPECT_EQ(t.value().stages, w.stages) << w.text;
+    EXPECT_FALSE(t.value().halo) << w.text;
   }
-  for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80"}) {
+  Result<cuda::ConvWgmmaTile> halo = cuda::parse_conv_wgmma_tile("halo");
+  ASSERT_TRUE(halo.ok()) << halo.status().message();
+  EXPECT_TRUE(halo.value().halo);
+  for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80", "halo2"}) {
     Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(bad);
     ASSERT_FALSE(t.ok()) << bad;
     EXPECT_NE(t.status().message().find(bad), std::string::npos) << t.status().message();

@@ -38,6 +38,12 @@ struct Params : ConvKernelArgs {
   int ohw = 0, stride = 1;  // output pixels a frame, spatial stride
 };
 
+// The halo tile's output rows a block for c input and bn output channels.
+__host__ __device__ constexpr int halo_rows(int bn, int c) { return bn == 64 && c == 64 ? 4 : 2; }
+// Halo pixels, padded so that every plane is a whole number of 1024-byte swizzle patterns.
+__host__ __device__ constexpr int halo_pixels(int rows) { return ((rows + 2) * 66 + 15) / 16 * 16; }
+constexpr int kHaloStages = 3;  // filter buffers
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 #include "engine/backends/cuda/wgmma_ss.inc"
@@ -73,6 +79,115 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
          (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);  // 128B swizzle
 }
 
+// The staged epilogue of both kernels. The block's fp32 accumulators go to shared memory (the
+// pipeline buffers, free by then) in rows of kBn + 4 floats, one row an output pixel; then every
+// thread moves 16-byte chunks of 8 channels: the residual read in whole rows, all of a thread's
+// reads issued before its first store, bias and activation, one 16-byte store a chunk. Writing
+// each accumulator pair straight to global memory instead (session 21's halo tile, and the
+// default tile before session 22) issues 4-byte reads of the residual that the compiler cannot
+// move ahead of the stores, one global latency each: with one block an SM that took the halo
+// tile's 720p 96-channel 3x3x3 convolution from 0.63 ms of wgmmas to 1.73 ms.
+constexpr int stage_stride(int bn) { return bn + 4; }
+
+template <typename T>
+__device__ __forceinline__ void add_packed(float* v, uint32_t u) {
+  T h[2];
+  memcpy(h, &u, sizeof(u));
+  v[0] += to_f32(h[0]);
+  v[1] += to_f32(h[1]);
+}
+
+// Thread's share of the accumulators: acc[t][4 i + e] is row 16 wl + g (e = 0, 1) or + 8 (e = 2,
+// 3) of the block's m64 tile `tile0 + t`, column 8 i + 2 tig + e % 2.
+template <int kBn, int kMt>
+__device__ __forceinline__ void stage_acc(float* stile, const float (&acc)[kMt][kBn / 2],
+                                          int tile0) {
+  const int lane = threadIdx.x & 31, wl = (threadIdx.x >> 5) & 3, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int t = 0; t < kMt; ++t)
+#pragma unroll
+    for (int i = 0; i < kBn / 8; ++i)
+#pragma unroll
+      for (int hrow = 0; hrow < 2; ++hrow) {
+        const int px = (tile0 + t) * 64 + wl * 16 + g + hrow * 8;
+        *reinterpret_cast<float2*>(stile + px * stage_stride(kBn) + i * 8 + tig * 2) =
+            make_float2(acc[t][4 * i + 2 * hrow], acc[t][4 * i + 2 * hrow + 1]);
+      }
+}
+
+// The block's kPx staged pixels to global memory: pixel_offset(px) is the element offset of
+// the pixel's channel 0 in y and the residual, or -1 outside the output.
+template <typename T, int kBn, int kPx, int kThreads, Activation kAct, typename PixelOffset>
+__device__ __forceinline__ void store_staged(const float* stile, const Params& p, int n0,
+                                             PixelOffset pixel_offset) {
+  constexpr int kC8 = kBn / 8, kChunks = kPx * kC8;
+  constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
+  const T* bias = static_cast<const T*>(p.bias);
+  const T* res = static_cast<const T*>(p.residual);
+  T* y = static_cast<T*>(p.y);
+  // The chunk's element offset in y and the residual, -1 outside the output (computed again
+  // for the store rather than kept: 2 registers a chunk).
+  auto offset = [&](int it) -> int64_t {
+    const int l = threadIdx.x + it * kThreads, px = l / kC8, c8 = l - px * kC8;
+    if (kChunks % kThreads != 0 && l >= kChunks) return -1;
+    const int64_t o = pixel_offset(px);
+    return o < 0 ? -1 : o + n0 + c8 * 8;
+  };
+  uint4 r[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    r[it] = make_uint4(0u, 0u, 0u, 0u);
+    const int64_t o = offset(it);
+    if (res && o >= 0) r[it] = *reinterpret_cast<const uint4*>(res + o);
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int64_t o = offset(it);
+    if (o < 0) continue;
+    const int l = threadIdx.x + it * kThreads, px = l / kC8, c8 = l - px * kC8;
+    const float* src = stile + px * stage_stride(kBn) + c8 * 8;
+    const float4 a = *reinterpret_cast<const float4*>(src);
+    const float4 b = *reinterpret_cast<const float4*>(src + 4);
+    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if (bias) {
+      const uint4 bb = *reinterpret_cast<const uint4*>(bias + n0 + c8 * 8);
+      add_packed<T>(v, bb.x);
+      add_packed<T>(v + 2, bb.y);
+      add_packed<T>(v + 4, bb.z);
+      add_packed<T>(v + 6, bb.w);
+    }
+    add_packed<T>(v, r[it].x);  // zeros without a residual
+    add_packed<T>(v + 2, r[it].y);
+    add_packed<T>(v + 4, r[it].z);
+    add_packed<T>(v + 6, r[it].w);
+    uint4 out;
+    out.x = pack2<T>(activate(v[0], kAct), activate(v[1], kAct));
+    out.y = pack2<T>(activate(v[2], kAct), activate(v[3], kAct));
+    out.z = pack2<T>(activate(v[4], kAct), activate(v[5], kAct));
+    out.w = pack2<T>(activate(v[6], kAct), activate(v[7], kAct));
+    *reinterpret_cast<uint4*>(y + o) = out;
+  }
+}
+
+// store_staged with the activation a constant (one switch a block, not one an element: the
+// per-element switch made the epilogue ~150 instructions a chunk).
+template <typename T, int kBn, int kPx, int kThreads, typename PixelOffset>
+__device__ __forceinline__ void store_staged_act(const float* stile, const Params& p, int n0,
+                                                 PixelOffset pixel_offset) {
+  switch (static_cast<Activation>(p.act)) {
+    case Activation::kSiLU:
+      return store_staged<T, kBn, kPx, kThreads, Activation::kSiLU>(stile, p, n0, pixel_offset);
+    case Activation::kReLU:
+      return store_staged<T, kBn, kPx, kThreads, Activation::kReLU>(stile, p, n0, pixel_offset);
+    case Activation::kGELU:
+      return store_staged<T, kBn, kPx, kThreads, Activation::kGELU>(stile, p, n0, pixel_offset);
+    case Activation::kTanh:
+      return store_staged<T, kBn, kPx, kThreads, Activation::kTanh>(stile, p, n0, pixel_offset);
+    default:
+      return store_staged<T, kBn, kPx, kThreads, Activation::kNone>(stile, p, n0, pixel_offset);
+  }
+}
+
 template <typename T, int kBn, int kMt, int kWg, int kSt>
 __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 ? 2 : 1)
     conv_wgmma_kernel(const Params p) {
@@ -86,8 +201,7 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wg = warp >> 2, wl = warp & 3;
+  const int tid = threadIdx.x, wg = tid >> 7;
   const int m0 = blockIdx.x * kBm, n0 = blockIdx.y * kBn;
   const T* x0 = static_cast<const T*>(p.in.x0);
   const T* x1 = static_cast<const T*>(p.in.x1);
@@ -210,38 +324,187 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
 #pragma unroll
   for (int t = 0; t < kMt; ++t) fence_regs(acc[t]);
 
-  // Epilogue: acc[t][4 i + e] is row 16 wl + g (e = 0, 1) or + 8 (e = 2, 3) of this warpgroup's
-  // m64 tile t, column 8 i + 2 tig + e % 2.
-  const int g = lane >> 2, tig = lane & 3;
-  const T* bias = static_cast<const T*>(p.bias);
-  const T* res = static_cast<const T*>(p.residual);
-  T* y = static_cast<T*>(p.y);
-  const Activation act = static_cast<Activation>(p.act);
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup's wgmmas complete: the shared buffers are free
+  static_assert(kBm * stage_stride(kBn) * 4 <= kSt * kStageBytes, "the staged tile fits");
+  float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
+  stage_acc<kBn, kMt>(stile, acc, wg * kMt);
+  __syncthreads();
+  store_staged_act<T, kBn, kBm, kThreads>(stile, p, n0, [&](int px) -> int64_t {
+    const int m = m0 + px;
+    return m < p.m ? static_cast<int64_t>(m) * p.k : -1;
+  });
+}
+
+// === the halo tile (LATENT_CONV_WGMMA_TILE=halo) ===
+// 3x3 (x kt) filters, stride 1. A block computes kR output rows x 64 output columns of one frame
+// by kBn channels: warpgroup g rows kMt g .. kMt g + kMt - 1, one m64 tile a row (kR 4 for 64
+// channels in and out, else 2). For each temporal tap the block loads the input under its tile
+// once, a halo of kR + 2 rows x 66 pixels x all kC channels, and every spatial tap reads its A
+// from that halo in place: tap (dy, dx) of output row j is the 64 consecutive halo pixels from
+// (j + dy, dx). The default tile's im2col loads each input value 9 times from L2 a temporal tap;
+// the halo (kR + 2) x 66 / (kR x 64) times (1.55 / 2.06).
+// Shared layout: the channels in planes, 64 channels a plane with 128-byte rows in the
+// 128B-swizzle layout, and for 96 channels a last plane of 32 with 64-byte rows in the 64B-swizzle
+// layout; a row is one pixel (the halo) or one output channel (the filter), plane bases 1024-byte
+// aligned. Chunk c (16 bytes) of row q of a plane sits at o ^ (((o >> 7) & mask) << 4), o =
+// q * row_bytes + 16 c (mask 7 for 128B, 3 for 64B): the layout the default tile uses, so a
+// window that starts at any pixel is again a swizzled tile whose rows' phase is its start
+// address's bits 7-9: the descriptors' "matrix base offset" stays 0 (tested on an H200: the PTX
+// ISA's (start >> 7) & 7 there gives wrong results, so the hardware takes the phase from the
+// address itself). Session 21's first form, without swizzle, ran 2x slower than the default tile.
+// A K step is one spatial tap (kC / 16 wgmmas a row tile); kSt filter buffers, the next step's
+// filter loaded during this one. One halo buffer, reloaded between temporal taps once every
+// wgmma of the last tap is complete; with it a block takes at most ~106 KiB, so two blocks share
+// an SM and one's loads, barriers and epilogue overlap the other's wgmmas (session 22: with one
+// block an SM, double-buffered halos, those phases took as long as the wgmmas).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  const uint32_t o = static_cast<uint32_t>(row * kRowBytes + chunk * 16);
+  return o ^ (((o >> 7) & (kRowBytes == 128 ? 7u : 3u)) << 4);
+}
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t swizzled_desc(uint32_t addr) {
+  constexpr uint64_t kMode = kRowBytes == 128 ? 1 : 2;  // 128B / 64B swizzle
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) |
+         (static_cast<uint64_t>(kRowBytes * 8 / 16) << 32) | (kMode << 62);
+}
+
+template <typename T, int kBn, int kC>
+__global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
+  constexpr int kR = halo_rows(kBn, kC), kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
+  constexpr int kSt = kHaloStages, kAhead = kSt - 2;
+  constexpr int kHw = 66, kHh = kR + 2, kNp = halo_pixels(kR);
+  constexpr int kC8 = kC / 8;                                 // 16-byte chunks a pixel
+  constexpr int kWide = kC / 64;                              // planes of 64 channels
+  constexpr int kWideChunks = kWide * 8, kWideK = kWide * 4;  // their chunks; their k16 steps
+  static_assert(kC % 32 == 0 && kWide >= 1 && kBn % 16 == 0, "64 + 32 n channels");
+  constexpr uint32_t kHaloBytes = kNp * kC * 2u, kBBytes = kBn * kC * 2u;
+  static_assert(kHaloBytes % 1024 == 0 && kBBytes % 1024 == 0, "plane bases 1024-byte aligned");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t b_base = base + kHaloBytes;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  // this block's tile
+  const int tiles_x = (p.out_w + 63) >> 6, tiles_y = (p.out_h + kR - 1) / kR;
+  int t = blockIdx.x;
+  const int tx = t % tiles_x;
+  t /= tiles_x;
+  const int ty = t % tiles_y, f = t / tiles_y;
+  const int oy0 = ty * kR, ox0 = tx * 64, n0 = blockIdx.y * kBn;
+  const int steps = p.kt * kTaps;
+
+  // Shared offset of chunk j of row q in a region of `rows` rows (planes one after another).
+  auto chunk_at = [](int q, int j, int rows) -> uint32_t {
+    if (j < kWideChunks) return (j >> 3) * rows * 128u + swizzled<128>(q, j & 7);
+    return kWide * rows * 128u + swizzled<64>(q, j - kWideChunks);
+  };
+  // Chunks in order (pixel, then channel): a warp reads 512 contiguous global bytes where the
+  // pixels are neighbours in the image.
+  auto load_halo = [&](int dt) {
+    const int fi = f + dt;  // input frame
+    const T* src = static_cast<const T*>(fi < p.in.n0 ? p.in.x0 : fi < p.in.n1 ? p.in.x1 : p.in.x2);
+    const int64_t fo = fi < p.in.n0 ? fi : fi < p.in.n1 ? fi - p.in.n0 : fi - p.in.n1;
+    src += fo * p.in.frame_elems;
+    constexpr int kChunks = kHh * kHw * kC8;
+#pragma unroll 4
+    for (int l = tid; l < kChunks; l += 256) {
+      const int q = l / kC8, j = l - q * kC8;
+      const int hy = q / kHw, hx = q - hy * kHw;
+      const int iy = oy0 - p.pad_h + hy, ix = ox0 - p.pad_w + hx;
+      const bool ok = iy >= 0 && iy < p.h && ix >= 0 && ix < p.w;
+      const T* g = ok ? src + (static_cast<int64_t>(iy) * p.w + ix) * kC + j * 8 : src;
+      cp_async16_zfill(base + chunk_at(q, j, kNp), g, ok ? 16 : 0);
+    }
+  };
+  const T* wt = static_cast<const T*>(p.weight) + static_cast<int64_t>(n0) * p.ktot;
+  auto load_b = [&](int step) {
+    constexpr int kChunks = kBn * kC8;
+    const uint32_t dst = b_base + (step % kSt) * kBBytes;
 #pragma unroll
-  for (int t = 0; t < kMt; ++t) {
-    const int row0 = m0 + (wg * kMt + t) * 64 + wl * 16 + g;
+    for (int l = tid; l < kChunks; l += 256) {
+      const int n = l / kC8, j = l - n * kC8;
+      cp_async16_zfill(dst + chunk_at(n, j, kBn),
+                       wt + static_cast<int64_t>(n) * p.ktot + step * kC + j * 8, 16);
+    }
+  };
+
+  float acc[kMt][kAcc];
 #pragma unroll
-    for (int i = 0; i < kBn / 8; ++i) {
-      const int col = n0 + i * 8 + tig * 2;
-      float b0 = 0.f, b1 = 0.f;
-      if (bias) {
-        b0 = to_f32(bias[col]);
-        b1 = to_f32(bias[col + 1]);
-      }
+  for (int m = 0; m < kMt; ++m)
 #pragma unroll
-      for (int hrow = 0; hrow < 2; ++hrow) {
-        const int row = row0 + hrow * 8;
-        if (row >= p.m) continue;
-        const int64_t off = static_cast<int64_t>(row) * p.k + col;
-        float v0 = acc[t][4 * i + 2 * hrow] + b0, v1 = acc[t][4 * i + 2 * hrow + 1] + b1;
-        if (res) {
-          v0 += to_f32(res[off]);
-          v1 += to_f32(res[off + 1]);
-        }
-        *reinterpret_cast<uint32_t*>(y + off) = pack2<T>(activate(v0, act), activate(v1, act));
+    for (int i = 0; i < kAcc; ++i) acc[m][i] = 0.f;
+      // Pin the zeros in registers before the first wgmma: otherwise ptxas materialises acc[1]'s
+      // between acc[0]'s wgmmas and serialises every wgmma of the kernel (its warning C7515;
+      // session 21's halo tile ran so).
+#pragma unroll
+  for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
+
+  // Group g (issued at step g - kAhead, waited for at step g): the filter of step g, and with
+  // g = 0 the halo of temporal tap 0.
+  load_halo(0);
+#pragma unroll
+  for (int g = 0; g < kAhead; ++g) {
+    if (g < steps) load_b(g);
+    cp_async_commit();
+  }
+  for (int kc = 0; kc < steps; ++kc) {
+    const int dt = kc / kTaps, sp = kc - dt * kTaps, dy = sp / 3, dx = sp - dy * 3;
+    if (sp == 0 && dt > 0) {
+      // The next temporal tap's halo, once every wgmma that reads the buffer is complete.
+      wgmma_wait<0>();
+      __syncthreads();
+      load_halo(dt);
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    cp_async_wait<kAhead - 1>();
+    fence_proxy_async();
+    __syncthreads();  // step kc resident; step kc - 2's wgmmas done in every warpgroup
+    if (kc + kAhead < steps) load_b(kc + kAhead);
+    cp_async_commit();
+    const uint32_t bb = b_base + (kc % kSt) * kBBytes;
+    // the first pixel of each row tile's window
+    const int q0 = (wg * kMt + dy) * kHw + dx;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      if (kk < kWideK) {
+        const uint32_t plane = (kk >> 2) * 128u, k32 = (kk & 3) * 32u;
+        const uint64_t db = swizzled_desc<128>(bb + plane * kBn + k32);
+#pragma unroll
+        for (int m = 0; m < kMt; ++m)
+          wgmma_ss<T, kBn>(
+              acc[m], swizzled_desc<128>(base + plane * kNp + (q0 + m * kHw) * 128u + k32), db);
+      } else {
+        const uint32_t k32 = (kk - kWideK) * 32u;
+        const uint64_t db = swizzled_desc<64>(bb + kWide * kBn * 128u + k32);
+#pragma unroll
+        for (int m = 0; m < kMt; ++m)
+          wgmma_ss<T, kBn>(
+              acc[m], swizzled_desc<64>(base + kWide * kNp * 128u + (q0 + m * kHw) * 64u + k32),
+              db);
       }
     }
+    wgmma_commit();
+    wgmma_wait<1>();
   }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
+
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup's wgmmas complete: the shared buffers are free
+  static_assert(kR * 64 * stage_stride(kBn) * 4 <= kHaloBytes + kSt * kBBytes,
+                "the staged tile fits");
+  float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
+  stage_acc<kBn, kMt>(stile, acc, wg * kMt);
+  __syncthreads();
+  store_staged_act<T, kBn, kR * 64, 256>(stile, p, n0, [&](int px) -> int64_t {
+    const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
+    if (oy >= p.out_h || ox >= p.out_w) return -1;
+    return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
+  });
 }
 
 #else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
@@ -249,6 +512,11 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
 template <typename T, int kBn, int kMt, int kWg, int kSt>
 __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 ? 2 : 1)
     conv_wgmma_kernel(const Params) {
+  __trap();
+}
+
+template <typename T, int kBn, int kC>
+__global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params) {
   __trap();
 }
 
@@ -304,6 +572,68 @@ Status run(const Params& p, const Tile& t, const Launch& l) {
   return run_tile<T, kBn, 1, 2>(p, l);
 }
 
+// The halo kernel's shared memory: one halo of halo_pixels(rows) x c, and kHaloStages filter
+// buffers of bn x c (one spatial tap each), 1024-byte aligned. Two blocks an SM where it is at
+// most ~113 KiB (64 -> 64 and 96 -> 96 channels).
+size_t halo_smem(int bn, int c) {
+  return 1024 + static_cast<size_t>(halo_pixels(halo_rows(bn, c))) * c * 2 +
+         static_cast<size_t>(kHaloStages) * bn * c * 2;
+}
+
+// The halo kernel's channel tile: the narrowest of 96, 128, 64 that divides k (0: none).
+int halo_bn(int k) {
+  for (int bn : {96, 128, 64})
+    if (k % bn == 0) return bn;
+  return 0;
+}
+
+int64_t halo_tiles(int frames, int out_h, int out_w, int rows) {
+  return static_cast<int64_t>(frames) * ((out_h + rows - 1) / rows) * ((out_w + 63) / 64);
+}
+
+// Whether the halo kernel (LATENT_CONV_WGMMA_TILE=halo) runs this call: 3x3 (x kt) filters,
+// stride 1, 64 or 96 input channels, an output-channel tile, its shared memory, the tile count
+// in range.
+bool halo_fits(const ConvWgmmaArgs& a, const Launch& l) {
+  if (!a.tile.halo || a.stride != 1 || a.r != 3 || a.s != 3) return false;
+  if (a.c != 64 && a.c != 96) return false;
+  const int bn = halo_bn(a.k);
+  if (bn == 0 || halo_smem(bn, a.c) > l.smem_optin) return false;
+  return halo_tiles(a.frames, a.out_h, a.out_w, halo_rows(bn, a.c)) < INT32_MAX;
+}
+
+template <typename T, int kBn, int kC>
+Status run_halo_tile(const Params& p, const Launch& l) {
+  const size_t smem = halo_smem(kBn, kC);
+  auto kernel = conv_halo_kernel<T, kBn, kC>;
+  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(halo_tiles(p.frames, p.out_h, p.out_w, halo_rows(kBn, kC))),
+                  p.k / kBn);
+  kernel<<<grid, 256, smem, l.stream>>>(p);
+  LATENT_CUDA_CHECK_LAUNCH("conv_halo_kernel");
+  return ok_status();
+}
+
+template <typename T, int kC>
+Status run_halo_c(const Params& p, const Launch& l) {
+  switch (halo_bn(p.k)) {
+    case 96:
+      return run_halo_tile<T, 96, kC>(p, l);
+    case 128:
+      return run_halo_tile<T, 128, kC>(p, l);
+    case 64:
+      return run_halo_tile<T, 64, kC>(p, l);
+    default:
+      return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
+  }
+}
+
+template <typename T>
+Status run_halo(const Params& p, const Launch& l) {
+  return p.c == 64 ? run_halo_c<T, 64>(p, l) : run_halo_c<T, 96>(p, l);
+}
+
 template <typename T>
 Status run_for(const Params& p, const Tile& t, const Launch& l) {
   switch (t.bn) {
@@ -326,7 +656,8 @@ Status run_for(const Params& p, const Tile& t, const Launch& l) {
 
 bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   const Tile t = tile_for(a.k, a.tile);
-  if (dtype == DType::kF32 || a.c % 8 != 0 || a.c < 8 || t.bn == 0) return false;
+  if (dtype == DType::kF32 || a.c % 8 != 0 || a.c < 8 || (t.bn == 0 && !halo_fits(a, l)))
+    return false;
   if (a.r < 1 || a.s < 1 || a.r * a.s > 32 || a.kt < 1 || a.frames < 1 || a.h < 1 || a.w < 1 ||
       a.out_h < 1 || a.out_w < 1 || (a.stride != 1 && a.stride != 2) || a.pad_top < 0 ||
       a.pad_left < 0 || a.pad_top >= a.r || a.pad_left >= a.s)
@@ -334,7 +665,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   // every output pixel's filter window starts inside the padded input
   if ((a.out_h - 1) * a.stride - a.pad_top >= a.h || (a.out_w - 1) * a.stride - a.pad_left >= a.w)
     return false;
-  if (smem_for(t.bn, t.mt, t.wg, t.stages) > l.smem_optin) return false;
+  if (!halo_fits(a, l) && smem_for(t.bn, t.mt, t.wg, t.stages) > l.smem_optin) return false;
   const int64_t m = static_cast<int64_t>(a.frames) * a.out_h * a.out_w;
   const int64_t ktot = static_cast<int64_t>(a.kt) * a.r * a.s * a.c;
   if (m > INT32_MAX || ktot > INT32_MAX || m * a.k > (int64_t{1} << 40)) return false;
@@ -343,7 +674,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   return current_device_runs_sm90a();
 }
 
-bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
+bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l) {
   // bench_conv, H100, bf16 (2026-11-24, bench/NOTES.md): per call the kernel is ahead of cuDNN +
   // its epilogue pass at 3x3x3 with 96 output channels (720p, the Wan VAEs' full-resolution
   // convolutions: 1.31 against 2.26 ms), at 2-D 3x3 / 1x1 convolutions with 192 output channels
@@ -356,7 +687,8 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a) {
   // place (x1: a causal cache in separate tensors). Over one tensor of frames (a frame ring,
   // engine/models/vae/qwen_image.cpp) cuDNN's fused operation graph is ahead at that shape too
   // (bench_conv, 2026-11-28: 1.01 against 1.39 ms on an H200; H100 session 12: 1.17 against 1.40).
-  return a.k == 96 && a.kt == 3 && a.x1 != nullptr;
+  // LATENT_CONV_WGMMA_TILE=halo (measuring it): every call the halo kernel fits.
+  return (a.k == 96 && a.kt == 3 && a.x1 != nullptr) || halo_fits(a, l);
 }
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
@@ -366,6 +698,10 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.ohw = a.out_h * a.out_w;
   p.m = a.frames * p.ohw;
   p.ktot = a.kt * a.r * a.s * a.c;
+  if (halo_fits(a, l)) {
+    if (dtype == DType::kBF16) return run_halo<bf16>(p, l);
+    if (dtype == DType::kF16) return run_halo<f16>(p, l);
+  }
   const Tile t = tile_for(a.k, a.tile);
   if (dtype == DType::kBF16) return run_for<bf16>(p, t, l);
   if (dtype == DType::kF16) return run_for<f16>(p, t, l);

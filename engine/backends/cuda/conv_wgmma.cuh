@@ -27,14 +27,23 @@ namespace latent::cuda {
 // 0: the default for the call's output channels (conv_wgmma.cu).
 struct ConvWgmmaTile {
   int mt = 1, bn = 0, wg = 2, stages = 4;
+  bool halo = false;  // the halo kernel (conv_wgmma.cu) for the calls it fits
 };
 
 // LATENT_CONV_WGMMA_TILE's values: "<128|256>x<64|96|128|192|256>" (two warpgroups; 256 with bn
 // <= 128: two m64 tiles each), or "256x<64|96|128>w4" (four warpgroups of one m64 tile), "w4s5"
-// with 5 shared buffers. Null or empty: the default ({} with bn 0). An error names the value.
+// with 5 shared buffers; "halo": the halo kernel (2 or 4 output rows of 64 pixels a block, the
+// input under them loaded once a temporal tap) for the calls it fits (stride 1, 3x3 (x kt)
+// filters, 64 or 96 input channels; the default tile elsewhere), measured behind cuDNN's fused
+// graphs so far (bench/NOTES.md, session 22). Null or empty: the default ({} with bn 0). An
+// error names the value.
 inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   ConvWgmmaTile f;
   if (!text || !*text) return f;
+  if (std::string(text) == "halo") {
+    f.halo = true;
+    return f;
+  }
   int bm = 0, bn = 0, used = 0;
   const bool parsed = std::sscanf(text, "%dx%d%n", &bm, &bn, &used) == 2;
   const std::string rest = parsed ? text + used : "";
@@ -49,7 +58,8 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   }
   return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
                         " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
-                        "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5)");
+                        "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5; "
+                        "halo)");
 }
 
 struct ConvWgmmaArgs {
@@ -146,7 +156,7 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
 
 // Whether the kernel beat cuDNN at this shape on the H100 (bench_conv), reading the frames from
 // where they are: the backend's default runs it only there.
-bool conv_wgmma_preferred(const ConvWgmmaArgs& a);
+bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l);
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
 

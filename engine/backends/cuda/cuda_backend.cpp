@@ -534,7 +534,7 @@ class CudaBackend final : public Backend {
     const int64_t cin = x0.dim(1), cpad = (cin + 7) / 8 * 8;
     a.c = static_cast<int>(cpad);
     if (!cuda::conv_wgmma_fits(a, dtype_, launch_)) return Tensor();
-    if (options_.conv_wgmma == 1 && !cuda::conv_wgmma_preferred(a)) return Tensor();
+    if (options_.conv_wgmma == 1 && !cuda::conv_wgmma_preferred(a, launch_)) return Tensor();
     Tensor x0p, x1p, x2p, wp;  // the padded copies (alive until the kernel is queued)
     if (cpad != cin) {
       const size_t es = dtype_size(dtype_);
