@@ -128,6 +128,12 @@ class Worker:
         from gst_latent.pipeline import ClipEncoder
 
         self.options = options
+        if options.get("plan_files"):
+            # --conv-algorithms timed: the first clip's choices, before the model's backend loads
+            # its plan file (gst_latent.plans)
+            from gst_latent import plans
+
+            plans.install(options["plan_files"])
         self._preroll = bool(options.get("preroll"))
         count = calls_per_worker(options)
         self.encoders = []
@@ -177,7 +183,12 @@ class Worker:
     def _row(self, result) -> dict:
         """A clip's result row, with when this worker began and finished loading (every row of a
         Ray batch has the same keys)."""
-        return dict(asdict(result), worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
+        row = dict(asdict(result), worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
+        if self.options.get("collect_plans"):  # the timed warm-up clip: its plan files travel back
+            from gst_latent import plans
+
+            row["plan_files"] = json.dumps(plans.collect())
+        return row
 
     def process(self, rel: str, clip: str) -> dict:
         from gst_latent.pipeline import ClipResult
@@ -305,11 +316,41 @@ def _local_worker_main(options: dict, tasks, results) -> None:
     worker.close()
 
 
-def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
+def warmup_options(options: dict) -> dict:
+    """The timed warm-up clip's worker: one pipeline (one process timing, one choice a shape),
+    its plan files sent back with its row."""
+    return dict(options, collect_plans=True, pipelines=1, preroll=False)
+
+
+def with_warmup(todo, options: dict, timing: dict, run_first, run_rest) -> Iterator[dict]:
+    """Rows of the first clip encoded alone (`run_first(todo[:1], options)` with
+    warmup_options), then of the rest (`run_rest(todo[1:], options)`) with the plan files the
+    first clip's row brought back (removed from that row); timing["timed_warmup"] says which clip
+    went first, in how long, with how many plan files."""
+    t = time.monotonic()
+    files = {}
+    for row in run_first(todo[:1], warmup_options(options)):
+        files = json.loads(row.pop("plan_files", "") or "{}")
+        timing["timed_warmup"] = {"clip": row.get("path"), "plan_files": len(files),
+                                  "seconds": round(time.monotonic() - t, 3)}
+        yield row
+    yield from run_rest(todo[1:], dict(options, plan_files=files))
+
+
+def run_local(todo: list[tuple[str, str]], options: dict, workers: int, warmup: bool = False,
+              timing: dict | None = None, spawn: bool = False):
     """Yields result rows; one in-process worker, or `workers` processes (devices round-robin
-    over the comma-separated --device list), each with its pipelines."""
+    over the comma-separated --device list), each with its pipelines. `warmup` (timed
+    convolution algorithms): the first clip alone in one process first, its plan files given to
+    the workers (gst_latent.plans; timing["timed_warmup"] says so). `spawn`: a process even for
+    one worker."""
+    if warmup and len(todo) > 1:
+        yield from with_warmup(todo, options, timing if timing is not None else {},
+                               lambda t, o: run_local(t, o, 1, spawn=True),
+                               lambda t, o: run_local(t, o, workers))
+        return
     devices = [d.strip() for d in options["device"].split(",") if d.strip()] or ["auto"]
-    if workers <= 1:
+    if workers <= 1 and not spawn:
         from gst_latent.pipeline import gst_started
 
         one = dict(options, device=devices[0])
@@ -357,10 +398,12 @@ def run_local(todo: list[tuple[str, str]], options: dict, workers: int):
 
 
 def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_worker: float, ray_cpus: int,
-            timing: dict | None = None):
+            timing: dict | None = None, warmup: bool = False):
     """Yields result rows from a Ray Data job: a dataset of paths mapped by a pool of actors.
     `timing` (a dict) gets the seconds Ray took to start (`ray_init_s`) and to shut down
-    (`ray_shutdown_s`): the job's fixed cost beside its clips."""
+    (`ray_shutdown_s`): the job's fixed cost beside its clips. `warmup` (timed convolution
+    algorithms): the first clip alone on one actor first, its plan files given to the pool's
+    actors wherever they run (gst_latent.plans; timing["timed_warmup"] says so)."""
     import ray
 
     timing = timing if timing is not None else {}
@@ -393,27 +436,37 @@ def run_ray(todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_w
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours (tqdm) shows clips, frames/s and the ETA
         ctx.execution_options.preserve_order = False
-        ds = ray.data.from_items([{"path": rel, "file": clip} for rel, clip in todo],
-                                 override_num_blocks=max(1, min(len(todo), 4 * workers)))
-        pipelines = calls_per_worker(options)
-        ds = ds.map_batches(
-            Worker,
-            fn_constructor_kwargs={"options": options},
-            batch_size=1,
-            # One call per pipeline at a time in each actor (Worker.process is thread-safe).
-            compute=ray.data.ActorPoolStrategy(size=workers, max_concurrent_calls_per_actor=pipelines,
-                                               max_tasks_in_flight_per_actor=pipelines,
-                                               enable_true_multi_threading=pipelines > 1),
-            num_gpus=gpus_per_worker,
-            num_cpus=1,
-            batch_format="numpy",
-        )
-        for row in ds.iter_rows():
-            yield {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+        if warmup and len(todo) > 1:
+            yield from with_warmup(todo, options, timing,
+                                   lambda t, o: _ray_map(ray, t, o, 1, gpus_per_worker),
+                                   lambda t, o: _ray_map(ray, t, o, workers, gpus_per_worker))
+        else:
+            yield from _ray_map(ray, todo, options, workers, gpus_per_worker)
     finally:
         t_down = time.monotonic()
         ray.shutdown()
         timing["ray_shutdown_s"] = round(time.monotonic() - t_down, 3)
+
+
+def _ray_map(ray, todo: list[tuple[str, str]], options: dict, workers: int, gpus_per_worker: float):
+    """Result rows of `todo` mapped over a pool of `workers` Worker actors."""
+    ds = ray.data.from_items([{"path": rel, "file": clip} for rel, clip in todo],
+                             override_num_blocks=max(1, min(len(todo), 4 * workers)))
+    pipelines = calls_per_worker(options)
+    ds = ds.map_batches(
+        Worker,
+        fn_constructor_kwargs={"options": options},
+        batch_size=1,
+        # One call per pipeline at a time in each actor (Worker.process is thread-safe).
+        compute=ray.data.ActorPoolStrategy(size=workers, max_concurrent_calls_per_actor=pipelines,
+                                           max_tasks_in_flight_per_actor=pipelines,
+                                           enable_true_multi_threading=pipelines > 1),
+        num_gpus=gpus_per_worker,
+        num_cpus=1,
+        batch_format="numpy",
+    )
+    for row in ds.iter_rows():
+        yield {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
 
 
 # ---- the job ------------------------------------------------------------------------------------
@@ -455,9 +508,11 @@ def parse_args(argv=None):
                    help="how cuDNN's convolution algorithms are chosen on a GPU: heuristic "
                         "(the engine's default: the same choice on every run and node, so the same "
                         "bytes) or timed (candidates timed once per shape and kept in the plan "
-                        "cache, ~14%% faster for the Wan VAEs on an H100; outputs can then differ "
-                        "between nodes, and between processes timing together on an empty cache, "
-                        "by bf16 rounding); default: $LATENT_CUDNN_SEARCH when set, else heuristic")
+                        "cache, ~14%% faster for the Wan VAEs on an H100; with several workers the "
+                        "first clip is encoded alone first and its choices go to every worker, so "
+                        "workers of one GPU model agree for clips of that size; other sizes are "
+                        "timed by each worker and can differ by bf16 rounding); default: "
+                        "$LATENT_CUDNN_SEARCH when set, else heuristic")
     p.add_argument("--resume", action="store_true", help="skip inputs whose output is complete")
     p.add_argument("--clip-timeout", type=float, default=3600.0,
                    help="seconds before a clip counts as failed (0: no limit)")
@@ -580,14 +635,18 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     workers_up = {}  # each worker's (start, end) of its load, from its rows (time.time())
     streaming = []  # (start, end) of each written clip's stream: first latent to EOS (time.time())
     t0, t0_wall = time.monotonic(), time.time()
-    engine_timing = {}  # Ray's own start and shutdown (run_ray)
+    engine_timing = {}  # Ray's own start and shutdown (run_ray); the timed warm-up
+    # Timed convolution algorithms and more than one process: the first clip alone first, and
+    # its choices to every worker (gst_latent.plans), so that every worker writes the same bytes.
+    warmup = (os.environ["LATENT_CUDNN_SEARCH"] == "timed" and len(todo) > 1
+              and (args.engine == "ray" or args.workers > 1))
     if args.engine == "ray":
         gpus = args.gpus_per_worker
         if gpus is None:
             gpus = 1.0 if _cluster_has_gpus() else 0.0
-        rows = run_ray(todo, options, args.workers, gpus, args.ray_cpus, engine_timing)
+        rows = run_ray(todo, options, args.workers, gpus, args.ray_cpus, engine_timing, warmup)
     else:
-        rows = run_local(todo, options, args.workers)
+        rows = run_local(todo, options, args.workers, warmup, engine_timing)
     bar = tqdm(total=len(todo), unit="clip", disable=args.no_progress or None, file=sys.stderr,
                desc="latents", dynamic_ncols=True)
     with open(failures_path, "w", encoding="utf-8") as failures:
@@ -625,6 +684,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     elapsed = time.monotonic() - t0
     # The job's fixed cost beside its clips: from its start to the first clip's start (workers,
     # Ray, the model load) and from the last clip's end to here (Ray's shutdown, the last rows).
+    warmed = engine_timing.pop("timed_warmup", None)
     fixed = ({"before_first_clip_s": round(span[0] - t0_wall, 3),
               "after_last_clip_s": round(t0_wall + elapsed - span[1], 3), **engine_timing}
              if done else dict(engine_timing))
@@ -639,6 +699,10 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     print(f"latent-precompute: {done} written, {failed} failed, {skipped} skipped (complete); "
           f"{frames} frames in {elapsed:.1f} s ({frames / max(elapsed, 1e-9):.1f} frames/s)"
           + (f"; failures in {failures_path}" if failed else ""), file=sys.stderr)
+    if warmed:
+        print(f"latent-precompute: timed convolution algorithms: {warmed['clip']} encoded alone first "
+              f"({warmed['seconds']:.1f} s), its {warmed['plan_files']} plan file(s) given to every "
+              "worker", file=sys.stderr)
     if paths:
         print("latent-precompute: decoded by " + ", ".join(
             f"{d} into {m} ({n} clip{'s' if n != 1 else ''})" for (d, m), n in sorted(paths.items())),
@@ -679,7 +743,9 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
                "streaming_share": round(stream_share, 4) if stream_share is not None else None,
                "per_clip_mean_s": {k: round(v / done, 4) for k, v in phases.items()} if done else None,
                "decoded_by": [{"decoder": d, "memory": m, "clips": n} for (d, m), n in sorted(paths.items())],
-               "fixed_s": fixed}
+               "fixed_s": fixed,
+               # timed algorithms: the clip encoded alone first, the plan files it gave the workers
+               "timed_warmup": warmed}
     if not failed and os.path.getsize(failures_path) == 0:
         os.remove(failures_path)
     return (EXIT_FAILED_CLIPS if failed else 0), summary

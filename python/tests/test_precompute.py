@@ -538,15 +538,33 @@ def test_reader_names_what_is_wrong(tmp_path):
     assert not is_complete(str(tmp_path / "missing.safetensors"))
 
 
+def plan_file(entries: dict) -> str:
+    return json.dumps({"format": "gst-latent-plan-cache", "version": 1,
+                       "context": {"gpu": "NVIDIA H100", "compute_capability": "9.0"},
+                       "entries": entries})
+
+
 def test_conv_algorithms_reach_the_pipelines(clips, local_out, tmp_path):
     # --conv-algorithms sets LATENT_CUDNN_SEARCH for every pipeline (threads, worker processes,
     # Ray actors); an unknown value of the variable is refused, not ignored. On the CPU the
-    # files are the same either way.
+    # files are the same either way. Timed, with two workers, the first clip runs alone first
+    # and its plan files go to both workers (here a plan file of another GPU sits in the folder:
+    # it travels and stays as it was).
     out = tmp_path / "timed"
+    cache = tmp_path / "plans"
+    cache.mkdir()
+    (cache / "cuda-plans-0123456789abcdef.json").write_text(plan_file({"conv x": {"algo": 3}}))
     r = run_job("--input", str(clips), "--output", str(out), "--conv-algorithms", "timed",
-                "--workers", "2", "--summary", str(tmp_path / "s.json"))
+                "--workers", "2", "--summary", str(tmp_path / "s.json"),
+                env_extra={"LATENT_PLAN_CACHE": str(cache)})
     assert r.returncode == 3, r.stderr
-    assert json.loads((tmp_path / "s.json").read_text())["conv_algorithms"] == "timed"
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["conv_algorithms"] == "timed"
+    warm = summary["timed_warmup"]
+    assert warm["clip"] == "a.webm" and warm["plan_files"] == 1 and warm["seconds"] > 0, warm
+    assert "a.webm encoded alone first" in r.stderr, r.stderr[-2000:]
+    assert json.loads((cache / "cuda-plans-0123456789abcdef.json").read_text())["entries"] == {
+        "conv x": {"algo": 3}}
     assert outputs(out) == outputs(local_out)
     r = run_job("--input", str(clips), "--output", str(tmp_path / "o2"), "--summary", str(tmp_path / "t.json"),
                 env_extra={"LATENT_CUDNN_SEARCH": "timed"})
@@ -556,6 +574,58 @@ def test_conv_algorithms_reach_the_pipelines(clips, local_out, tmp_path):
     assert r.returncode == 2 and "LATENT_CUDNN_SEARCH=fast is not heuristic or timed" in r.stderr, r.stderr
     from gst_latent.precompute import conv_search_env
     assert conv_search_env("heuristic") == "heuristic" and conv_search_env("timed") == "timed"
+    # One worker (its pipelines share one backend) or heuristic choices: no warm-up.
+    assert json.loads((tmp_path / "t.json").read_text())["timed_warmup"] is None
+
+
+def test_ray_timed_warms_up_on_one_actor_and_gives_the_same_bytes(clips, local_out, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "ray"
+    cache = tmp_path / "plans"
+    env = {"RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", "LATENT_PLAN_CACHE": str(cache)}
+    r = run_job("--input", str(clips), "--output", str(out), "--engine", "ray", "--workers", "2",
+                "--ray-cpus", "2", "--gpus-per-worker", "0", "--conv-algorithms", "timed",
+                "--summary", str(tmp_path / "summary.json"), env_extra=env)
+    assert r.returncode == 3, r.stderr
+    assert outputs(out) == outputs(local_out)
+    warm = json.loads((tmp_path / "summary.json").read_text())["timed_warmup"]
+    assert warm["clip"] == "a.webm" and warm["plan_files"] == 0, warm  # the CPU keeps no plans
+
+
+def test_plan_files_travel_and_merge(tmp_path, monkeypatch):
+    # collect() reads this process's plan folder, install() writes another's: shipped entries
+    # win, local ones of the same context stay, a file of another context is replaced, and a
+    # name that is not a plan file is refused.
+    from gst_latent import plans
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "cuda-plans-00000000000000aa.json").write_text(plan_file({"k1": 1, "k2": 2}))
+    (src / "cuda-plans-00000000000000bb.json").write_text(plan_file({"k3": 3}))
+    (src / "other.json").write_text("{}")
+    monkeypatch.setenv("LATENT_PLAN_CACHE", str(src))
+    files = plans.collect()
+    assert sorted(files) == ["cuda-plans-00000000000000aa.json", "cuda-plans-00000000000000bb.json"]
+    dst.mkdir()
+    (dst / "cuda-plans-00000000000000aa.json").write_text(plan_file({"k1": 9, "k0": 0}))
+    foreign = json.loads(plan_file({"k9": 9}))
+    foreign["context"]["gpu"] = "NVIDIA H200"
+    (dst / "cuda-plans-00000000000000bb.json").write_text(json.dumps(foreign))
+    monkeypatch.setenv("LATENT_PLAN_CACHE", str(dst))
+    assert plans.install(files) == 2
+    got = json.loads((dst / "cuda-plans-00000000000000aa.json").read_text())
+    assert got["entries"] == {"k0": 0, "k1": 1, "k2": 2}
+    assert json.loads((dst / "cuda-plans-00000000000000bb.json").read_text())["entries"] == {"k3": 3}
+    assert sorted(os.listdir(dst)) == sorted(files)  # no temporary file left
+    with pytest.raises(ValueError, match="not a plan file name"):
+        plans.install({"../x.json": plan_file({})})
+    with pytest.raises(ValueError, match="not a plan file"):
+        plans.install({"cuda-plans-00000000000000cc.json": "{"})
+    monkeypatch.setenv("LATENT_PLAN_CACHE", "off")
+    assert plans.collect() == {} and plans.install(files) == 0
+    monkeypatch.delenv("LATENT_PLAN_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert plans.folder() == str(tmp_path / "xdg" / "gst-latent")
 
 
 def test_bad_arguments(tmp_path):
