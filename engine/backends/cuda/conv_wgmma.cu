@@ -1,6 +1,7 @@
 // Hopper implicit-GEMM convolution (see conv_wgmma.cuh): wgmma.mma_async (sm_90a) with A (input
 // pixels x 64 channels of one filter tap) and B (output channels x the same 64 K) from 128B-
-// swizzled shared tiles filled by cp.async, fp32 accumulators, the epilogue fused.
+// swizzled shared tiles filled by cp.async, fp32 accumulators, the epilogue fused (staged through
+// shared memory: store_staged).
 //
 // A block: kWg warpgroups (2, or 4 for a 256-pixel tile that loads each step's filter rows once
 // for twice the pixels) of 64 x kMt output pixels each (a tile of 64 kWg kMt pixels) by kBn
