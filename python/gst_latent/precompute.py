@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 
+from gst_latent import plans
 from gst_latent.latentfile import is_complete
 
 EXIT_FAILED_CLIPS = 3
@@ -131,8 +132,6 @@ class Worker:
         if options.get("plan_files"):
             # --conv-algorithms timed: the first clip's choices, before the model's backend loads
             # its plan file (gst_latent.plans)
-            from gst_latent import plans
-
             plans.install(options["plan_files"])
         self._preroll = bool(options.get("preroll"))
         count = calls_per_worker(options)
@@ -185,8 +184,6 @@ class Worker:
         Ray batch has the same keys)."""
         row = dict(asdict(result), worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
         if self.options.get("collect_plans"):  # the timed warm-up clip: its plan files travel back
-            from gst_latent import plans
-
             row["plan_files"] = json.dumps(plans.collect())
         return row
 
@@ -638,8 +635,8 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
     engine_timing = {}  # Ray's own start and shutdown (run_ray); the timed warm-up
     # Timed convolution algorithms and more than one process: the first clip alone first, and
     # its choices to every worker (gst_latent.plans), so that every worker writes the same bytes.
-    warmup = (os.environ["LATENT_CUDNN_SEARCH"] == "timed" and len(todo) > 1
-              and (args.engine == "ray" or args.workers > 1))
+    # (run_local and run_ray skip it for a single clip.)
+    warmup = os.environ["LATENT_CUDNN_SEARCH"] == "timed" and (args.engine == "ray" or args.workers > 1)
     if args.engine == "ray":
         gpus = args.gpus_per_worker
         if gpus is None:
