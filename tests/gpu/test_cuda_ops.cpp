@@ -290,7 +290,7 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::vector<std::pair<std::string, Backend*>> forced = {
       {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
-  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo"})
+  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
         backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
@@ -393,8 +393,10 @@ TEST_P(CudaOps, Conv3dFrames) {
     // input channels; the default tile for the rest).
     const std::shared_ptr<Backend> wgmma = wgmma_backend(),
                                    halo = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
-                                                        {"LATENT_CONV_WGMMA_TILE", "halo"}});
-    ASSERT_TRUE(wgmma && halo);
+                                                        {"LATENT_CONV_WGMMA_TILE", "halo"}}),
+                                   halo_tma = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
+                                                            {"LATENT_CONV_WGMMA_TILE", "halotma"}});
+    ASSERT_TRUE(wgmma && halo && halo_tma);
     // Reference: one CPU conv2d per temporal tap dt over frames [dt, dt + T), summed through the
     // residual input (what a causal convolution is), bias and activation on the last.
     const int64_t plane = c.cin * c.h * c.w, tap = 9;
@@ -442,7 +444,8 @@ TEST_P(CudaOps, Conv3dFrames) {
     EXPECT_TRUE(close(what + " (past0, past1, x)", after3, want, conv_tol()));
     for (const auto& [name, f] :
          {std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma]"), wgmma.get()),
-          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halo]"), halo.get())}) {
+          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halo]"), halo.get()),
+          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halotma]"), halo_tma.get())}) {
       Result<Tensor> all =
           f->conv3d_frames(up(*f, x), up(*f, w), 3, up(*f, b), p, up(*f, r), c.act);
       Result<Tensor> two = f->conv3d_frames_after({up(*f, slice(0, 2))}, up(*f, slice(2, c.frames)),
@@ -818,6 +821,9 @@ TEST(CudaBackend, ConvWgmmaTileNames) {
   Result<cuda::ConvWgmmaTile> halo = cuda::parse_conv_wgmma_tile("halo");
   ASSERT_TRUE(halo.ok()) << halo.status().message();
   EXPECT_TRUE(halo.value().halo);
+  Result<cuda::ConvWgmmaTile> halo_tma = cuda::parse_conv_wgmma_tile("halotma");
+  ASSERT_TRUE(halo_tma.ok()) << halo_tma.status().message();
+  EXPECT_TRUE(halo_tma.value().halo_tma);
   for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80", "halo2"}) {
     Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(bad);
     ASSERT_FALSE(t.ok()) << bad;

@@ -18,9 +18,14 @@
 // 8)) * 16), tiles 1024-byte aligned: the 128B-swizzle K-major layout of the wgmma descriptors
 // (SBO 1024 = 8 rows; a k16 step advances the start address by 32 bytes). Out-of-image taps and
 // rows past M are zero-filled by cp.async's source size 0.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/common.cuh"
@@ -44,6 +49,12 @@ __host__ __device__ constexpr int halo_rows(int bn, int c) { return bn == 64 && 
 // Halo pixels, padded so that every plane is a whole number of 1024-byte swizzle patterns.
 __host__ __device__ constexpr int halo_pixels(int rows) { return ((rows + 2) * 66 + 15) / 16 * 16; }
 constexpr int kHaloStages = 3;  // filter buffers
+
+// The TMA halo kernel's tensor maps (conv_halo_tma_kernel).
+struct HaloMaps {
+  CUtensorMap in[3][2];  // input segment x0 / x1 / x2; plane of 64 channels (128B) / of 32 (64B)
+  CUtensorMap w[2];      // the filter [k][ktot]: boxes of 64 / 32 K
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -508,6 +519,168 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
   });
 }
 
+// === the halo tile with TMA loads (LATENT_CONV_WGMMA_TILE=halotma; session 22, not yet run on a
+// GPU) ===
+// The halo tile above with its loads done by the Tensor Memory Accelerator: one thread issues,
+// per temporal tap, one box load a channel plane ([1, rows + 2, 66, 64 or 32] of the input
+// frame, out-of-image pixels zero-filled by the TMA, written in the 128B / 64B swizzle the
+// descriptors read) and per step one box of the filter ([bn, 64 or 32] of K); completion is
+// counted on mbarriers (bytes), so the warps spend no instructions on address math (the halo's
+// index math was ~1,250 instructions a warp before the main loop, session 22's ncu).
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+template <typename T, int kBn, int kC>
+__global__ void __launch_bounds__(256, 2)
+    conv_halo_tma_kernel(const Params p, const __grid_constant__ HaloMaps maps) {
+  constexpr int kR = halo_rows(kBn, kC), kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
+  constexpr int kSt = kHaloStages, kAhead = kSt - 2;
+  constexpr int kHw = 66, kNp = halo_pixels(kR);
+  constexpr int kWide = kC / 64, kWideK = kWide * 4;
+  static_assert(kC % 32 == 0 && kWide >= 1 && kBn % 16 == 0, "64 + 32 n channels");
+  constexpr uint32_t kHaloBytes = kNp * kC * 2u, kBBytes = kBn * kC * 2u;
+  constexpr uint32_t kHaloTx = (kR + 2) * kHw * kC * 2u;  // bytes a halo's boxes write
+  static_assert(kHaloBytes % 1024 == 0 && kBBytes % 1024 == 0, "plane bases 1024-byte aligned");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t b_base = base + kHaloBytes;
+  const uint32_t halo_bar = b_base + kSt * kBBytes;  // then kSt filter barriers, 8 bytes each
+  auto full_bar = [&](int s) { return halo_bar + 8u * (1 + s); };
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int tiles_x = (p.out_w + 63) >> 6, tiles_y = (p.out_h + kR - 1) / kR;
+  int t = blockIdx.x;
+  const int tx = t % tiles_x;
+  t /= tiles_x;
+  const int ty = t % tiles_y, f = t / tiles_y;
+  const int oy0 = ty * kR, ox0 = tx * 64, n0 = blockIdx.y * kBn;
+  const int steps = p.kt * kTaps;
+
+  if (tid == 0) {
+    mbar_init(halo_bar, 1);
+    for (int s = 0; s < kSt; ++s) mbar_init(full_bar(s), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // Thread 0 only.
+  auto tma_halo = [&](int dt) {
+    const int fi = f + dt, seg = fi < p.in.n0 ? 0 : fi < p.in.n1 ? 1 : 2;
+    const int fo = seg == 0 ? fi : seg == 1 ? fi - p.in.n0 : fi - p.in.n1;
+    mbar_expect_tx(halo_bar, kHaloTx);
+#pragma unroll
+    for (int pl = 0; pl < kWide; ++pl)
+      tma_load_4d(base + pl * kNp * 128u, &maps.in[seg][0], halo_bar, pl * 64, ox0 - p.pad_w,
+                  oy0 - p.pad_h, fo);
+    if (kC % 64 != 0)
+      tma_load_4d(base + kWide * kNp * 128u, &maps.in[seg][1], halo_bar, kWide * 64, ox0 - p.pad_w,
+                  oy0 - p.pad_h, fo);
+  };
+  auto tma_b = [&](int step) {
+    const int s = step % kSt;
+    const uint32_t dst = b_base + s * kBBytes;
+    mbar_expect_tx(full_bar(s), kBBytes);
+#pragma unroll
+    for (int pl = 0; pl < kWide; ++pl)
+      tma_load_2d(dst + pl * kBn * 128u, &maps.w[0], full_bar(s), step * kC + pl * 64, n0);
+    if (kC % 64 != 0)
+      tma_load_2d(dst + kWide * kBn * 128u, &maps.w[1], full_bar(s), step * kC + kWide * 64, n0);
+  };
+
+  float acc[kMt][kAcc];
+#pragma unroll
+  for (int m = 0; m < kMt; ++m)
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[m][i] = 0.f;
+#pragma unroll
+  for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);  // see conv_halo_kernel
+
+  if (tid == 0) {
+    tma_halo(0);
+    for (int g = 0; g < kAhead && g < steps; ++g) tma_b(g);
+  }
+  for (int kc = 0; kc < steps; ++kc) {
+    const int dt = kc / kTaps, sp = kc - dt * kTaps, dy = sp / 3, dx = sp - dy * 3;
+    if (sp == 0 && dt > 0) {
+      // The next temporal tap's halo, once every wgmma that reads the buffer is complete.
+      wgmma_wait<0>();
+      __syncthreads();
+      if (tid == 0) tma_halo(dt);
+    }
+    if (sp == 0) mbar_wait(halo_bar, dt & 1);
+    mbar_wait(full_bar(kc % kSt), (kc / kSt) & 1);
+    __syncthreads();  // step kc - 2's wgmmas done in every warpgroup: its buffer is refilled next
+    if (tid == 0 && kc + kAhead < steps) tma_b(kc + kAhead);
+    const uint32_t bb = b_base + (kc % kSt) * kBBytes;
+    const int q0 = (wg * kMt + dy) * kHw + dx;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      if (kk < kWideK) {
+        const uint32_t plane = (kk >> 2) * 128u, k32 = (kk & 3) * 32u;
+        const uint64_t db = swizzled_desc<128>(bb + plane * kBn + k32);
+#pragma unroll
+        for (int m = 0; m < kMt; ++m)
+          wgmma_ss<T, kBn>(
+              acc[m], swizzled_desc<128>(base + plane * kNp + (q0 + m * kHw) * 128u + k32), db);
+      } else {
+        const uint32_t k32 = (kk - kWideK) * 32u;
+        const uint64_t db = swizzled_desc<64>(bb + kWide * kBn * 128u + k32);
+#pragma unroll
+        for (int m = 0; m < kMt; ++m)
+          wgmma_ss<T, kBn>(
+              acc[m], swizzled_desc<64>(base + kWide * kNp * 128u + (q0 + m * kHw) * 64u + k32),
+              db);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
+
+  __syncthreads();  // every warpgroup's wgmmas complete (and every box loaded): buffers free
+  static_assert(kR * 64 * stage_stride(kBn) * 4 <= kHaloBytes + kSt * kBBytes,
+                "the staged tile fits below the barriers");
+  float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
+  stage_acc<kBn, kMt>(stile, acc, wg * kMt);
+  __syncthreads();
+  store_staged_act<T, kBn, kR * 64, 256>(stile, p, n0, [&](int px) -> int64_t {
+    const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
+    if (oy >= p.out_h || ox >= p.out_w) return -1;
+    return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
+  });
+}
+
 #else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
 
 template <typename T, int kBn, int kMt, int kWg, int kSt>
@@ -518,6 +691,12 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
 
 template <typename T, int kBn, int kC>
 __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params) {
+  __trap();
+}
+
+template <typename T, int kBn, int kC>
+__global__ void __launch_bounds__(256, 2)
+    conv_halo_tma_kernel(const Params, const __grid_constant__ HaloMaps) {
   __trap();
 }
 
@@ -596,10 +775,10 @@ int64_t halo_tiles(int frames, int out_h, int out_w, int rows) {
 // stride 1, 64 or 96 input channels, an output-channel tile, its shared memory, the tile count
 // in range.
 bool halo_fits(const ConvWgmmaArgs& a, const Launch& l) {
-  if (!a.tile.halo || a.stride != 1 || a.r != 3 || a.s != 3) return false;
+  if (!(a.tile.halo || a.tile.halo_tma) || a.stride != 1 || a.r != 3 || a.s != 3) return false;
   if (a.c != 64 && a.c != 96) return false;
   const int bn = halo_bn(a.k);
-  if (bn == 0 || halo_smem(bn, a.c) > l.smem_optin) return false;
+  if (bn == 0 || halo_smem(bn, a.c) + 64 > l.smem_optin) return false;
   return halo_tiles(a.frames, a.out_h, a.out_w, halo_rows(bn, a.c)) < INT32_MAX;
 }
 
@@ -616,23 +795,100 @@ Status run_halo_tile(const Params& p, const Launch& l) {
   return ok_status();
 }
 
+// The TMA halo kernel's tensor maps: the input frames' segments as [frames][h][w][c] boxes of
+// [1][rows + 2][66][64 | 32], the filter [k][ktot] as boxes of [bn][64 | 32].
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+Result<EncodeTiled> encode_tiled() {
+  static void* fn = nullptr;
+  static cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  static const cudaError_t rc = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn,
+                                                                 12000, cudaEnableDefault, &found);
+  if (rc != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+    return Status::errorf("conv_wgmma: the driver has no cuTensorMapEncodeTiled (",
+                          cudaGetErrorString(rc), ", query result ", static_cast<int>(found), ")");
+  return reinterpret_cast<EncodeTiled>(fn);
+}
+
+Status encode_map(EncodeTiled encode, CUtensorMap* map, bool bf16, const void* base, int rank,
+                  const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                  int inner_bytes) {
+  const cuuint32_t ones[4] = {1, 1, 1, 1};
+  const CUresult rc =
+      encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, strides, box, ones,
+             CU_TENSOR_MAP_INTERLEAVE_NONE,
+             inner_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS)
+    return Status::errorf("conv_wgmma: cuTensorMapEncodeTiled failed (CUresult ",
+                          static_cast<int>(rc), ", rank ", rank, ", box of ", inner_bytes,
+                          " bytes)");
+  return ok_status();
+}
+
+Status make_halo_maps(const Params& p, int bn, int rows, bool bf16, HaloMaps* maps) {
+  Result<EncodeTiled> encode = encode_tiled();
+  if (!encode.ok()) return encode.status();
+  const int total = p.frames + p.kt - 1;  // input frames
+  const void* seg[3] = {p.in.x0, p.in.x1, p.in.x2};
+  const int first[3] = {0, p.in.n0, p.in.n1};
+  const int end[3] = {std::min(p.in.n0, total), std::min(p.in.n1, total), total};
+  for (int s = 0; s < 3; ++s) {
+    const cuuint64_t frames = static_cast<cuuint64_t>(std::max(1, end[s] - first[s]));
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.w),
+                                static_cast<cuuint64_t>(p.h), frames};
+    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.c) * 2,
+                                   static_cast<cuuint64_t>(p.w) * p.c * 2,
+                                   static_cast<cuuint64_t>(p.in.frame_elems) * 2};
+    for (int pl = 0; pl < 2; ++pl) {
+      const cuuint32_t box[4] = {pl == 0 ? 64u : 32u, 66u, static_cast<cuuint32_t>(rows + 2), 1u};
+      LATENT_TRY(encode_map(encode.value(), &maps->in[s][pl], bf16, seg[s], 4, dims, strides, box,
+                            pl == 0 ? 128 : 64));
+    }
+  }
+  const cuuint64_t wdims[2] = {static_cast<cuuint64_t>(p.ktot), static_cast<cuuint64_t>(p.k)};
+  const cuuint64_t wstrides[1] = {static_cast<cuuint64_t>(p.ktot) * 2};
+  for (int pl = 0; pl < 2; ++pl) {
+    const cuuint32_t box[2] = {pl == 0 ? 64u : 32u, static_cast<cuuint32_t>(bn)};
+    LATENT_TRY(encode_map(encode.value(), &maps->w[pl], bf16, p.weight, 2, wdims, wstrides, box,
+                          pl == 0 ? 128 : 64));
+  }
+  return ok_status();
+}
+
+template <typename T, int kBn, int kC>
+Status run_halo_tma_tile(const Params& p, const Launch& l) {
+  HaloMaps maps;
+  LATENT_TRY(make_halo_maps(p, kBn, halo_rows(kBn, kC), std::is_same_v<T, bf16>, &maps));
+  const size_t smem = halo_smem(kBn, kC) + 8 * (1 + kHaloStages);  // + the mbarriers
+  auto kernel = conv_halo_tma_kernel<T, kBn, kC>;
+  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(halo_tiles(p.frames, p.out_h, p.out_w, halo_rows(kBn, kC))),
+                  p.k / kBn);
+  kernel<<<grid, 256, smem, l.stream>>>(p, maps);
+  LATENT_CUDA_CHECK_LAUNCH("conv_halo_tma_kernel");
+  return ok_status();
+}
+
 template <typename T, int kC>
-Status run_halo_c(const Params& p, const Launch& l) {
+Status run_halo_c(const Params& p, bool tma, const Launch& l) {
   switch (halo_bn(p.k)) {
     case 96:
-      return run_halo_tile<T, 96, kC>(p, l);
+      return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
     case 128:
-      return run_halo_tile<T, 128, kC>(p, l);
+      return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
     case 64:
-      return run_halo_tile<T, 64, kC>(p, l);
+      return tma ? run_halo_tma_tile<T, 64, kC>(p, l) : run_halo_tile<T, 64, kC>(p, l);
     default:
       return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
   }
 }
 
 template <typename T>
-Status run_halo(const Params& p, const Launch& l) {
-  return p.c == 64 ? run_halo_c<T, 64>(p, l) : run_halo_c<T, 96>(p, l);
+Status run_halo(const Params& p, bool tma, const Launch& l) {
+  return p.c == 64 ? run_halo_c<T, 64>(p, tma, l) : run_halo_c<T, 96>(p, tma, l);
 }
 
 template <typename T>
@@ -700,8 +956,8 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.m = a.frames * p.ohw;
   p.ktot = a.kt * a.r * a.s * a.c;
   if (halo_fits(a, l)) {
-    if (dtype == DType::kBF16) return run_halo<bf16>(p, l);
-    if (dtype == DType::kF16) return run_halo<f16>(p, l);
+    if (dtype == DType::kBF16) return run_halo<bf16>(p, a.tile.halo_tma, l);
+    if (dtype == DType::kF16) return run_halo<f16>(p, a.tile.halo_tma, l);
   }
   const Tile t = tile_for(a.k, a.tile);
   if (dtype == DType::kBF16) return run_for<bf16>(p, t, l);

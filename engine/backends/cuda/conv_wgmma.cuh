@@ -28,6 +28,7 @@ namespace latent::cuda {
 struct ConvWgmmaTile {
   int mt = 1, bn = 0, wg = 2, stages = 4;
   bool halo = false;  // the halo kernel (conv_wgmma.cu) for the calls it fits
+  bool halo_tma = false;  // the same with its loads by TMA ("halotma"; not yet run on a GPU)
 };
 
 // LATENT_CONV_WGMMA_TILE's values: "<128|256>x<64|96|128|192|256>" (two warpgroups; 256 with bn
@@ -42,6 +43,10 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   if (!text || !*text) return f;
   if (std::string(text) == "halo") {
     f.halo = true;
+    return f;
+  }
+  if (std::string(text) == "halotma") {
+    f.halo_tma = true;
     return f;
   }
   int bm = 0, bn = 0, used = 0;
@@ -59,7 +64,7 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
                         " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
                         "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5; "
-                        "halo)");
+                        "halo, halotma)");
 }
 
 struct ConvWgmmaArgs {
