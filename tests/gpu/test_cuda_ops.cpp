@@ -285,12 +285,14 @@ TEST_P(CudaOps, ConvOddChannels) {
 // every output-channel tile (64, 96, 128, 192, 256), pixel counts that leave a partial tile,
 // the smallest channel count it takes (8); then again with the four-warpgroup tiles forced
 // (LATENT_CONV_WGMMA_TILE 256x64w4, 256x96w4s5, 256x128w4: where their width divides the
-// output channels, the default tile elsewhere).
+// output channels, the default tile elsewhere), the halo kernels wherever they fit (halo,
+// halotma) and the implicit-GEMM tiles only ("implicit": the default picks the TMA halo kernel
+// at 96 -> 96 and at 64 -> 64 with a residual).
 TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::vector<std::pair<std::string, Backend*>> forced = {
       {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
-  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma"})
+  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "implicit"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
         backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
@@ -389,14 +391,16 @@ TEST_P(CudaOps, Conv3dFrames) {
     if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
     Result<Tensor> got =
         gpu_->conv3d_frames(on_gpu(x), on_gpu(w), 3, on_gpu(b), p, on_gpu(r), c.act);
-    // The implicit-GEMM kernel forced, with its default tiles and with the halo tile (64 / 96
-    // input channels; the default tile for the rest).
+    // The implicit-GEMM kernel forced, with its default tiles, with the halo tiles (64 / 96
+    // input channels; the default tile for the rest) and with the implicit-GEMM tiles only.
     const std::shared_ptr<Backend> wgmma = wgmma_backend(),
                                    halo = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
                                                         {"LATENT_CONV_WGMMA_TILE", "halo"}}),
                                    halo_tma = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
-                                                            {"LATENT_CONV_WGMMA_TILE", "halotma"}});
-    ASSERT_TRUE(wgmma && halo && halo_tma);
+                                                            {"LATENT_CONV_WGMMA_TILE", "halotma"}}),
+                                   implicit = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
+                                                            {"LATENT_CONV_WGMMA_TILE", "implicit"}});
+    ASSERT_TRUE(wgmma && halo && halo_tma && implicit);
     // Reference: one CPU conv2d per temporal tap dt over frames [dt, dt + T), summed through the
     // residual input (what a causal convolution is), bias and activation on the last.
     const int64_t plane = c.cin * c.h * c.w, tap = 9;
@@ -445,7 +449,8 @@ TEST_P(CudaOps, Conv3dFrames) {
     for (const auto& [name, f] :
          {std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma]"), wgmma.get()),
           std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halo]"), halo.get()),
-          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halotma]"), halo_tma.get())}) {
+          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halotma]"), halo_tma.get()),
+          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile implicit]"), implicit.get())}) {
       Result<Tensor> all =
           f->conv3d_frames(up(*f, x), up(*f, w), 3, up(*f, b), p, up(*f, r), c.act);
       Result<Tensor> two = f->conv3d_frames_after({up(*f, slice(0, 2))}, up(*f, slice(2, c.frames)),
@@ -824,6 +829,10 @@ TEST(CudaBackend, ConvWgmmaTileNames) {
   Result<cuda::ConvWgmmaTile> halo_tma = cuda::parse_conv_wgmma_tile("halotma");
   ASSERT_TRUE(halo_tma.ok()) << halo_tma.status().message();
   EXPECT_TRUE(halo_tma.value().halo_tma);
+  Result<cuda::ConvWgmmaTile> implicit = cuda::parse_conv_wgmma_tile("implicit");
+  ASSERT_TRUE(implicit.ok()) << implicit.status().message();
+  EXPECT_TRUE(implicit.value().no_halo);
+  EXPECT_FALSE(implicit.value().halo_tma);
   for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80", "halo2"}) {
     Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(bad);
     ASSERT_FALSE(t.ok()) << bad;

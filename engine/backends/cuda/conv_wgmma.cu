@@ -519,14 +519,14 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
   });
 }
 
-// === the halo tile with TMA loads (LATENT_CONV_WGMMA_TILE=halotma; session 22, not yet run on a
-// GPU) ===
+// === the halo tile with TMA loads (the default where halo_kind() picks it; session 23) ===
 // The halo tile above with its loads done by the Tensor Memory Accelerator: one thread issues,
 // per temporal tap, one box load a channel plane ([1, rows + 2, 66, 64 or 32] of the input
 // frame, out-of-image pixels zero-filled by the TMA, written in the 128B / 64B swizzle the
 // descriptors read) and per step one box of the filter ([bn, 64 or 32] of K); completion is
 // counted on mbarriers (bytes), so the warps spend no instructions on address math (the halo's
-// index math was ~1,250 instructions a warp before the main loop, session 22's ncu).
+// index math was ~1,250 instructions a warp before the main loop, session 22's ncu). On an H200:
+// 0.94 ms at 720p 96-channel 3x3x3 (the cp.async halo tile 1.37, cuDNN's fused graph 1.01).
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -771,15 +771,36 @@ int64_t halo_tiles(int frames, int out_h, int out_w, int rows) {
   return static_cast<int64_t>(frames) * ((out_h + rows - 1) / rows) * ((out_w + 63) / 64);
 }
 
-// Whether the halo kernel (LATENT_CONV_WGMMA_TILE=halo) runs this call: 3x3 (x kt) filters,
-// stride 1, 64 or 96 input channels, an output-channel tile, its shared memory, the tile count
-// in range.
-bool halo_fits(const ConvWgmmaArgs& a, const Launch& l) {
-  if (!(a.tile.halo || a.tile.halo_tma) || a.stride != 1 || a.r != 3 || a.s != 3) return false;
+// Whether a halo kernel can run this call: 3x3 (x kt) filters, stride 1, 64 or 96 input
+// channels, an output-channel tile, its shared memory, the tile count in range.
+bool halo_shape_fits(const ConvWgmmaArgs& a, const Launch& l) {
+  if (a.stride != 1 || a.r != 3 || a.s != 3) return false;
   if (a.c != 64 && a.c != 96) return false;
   const int bn = halo_bn(a.k);
   if (bn == 0 || halo_smem(bn, a.c) + 64 > l.smem_optin) return false;
   return halo_tiles(a.frames, a.out_h, a.out_w, halo_rows(bn, a.c)) < INT32_MAX;
+}
+
+Result<PFN_cuTensorMapEncodeTiled_v12000> encode_tiled();
+
+// Which kernel runs a call the halo kernels fit: LATENT_CONV_WGMMA_TILE=halo / halotma: that one;
+// "implicit" or another tile: none; the default: the TMA one where it beat cuDNN's fused graphs
+// per call (bench_conv, H200, 2026-11-28 session 23: 96 -> 96 channels 0.94 against 1.01 ms at
+// 720p 3x3x3, 0.43 against 0.52 at 720p 3x3; 64 -> 64 with a residual 0.46-0.52 against
+// 0.50-0.54 at 1080p; behind it at 64 -> 64 without a residual, 0.41-0.42 against 0.32-0.33, and
+// at 96 -> 192, 0.19 against 0.15).
+enum class HaloKind { kNone, kCpAsync, kTma };
+HaloKind halo_kind(const ConvWgmmaArgs& a, const Launch& l) {
+  if (!halo_shape_fits(a, l)) return HaloKind::kNone;
+  if (a.tile.halo) return HaloKind::kCpAsync;
+  if (a.tile.halo_tma) return HaloKind::kTma;
+  if (a.tile.no_halo || a.tile.bn != 0) return HaloKind::kNone;
+  const bool wins = (a.c == 96 && a.k == 96) || (a.c == 64 && a.k == 64 && a.residual);
+  static const bool tma = encode_tiled().ok();
+  return wins && tma ? HaloKind::kTma : HaloKind::kNone;
+}
+bool halo_fits(const ConvWgmmaArgs& a, const Launch& l) {
+  return halo_kind(a, l) != HaloKind::kNone;
 }
 
 template <typename T, int kBn, int kC>
@@ -945,6 +966,7 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l) {
   // engine/models/vae/qwen_image.cpp) cuDNN's fused operation graph is ahead at that shape too
   // (bench_conv, 2026-11-28: 1.01 against 1.39 ms on an H200; H100 session 12: 1.17 against 1.40).
   // LATENT_CONV_WGMMA_TILE=halo (measuring it): every call the halo kernel fits.
+  // The halo kernels where halo_kind() picks one (by default the TMA one where it beat cuDNN).
   return (a.k == 96 && a.kt == 3 && a.x1 != nullptr) || halo_fits(a, l);
 }
 
@@ -955,9 +977,9 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.ohw = a.out_h * a.out_w;
   p.m = a.frames * p.ohw;
   p.ktot = a.kt * a.r * a.s * a.c;
-  if (halo_fits(a, l)) {
-    if (dtype == DType::kBF16) return run_halo<bf16>(p, a.tile.halo_tma, l);
-    if (dtype == DType::kF16) return run_halo<f16>(p, a.tile.halo_tma, l);
+  if (const HaloKind h = halo_kind(a, l); h != HaloKind::kNone) {
+    if (dtype == DType::kBF16) return run_halo<bf16>(p, h == HaloKind::kTma, l);
+    if (dtype == DType::kF16) return run_halo<f16>(p, h == HaloKind::kTma, l);
   }
   const Tile t = tile_for(a.k, a.tile);
   if (dtype == DType::kBF16) return run_for<bf16>(p, t, l);
