@@ -47,7 +47,11 @@ def run_image_once(tool: str, workdir: str, name: str, part: str, size: str, env
     inputs = os.path.join(workdir, f"{name}-{part}-{size}-in.safetensors")
     if not os.path.exists(inputs):
         raise RuntimeError(f"{inputs}: no input (run bench_vae.py --models {name} --sizes {size} first)")
-    cmd = [tool, "run", "--model", os.path.join(workdir, name), "--part", part, "--inputs", inputs,
+    # bench_vae.py's "default" is the built-in model's own folder (models/default), the rest under
+    # its workdir.
+    model = os.path.join(os.path.dirname(HERE), "models", "default") if name == "default" else \
+        os.path.join(workdir, name)
+    cmd = [tool, "run", "--model", model, "--part", part, "--inputs", inputs,
            "--outputs", os.path.join(workdir, f"{name}-{part}-{size}-ab.safetensors"), "--device",
            "cuda", "--dtype", "bf16", "--warmup", "3", "--repeat", "20", "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
