@@ -287,12 +287,13 @@ TEST_P(CudaOps, ConvOddChannels) {
 // (LATENT_CONV_WGMMA_TILE 256x64w4, 256x96w4s5, 256x128w4: where their width divides the
 // output channels, the default tile elsewhere), the halo kernels wherever they fit (halo,
 // halotma) and the implicit-GEMM tiles only ("implicit": the default picks the TMA halo kernel
-// at 96 -> 96 and at 64 -> 64 with a residual).
+// at 96 -> 96 and at 64 -> 64 with a residual; "strip64": the strip kernel at 64 -> 64).
 TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::vector<std::pair<std::string, Backend*>> forced = {
       {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
-  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "implicit"})
+  for (const char* tile :
+       {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "implicit", "strip64"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
         backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
@@ -307,6 +308,12 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
                   true, false, Activation::kReLU, 630);
   check_conv_also(forced, "conv 3x3 [1,8,33,31] -> 256", {1, 8, 33, 31}, 256, 3, same, false, false,
                   Activation::kNone, 640);
+  // 64 -> 64 over several strips of 128 pixels, the last partial, more strips than SMs on a small
+  // card's share (the strip kernel's persistent loop, its 3 buffers' reuse).
+  check_conv_also(forced, "conv 3x3 [2,64,75,300] -> 64 +bias +residual, SiLU", {2, 64, 75, 300},
+                  64, 3, same, true, true, Activation::kSiLU, 645);
+  check_conv_also(forced, "conv 3x3 [1,64,9,130] -> 64", {1, 64, 9, 130}, 64, 3, same, false, false,
+                  Activation::kNone, 646);
   check_conv_also(forced, "conv 1x1 [1,96,30,50] -> 192 +bias", {1, 96, 30, 50}, 192, 1,
                   Conv2dParams(), true, false, Activation::kNone, 650);
   check_conv_also(forced, "conv 3x3 [1,128,40,40] -> 128 +bias +residual, GELU", {1, 128, 40, 40},
@@ -326,6 +333,8 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
   lopsided.pad_left = lopsided.pad_right = 1;
   check_conv_also(forced, "conv 3x3 pad(t2,b0,l1,r1) [1,32,19,23] -> 64", {1, 32, 19, 23}, 64, 3,
                   lopsided, true, false, Activation::kNone, 690);
+  check_conv_also(forced, "conv 3x3 pad(t2,b0,l1,r1) [1,64,19,140] -> 64 +bias, ReLU",
+                  {1, 64, 19, 140}, 64, 3, lopsided, true, false, Activation::kReLU, 695);
   // Input channels padded to a multiple of 8 (an RGB image's first convolution).
   check_conv_also(forced, "conv 3x3 [2,3,21,34] -> 64 +bias, ReLU (channels padded)",
                   {2, 3, 21, 34}, 64, 3, same, true, false, Activation::kReLU, 700);
@@ -832,6 +841,9 @@ TEST(CudaBackend, ConvWgmmaTileNames) {
   Result<cuda::ConvWgmmaTile> implicit = cuda::parse_conv_wgmma_tile("implicit");
   ASSERT_TRUE(implicit.ok()) << implicit.status().message();
   EXPECT_TRUE(implicit.value().no_halo);
+  Result<cuda::ConvWgmmaTile> strip = cuda::parse_conv_wgmma_tile("strip64");
+  ASSERT_TRUE(strip.ok()) << strip.status().message();
+  EXPECT_TRUE(strip.value().strip64);
   EXPECT_FALSE(implicit.value().halo_tma);
   for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80", "halo2"}) {
     Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(bad);

@@ -55,6 +55,20 @@ struct HaloMaps {
   CUtensorMap in[3][2];  // input segment x0 / x1 / x2; plane of 64 channels (128B) / of 32 (64B)
   CUtensorMap w[2];      // the filter [k][ktot]: boxes of 64 / 32 K
 };
+// The strip kernel's (conv_strip64_kernel): the input [frames][h][w][64] as boxes of
+// [1][3][130][64], the filter [64][9 * 64] as boxes of [64][64].
+struct StripMaps {
+  CUtensorMap in;
+  CUtensorMap w;
+};
+constexpr int kStripPx = 128, kStripHw = kStripPx + 2;
+constexpr uint32_t kStripHaloBytes = 3u * kStripHw * 128u;                      // 49,920
+constexpr uint32_t kStripBufBytes = (kStripHaloBytes + 1023u) / 1024u * 1024u;  // 50,176
+constexpr int kStripBufs = 3;
+constexpr uint32_t kStripTapBytes = 64u * 128u;              // one tap of the filter
+constexpr uint32_t kStripFilterBytes = 9u * kStripTapBytes;  // 73,728
+constexpr size_t kStripSmem =
+    1024 + kStripFilterBytes + kStripBufs * kStripBufBytes + 8 * (1 + 2 * kStripBufs);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -131,7 +145,7 @@ __device__ __forceinline__ void stage_acc(float* stile, const float (&acc)[kMt][
 // the pixel's channel 0 in y and the residual, or -1 outside the output.
 template <typename T, int kBn, int kPx, int kThreads, Activation kAct, typename PixelOffset>
 __device__ __forceinline__ void store_staged(const float* stile, const Params& p, int n0,
-                                             PixelOffset pixel_offset) {
+                                             PixelOffset pixel_offset, int tid) {
   constexpr int kC8 = kBn / 8, kChunks = kPx * kC8;
   constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
   const T* bias = static_cast<const T*>(p.bias);
@@ -140,7 +154,7 @@ __device__ __forceinline__ void store_staged(const float* stile, const Params& p
   // The chunk's element offset in y and the residual, -1 outside the output (computed again
   // for the store rather than kept: 2 registers a chunk).
   auto offset = [&](int it) -> int64_t {
-    const int l = threadIdx.x + it * kThreads, px = l / kC8, c8 = l - px * kC8;
+    const int l = tid + it * kThreads, px = l / kC8, c8 = l - px * kC8;
     if (kChunks % kThreads != 0 && l >= kChunks) return -1;
     const int64_t o = pixel_offset(px);
     return o < 0 ? -1 : o + n0 + c8 * 8;
@@ -156,7 +170,7 @@ __device__ __forceinline__ void store_staged(const float* stile, const Params& p
   for (int it = 0; it < kIters; ++it) {
     const int64_t o = offset(it);
     if (o < 0) continue;
-    const int l = threadIdx.x + it * kThreads, px = l / kC8, c8 = l - px * kC8;
+    const int l = tid + it * kThreads, px = l / kC8, c8 = l - px * kC8;
     const float* src = stile + px * stage_stride(kBn) + c8 * 8;
     const float4 a = *reinterpret_cast<const float4*>(src);
     const float4 b = *reinterpret_cast<const float4*>(src + 4);
@@ -183,20 +197,26 @@ __device__ __forceinline__ void store_staged(const float* stile, const Params& p
 
 // store_staged with the activation a constant (one switch a block, not one an element: the
 // per-element switch made the epilogue ~150 instructions a chunk).
+// `tid`: the thread's index among the kThreads that store (threadIdx.x for a whole block).
 template <typename T, int kBn, int kPx, int kThreads, typename PixelOffset>
 __device__ __forceinline__ void store_staged_act(const float* stile, const Params& p, int n0,
-                                                 PixelOffset pixel_offset) {
+                                                 PixelOffset pixel_offset, int tid) {
   switch (static_cast<Activation>(p.act)) {
     case Activation::kSiLU:
-      return store_staged<T, kBn, kPx, kThreads, Activation::kSiLU>(stile, p, n0, pixel_offset);
+      return store_staged<T, kBn, kPx, kThreads, Activation::kSiLU>(stile, p, n0, pixel_offset,
+                                                                    tid);
     case Activation::kReLU:
-      return store_staged<T, kBn, kPx, kThreads, Activation::kReLU>(stile, p, n0, pixel_offset);
+      return store_staged<T, kBn, kPx, kThreads, Activation::kReLU>(stile, p, n0, pixel_offset,
+                                                                    tid);
     case Activation::kGELU:
-      return store_staged<T, kBn, kPx, kThreads, Activation::kGELU>(stile, p, n0, pixel_offset);
+      return store_staged<T, kBn, kPx, kThreads, Activation::kGELU>(stile, p, n0, pixel_offset,
+                                                                    tid);
     case Activation::kTanh:
-      return store_staged<T, kBn, kPx, kThreads, Activation::kTanh>(stile, p, n0, pixel_offset);
+      return store_staged<T, kBn, kPx, kThreads, Activation::kTanh>(stile, p, n0, pixel_offset,
+                                                                    tid);
     default:
-      return store_staged<T, kBn, kPx, kThreads, Activation::kNone>(stile, p, n0, pixel_offset);
+      return store_staged<T, kBn, kPx, kThreads, Activation::kNone>(stile, p, n0, pixel_offset,
+                                                                    tid);
   }
 }
 
@@ -342,10 +362,13 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
   float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
   stage_acc<kBn, kMt>(stile, acc, wg * kMt);
   __syncthreads();
-  store_staged_act<T, kBn, kBm, kThreads>(stile, p, n0, [&](int px) -> int64_t {
-    const int m = m0 + px;
-    return m < p.m ? static_cast<int64_t>(m) * p.k : -1;
-  });
+  store_staged_act<T, kBn, kBm, kThreads>(
+      stile, p, n0,
+      [&](int px) -> int64_t {
+        const int m = m0 + px;
+        return m < p.m ? static_cast<int64_t>(m) * p.k : -1;
+      },
+      threadIdx.x);
 }
 
 // === the halo tile (LATENT_CONV_WGMMA_TILE=halo) ===
@@ -512,11 +535,14 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
   float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
   stage_acc<kBn, kMt>(stile, acc, wg * kMt);
   __syncthreads();
-  store_staged_act<T, kBn, kR * 64, 256>(stile, p, n0, [&](int px) -> int64_t {
-    const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
-    if (oy >= p.out_h || ox >= p.out_w) return -1;
-    return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
-  });
+  store_staged_act<T, kBn, kR * 64, 256>(
+      stile, p, n0,
+      [&](int px) -> int64_t {
+        const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
+        if (oy >= p.out_h || ox >= p.out_w) return -1;
+        return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
+      },
+      threadIdx.x);
 }
 
 // === the halo tile with TMA loads (the default where halo_kind() picks it; session 23) ===
@@ -674,11 +700,140 @@ __global__ void __launch_bounds__(256, 2)
   float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
   stage_acc<kBn, kMt>(stile, acc, wg * kMt);
   __syncthreads();
-  store_staged_act<T, kBn, kR * 64, 256>(stile, p, n0, [&](int px) -> int64_t {
-    const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
-    if (oy >= p.out_h || ox >= p.out_w) return -1;
-    return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
-  });
+  store_staged_act<T, kBn, kR * 64, 256>(
+      stile, p, n0,
+      [&](int px) -> int64_t {
+        const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
+        if (oy >= p.out_h || ox >= p.out_w) return -1;
+        return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
+      },
+      threadIdx.x);
+}
+
+// === 64 -> 64 channels, 2-D 3x3: the strip kernel (where use_strip64() picks it; session 23) ===
+// The TAESD family's convolutions. With 64 output channels as wgmma's N (the kernels above) a
+// m64n64k16 reads 4 KiB of shared memory for 32 cycles of tensor work: shared memory's 128
+// bytes a cycle are the limit, and those kernels' wgmmas alone reach only half the FLOP rate.
+// Here the 64 output channels are M and 128 output pixels of one row are N: a m64n128k16 reads
+// 6 KiB for 64 cycles. The whole filter (9 taps x 64 x 64, 72 KiB) stays in shared memory for the
+// block's life (A: tap t's [64 out][64 in], 128B-swizzled, K-major); a tile is a strip of 128
+// output pixels of one row, its halo 3 input rows of 130 pixels loaded by one TMA box (zero fill
+// out of the image), and the window of tap (dy, dx) is the halo's 128 pixels from row dy, pixel
+// dx (B, K-major, any start pixel: the swizzle phase comes from the address).
+//
+// Persistent and warp-specialised: one block an SM (3 warpgroups). Warpgroup 0's first thread
+// loads the filter once, then the halos of the block's strips (blockIdx.x, + gridDim.x, ...)
+// into 3 buffers, each buffer's reuse waiting for its "empty" barrier. Warpgroups 1 and 2 take
+// alternate strips: wait for the halo ("full"), 36 wgmmas, then the epilogue staged through the
+// halo buffer just read (fp32 [128 px][68], 34 KiB), and release the buffer. One consumer's
+// epilogue runs while the other's wgmmas do.
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <typename T>
+__global__ void __launch_bounds__(384, 1)
+    conv_strip64_kernel(const Params p, const __grid_constant__ StripMaps maps) {
+  static_assert(kStripPx * stage_stride(64) * 4 <= kStripBufBytes, "a strip stages in its halo");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t fbase = base, hbase = base + kStripFilterBytes;
+  const uint32_t bars = hbase + kStripBufs * kStripBufBytes;
+  const uint32_t filter_bar = bars;
+  auto full_bar = [&](int b) { return bars + 8u * (1 + b); };
+  auto empty_bar = [&](int b) { return bars + 8u * (1 + kStripBufs + b); };
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int tiles_x = (p.out_w + kStripPx - 1) / kStripPx;
+  const int ntiles = p.frames * p.out_h * tiles_x;  // < INT32_MAX (strip64_fits)
+  const int tiles_here = ntiles > static_cast<int>(blockIdx.x)
+                             ? (ntiles - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
+                             : 0;
+  if (tid == 0) {
+    mbar_init(filter_bar, 1);
+    for (int b = 0; b < kStripBufs; ++b) {
+      mbar_init(full_bar(b), 1);
+      mbar_init(empty_bar(b), 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto strip = [&](int i, int* f, int* oy, int* x0) {
+    int t = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
+    *x0 = (t % tiles_x) * kStripPx;
+    t /= tiles_x;
+    *oy = t % p.out_h;
+    *f = t / p.out_h;
+  };
+  if (wg == 0) {  // the producer
+    if (tid == 0) {
+      mbar_expect_tx(filter_bar, kStripFilterBytes);
+      for (int tap = 0; tap < 9; ++tap)
+        tma_load_2d(fbase + tap * kStripTapBytes, &maps.w, filter_bar, tap * 64, 0);
+      for (int i = 0; i < tiles_here; ++i) {
+        const int b = i % kStripBufs;
+        if (i >= kStripBufs) mbar_wait(empty_bar(b), ((i / kStripBufs) - 1) & 1);
+        int f, oy, x0;
+        strip(i, &f, &oy, &x0);
+        mbar_expect_tx(full_bar(b), kStripHaloBytes);
+        tma_load_4d(hbase + b * kStripBufBytes, &maps.in, full_bar(b), 0, x0 - p.pad_w,
+                    oy - p.pad_h, f);
+      }
+    }
+    return;
+  }
+  const int c = wg - 1, lt = tid - 128 * wg;
+  const int lane = tid & 31, wl = (tid >> 5) & 3, g = lane >> 2, tig = lane & 3;
+  mbar_wait(filter_bar, 0);
+  for (int i = c; i < tiles_here; i += 2) {
+    const int b = i % kStripBufs;
+    const uint32_t hb = hbase + b * kStripBufBytes;
+    float acc[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) acc[e] = 0.f;
+    fence_regs(acc);
+    mbar_wait(full_bar(b), (i / kStripBufs) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap) {
+      const int dy = tap / 3, dx = tap - dy * 3;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss<T, kStripPx>(acc, swizzled_desc<128>(fbase + tap * kStripTapBytes + kk * 32u),
+                              swizzled_desc<128>(hb + (dy * kStripHw + dx) * 128u + kk * 32u));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+    named_sync(1 + c, 128);  // every warp's wgmmas have read the halo: it becomes the staging
+    float* stile = reinterpret_cast<float*>(smem_raw + (hb - smem_addr(smem_raw)));
+    // acc[4 j + 2 h + e]: output channel 16 wl + g + 8 h, pixel 8 j + 2 tig + e.
+#pragma unroll
+    for (int j = 0; j < kStripPx / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          stile[(8 * j + 2 * tig + e) * stage_stride(64) + 16 * wl + g + 8 * h] =
+              acc[4 * j + 2 * h + e];
+    named_sync(1 + c, 128);
+    int f, oy, x0;
+    strip(i, &f, &oy, &x0);
+    store_staged_act<T, 64, kStripPx, 128>(
+        stile, p, 0,
+        [&](int px) -> int64_t {
+          const int ox = x0 + px;
+          if (ox >= p.out_w) return -1;
+          return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
+        },
+        lt);
+    fence_proxy_async();     // these generic accesses before the TMA writes the buffer again
+    named_sync(1 + c, 128);  // every thread done with the staging
+    if (lt == 0) mbar_arrive(empty_bar(b));
+  }
 }
 
 #else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
@@ -697,6 +852,12 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params) {
 template <typename T, int kBn, int kC>
 __global__ void __launch_bounds__(256, 2)
     conv_halo_tma_kernel(const Params, const __grid_constant__ HaloMaps) {
+  __trap();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(384, 1)
+    conv_strip64_kernel(const Params, const __grid_constant__ StripMaps) {
   __trap();
 }
 
@@ -893,6 +1054,61 @@ Status run_halo_tma_tile(const Params& p, const Launch& l) {
   return ok_status();
 }
 
+// Whether the strip kernel can run this call: 64 -> 64 channels, a 2-D 3x3 filter, stride 1,
+// the input in one tensor, its shared memory, the strip count in range.
+bool strip64_fits(const ConvWgmmaArgs& a, const Launch& l) {
+  if (a.c != 64 || a.k != 64 || a.kt != 1 || a.x1 || a.stride != 1 || a.r != 3 || a.s != 3)
+    return false;
+  if (kStripSmem > l.smem_optin) return false;
+  const int64_t strips =
+      static_cast<int64_t>(a.frames) * a.out_h * ((a.out_w + kStripPx - 1) / kStripPx);
+  return strips < INT32_MAX;
+}
+
+Status make_strip_maps(const Params& p, bool bf16, StripMaps* maps) {
+  Result<EncodeTiled> encode = encode_tiled();
+  if (!encode.ok()) return encode.status();
+  const cuuint64_t dims[4] = {64, static_cast<cuuint64_t>(p.w), static_cast<cuuint64_t>(p.h),
+                              static_cast<cuuint64_t>(p.frames)};
+  const cuuint64_t strides[3] = {64 * 2, static_cast<cuuint64_t>(p.w) * 64 * 2,
+                                 static_cast<cuuint64_t>(p.in.frame_elems) * 2};
+  const cuuint32_t box[4] = {64, kStripHw, 3, 1};
+  LATENT_TRY(encode_map(encode.value(), &maps->in, bf16, p.in.x0, 4, dims, strides, box, 128));
+  const cuuint64_t wdims[2] = {static_cast<cuuint64_t>(p.ktot), 64};
+  const cuuint64_t wstrides[1] = {static_cast<cuuint64_t>(p.ktot) * 2};
+  const cuuint32_t wbox[2] = {64, 64};
+  return encode_map(encode.value(), &maps->w, bf16, p.weight, 2, wdims, wstrides, wbox, 128);
+}
+
+// Whether the strip kernel runs this call: LATENT_CONV_WGMMA_TILE=strip64 wherever it fits; by
+// default (no tile named) where it beat cuDNN's fused graph per call: 64 -> 64 2-D 3x3 with no
+// activation or ReLU (bench_conv, H200, session 23: 0.31-0.34 ms at 1080p against 0.32-0.47;
+// with a residual and SiLU its epilogue's exact exponential and division made it 0.58 against
+// 0.55, so that stays on the halo tile).
+bool use_strip64(const ConvWgmmaArgs& a, const Launch& l) {
+  if (!strip64_fits(a, l)) return false;
+  if (a.tile.strip64) return true;
+  if (a.tile.bn != 0 || a.tile.halo || a.tile.halo_tma || a.tile.no_halo) return false;
+  const auto act = static_cast<Activation>(a.act);
+  static const bool tma = encode_tiled().ok();
+  return tma && (act == Activation::kNone || act == Activation::kReLU);
+}
+
+template <typename T>
+Status run_strip64(const Params& p, const Launch& l) {
+  StripMaps maps;
+  LATENT_TRY(make_strip_maps(p, std::is_same_v<T, bf16>, &maps));
+  auto kernel = conv_strip64_kernel<T>;
+  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kStripSmem)));
+  const int64_t strips =
+      static_cast<int64_t>(p.frames) * p.out_h * ((p.out_w + kStripPx - 1) / kStripPx);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(strips, std::max(1, l.sm_count)));
+  kernel<<<grid, 384, kStripSmem, l.stream>>>(p, maps);
+  LATENT_CUDA_CHECK_LAUNCH("conv_strip64_kernel");
+  return ok_status();
+}
+
 template <typename T, int kC>
 Status run_halo_c(const Params& p, bool tma, const Launch& l) {
   switch (halo_bn(p.k)) {
@@ -967,7 +1183,7 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l) {
   // (bench_conv, 2026-11-28: 1.01 against 1.39 ms on an H200; H100 session 12: 1.17 against 1.40).
   // LATENT_CONV_WGMMA_TILE=halo (measuring it): every call the halo kernel fits.
   // The halo kernels where halo_kind() picks one (by default the TMA one where it beat cuDNN).
-  return (a.k == 96 && a.kt == 3 && a.x1 != nullptr) || halo_fits(a, l);
+  return (a.k == 96 && a.kt == 3 && a.x1 != nullptr) || halo_fits(a, l) || use_strip64(a, l);
 }
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
@@ -977,6 +1193,10 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.ohw = a.out_h * a.out_w;
   p.m = a.frames * p.ohw;
   p.ktot = a.kt * a.r * a.s * a.c;
+  if (use_strip64(a, l)) {
+    if (dtype == DType::kBF16) return run_strip64<bf16>(p, l);
+    if (dtype == DType::kF16) return run_strip64<f16>(p, l);
+  }
   if (const HaloKind h = halo_kind(a, l); h != HaloKind::kNone) {
     if (dtype == DType::kBF16) return run_halo<bf16>(p, h == HaloKind::kTma, l);
     if (dtype == DType::kF16) return run_halo<f16>(p, h == HaloKind::kTma, l);

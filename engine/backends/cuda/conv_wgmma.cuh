@@ -25,13 +25,14 @@ namespace latent::cuda {
 
 // A block's tile: 64 wg mt output pixels by bn output channels, with `stages` shared buffers. bn
 // 0: the default for the call's output channels (conv_wgmma.cu): the TMA halo kernel at the
-// shapes where it beats cuDNN (96 -> 96 channels; 64 -> 64 with a residual), else the
-// implicit-GEMM tiles.
+// shapes where it beats cuDNN (96 -> 96 channels; 64 -> 64 with a residual), the strip kernel
+// at 64 -> 64 2-D 3x3 with no activation or ReLU, else the implicit-GEMM tiles.
 struct ConvWgmmaTile {
   int mt = 1, bn = 0, wg = 2, stages = 4;
   bool halo = false;      // the halo kernel (conv_wgmma.cu) for every call it fits
   bool halo_tma = false;  // the same with its loads by TMA ("halotma")
   bool no_halo = false;   // "implicit": the implicit-GEMM tiles only, no halo kernel
+  bool strip64 = false;   // "strip64": the strip kernel wherever it fits (64 -> 64 2-D 3x3)
 };
 
 // LATENT_CONV_WGMMA_TILE's values: "<128|256>x<64|96|128|192|256>" (two warpgroups; 256 with bn
@@ -40,8 +41,10 @@ struct ConvWgmmaTile {
 // input under them loaded once a temporal tap) for the calls it fits (stride 1, 3x3 (x kt)
 // filters, 64 or 96 input channels; the default tile elsewhere) with cp.async loads; "halotma":
 // the same with TMA loads, for every call it fits; "implicit": never the halo kernel (the
-// implicit-GEMM default tiles everywhere). Null or empty: the default ({} with bn 0: halotma where
-// it beat cuDNN's fused graphs, bench/NOTES.md session 23). An error names the value.
+// implicit-GEMM default tiles everywhere, and no strip kernel); "strip64": the strip kernel (64
+// output channels as M, the filter resident, persistent) at every 64 -> 64 2-D 3x3 stride 1
+// call. Null or empty: the default ({} with bn 0: the strip kernel, else halotma, where they beat
+// cuDNN's fused graphs per call, bench/NOTES.md session 23). An error names the value.
 inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   ConvWgmmaTile f;
   if (!text || !*text) return f;
@@ -55,6 +58,10 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   }
   if (std::string(text) == "implicit") {
     f.no_halo = true;
+    return f;
+  }
+  if (std::string(text) == "strip64") {
+    f.strip64 = true;
     return f;
   }
   int bm = 0, bn = 0, used = 0;
@@ -72,7 +79,7 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
                         " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
                         "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5; "
-                        "halo, halotma, implicit)");
+                        "halo, halotma, implicit, strip64)");
 }
 
 struct ConvWgmmaArgs {
