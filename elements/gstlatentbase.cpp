@@ -977,7 +977,7 @@ latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self) {
 
 void gst_latent_base_save_plans(GstLatentBase* self, latent::Backend& backend) {
   if (latent::Status saved = backend.save_plans(); !saved.ok())
-    GST_WARNING_OBJECT(self, "plan cache not saved: %s", saved.message().c_str());
+    GST_DEBUG_OBJECT(self, "plan cache not saved: %s", saved.message().c_str());
 }
 
 void gst_latent_base_frame_done(GstLatentBase* self, GstClockTime processing) {

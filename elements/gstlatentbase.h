@@ -226,7 +226,8 @@ void gst_latent_trace_mark(GstLatentBase* self, latent::Backend& backend, const 
 // Writes the backend's new algorithm choices (timed cuDNN choices) to the plan cache on disk
 // (a no-op when nothing is new), so another process (a precompute job's other workers) finds
 // them before it runs its first frame. Called after planning and after a video stream's first
-// chunks, whose shapes are all the stream's; a failure is logged, never fatal.
+// chunks, whose shapes are all the stream's; a failure (a read-only cache folder, say) is a
+// debug line, never fatal: the choices are then timed again by the next process.
 void gst_latent_base_save_plans(GstLatentBase* self, latent::Backend& backend);
 
 // ---- latency --------------------------------------------------------------------------------
