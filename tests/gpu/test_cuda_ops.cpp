@@ -287,13 +287,14 @@ TEST_P(CudaOps, ConvOddChannels) {
 // (LATENT_CONV_WGMMA_TILE 256x64w4, 256x96w4s5, 256x128w4: where their width divides the
 // output channels, the default tile elsewhere), the halo kernels wherever they fit (halo,
 // halotma) and the implicit-GEMM tiles only ("implicit": the default picks the TMA halo kernel
-// at 96 -> 96 and at 64 -> 64 with a residual; "strip64": the strip kernel at 64 -> 64).
+// at 96 -> 96 and at 64 -> 64 with a residual; "strip64" / "strip64r": the strip kernels at
+// 64 -> 64).
 TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::vector<std::pair<std::string, Backend*>> forced = {
       {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
-  for (const char* tile :
-       {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "implicit", "strip64"})
+  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "implicit",
+                           "strip64", "strip64r"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
         backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
@@ -844,6 +845,9 @@ TEST(CudaBackend, ConvWgmmaTileNames) {
   Result<cuda::ConvWgmmaTile> strip = cuda::parse_conv_wgmma_tile("strip64");
   ASSERT_TRUE(strip.ok()) << strip.status().message();
   EXPECT_TRUE(strip.value().strip64);
+  Result<cuda::ConvWgmmaTile> strip_rows = cuda::parse_conv_wgmma_tile("strip64r");
+  ASSERT_TRUE(strip_rows.ok()) << strip_rows.status().message();
+  EXPECT_TRUE(strip_rows.value().strip64_rows);
   EXPECT_FALSE(implicit.value().halo_tma);
   for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80", "halo2"}) {
     Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(bad);

@@ -69,6 +69,13 @@ constexpr uint32_t kStripTapBytes = 64u * 128u;              // one tap of the f
 constexpr uint32_t kStripFilterBytes = 9u * kStripTapBytes;  // 73,728
 constexpr size_t kStripSmem =
     1024 + kStripFilterBytes + kStripBufs * kStripBufBytes + 8 * (1 + 2 * kStripBufs);
+// conv_strip64_rows_kernel's: bands of output rows, a ring of input rows.
+constexpr int kBandRows = 16, kRingRows = 6;
+constexpr uint32_t kRowBoxBytes = kStripHw * 128u;                         // 16,640
+constexpr uint32_t kRowBufBytes = (kRowBoxBytes + 1023u) / 1024u * 1024u;  // 17,408
+constexpr uint32_t kHalfStageBytes = kStripPx * 36u * 4u;                  // [128 px][32 + 4] fp32
+constexpr size_t kStripRowsSmem = 1024 + kStripFilterBytes + 2 * kHalfStageBytes +
+                                  kRingRows * kRowBufBytes + 8 * (1 + 2 * kRingRows);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -836,6 +843,157 @@ __global__ void __launch_bounds__(384, 1)
   }
 }
 
+// === the strip kernel over bands of rows (LATENT_CONV_WGMMA_TILE=strip64r; session 23, not yet
+// run on a GPU) ===
+// conv_strip64_kernel loads 3 input rows for each output row: 3x the input through L2 (808 MB at
+// 1080p), maybe its bound at 0.31 ms. Here a work item is a band of kBandRows output rows of one
+// 128-pixel strip, and the block keeps a ring of kRingRows single input rows: each input row is
+// loaded once a band (a TMA box [1][1][130][64]), so the input crosses L2 (band + 2) / band times.
+// Output row q of a band reads ring rows q, q + 1, q + 2. The consumers take alternate output
+// rows of the block's sequence; a ring row's "empty" barrier expects 3 arrivals a use (its three
+// readers; at a band's edges the existing reader arrives for the missing ones), given as soon as
+// a reader's wgmmas are complete. Each consumer stages its fp32 results in its own area, half the
+// output channels at a time (warps 0-1 hold channels 0-31, warps 2-3 channels 32-63).
+
+__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+template <typename T>
+__global__ void __launch_bounds__(384, 1)
+    conv_strip64_rows_kernel(const Params p, const __grid_constant__ StripMaps maps) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t fbase = base, rbase = base + kStripFilterBytes;
+  const uint32_t sbase = rbase + kRingRows * kRowBufBytes;  // two consumers' staging
+  const uint32_t bars = sbase + 2 * kHalfStageBytes;
+  const uint32_t filter_bar = bars;
+  auto full_bar = [&](int r) { return bars + 8u * (1 + r); };
+  auto empty_bar = [&](int r) { return bars + 8u * (1 + kRingRows + r); };
+  auto row_buf = [&](int64_t k) {
+    return rbase + static_cast<uint32_t>(k % kRingRows) * kRowBufBytes;
+  };
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int tiles_x = (p.out_w + kStripPx - 1) / kStripPx;
+  const int bands = (p.out_h + kBandRows - 1) / kBandRows;
+  const int items = p.frames * bands * tiles_x;  // < INT32_MAX (strip64_fits)
+  const int items_here = items > static_cast<int>(blockIdx.x)
+                             ? (items - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
+                             : 0;
+  if (tid == 0) {
+    mbar_init(filter_bar, 1);
+    for (int r = 0; r < kRingRows; ++r) {
+      mbar_init(full_bar(r), 1);
+      mbar_init(empty_bar(r), 3);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // Work item w of this block: frame, first output row, rows, strip start.
+  auto item = [&](int w, int* f, int* oy0, int* rows, int* x0) {
+    int t = static_cast<int>(blockIdx.x) + w * static_cast<int>(gridDim.x);
+    *x0 = (t % tiles_x) * kStripPx;
+    t /= tiles_x;
+    *oy0 = (t % bands) * kBandRows;
+    *f = t / bands;
+    *rows = min(kBandRows, p.out_h - *oy0);
+  };
+  if (wg == 0) {  // the producer
+    if (tid == 0) {
+      mbar_expect_tx(filter_bar, kStripFilterBytes);
+      for (int tap = 0; tap < 9; ++tap)
+        tma_load_2d(fbase + tap * kStripTapBytes, &maps.w, filter_bar, tap * 64, 0);
+      int64_t k = 0;  // the block's input rows so far
+      for (int w = 0; w < items_here; ++w) {
+        int f, oy0, rows, x0;
+        item(w, &f, &oy0, &rows, &x0);
+        for (int r = 0; r < rows + 2; ++r, ++k) {
+          const int slot = static_cast<int>(k % kRingRows);
+          if (k >= kRingRows)
+            mbar_wait(empty_bar(slot), static_cast<uint32_t>((k / kRingRows) - 1) & 1);
+          mbar_expect_tx(full_bar(slot), kRowBoxBytes);
+          tma_load_4d(row_buf(k), &maps.in, full_bar(slot), 0, x0 - p.pad_w, oy0 - p.pad_h + r, f);
+        }
+      }
+    }
+    return;
+  }
+  const int c = wg - 1, lt = tid - 128 * wg;
+  const int lane = tid & 31, wl = (tid >> 5) & 3, g = lane >> 2, tig = lane & 3;
+  float* const stile =
+      reinterpret_cast<float*>(smem_raw + (sbase - smem_addr(smem_raw)) + c * kHalfStageBytes);
+  mbar_wait(filter_bar, 0);
+  int64_t k0 = 0;  // the block's input row that is row 0 of the current band
+  int64_t n = 0;   // the block's output rows so far
+  for (int w = 0; w < items_here; ++w) {
+    int f, oy0, rows, x0;
+    item(w, &f, &oy0, &rows, &x0);
+    for (int q = 0; q < rows; ++q, ++n) {
+      if ((n & 1) != c) continue;
+      float acc[64];
+#pragma unroll
+      for (int e = 0; e < 64; ++e) acc[e] = 0.f;
+      fence_regs(acc);
+#pragma unroll
+      for (int d = 0; d < 3; ++d) {
+        const int64_t k = k0 + q + d;
+        mbar_wait(full_bar(static_cast<int>(k % kRingRows)),
+                  static_cast<uint32_t>(k / kRingRows) & 1);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int tap = 0; tap < 9; ++tap) {
+        const int dy = tap / 3, dx = tap - dy * 3;
+        const uint32_t rb = row_buf(k0 + q + dy) + dx * 128u;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_ss<T, kStripPx>(acc, swizzled_desc<128>(fbase + tap * kStripTapBytes + kk * 32u),
+                                swizzled_desc<128>(rb + kk * 32u));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(acc);
+      named_sync(1 + c, 128);  // every warp's wgmmas have read the three rows
+      if (lt == 0) {
+        // Row q + d's readers are output rows q + d - 2 .. q + d of this band; this row arrives
+        // for itself and for the band's missing ones (before row 0, after row rows - 1).
+#pragma unroll
+        for (int d = 0; d < 3; ++d) {
+          uint32_t count = 1;
+          if (q == 0) count += 2 - d;              // readers q' = d - 2 .. -1
+          if (q == rows - 1) count += d;           // readers q' = rows .. rows - 1 + d
+          if (q == 0 && q == rows - 1) count = 3;  // one row: every arrival is its
+          mbar_arrive_n(empty_bar(static_cast<int>((k0 + q + d) % kRingRows)), count);
+        }
+      }
+      const int oy = oy0 + q;
+      auto pixel_offset = [&](int px) -> int64_t {
+        const int ox = x0 + px;
+        if (ox >= p.out_w) return -1;
+        return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
+      };
+      // acc[4 j + 2 h + e]: output channel 16 wl + g + 8 h, pixel 8 j + 2 tig + e.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if ((wl >> 1) == half) {
+#pragma unroll
+          for (int j = 0; j < kStripPx / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                stile[(8 * j + 2 * tig + e) * stage_stride(32) + 16 * (wl & 1) + g + 8 * h] =
+                    acc[4 * j + 2 * h + e];
+        }
+        named_sync(1 + c, 128);
+        store_staged_act<T, 32, kStripPx, 128>(stile, p, 32 * half, pixel_offset, lt);
+        named_sync(1 + c, 128);  // the staging is free again
+      }
+    }
+    k0 += rows + 2;
+  }
+}
+
 #else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
 
 template <typename T, int kBn, int kMt, int kWg, int kSt>
@@ -858,6 +1016,12 @@ __global__ void __launch_bounds__(256, 2)
 template <typename T>
 __global__ void __launch_bounds__(384, 1)
     conv_strip64_kernel(const Params, const __grid_constant__ StripMaps) {
+  __trap();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(384, 1)
+    conv_strip64_rows_kernel(const Params, const __grid_constant__ StripMaps) {
   __trap();
 }
 
@@ -1059,20 +1223,20 @@ Status run_halo_tma_tile(const Params& p, const Launch& l) {
 bool strip64_fits(const ConvWgmmaArgs& a, const Launch& l) {
   if (a.c != 64 || a.k != 64 || a.kt != 1 || a.x1 || a.stride != 1 || a.r != 3 || a.s != 3)
     return false;
-  if (kStripSmem > l.smem_optin) return false;
+  if (std::max(kStripSmem, kStripRowsSmem) > l.smem_optin) return false;
   const int64_t strips =
       static_cast<int64_t>(a.frames) * a.out_h * ((a.out_w + kStripPx - 1) / kStripPx);
   return strips < INT32_MAX;
 }
 
-Status make_strip_maps(const Params& p, bool bf16, StripMaps* maps) {
+Status make_strip_maps(const Params& p, bool bf16, int box_rows, StripMaps* maps) {
   Result<EncodeTiled> encode = encode_tiled();
   if (!encode.ok()) return encode.status();
   const cuuint64_t dims[4] = {64, static_cast<cuuint64_t>(p.w), static_cast<cuuint64_t>(p.h),
                               static_cast<cuuint64_t>(p.frames)};
   const cuuint64_t strides[3] = {64 * 2, static_cast<cuuint64_t>(p.w) * 64 * 2,
                                  static_cast<cuuint64_t>(p.in.frame_elems) * 2};
-  const cuuint32_t box[4] = {64, kStripHw, 3, 1};
+  const cuuint32_t box[4] = {64, kStripHw, static_cast<cuuint32_t>(box_rows), 1};
   LATENT_TRY(encode_map(encode.value(), &maps->in, bf16, p.in.x0, 4, dims, strides, box, 128));
   const cuuint64_t wdims[2] = {static_cast<cuuint64_t>(p.ktot), 64};
   const cuuint64_t wstrides[1] = {static_cast<cuuint64_t>(p.ktot) * 2};
@@ -1087,7 +1251,7 @@ Status make_strip_maps(const Params& p, bool bf16, StripMaps* maps) {
 // 0.55, so that stays on the halo tile).
 bool use_strip64(const ConvWgmmaArgs& a, const Launch& l) {
   if (!strip64_fits(a, l)) return false;
-  if (a.tile.strip64) return true;
+  if (a.tile.strip64 || a.tile.strip64_rows) return true;
   if (a.tile.bn != 0 || a.tile.halo || a.tile.halo_tma || a.tile.no_halo) return false;
   const auto act = static_cast<Activation>(a.act);
   static const bool tma = encode_tiled().ok();
@@ -1097,7 +1261,7 @@ bool use_strip64(const ConvWgmmaArgs& a, const Launch& l) {
 template <typename T>
 Status run_strip64(const Params& p, const Launch& l) {
   StripMaps maps;
-  LATENT_TRY(make_strip_maps(p, std::is_same_v<T, bf16>, &maps));
+  LATENT_TRY(make_strip_maps(p, std::is_same_v<T, bf16>, 3, &maps));
   auto kernel = conv_strip64_kernel<T>;
   LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kStripSmem)));
@@ -1106,6 +1270,21 @@ Status run_strip64(const Params& p, const Launch& l) {
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(strips, std::max(1, l.sm_count)));
   kernel<<<grid, 384, kStripSmem, l.stream>>>(p, maps);
   LATENT_CUDA_CHECK_LAUNCH("conv_strip64_kernel");
+  return ok_status();
+}
+
+template <typename T>
+Status run_strip64_rows(const Params& p, const Launch& l) {
+  StripMaps maps;
+  LATENT_TRY(make_strip_maps(p, std::is_same_v<T, bf16>, 1, &maps));
+  auto kernel = conv_strip64_rows_kernel<T>;
+  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kStripRowsSmem)));
+  const int64_t items = static_cast<int64_t>(p.frames) * ((p.out_h + kBandRows - 1) / kBandRows) *
+                        ((p.out_w + kStripPx - 1) / kStripPx);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, std::max(1, l.sm_count)));
+  kernel<<<grid, 384, kStripRowsSmem, l.stream>>>(p, maps);
+  LATENT_CUDA_CHECK_LAUNCH("conv_strip64_rows_kernel");
   return ok_status();
 }
 
@@ -1194,6 +1373,10 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.m = a.frames * p.ohw;
   p.ktot = a.kt * a.r * a.s * a.c;
   if (use_strip64(a, l)) {
+    if (a.tile.strip64_rows) {
+      if (dtype == DType::kBF16) return run_strip64_rows<bf16>(p, l);
+      if (dtype == DType::kF16) return run_strip64_rows<f16>(p, l);
+    }
     if (dtype == DType::kBF16) return run_strip64<bf16>(p, l);
     if (dtype == DType::kF16) return run_strip64<f16>(p, l);
   }

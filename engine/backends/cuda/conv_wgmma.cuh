@@ -33,6 +33,7 @@ struct ConvWgmmaTile {
   bool halo_tma = false;  // the same with its loads by TMA ("halotma")
   bool no_halo = false;   // "implicit": the implicit-GEMM tiles only, no halo kernel
   bool strip64 = false;   // "strip64": the strip kernel wherever it fits (64 -> 64 2-D 3x3)
+  bool strip64_rows = false;  // "strip64r": its form over bands of rows (a ring of input rows)
 };
 
 // LATENT_CONV_WGMMA_TILE's values: "<128|256>x<64|96|128|192|256>" (two warpgroups; 256 with bn
@@ -43,8 +44,10 @@ struct ConvWgmmaTile {
 // the same with TMA loads, for every call it fits; "implicit": never the halo kernel (the
 // implicit-GEMM default tiles everywhere, and no strip kernel); "strip64": the strip kernel (64
 // output channels as M, the filter resident, persistent) at every 64 -> 64 2-D 3x3 stride 1
-// call. Null or empty: the default ({} with bn 0: the strip kernel, else halotma, where they beat
-// cuDNN's fused graphs per call, bench/NOTES.md session 23). An error names the value.
+// call; "strip64r": the same over bands of 16 output rows with a ring of input rows (each input
+// row loaded once a band; not yet measured). Null or empty: the default ({} with bn 0: the strip
+// kernel, else halotma, where they beat cuDNN's fused graphs per call, bench/NOTES.md session 23).
+// An error names the value.
 inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   ConvWgmmaTile f;
   if (!text || !*text) return f;
@@ -64,6 +67,10 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
     f.strip64 = true;
     return f;
   }
+  if (std::string(text) == "strip64r") {
+    f.strip64_rows = true;
+    return f;
+  }
   int bm = 0, bn = 0, used = 0;
   const bool parsed = std::sscanf(text, "%dx%d%n", &bm, &bn, &used) == 2;
   const std::string rest = parsed ? text + used : "";
@@ -79,7 +86,7 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
                         " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
                         "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5; "
-                        "halo, halotma, implicit, strip64)");
+                        "halo, halotma, implicit, strip64, strip64r)");
 }
 
 struct ConvWgmmaArgs {
