@@ -293,8 +293,9 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::vector<std::pair<std::string, Backend*>> forced = {
       {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
-  for (const char* tile : {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "implicit",
-                           "strip64", "strip64r"})
+  for (const char* tile :
+       {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "halotmar4", "halotmar4s2",
+        "halotmas2", "halotmas4", "implicit", "strip64", "strip64r"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
         backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
@@ -408,9 +409,12 @@ TEST_P(CudaOps, Conv3dFrames) {
                                                         {"LATENT_CONV_WGMMA_TILE", "halo"}}),
                                    halo_tma = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
                                                             {"LATENT_CONV_WGMMA_TILE", "halotma"}}),
-                                   implicit = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
-                                                            {"LATENT_CONV_WGMMA_TILE", "implicit"}});
-    ASSERT_TRUE(wgmma && halo && halo_tma && implicit);
+                                   implicit =
+                                       backend_with({{"LATENT_CUDA_CONV", "wgmma"},
+                                                     {"LATENT_CONV_WGMMA_TILE", "implicit"}}),
+                                   r4s2 = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
+                                                        {"LATENT_CONV_WGMMA_TILE", "halotmar4s2"}});
+    ASSERT_TRUE(wgmma && halo && halo_tma && implicit && r4s2);
     // Reference: one CPU conv2d per temporal tap dt over frames [dt, dt + T), summed through the
     // residual input (what a causal convolution is), bias and activation on the last.
     const int64_t plane = c.cin * c.h * c.w, tap = 9;
@@ -460,7 +464,8 @@ TEST_P(CudaOps, Conv3dFrames) {
          {std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma]"), wgmma.get()),
           std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halo]"), halo.get()),
           std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halotma]"), halo_tma.get()),
-          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile implicit]"), implicit.get())}) {
+          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile implicit]"), implicit.get()),
+          std::make_pair(std::string(" [LATENT_CUDA_CONV=wgmma, tile halotmar4s2]"), r4s2.get())}) {
       Result<Tensor> all =
           f->conv3d_frames(up(*f, x), up(*f, w), 3, up(*f, b), p, up(*f, r), c.act);
       Result<Tensor> two = f->conv3d_frames_after({up(*f, slice(0, 2))}, up(*f, slice(2, c.frames)),
@@ -848,8 +853,14 @@ TEST(CudaBackend, ConvWgmmaTileNames) {
   Result<cuda::ConvWgmmaTile> strip_rows = cuda::parse_conv_wgmma_tile("strip64r");
   ASSERT_TRUE(strip_rows.ok()) << strip_rows.status().message();
   EXPECT_TRUE(strip_rows.value().strip64_rows);
+  Result<cuda::ConvWgmmaTile> r4s2 = cuda::parse_conv_wgmma_tile("halotmar4s2");
+  ASSERT_TRUE(r4s2.ok()) << r4s2.status().message();
+  EXPECT_TRUE(r4s2.value().halo_tma);
+  EXPECT_EQ(r4s2.value().halo_rows, 4);
+  EXPECT_EQ(r4s2.value().halo_stages, 2);
   EXPECT_FALSE(implicit.value().halo_tma);
-  for (const char* bad : {"256x192w4", "128x96w4", "256x96w5", "96", "128x80", "halo2"}) {
+  for (const char* bad :
+       {"256x192w4", "128x96w4", "256x96w5", "96", "128x80", "halo2", "halotmar3", "halotmas5"}) {
     Result<cuda::ConvWgmmaTile> t = cuda::parse_conv_wgmma_tile(bad);
     ASSERT_FALSE(t.ok()) << bad;
     EXPECT_NE(t.status().message().find(bad), std::string::npos) << t.status().message();

@@ -593,11 +593,14 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-template <typename T, int kBn, int kC>
-__global__ void __launch_bounds__(256, 2)
+// kR output rows a block (2 or 4), kSt filter buffers (2: a step's buffer is refilled once its
+// wgmmas are complete, so each step waits for all of its own; 3-4: kSt - 2 steps ahead).
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
+__global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
     conv_halo_tma_kernel(const Params p, const __grid_constant__ HaloMaps maps) {
-  constexpr int kR = halo_rows(kBn, kC), kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
-  constexpr int kSt = kHaloStages, kAhead = kSt - 2;
+  constexpr int kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
+  constexpr int kAhead = kSt >= 3 ? kSt - 2 : 1;
+  static_assert(kSt >= 2 && (kR == 2 || kR == 4), "2 or 4 rows, 2 or more filter buffers");
   constexpr int kHw = 66, kNp = halo_pixels(kR);
   constexpr int kWide = kC / 64, kWideK = kWide * 4;
   static_assert(kC % 32 == 0 && kWide >= 1 && kBn % 16 == 0, "64 + 32 n channels");
@@ -670,7 +673,8 @@ __global__ void __launch_bounds__(256, 2)
     }
     if (sp == 0) mbar_wait(halo_bar, dt & 1);
     mbar_wait(full_bar(kc % kSt), (kc / kSt) & 1);
-    __syncthreads();  // step kc - 2's wgmmas done in every warpgroup: its buffer is refilled next
+    // Step kc - kSt + kAhead's wgmmas are done in every warpgroup: its buffer is refilled next.
+    __syncthreads();
     if (tid == 0 && kc + kAhead < steps) tma_b(kc + kAhead);
     const uint32_t bb = b_base + (kc % kSt) * kBBytes;
     const int q0 = (wg * kMt + dy) * kHw + dx;
@@ -695,7 +699,10 @@ __global__ void __launch_bounds__(256, 2)
       }
     }
     wgmma_commit();
-    wgmma_wait<1>();
+    if constexpr (kSt == 2)
+      wgmma_wait<0>();
+    else
+      wgmma_wait<1>();
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -1007,8 +1014,8 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params) {
   __trap();
 }
 
-template <typename T, int kBn, int kC>
-__global__ void __launch_bounds__(256, 2)
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
+__global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
     conv_halo_tma_kernel(const Params, const __grid_constant__ HaloMaps) {
   __trap();
 }
@@ -1203,16 +1210,24 @@ Status make_halo_maps(const Params& p, int bn, int rows, bool bf16, HaloMaps* ma
   return ok_status();
 }
 
-template <typename T, int kBn, int kC>
+constexpr size_t halo_tma_smem(int bn, int c, int rows, int stages) {
+  return 1024 + static_cast<size_t>(halo_pixels(rows)) * c * 2 +
+         static_cast<size_t>(stages) * bn * c * 2 + 8 * (1 + stages);  // + the mbarriers
+}
+
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
 Status run_halo_tma_tile(const Params& p, const Launch& l) {
   HaloMaps maps;
-  LATENT_TRY(make_halo_maps(p, kBn, halo_rows(kBn, kC), std::is_same_v<T, bf16>, &maps));
-  const size_t smem = halo_smem(kBn, kC) + 8 * (1 + kHaloStages);  // + the mbarriers
-  auto kernel = conv_halo_tma_kernel<T, kBn, kC>;
+  LATENT_TRY(make_halo_maps(p, kBn, kR, std::is_same_v<T, bf16>, &maps));
+  const size_t smem = halo_tma_smem(kBn, kC, kR, kSt);
+  if (smem > l.smem_optin)
+    return Status::errorf("conv_wgmma: the halo tile of ", kR, " rows and ", kSt,
+                          " filter buffers needs ", smem, " bytes of shared memory, the device ",
+                          l.smem_optin);
+  auto kernel = conv_halo_tma_kernel<T, kBn, kC, kR, kSt>;
   LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(halo_tiles(p.frames, p.out_h, p.out_w, halo_rows(kBn, kC))),
-                  p.k / kBn);
+  const dim3 grid(static_cast<unsigned>(halo_tiles(p.frames, p.out_h, p.out_w, kR)), p.k / kBn);
   kernel<<<grid, 256, smem, l.stream>>>(p, maps);
   LATENT_CUDA_CHECK_LAUNCH("conv_halo_tma_kernel");
   return ok_status();
@@ -1288,10 +1303,24 @@ Status run_strip64_rows(const Params& p, const Launch& l) {
   return ok_status();
 }
 
+// The 96 -> 96 TMA halo tile's variants (LATENT_CONV_WGMMA_TILE=halotma r4 / s2 / s4): rows a
+// block and filter buffers.
+template <typename T>
+Status run_halo_tma_96(const Params& p, const ConvWgmmaTile& t, const Launch& l) {
+  const int r = t.halo_rows ? t.halo_rows : 2, st = t.halo_stages ? t.halo_stages : kHaloStages;
+  if (r == 4 && st == 2) return run_halo_tma_tile<T, 96, 96, 4, 2>(p, l);
+  if (r == 4 && st == 3) return run_halo_tma_tile<T, 96, 96, 4, 3>(p, l);
+  if (r == 4 && st == 4) return run_halo_tma_tile<T, 96, 96, 4, 4>(p, l);
+  if (r == 2 && st == 2) return run_halo_tma_tile<T, 96, 96, 2, 2>(p, l);
+  if (r == 2 && st == 4) return run_halo_tma_tile<T, 96, 96, 2, 4>(p, l);
+  return run_halo_tma_tile<T, 96, 96>(p, l);
+}
+
 template <typename T, int kC>
-Status run_halo_c(const Params& p, bool tma, const Launch& l) {
+Status run_halo_c(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
   switch (halo_bn(p.k)) {
     case 96:
+      if (tma && kC == 96 && (t.halo_rows || t.halo_stages)) return run_halo_tma_96<T>(p, t, l);
       return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
     case 128:
       return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
@@ -1303,8 +1332,8 @@ Status run_halo_c(const Params& p, bool tma, const Launch& l) {
 }
 
 template <typename T>
-Status run_halo(const Params& p, bool tma, const Launch& l) {
-  return p.c == 64 ? run_halo_c<T, 64>(p, tma, l) : run_halo_c<T, 96>(p, tma, l);
+Status run_halo(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
+  return p.c == 64 ? run_halo_c<T, 64>(p, tma, t, l) : run_halo_c<T, 96>(p, tma, t, l);
 }
 
 template <typename T>
@@ -1381,8 +1410,8 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
     if (dtype == DType::kF16) return run_strip64<f16>(p, l);
   }
   if (const HaloKind h = halo_kind(a, l); h != HaloKind::kNone) {
-    if (dtype == DType::kBF16) return run_halo<bf16>(p, h == HaloKind::kTma, l);
-    if (dtype == DType::kF16) return run_halo<f16>(p, h == HaloKind::kTma, l);
+    if (dtype == DType::kBF16) return run_halo<bf16>(p, h == HaloKind::kTma, a.tile, l);
+    if (dtype == DType::kF16) return run_halo<f16>(p, h == HaloKind::kTma, a.tile, l);
   }
   const Tile t = tile_for(a.k, a.tile);
   if (dtype == DType::kBF16) return run_for<bf16>(p, t, l);

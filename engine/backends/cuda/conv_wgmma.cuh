@@ -31,6 +31,8 @@ struct ConvWgmmaTile {
   int mt = 1, bn = 0, wg = 2, stages = 4;
   bool halo = false;      // the halo kernel (conv_wgmma.cu) for every call it fits
   bool halo_tma = false;  // the same with its loads by TMA ("halotma")
+  int halo_rows = 0;      // 96 -> 96 TMA halo tile: output rows a block ("halotmar4"; 0: 2)
+  int halo_stages = 0;    // and filter buffers ("halotmas2" / "s4"; 0: 3)
   bool no_halo = false;   // "implicit": the implicit-GEMM tiles only, no halo kernel
   bool strip64 = false;   // "strip64": the strip kernel wherever it fits (64 -> 64 2-D 3x3)
   bool strip64_rows = false;  // "strip64r": its form over bands of rows (a ring of input rows)
@@ -55,9 +57,19 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
     f.halo = true;
     return f;
   }
-  if (std::string(text) == "halotma") {
-    f.halo_tma = true;
-    return f;
+  if (std::string(text).rfind("halotma", 0) == 0) {
+    // "halotma", optionally "r2" / "r4" (rows a block) then "s2" / "s3" / "s4" (filter buffers)
+    const std::string rest = std::string(text).substr(7);
+    int r = 0, st = 0;
+    size_t i = 0;
+    if (i < rest.size() && rest[i] == 'r' && i + 1 < rest.size()) r = rest[i + 1] - '0', i += 2;
+    if (i < rest.size() && rest[i] == 's' && i + 1 < rest.size()) st = rest[i + 1] - '0', i += 2;
+    if (i == rest.size() && (r == 0 || r == 2 || r == 4) && (st == 0 || (st >= 2 && st <= 4))) {
+      f.halo_tma = true;
+      f.halo_rows = r;
+      f.halo_stages = st;
+      return f;
+    }
   }
   if (std::string(text) == "implicit") {
     f.no_halo = true;
@@ -86,7 +98,7 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
                         " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
                         "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5; "
-                        "halo, halotma, implicit, strip64, strip64r)");
+                        "halo, halotma[r2|r4][s2|s3|s4], implicit, strip64, strip64r)");
 }
 
 struct ConvWgmmaArgs {
