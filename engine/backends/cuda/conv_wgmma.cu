@@ -227,6 +227,34 @@ __device__ __forceinline__ void store_staged_act(const float* stile, const Param
   }
 }
 
+// The tiled kernels' end, once every wgmma (and every load) of the block is complete: the
+// accumulators (m64 tiles tile0 .. tile0 + kMt - 1 of the block's kPx pixels) staged from
+// `base` in the pipeline buffers (kFreeBytes, free by then), then stored by all kThreads.
+template <typename T, int kBn, int kMt, int kPx, int kThreads, uint32_t kFreeBytes,
+          typename PixelOffset>
+__device__ __forceinline__ void finish_tile(unsigned char* smem_raw, uint32_t base,
+                                            const float (&acc)[kMt][kBn / 2], int tile0,
+                                            const Params& p, int n0, PixelOffset pixel_offset) {
+  static_assert(kPx * stage_stride(kBn) * 4 <= kFreeBytes, "the staged tile fits");
+  __syncthreads();  // every warpgroup's wgmmas complete: the shared buffers are free
+  float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
+  stage_acc<kBn, kMt>(stile, acc, tile0);
+  __syncthreads();
+  store_staged_act<T, kBn, kPx, kThreads>(stile, p, n0, pixel_offset, threadIdx.x);
+}
+
+// Output pixel px (row px / 64, column px % 64) of a halo block's tile at (f, oy0, ox0): its
+// element offset in y, -1 outside the output.
+struct HaloPixel {
+  const Params& p;
+  int f, oy0, ox0;
+  __device__ __forceinline__ int64_t operator()(int px) const {
+    const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
+    if (oy >= p.out_h || ox >= p.out_w) return -1;
+    return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
+  }
+};
+
 template <typename T, int kBn, int kMt, int kWg, int kSt>
 __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 ? 2 : 1)
     conv_wgmma_kernel(const Params p) {
@@ -364,18 +392,11 @@ __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 
   for (int t = 0; t < kMt; ++t) fence_regs(acc[t]);
 
   cp_async_wait<0>();
-  __syncthreads();  // every warpgroup's wgmmas complete: the shared buffers are free
-  static_assert(kBm * stage_stride(kBn) * 4 <= kSt * kStageBytes, "the staged tile fits");
-  float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
-  stage_acc<kBn, kMt>(stile, acc, wg * kMt);
-  __syncthreads();
-  store_staged_act<T, kBn, kBm, kThreads>(
-      stile, p, n0,
-      [&](int px) -> int64_t {
+  finish_tile<T, kBn, kMt, kBm, kThreads, kSt * kStageBytes>(
+      smem_raw, base, acc, wg * kMt, p, n0, [&](int px) -> int64_t {
         const int m = m0 + px;
         return m < p.m ? static_cast<int64_t>(m) * p.k : -1;
-      },
-      threadIdx.x);
+      });
 }
 
 // === the halo tile (LATENT_CONV_WGMMA_TILE=halo) ===
@@ -536,20 +557,8 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
   for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
 
   cp_async_wait<0>();
-  __syncthreads();  // every warpgroup's wgmmas complete: the shared buffers are free
-  static_assert(kR * 64 * stage_stride(kBn) * 4 <= kHaloBytes + kSt * kBBytes,
-                "the staged tile fits");
-  float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
-  stage_acc<kBn, kMt>(stile, acc, wg * kMt);
-  __syncthreads();
-  store_staged_act<T, kBn, kR * 64, 256>(
-      stile, p, n0,
-      [&](int px) -> int64_t {
-        const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
-        if (oy >= p.out_h || ox >= p.out_w) return -1;
-        return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
-      },
-      threadIdx.x);
+  finish_tile<T, kBn, kMt, kR * 64, 256, kHaloBytes + kSt * kBBytes>(
+      smem_raw, base, acc, wg * kMt, p, n0, HaloPixel{p, f, oy0, ox0});
 }
 
 // === the halo tile with TMA loads (the default where halo_kind() picks it; session 23) ===
@@ -708,20 +717,9 @@ __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
 #pragma unroll
   for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
 
-  __syncthreads();  // every warpgroup's wgmmas complete (and every box loaded): buffers free
-  static_assert(kR * 64 * stage_stride(kBn) * 4 <= kHaloBytes + kSt * kBBytes,
-                "the staged tile fits below the barriers");
-  float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
-  stage_acc<kBn, kMt>(stile, acc, wg * kMt);
-  __syncthreads();
-  store_staged_act<T, kBn, kR * 64, 256>(
-      stile, p, n0,
-      [&](int px) -> int64_t {
-        const int oy = oy0 + (px >> 6), ox = ox0 + (px & 63);
-        if (oy >= p.out_h || ox >= p.out_w) return -1;
-        return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
-      },
-      threadIdx.x);
+  // (every box loaded too: the staged tile stays below the barriers)
+  finish_tile<T, kBn, kMt, kR * 64, 256, kHaloBytes + kSt * kBBytes>(
+      smem_raw, base, acc, wg * kMt, p, n0, HaloPixel{p, f, oy0, ox0});
 }
 
 // === 64 -> 64 channels, 2-D 3x3: the strip kernel (where use_strip64() picks it; session 23) ===
