@@ -85,9 +85,13 @@ class ConvPlanCache {
   Result<bool> forward_fused(const ConvShape& shape, const void* x, const void* w, void* y,
                              const ConvEpilogue& epilogue, DeviceContext& ctx);
   // `runtime_compiled` false: only engines cuDNN ships compiled (no kernel built at plan time).
-  void set_fusion(bool on, bool runtime_compiled = true) {
+  // `tune_2d` / `tune_3d`: how many of cuDNN's candidate engines a 2-D / 3-D fused graph builds
+  // and times on its first call (0 or 1: the heuristics' first alone; CudaBackend::Options).
+  void set_fusion(bool on, bool runtime_compiled = true, int tune_2d = 0, int tune_3d = 4) {
     fusion_ = on;
     fusion_runtime_compiled_ = runtime_compiled;
+    fusion_tune_2d_ = tune_2d;
+    fusion_tune_3d_ = tune_3d;
   }
   // Whether this build has cuDNN's graph API (cudnn-frontend) to fuse with.
   static bool fusion_available();
@@ -125,6 +129,7 @@ class ConvPlanCache {
   bool capturing_ = false;           // plans
   bool fusion_ = false;              // conv fusion
   bool fusion_runtime_compiled_ = true;                   // conv fusion
+  int fusion_tune_2d_ = 0, fusion_tune_3d_ = 4;           // conv fusion
   std::unique_ptr<FusedPlans, FusedPlansDeleter> fused_;  // conv fusion
 };
 

@@ -75,38 +75,6 @@ struct FusedPlan {
   std::vector<int64_t> built;  // the candidates built, in the heuristics' order
 };
 
-// How many of cuDNN's candidate engines a fused graph builds and times on its first call
-// (choose_engine: one replaces the heuristics' first only where it is at least 10 % faster).
-// LATENT_CUDNN_FUSED_TUNE=N: N for every graph (0 or 1: the heuristics' first alone). Unset: 4
-// for the 3-D (video) graphs, or 0 where LATENT_CUDNN_SEARCH=heuristic asks for cuDNN's heuristic
-// choices everywhere (as the precompute job does by default, so that every worker writes the same
-// bytes); 0 for the 2-D (image) graphs.
-// - 3-D: at the Wan VAEs' 720p 96-channel 3x3x3 convolution with a bias only the first is an
-//   sm80 kernel taking 1.86 ms a frame on an H100, where another engine takes 1.28 ms; the Wan
-//   2.1 720p streams ran 14 % faster (bench/NOTES.md, session 20).
-// - 2-D: on the TAESD-size and default models at 1080p the first was the fastest at every large
-//   shape (the models ran as fast either way), and building 4 candidates took 9.4 s of start-up
-//   against 0.3 s, most of it cuDNN compiling kernels (bench/NOTES.md, session 21).
-// A timed choice is kept in the plan cache, and a later process builds that engine alone.
-int fused_tune_candidates(bool video) {
-  static const int set = [] {
-    const char* e = std::getenv("LATENT_CUDNN_FUSED_TUNE");
-    if (!e || !*e) return -1;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (*end || v < 0 || v > 64) {
-      LATENT_WARN("LATENT_CUDNN_FUSED_TUNE=", e,
-                  " is not a count from 0 to 64: using the defaults");
-      return -1;
-    }
-    return static_cast<int>(v);
-  }();
-  if (set >= 0) return set;
-  if (!video) return 0;
-  const char* search = std::getenv("LATENT_CUDNN_SEARCH");
-  return search && std::string(search) == "heuristic" ? 0 : 4;
-}
-
 // The plan cache's key for a fused graph's engine choice (LATENT_CUDNN_FUSION=precompiled keeps
 // its own: its candidates leave out the engines compiled at plan time).
 std::string fused_plan_key(const ConvShape& s, const ConvEpilogue& e, bool runtime_compiled) {
@@ -234,7 +202,7 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
     // of convolution through a kernel cache (cuDNN's dynamic shapes) started faster but its
     // kernels ran the default model 1.3x slower (bench/NOTES.md, session 13).
     // A choice timed by an earlier process (the plan cache): that engine alone is built.
-    const int tune = fused_tune_candidates(s.kt > 1);
+    const int tune = s.kt > 1 ? fusion_tune_3d_ : fusion_tune_2d_;  // CudaBackend::Options
     std::string want;
     nlohmann::json saved;
     if (tune > 1 && disk_ &&

@@ -60,7 +60,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <thread>  // plans
+#include <thread>
+#include <tuple>  // plans
 #include <utility>
 
 #include "engine/backends/cuda/attention.cuh"
@@ -97,6 +98,31 @@ bool valid_activation(Activation act) {
   return static_cast<int>(act) <= static_cast<int>(Activation::kTanh);
 }
 
+// How many of cuDNN's candidate engines a fused graph builds and times on its first call
+// (choose_engine: one replaces the heuristics' first only where it is at least 10 % faster).
+// LATENT_CUDNN_FUSED_TUNE=N: N for every graph (0 or 1: the heuristics' first alone). Unset: 4
+// for the 3-D (video) graphs, or 0 where LATENT_CUDNN_SEARCH=heuristic asks for cuDNN's heuristic
+// choices everywhere (as the precompute job does by default, so that every worker writes the same
+// bytes); 0 for the 2-D (image) graphs.
+// - 3-D: at the Wan VAEs' 720p 96-channel 3x3x3 convolution with a bias only the first is an
+//   sm80 kernel taking 1.86 ms a frame on an H100, where another engine takes 1.28 ms; the Wan
+//   2.1 720p streams ran 14 % faster (bench/NOTES.md, session 20).
+// - 2-D: on the TAESD-size and default models at 1080p the first was the fastest at every large
+//   shape (the models ran as fast either way), and building 4 candidates took 9.4 s of start-up
+//   against 0.3 s, most of it cuDNN compiling kernels (bench/NOTES.md, session 21).
+// A timed choice is kept in the plan cache, and a later process builds that engine alone.
+// Returns the {2-D, 3-D} counts; `search` is LATENT_CUDNN_SEARCH as set (null: unset).
+std::pair<int, int> fused_tune_counts(const char* tune, const char* search) {
+  if (tune && *tune) {
+    char* end = nullptr;
+    const long v = std::strtol(tune, &end, 10);
+    if (!*end && v >= 0 && v <= 64) return {static_cast<int>(v), static_cast<int>(v)};
+    LATENT_WARN("LATENT_CUDNN_FUSED_TUNE=", tune,
+                " is not a count from 0 to 64: using the defaults");
+  }
+  return {0, search && std::string(search) == "heuristic" ? 0 : 4};
+}
+
 // NHWC and NCHW agree when there is one channel or one pixel: such a contiguous 4-D tensor
 // (a reshape of a vector, say) can be read as NHWC too.
 bool nhwc_compatible(const Tensor& t) {
@@ -122,6 +148,9 @@ class CudaBackend final : public Backend {
     // Convolution epilogues fused into cuDNN operation graphs where cuDNN has an engine.
     bool conv_fusion = true;
     bool conv_fusion_runtime_compiled = true;  // engines cuDNN compiles at plan time too
+    // How many of cuDNN's candidate engines a 2-D / 3-D fused graph builds and times on its
+    // first call (LATENT_CUDNN_FUSED_TUNE; fused_tune_counts()).
+    int conv_fusion_tune_2d = 0, conv_fusion_tune_3d = 4;
     // Bottom / right padding beyond the top / left as the fused graph's post-padding instead of
     // a padded copy of the input (LATENT_CUDNN_PAD=copy turns it off).
     bool conv_pad_in_graph = true;
@@ -149,7 +178,8 @@ class CudaBackend final : public Backend {
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
     conv_plans_->set_disk_cache(disk_plans_);                       // plans
-    conv_plans_->set_fusion(options.conv_fusion, options.conv_fusion_runtime_compiled);
+    conv_plans_->set_fusion(options.conv_fusion, options.conv_fusion_runtime_compiled,
+                            options.conv_fusion_tune_2d, options.conv_fusion_tune_3d);
     profile_.start(ctx_->label());
   }
 
@@ -1563,6 +1593,8 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
 
   CudaBackend::Options options;
   options.tf32 = !env_is("LATENT_CUDA_TF32", "0");
+  std::tie(options.conv_fusion_tune_2d, options.conv_fusion_tune_3d) =
+      fused_tune_counts(std::getenv("LATENT_CUDNN_FUSED_TUNE"), std::getenv("LATENT_CUDNN_SEARCH"));
   // LATENT_CUDNN_SEARCH: "heuristic" (default: cuDNN's own ranking, the same choice, so the same
   // bytes, on every run and machine of one GPU model and library version) or "timed" (also
   // "exhaustive": each candidate timed once per shape, kept in the plan cache). On the H100
