@@ -116,20 +116,18 @@ Status choose_engine(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogu
   }
   TempBuffer scratch;
   if (most > 0) LATENT_TRY(scratch.allocate(ctx, static_cast<size_t>(most)));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LATENT_CUDA_CHECK(cudaEventCreate(&start));
-  LATENT_CUDA_CHECK(cudaEventCreate(&stop));
+  TimingEvents events;
+  LATENT_TRY(events.create());
   std::vector<float> ms(plan->built.size(), -1.f);
   for (size_t k = 0; k < plan->built.size(); ++k) {
     std::vector<float> runs;
     for (int r = 0; r < 4; ++r) {  // the first run is a warm-up
-      cudaEventRecord(start, ctx.stream());
+      events.start(ctx.stream());
       const fe::error_t rc =
           plan->graph->execute_plan_at_index(handle, pack, scratch.get(), plan->built[k]);
-      cudaEventRecord(stop, ctx.stream());
-      if (rc.is_bad() || cudaEventSynchronize(stop) != cudaSuccess) break;
-      float t = 0.f;
-      cudaEventElapsedTime(&t, start, stop);
+      events.stop(ctx.stream());
+      const float t = rc.is_bad() ? -1.f : events.elapsed_ms();
+      if (t < 0.f) break;
       if (r > 0) runs.push_back(t);
     }
     if (runs.size() == 3) {
@@ -137,8 +135,6 @@ Status choose_engine(cudnnHandle_t handle, const ConvShape& s, const ConvEpilogu
       ms[k] = runs[1];
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   (void)cudaGetLastError();
   size_t best = 0;
   for (size_t k = 1; k < ms.size(); ++k)

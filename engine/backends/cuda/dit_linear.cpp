@@ -279,16 +279,8 @@ Status DitLinear::tune(DeviceContext& ctx, Plan& p, const void* w, const void* x
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LATENT_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capturing));
   if (capturing != cudaStreamCaptureStatusNone) return ok_status();  // a later call, outside
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LATENT_CUDA_CHECK(cudaEventCreate(&start));
-  LATENT_CUDA_CHECK(cudaEventCreate(&stop));
-  struct Events {
-    cudaEvent_t a, b;
-    ~Events() {
-      LATENT_CUDA_WARN(cudaEventDestroy(a));
-      LATENT_CUDA_WARN(cudaEventDestroy(b));
-    }
-  } events{start, stop};
+  TimingEvents events;
+  LATENT_TRY(events.create());
   float best_ms = 0.f;
   size_t best = 0;  // the heuristic's first unless another ran faster
   bool timed = false;
@@ -304,12 +296,13 @@ Status DitLinear::tune(DeviceContext& ctx, Plan& p, const void* w, const void* x
     };
     if (run_once() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops the candidate
     constexpr int kRuns = 5;
-    LATENT_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+    LATENT_CUDA_CHECK(events.start(ctx.stream()));
     for (int run = 0; run < kRuns; ++run) run_once();
-    LATENT_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
-    LATENT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    LATENT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    LATENT_CUDA_CHECK(events.stop(ctx.stream()));
+    float ms = events.elapsed_ms();
+    if (ms < 0.f)
+      return Status::errorf("fp8 GEMM tuning: timing candidate ", i,
+                            " failed: ", cudaGetErrorString(cudaGetLastError()));
     ms /= kRuns;
     times += str_cat(i ? " " : "", static_cast<int>(ms * 1000.f));
     if (!timed || ms < best_ms) best_ms = ms, best = i;

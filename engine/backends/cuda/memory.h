@@ -149,6 +149,38 @@ class TempBuffer {
   void* ptr_ = nullptr;
 };
 
+// Two CUDA events for timing work queued on a stream between them (the engine choices timed on
+// a first call: conv_fused.cpp's choose_engine, DitLinear::tune), destroyed with the object.
+class TimingEvents {
+ public:
+  TimingEvents() = default;
+  ~TimingEvents() {
+    if (start_) (void)cudaEventDestroy(start_);
+    if (stop_) (void)cudaEventDestroy(stop_);
+  }
+  TimingEvents(const TimingEvents&) = delete;
+  TimingEvents& operator=(const TimingEvents&) = delete;
+
+  Status create() {
+    if (cudaEventCreate(&start_) != cudaSuccess || cudaEventCreate(&stop_) != cudaSuccess)
+      return Status::errorf("cudaEventCreate failed: ", cudaGetErrorString(cudaGetLastError()));
+    return ok_status();
+  }
+  cudaError_t start(cudaStream_t stream) { return cudaEventRecord(start_, stream); }
+  cudaError_t stop(cudaStream_t stream) { return cudaEventRecord(stop_, stream); }
+  // Milliseconds from start to stop once the stop has completed; negative if either failed.
+  float elapsed_ms() {
+    float ms = -1.f;
+    if (cudaEventSynchronize(stop_) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start_, stop_) != cudaSuccess)
+      return -1.f;
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
 // A buffer that only grows (cuBLASLt's workspace); its old block is released stream-ordered.
 class GrowableBuffer {
  public:
