@@ -28,6 +28,7 @@
 #ifdef LATENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "engine/backends/cuda/cuda_backend.h"
 #include "engine/backends/cuda/sdpa.h"
 #include "engine/backends/registry.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
@@ -167,6 +168,42 @@ TEST_F(CudaFp8, LinearMatchesTheEmulationAndIsAnFp8Product) {
     EXPECT_LT(exact, 8e-2);  // e4m3 of both operands: ~2-4 % on random data
     EXPECT_GT(exact, 3e-3);  // ... and not a bf16 product (~2e-3)
   }
+}
+
+// LATENT_FP8_GEMM_TUNE=1: the first call of an FP8 GEMM times cuBLASLt's candidates
+// (DitLinear::tune) and keeps the fastest. Its result is an FP8 product like the untuned one's
+// (candidates differ only in summation order), and later calls reuse the choice: bit for bit
+// the first call's output.
+TEST_F(CudaFp8, TunedGemmKeepsItsChoice) {
+  setenv("LATENT_FP8_GEMM_TUNE", "1", 1);
+  Result<std::shared_ptr<Backend>> made = create_cuda_backend(0, DType::kBF16);
+  unsetenv("LATENT_FP8_GEMM_TUNE");
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  Backend& tuned = **made;
+  const int64_t m = 301, n = 3072, k = 3072;
+  const float ws = 1.f / std::sqrt(static_cast<float>(k));
+  Tensor x = bf16_input({m, k}, 41), w = bf16_input({n, k}, 42, -ws, ws), b = bf16_input({n}, 43);
+  auto run = [&](Backend& be) -> Result<Tensor> {
+    auto xq = be.fp8_quantize_rows(up(be, x));
+    auto wq = be.fp8_quantize_rows(up(be, w));
+    if (!xq.ok()) return xq.status();
+    if (!wq.ok()) return wq.status();
+    Result<Tensor> y = be.linear_fp8(*xq, *wq, up(be, b), DitActivation::kNone);
+    if (!y.ok()) return y.status();
+    return be.download(*y);
+  };
+  Result<Tensor> first = run(tuned), second = run(tuned), plain = run(*gpu_);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  ASSERT_EQ(first->nbytes(), second->nbytes());
+  EXPECT_EQ(std::memcmp(first->data(), second->data(), first->nbytes()), 0)
+      << "the second call did not run the first call's choice";
+  EXPECT_EQ(test::count_non_finite(*first), 0);
+  const double d = relative_l2(*first, *plain);
+  std::printf("  tuned fp8 GEMM %lldx%lldx%lld against the heuristic's: rel L2 %.2e\n",
+              static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), d);
+  EXPECT_LT(d, 1e-2);  // the same FP8 product, another summation order
 }
 
 // linear_fp8_gated_add: residual + gate * (x w^T + b) with the gate folded into the weight's
