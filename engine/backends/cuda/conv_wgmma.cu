@@ -433,6 +433,36 @@ __device__ __forceinline__ uint64_t swizzled_desc(uint32_t addr) {
          (static_cast<uint64_t>(kRowBytes * 8 / 16) << 32) | (kMode << 62);
 }
 
+// One step (filter tap) of the halo kernels: the kMt m64 row tiles' wgmmas over all kC input
+// channels, A the halo window from pixel q0 (64-channel planes with 128B swizzle, a last
+// 32-channel plane with 64B swizzle; kNp pixels a plane), B the step's filter buffer at bb;
+// fenced before and committed as one group.
+template <typename T, int kBn, int kC, int kMt, int kNp>
+__device__ __forceinline__ void halo_step_wgmmas(float (&acc)[kMt][kBn / 2], uint32_t base,
+                                                 uint32_t bb, int q0) {
+  constexpr int kHw = 66, kWide = kC / 64, kWideK = kWide * 4;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kC / 16; ++kk) {
+    if (kk < kWideK) {
+      const uint32_t plane = (kk >> 2) * 128u, k32 = (kk & 3) * 32u;
+      const uint64_t db = swizzled_desc<128>(bb + plane * kBn + k32);
+#pragma unroll
+      for (int m = 0; m < kMt; ++m)
+        wgmma_ss<T, kBn>(acc[m],
+                         swizzled_desc<128>(base + plane * kNp + (q0 + m * kHw) * 128u + k32), db);
+    } else {
+      const uint32_t k32 = (kk - kWideK) * 32u;
+      const uint64_t db = swizzled_desc<64>(bb + kWide * kBn * 128u + k32);
+#pragma unroll
+      for (int m = 0; m < kMt; ++m)
+        wgmma_ss<T, kBn>(
+            acc[m], swizzled_desc<64>(base + kWide * kNp * 128u + (q0 + m * kHw) * 64u + k32), db);
+    }
+  }
+  wgmma_commit();
+}
+
 template <typename T, int kBn, int kC>
 __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
   constexpr int kR = halo_rows(kBn, kC), kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
@@ -440,7 +470,7 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
   constexpr int kHw = 66, kHh = kR + 2, kNp = halo_pixels(kR);
   constexpr int kC8 = kC / 8;                                 // 16-byte chunks a pixel
   constexpr int kWide = kC / 64;                              // planes of 64 channels
-  constexpr int kWideChunks = kWide * 8, kWideK = kWide * 4;  // their chunks; their k16 steps
+  constexpr int kWideChunks = kWide * 8;                      // their chunks
   static_assert(kC % 32 == 0 && kWide >= 1 && kBn % 16 == 0, "64 + 32 n channels");
   constexpr uint32_t kHaloBytes = kNp * kC * 2u, kBBytes = kBn * kC * 2u;
   static_assert(kHaloBytes % 1024 == 0 && kBBytes % 1024 == 0, "plane bases 1024-byte aligned");
@@ -529,27 +559,7 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params p) {
     const uint32_t bb = b_base + (kc % kSt) * kBBytes;
     // the first pixel of each row tile's window
     const int q0 = (wg * kMt + dy) * kHw + dx;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-      if (kk < kWideK) {
-        const uint32_t plane = (kk >> 2) * 128u, k32 = (kk & 3) * 32u;
-        const uint64_t db = swizzled_desc<128>(bb + plane * kBn + k32);
-#pragma unroll
-        for (int m = 0; m < kMt; ++m)
-          wgmma_ss<T, kBn>(
-              acc[m], swizzled_desc<128>(base + plane * kNp + (q0 + m * kHw) * 128u + k32), db);
-      } else {
-        const uint32_t k32 = (kk - kWideK) * 32u;
-        const uint64_t db = swizzled_desc<64>(bb + kWide * kBn * 128u + k32);
-#pragma unroll
-        for (int m = 0; m < kMt; ++m)
-          wgmma_ss<T, kBn>(
-              acc[m], swizzled_desc<64>(base + kWide * kNp * 128u + (q0 + m * kHw) * 64u + k32),
-              db);
-      }
-    }
-    wgmma_commit();
+    halo_step_wgmmas<T, kBn, kC, kMt, kNp>(acc, base, bb, q0);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
@@ -611,7 +621,7 @@ __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
   constexpr int kAhead = kSt >= 3 ? kSt - 2 : 1;
   static_assert(kSt >= 2 && (kR == 2 || kR == 4), "2 or 4 rows, 2 or more filter buffers");
   constexpr int kHw = 66, kNp = halo_pixels(kR);
-  constexpr int kWide = kC / 64, kWideK = kWide * 4;
+  constexpr int kWide = kC / 64;
   static_assert(kC % 32 == 0 && kWide >= 1 && kBn % 16 == 0, "64 + 32 n channels");
   constexpr uint32_t kHaloBytes = kNp * kC * 2u, kBBytes = kBn * kC * 2u;
   constexpr uint32_t kHaloTx = (kR + 2) * kHw * kC * 2u;  // bytes a halo's boxes write
@@ -687,27 +697,7 @@ __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
     if (tid == 0 && kc + kAhead < steps) tma_b(kc + kAhead);
     const uint32_t bb = b_base + (kc % kSt) * kBBytes;
     const int q0 = (wg * kMt + dy) * kHw + dx;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-      if (kk < kWideK) {
-        const uint32_t plane = (kk >> 2) * 128u, k32 = (kk & 3) * 32u;
-        const uint64_t db = swizzled_desc<128>(bb + plane * kBn + k32);
-#pragma unroll
-        for (int m = 0; m < kMt; ++m)
-          wgmma_ss<T, kBn>(
-              acc[m], swizzled_desc<128>(base + plane * kNp + (q0 + m * kHw) * 128u + k32), db);
-      } else {
-        const uint32_t k32 = (kk - kWideK) * 32u;
-        const uint64_t db = swizzled_desc<64>(bb + kWide * kBn * 128u + k32);
-#pragma unroll
-        for (int m = 0; m < kMt; ++m)
-          wgmma_ss<T, kBn>(
-              acc[m], swizzled_desc<64>(base + kWide * kNp * 128u + (q0 + m * kHw) * 64u + k32),
-              db);
-      }
-    }
-    wgmma_commit();
+    halo_step_wgmmas<T, kBn, kC, kMt, kNp>(acc, base, bb, q0);
     if constexpr (kSt == 2)
       wgmma_wait<0>();
     else
@@ -1112,6 +1102,11 @@ bool halo_shape_fits(const ConvWgmmaArgs& a, const Launch& l) {
 }
 
 Result<PFN_cuTensorMapEncodeTiled_v12000> encode_tiled();
+// Whether the driver encodes tensor maps (the TMA kernels' defaults need it); asked once.
+bool tma_available() {
+  static const bool ok = encode_tiled().ok();
+  return ok;
+}
 
 // Which kernel runs a call the halo kernels fit: LATENT_CONV_WGMMA_TILE=halo / halotma: that one;
 // "implicit" or another tile: none; the default: the TMA one where it beat cuDNN's fused graphs
@@ -1126,8 +1121,7 @@ HaloKind halo_kind(const ConvWgmmaArgs& a, const Launch& l) {
   if (a.tile.halo_tma) return HaloKind::kTma;
   if (a.tile.no_halo || a.tile.bn != 0) return HaloKind::kNone;
   const bool wins = (a.c == 96 && a.k == 96) || (a.c == 64 && a.k == 64 && a.residual);
-  static const bool tma = encode_tiled().ok();
-  return wins && tma ? HaloKind::kTma : HaloKind::kNone;
+  return wins && tma_available() ? HaloKind::kTma : HaloKind::kNone;
 }
 bool halo_fits(const ConvWgmmaArgs& a, const Launch& l) {
   return halo_kind(a, l) != HaloKind::kNone;
@@ -1267,8 +1261,7 @@ bool use_strip64(const ConvWgmmaArgs& a, const Launch& l) {
   if (a.tile.strip64 || a.tile.strip64_rows) return true;
   if (a.tile.bn != 0 || a.tile.halo || a.tile.halo_tma || a.tile.no_halo) return false;
   const auto act = static_cast<Activation>(a.act);
-  static const bool tma = encode_tiled().ok();
-  return tma && (act == Activation::kNone || act == Activation::kReLU);
+  return tma_available() && (act == Activation::kNone || act == Activation::kReLU);
 }
 
 template <typename T>
