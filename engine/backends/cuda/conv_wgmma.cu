@@ -1110,10 +1110,10 @@ bool tma_available() {
 
 // Which kernel runs a call the halo kernels fit: LATENT_CONV_WGMMA_TILE=halo / halotma: that one;
 // "implicit" or another tile: none; the default: the TMA one where it beat cuDNN's fused graphs
-// per call (bench_conv, H200, 2026-11-28 session 23: 96 -> 96 channels 0.94 against 1.01 ms at
-// 720p 3x3x3, 0.43 against 0.52 at 720p 3x3; 64 -> 64 with a residual 0.46-0.52 against
-// 0.50-0.54 at 1080p; behind it at 64 -> 64 without a residual, 0.41-0.42 against 0.32-0.33, and
-// at 96 -> 192, 0.19 against 0.15).
+// per call (bench_conv, H200, 2026-11-28 session 23: 96 -> 96 channels 0.94 (0.86 with 2 filter
+// buffers, session 24) against 1.01 ms at 720p 3x3x3, 0.43 against 0.52 at 720p 3x3; 64 -> 64 with
+// a residual 0.46-0.52 against 0.50-0.54 at 1080p; behind it at 64 -> 64 without a residual,
+// 0.41-0.42 against 0.32-0.33, and at 96 -> 192, 0.19 against 0.15).
 enum class HaloKind { kNone, kCpAsync, kTma };
 HaloKind halo_kind(const ConvWgmmaArgs& a, const Launch& l) {
   if (!halo_shape_fits(a, l)) return HaloKind::kNone;
@@ -1294,24 +1294,27 @@ Status run_strip64_rows(const Params& p, const Launch& l) {
   return ok_status();
 }
 
-// The 96 -> 96 TMA halo tile's variants (LATENT_CONV_WGMMA_TILE=halotma r4 / s2 / s4): rows a
-// block and filter buffers.
+// The 96 -> 96 TMA halo tile and its variants (LATENT_CONV_WGMMA_TILE=halotma r4 / s2 / s3 / s4):
+// rows a block and filter buffers. By default 2 rows and 2 filter buffers: on an H200 (session 24,
+// bench_conv) 0.859 ms at 720p 3x3x3 against 0.924 with 3 buffers, 1.063-1.068 with 4 rows,
+// 1.237 with 4 buffers; 0.427 against 0.439 at 720p 3x3.
+constexpr int kHalo96Stages = 2;
 template <typename T>
 Status run_halo_tma_96(const Params& p, const ConvWgmmaTile& t, const Launch& l) {
-  const int r = t.halo_rows ? t.halo_rows : 2, st = t.halo_stages ? t.halo_stages : kHaloStages;
+  const int r = t.halo_rows ? t.halo_rows : 2, st = t.halo_stages ? t.halo_stages : kHalo96Stages;
   if (r == 4 && st == 2) return run_halo_tma_tile<T, 96, 96, 4, 2>(p, l);
   if (r == 4 && st == 3) return run_halo_tma_tile<T, 96, 96, 4, 3>(p, l);
   if (r == 4 && st == 4) return run_halo_tma_tile<T, 96, 96, 4, 4>(p, l);
-  if (r == 2 && st == 2) return run_halo_tma_tile<T, 96, 96, 2, 2>(p, l);
+  if (r == 2 && st == 3) return run_halo_tma_tile<T, 96, 96, 2, 3>(p, l);
   if (r == 2 && st == 4) return run_halo_tma_tile<T, 96, 96, 2, 4>(p, l);
-  return run_halo_tma_tile<T, 96, 96>(p, l);
+  return run_halo_tma_tile<T, 96, 96, 2, 2>(p, l);
 }
 
 template <typename T, int kC>
 Status run_halo_c(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
   switch (halo_bn(p.k)) {
     case 96:
-      if (tma && kC == 96 && (t.halo_rows || t.halo_stages)) return run_halo_tma_96<T>(p, t, l);
+      if (tma && kC == 96) return run_halo_tma_96<T>(p, t, l);
       return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
     case 128:
       return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);

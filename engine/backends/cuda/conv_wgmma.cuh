@@ -32,7 +32,7 @@ struct ConvWgmmaTile {
   bool halo = false;      // the halo kernel (conv_wgmma.cu) for every call it fits
   bool halo_tma = false;  // the same with its loads by TMA ("halotma")
   int halo_rows = 0;      // 96 -> 96 TMA halo tile: output rows a block ("halotmar4"; 0: 2)
-  int halo_stages = 0;    // and filter buffers ("halotmas2" / "s4"; 0: 3)
+  int halo_stages = 0;  // and filter buffers ("halotmas2" / "s3" / "s4"; 0: 2 at 96 -> 96, else 3)
   bool no_halo = false;   // "implicit": the implicit-GEMM tiles only, no halo kernel
   bool strip64 = false;   // "strip64": the strip kernel wherever it fits (64 -> 64 2-D 3x3)
   bool strip64_rows = false;  // "strip64r": its form over bands of rows (a ring of input rows)
