@@ -287,15 +287,15 @@ TEST_P(CudaOps, ConvOddChannels) {
 // (LATENT_CONV_WGMMA_TILE 256x64w4, 256x96w4s5, 256x128w4: where their width divides the
 // output channels, the default tile elsewhere), the halo kernels wherever they fit (halo,
 // halotma) and the implicit-GEMM tiles only ("implicit": the default picks the TMA halo kernel
-// at 96 -> 96 and at 64 -> 64 with a residual; "strip64" / "strip64r": the strip kernels at
-// 64 -> 64).
+// at 96 -> 96 and at 64 -> 64 with a residual; "strip64" / "strip64s": the strip kernel at
+// 64 -> 64 with its TMA-store epilogue, with session 23's staged one).
 TEST_P(CudaOps, ConvWgmmaShapes) {
   const Conv2dParams same = Conv2dParams::same(3);
   std::vector<std::pair<std::string, Backend*>> forced = {
       {"LATENT_CUDA_CONV=wgmma", wgmma_backend().get()}};
   for (const char* tile :
        {"256x64w4", "256x96w4s5", "256x128w4", "halo", "halotma", "halotmar4", "halotmar4s2",
-        "halotmas3", "halotmas4", "implicit", "strip64", "strip64r"})
+        "halotmas3", "halotmas4", "implicit", "strip64", "strip64s"})
     forced.emplace_back(
         str_cat("LATENT_CUDA_CONV=wgmma, tile ", tile),
         backend_with({{"LATENT_CUDA_CONV", "wgmma"}, {"LATENT_CONV_WGMMA_TILE", tile}}).get());
@@ -316,6 +316,9 @@ TEST_P(CudaOps, ConvWgmmaShapes) {
                   64, 3, same, true, true, Activation::kSiLU, 645);
   check_conv_also(forced, "conv 3x3 [1,64,9,130] -> 64", {1, 64, 9, 130}, 64, 3, same, false, false,
                   Activation::kNone, 646);
+  // GELU: the strip kernel's staged form (its TMA-store form takes none, ReLU and SiLU)
+  check_conv_also(forced, "conv 3x3 [1,64,10,150] -> 64 +bias +residual, GELU", {1, 64, 10, 150},
+                  64, 3, same, true, true, Activation::kGELU, 647);
   check_conv_also(forced, "conv 1x1 [1,96,30,50] -> 192 +bias", {1, 96, 30, 50}, 192, 1,
                   Conv2dParams(), true, false, Activation::kNone, 650);
   check_conv_also(forced, "conv 3x3 [1,128,40,40] -> 128 +bias +residual, GELU", {1, 128, 40, 40},
@@ -850,9 +853,9 @@ TEST(CudaBackend, ConvWgmmaTileNames) {
   Result<cuda::ConvWgmmaTile> strip = cuda::parse_conv_wgmma_tile("strip64");
   ASSERT_TRUE(strip.ok()) << strip.status().message();
   EXPECT_TRUE(strip.value().strip64);
-  Result<cuda::ConvWgmmaTile> strip_rows = cuda::parse_conv_wgmma_tile("strip64r");
-  ASSERT_TRUE(strip_rows.ok()) << strip_rows.status().message();
-  EXPECT_TRUE(strip_rows.value().strip64_rows);
+  Result<cuda::ConvWgmmaTile> strip_staged = cuda::parse_conv_wgmma_tile("strip64s");
+  ASSERT_TRUE(strip_staged.ok()) << strip_staged.status().message();
+  EXPECT_TRUE(strip_staged.value().strip64_staged);
   Result<cuda::ConvWgmmaTile> r4s2 = cuda::parse_conv_wgmma_tile("halotmar4s2");
   ASSERT_TRUE(r4s2.ok()) << r4s2.status().message();
   EXPECT_TRUE(r4s2.value().halo_tma);

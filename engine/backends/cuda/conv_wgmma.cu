@@ -61,6 +61,14 @@ struct StripMaps {
   CUtensorMap in;
   CUtensorMap w;
 };
+// conv_strip64_t_kernel's: those two, and y and the residual [frames * h][w][64] as boxes of
+// [1][128][64].
+struct StripTMaps {
+  CUtensorMap in;
+  CUtensorMap w;
+  CUtensorMap y;
+  CUtensorMap res;
+};
 constexpr int kStripPx = 128, kStripHw = kStripPx + 2;
 constexpr uint32_t kStripHaloBytes = 3u * kStripHw * 128u;                      // 49,920
 constexpr uint32_t kStripBufBytes = (kStripHaloBytes + 1023u) / 1024u * 1024u;  // 50,176
@@ -69,13 +77,11 @@ constexpr uint32_t kStripTapBytes = 64u * 128u;              // one tap of the f
 constexpr uint32_t kStripFilterBytes = 9u * kStripTapBytes;  // 73,728
 constexpr size_t kStripSmem =
     1024 + kStripFilterBytes + kStripBufs * kStripBufBytes + 8 * (1 + 2 * kStripBufs);
-// conv_strip64_rows_kernel's: bands of output rows, a ring of input rows.
-constexpr int kBandRows = 16, kRingRows = 6;
-constexpr uint32_t kRowBoxBytes = kStripHw * 128u;                         // 16,640
-constexpr uint32_t kRowBufBytes = (kRowBoxBytes + 1023u) / 1024u * 1024u;  // 17,408
-constexpr uint32_t kHalfStageBytes = kStripPx * 36u * 4u;                  // [128 px][32 + 4] fp32
-constexpr size_t kStripRowsSmem = 1024 + kStripFilterBytes + 2 * kHalfStageBytes +
-                                  kRingRows * kRowBufBytes + 8 * (1 + 2 * kRingRows);
+// conv_strip64_t_kernel's: two halo buffers, two consumers' output rows.
+constexpr int kStripTBufs = 2;
+constexpr uint32_t kStripOutBytes = kStripPx * 128u;  // [128 px][64] b16, 128B-swizzled
+constexpr size_t kStripTSmem = 1024 + kStripFilterBytes + kStripTBufs * kStripBufBytes +
+                               2 * kStripOutBytes + 8 * (1 + 2 * kStripTBufs + 2);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -712,7 +718,8 @@ __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
       smem_raw, base, acc, wg * kMt, p, n0, HaloPixel{p, f, oy0, ox0});
 }
 
-// === 64 -> 64 channels, 2-D 3x3: the strip kernel (where use_strip64() picks it; session 23) ===
+// === 64 -> 64 channels, 2-D 3x3: the strip kernel, session 23's form (fp32 staging; now where
+// conv_strip64_t_kernel below cannot run, or forced by LATENT_CONV_WGMMA_TILE=strip64s) ===
 // The TAESD family's convolutions. With 64 output channels as wgmma's N (the kernels above) a
 // m64n64k16 reads 4 KiB of shared memory for 32 cycles of tensor work: shared memory's 128
 // bytes a cycle are the limit, and those kernels' wgmmas alone reach only half the FLOP rate.
@@ -838,155 +845,200 @@ __global__ void __launch_bounds__(384, 1)
   }
 }
 
-// === the strip kernel over bands of rows (LATENT_CONV_WGMMA_TILE=strip64r; session 23, not yet
-// run on a GPU) ===
-// conv_strip64_kernel loads 3 input rows for each output row: 3x the input through L2 (808 MB at
-// 1080p), maybe its bound at 0.31 ms. Here a work item is a band of kBandRows output rows of one
-// 128-pixel strip, and the block keeps a ring of kRingRows single input rows: each input row is
-// loaded once a band (a TMA box [1][1][130][64]), so the input crosses L2 (band + 2) / band times.
-// Output row q of a band reads ring rows q, q + 1, q + 2. The consumers take alternate output
-// rows of the block's sequence; a ring row's "empty" barrier expects 3 arrivals a use (its three
-// readers; at a band's edges the existing reader arrives for the missing ones), given as soon as
-// a reader's wgmmas are complete. Each consumer stages its fp32 results in its own area, half the
-// output channels at a time (warps 0-1 hold channels 0-31, warps 2-3 channels 32-63).
+// === the strip kernel with a register epilogue and TMA stores (the default where the strip
+// kernel runs; session 24) ===
+// ncu on conv_strip64_kernel (H200, 1080p ReLU, session 24): the tensor pipe 54 % busy; of the
+// consumer warps' samples 45 % fall in the epilogue (fp32 staging in shared memory, then one
+// pixel offset, bounds check and residual predicate a 16-byte chunk), 43 % in issuing and waiting
+// for the wgmmas. Here the epilogue stays in registers: bias (two output channels a thread),
+// residual (a TMA box [1][128][64] loaded while the wgmmas run, read with ldmatrix.trans into
+// the accumulators' layout), activation, then stmatrix.trans packs bf16 rows [pixel][64] into a
+// 16 KiB buffer a consumer that one TMA store writes to y (the image's right edge clipped by the
+// TMA). A halo buffer is released as soon as its wgmmas are complete, so two suffice. The
+// consumers issue their strips' wgmmas in turn (each waits on a named barrier until the other has
+// issued the strip before), so one's epilogue runs under the other's wgmmas instead of both
+// drifting into lockstep (without the turns: 0.263 against 0.231 ms at 1080p ReLU). ncu: the
+// tensor pipe 82 % busy; bench_conv at 1080p 0.23-0.25 ms against 0.32-0.34 (no activation /
+// ReLU, with or without a residual) and 0.31 against 0.52 with a residual and SiLU.
 
-__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void stsm_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() {  // this thread's stores have read their source
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait() {  // and are complete
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+template <Activation kAct>
+__device__ __forceinline__ float strip_act(float v) {
+  if constexpr (kAct == Activation::kReLU) return fmaxf(v, 0.f);
+  // exp of at most 80: finite, so the fast division stays exact enough (bf16 output)
+  if constexpr (kAct == Activation::kSiLU) return __fdividef(v, 1.f + __expf(fminf(-v, 80.f)));
+  return v;
 }
 
-template <typename T>
+template <typename T, Activation kAct>
 __global__ void __launch_bounds__(384, 1)
-    conv_strip64_rows_kernel(const Params p, const __grid_constant__ StripMaps maps) {
+    conv_strip64_t_kernel(const Params p, const __grid_constant__ StripTMaps maps) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t fbase = base, rbase = base + kStripFilterBytes;
-  const uint32_t sbase = rbase + kRingRows * kRowBufBytes;  // two consumers' staging
-  const uint32_t bars = sbase + 2 * kHalfStageBytes;
+  const uint32_t fbase = base, hbase = base + kStripFilterBytes;
+  const uint32_t obase = hbase + kStripTBufs * kStripBufBytes;  // two consumers' output rows
+  const uint32_t bars = obase + 2 * kStripOutBytes;
   const uint32_t filter_bar = bars;
-  auto full_bar = [&](int r) { return bars + 8u * (1 + r); };
-  auto empty_bar = [&](int r) { return bars + 8u * (1 + kRingRows + r); };
-  auto row_buf = [&](int64_t k) {
-    return rbase + static_cast<uint32_t>(k % kRingRows) * kRowBufBytes;
-  };
+  auto full_bar = [&](int b) { return bars + 8u * (1 + b); };
+  auto empty_bar = [&](int b) { return bars + 8u * (1 + kStripTBufs + b); };
+  auto res_bar = [&](int c) { return bars + 8u * (1 + 2 * kStripTBufs + c); };
   const int tid = threadIdx.x, wg = tid >> 7;
   const int tiles_x = (p.out_w + kStripPx - 1) / kStripPx;
-  const int bands = (p.out_h + kBandRows - 1) / kBandRows;
-  const int items = p.frames * bands * tiles_x;  // < INT32_MAX (strip64_fits)
-  const int items_here = items > static_cast<int>(blockIdx.x)
-                             ? (items - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
+  const int ntiles = p.frames * p.out_h * tiles_x;  // < INT32_MAX (strip64_fits)
+  const int tiles_here = ntiles > static_cast<int>(blockIdx.x)
+                             ? (ntiles - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
                              : 0;
   if (tid == 0) {
     mbar_init(filter_bar, 1);
-    for (int r = 0; r < kRingRows; ++r) {
-      mbar_init(full_bar(r), 1);
-      mbar_init(empty_bar(r), 3);
+    for (int b = 0; b < kStripTBufs; ++b) {
+      mbar_init(full_bar(b), 1);
+      mbar_init(empty_bar(b), 1);
     }
+    mbar_init(res_bar(0), 1);
+    mbar_init(res_bar(1), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  // Work item w of this block: frame, first output row, rows, strip start.
-  auto item = [&](int w, int* f, int* oy0, int* rows, int* x0) {
-    int t = static_cast<int>(blockIdx.x) + w * static_cast<int>(gridDim.x);
+  auto strip = [&](int i, int* f, int* oy, int* x0) {
+    int t = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
     *x0 = (t % tiles_x) * kStripPx;
     t /= tiles_x;
-    *oy0 = (t % bands) * kBandRows;
-    *f = t / bands;
-    *rows = min(kBandRows, p.out_h - *oy0);
+    *oy = t % p.out_h;
+    *f = t / p.out_h;
   };
   if (wg == 0) {  // the producer
     if (tid == 0) {
       mbar_expect_tx(filter_bar, kStripFilterBytes);
       for (int tap = 0; tap < 9; ++tap)
         tma_load_2d(fbase + tap * kStripTapBytes, &maps.w, filter_bar, tap * 64, 0);
-      int64_t k = 0;  // the block's input rows so far
-      for (int w = 0; w < items_here; ++w) {
-        int f, oy0, rows, x0;
-        item(w, &f, &oy0, &rows, &x0);
-        for (int r = 0; r < rows + 2; ++r, ++k) {
-          const int slot = static_cast<int>(k % kRingRows);
-          if (k >= kRingRows)
-            mbar_wait(empty_bar(slot), static_cast<uint32_t>((k / kRingRows) - 1) & 1);
-          mbar_expect_tx(full_bar(slot), kRowBoxBytes);
-          tma_load_4d(row_buf(k), &maps.in, full_bar(slot), 0, x0 - p.pad_w, oy0 - p.pad_h + r, f);
-        }
+      for (int i = 0; i < tiles_here; ++i) {
+        const int b = i % kStripTBufs;
+        if (i >= kStripTBufs) mbar_wait(empty_bar(b), ((i / kStripTBufs) - 1) & 1);
+        int f, oy, x0;
+        strip(i, &f, &oy, &x0);
+        mbar_expect_tx(full_bar(b), kStripHaloBytes);
+        tma_load_4d(hbase + b * kStripBufBytes, &maps.in, full_bar(b), 0, x0 - p.pad_w,
+                    oy - p.pad_h, f);
       }
     }
     return;
   }
   const int c = wg - 1, lt = tid - 128 * wg;
-  const int lane = tid & 31, wl = (tid >> 5) & 3, g = lane >> 2, tig = lane & 3;
-  float* const stile =
-      reinterpret_cast<float*>(smem_raw + (sbase - smem_addr(smem_raw)) + c * kHalfStageBytes);
+  const int lane = tid & 31, wl = (tid >> 5) & 3, g = lane >> 2;
+  const bool has_res = p.residual != nullptr;
+  // this thread's two output channels' bias: 16 wl + g (h = 0) and + 8 (h = 1)
+  float bias[2] = {0.f, 0.f};
+  if (p.bias) {
+    const T* b = static_cast<const T*>(p.bias);
+    bias[0] = to_f32(b[16 * wl + g]);
+    bias[1] = to_f32(b[16 * wl + g + 8]);
+  }
+  // ldmatrix / stmatrix lane address of matrix (j + (m >> 1), h = m & 1), row lane & 7: output
+  // pixel 8 (j + (m >> 1)) + (lane & 7), channels 16 wl + 8 h .. + 7, the 128B swizzle the TMA
+  // writes and reads (16-byte chunk index XOR pixel % 8).
+  const uint32_t ob = obase + c * kStripOutBytes;
+  const int m = lane >> 3, r8 = lane & 7, chunk = 2 * wl + (m & 1);
+  auto lane_addr = [&](int j) {
+    const int px = 8 * (j + (m >> 1)) + r8;
+    return ob + px * 128u + ((chunk ^ (px & 7)) << 4);
+  };
   mbar_wait(filter_bar, 0);
-  int64_t k0 = 0;  // the block's input row that is row 0 of the current band
-  int64_t n = 0;   // the block's output rows so far
-  for (int w = 0; w < items_here; ++w) {
-    int f, oy0, rows, x0;
-    item(w, &f, &oy0, &rows, &x0);
-    for (int q = 0; q < rows; ++q, ++n) {
-      if ((n & 1) != c) continue;
-      float acc[64];
-#pragma unroll
-      for (int e = 0; e < 64; ++e) acc[e] = 0.f;
-      fence_regs(acc);
-#pragma unroll
-      for (int d = 0; d < 3; ++d) {
-        const int64_t k = k0 + q + d;
-        mbar_wait(full_bar(static_cast<int>(k % kRingRows)),
-                  static_cast<uint32_t>(k / kRingRows) & 1);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int tap = 0; tap < 9; ++tap) {
-        const int dy = tap / 3, dx = tap - dy * 3;
-        const uint32_t rb = row_buf(k0 + q + dy) + dx * 128u;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wgmma_ss<T, kStripPx>(acc, swizzled_desc<128>(fbase + tap * kStripTapBytes + kk * 32u),
-                                swizzled_desc<128>(rb + kk * 32u));
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(acc);
-      named_sync(1 + c, 128);  // every warp's wgmmas have read the three rows
-      if (lt == 0) {
-        // Row q + d's readers are output rows q + d - 2 .. q + d of this band; this row arrives
-        // for itself and for the band's missing ones (before row 0, after row rows - 1).
-#pragma unroll
-        for (int d = 0; d < 3; ++d) {
-          uint32_t count = 1;
-          if (q == 0) count += 2 - d;              // readers q' = d - 2 .. -1
-          if (q == rows - 1) count += d;           // readers q' = rows .. rows - 1 + d
-          if (q == 0 && q == rows - 1) count = 3;  // one row: every arrival is its
-          mbar_arrive_n(empty_bar(static_cast<int>((k0 + q + d) % kRingRows)), count);
-        }
-      }
-      const int oy = oy0 + q;
-      auto pixel_offset = [&](int px) -> int64_t {
-        const int ox = x0 + px;
-        if (ox >= p.out_w) return -1;
-        return ((static_cast<int64_t>(f) * p.out_h + oy) * p.out_w + ox) * p.k;
-      };
-      // acc[4 j + 2 h + e]: output channel 16 wl + g + 8 h, pixel 8 j + 2 tig + e.
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if ((wl >> 1) == half) {
-#pragma unroll
-          for (int j = 0; j < kStripPx / 8; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                stile[(8 * j + 2 * tig + e) * stage_stride(32) + 16 * (wl & 1) + g + 8 * h] =
-                    acc[4 * j + 2 * h + e];
-        }
-        named_sync(1 + c, 128);
-        store_staged_act<T, 32, kStripPx, 128>(stile, p, 32 * half, pixel_offset, lt);
-        named_sync(1 + c, 128);  // the staging is free again
+  int res_phase = 0;
+  for (int i = c; i < tiles_here; i += 2) {
+    int f, oy, x0;
+    strip(i, &f, &oy, &x0);
+    const int row = f * p.out_h + oy;
+    if (lt == 0) {
+      bulk_wait_read();  // the previous strip's store has read this consumer's output buffer
+      if (has_res) {
+        mbar_expect_tx(res_bar(c), kStripOutBytes);
+        tma_load_3d(ob, &maps.res, res_bar(c), 0, x0, row);
       }
     }
-    k0 += rows + 2;
+    const int b = i % kStripTBufs;
+    const uint32_t hb = hbase + b * kStripBufBytes;
+    float acc[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) acc[e] = 0.f;
+    fence_regs(acc);
+    if (i > 0) named_sync(3 + c, 256);  // the other consumer has issued strip i - 1
+    mbar_wait(full_bar(b), (i / kStripTBufs) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap) {
+      const int dy = tap / 3, dx = tap - dy * 3;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss<T, kStripPx>(acc, swizzled_desc<128>(fbase + tap * kStripTapBytes + kk * 32u),
+                              swizzled_desc<128>(hb + (dy * kStripHw + dx) * 128u + kk * 32u));
+    }
+    wgmma_commit();
+    if (i + 1 < tiles_here) named_arrive(4 - c, 256);  // strip i + 1 may issue
+    wgmma_wait<0>();
+    fence_regs(acc);
+    named_sync(1 + c, 128);  // every warp's wgmmas are complete; the output buffer is free
+    if (lt == 0) mbar_arrive(empty_bar(b));
+    if (has_res) mbar_wait(res_bar(c), res_phase), res_phase ^= 1;
+      // acc[4 j + 2 h + e]: output channel 16 wl + g + 8 h, pixel 8 j + 2 tig + e; ldmatrix.trans /
+      // stmatrix.trans register q of an x4 holds matrix q: (j + (q >> 1), h = q & 1), e in its
+      // halves.
+#pragma unroll
+    for (int j = 0; j < kStripPx / 8; j += 2) {
+      const uint32_t addr = lane_addr(j);
+      uint32_t rr[4] = {0u, 0u, 0u, 0u};
+      if (has_res) ldsm_x4_trans(addr, rr);
+      uint32_t out[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int a = 4 * (j + (q >> 1)) + 2 * (q & 1);
+        float v[2] = {acc[a] + bias[q & 1], acc[a + 1] + bias[q & 1]};
+        add_packed<T>(v, rr[q]);
+        out[q] = pack2<T>(strip_act<kAct>(v[0]), strip_act<kAct>(v[1]));
+      }
+      stsm_x4_trans(addr, out);
+    }
+    fence_proxy_async();     // the rows written, before the TMA store reads them
+    named_sync(1 + c, 128);  // every warp's rows
+    if (lt == 0) tma_store_3d(&maps.y, ob, 0, x0, row);
   }
+  if (lt == 0) bulk_wait();
 }
 
 #else  // not sm_90a: never launched (conv_wgmma_fits checks the device), kept so the host links.
@@ -1014,9 +1066,9 @@ __global__ void __launch_bounds__(384, 1)
   __trap();
 }
 
-template <typename T>
+template <typename T, Activation kAct>
 __global__ void __launch_bounds__(384, 1)
-    conv_strip64_rows_kernel(const Params, const __grid_constant__ StripMaps) {
+    conv_strip64_t_kernel(const Params, const __grid_constant__ StripTMaps) {
   __trap();
 }
 
@@ -1230,7 +1282,7 @@ Status run_halo_tma_tile(const Params& p, const Launch& l) {
 bool strip64_fits(const ConvWgmmaArgs& a, const Launch& l) {
   if (a.c != 64 || a.k != 64 || a.kt != 1 || a.x1 || a.stride != 1 || a.r != 3 || a.s != 3)
     return false;
-  if (std::max(kStripSmem, kStripRowsSmem) > l.smem_optin) return false;
+  if (std::max(kStripSmem, kStripTSmem) > l.smem_optin) return false;
   const int64_t strips =
       static_cast<int64_t>(a.frames) * a.out_h * ((a.out_w + kStripPx - 1) / kStripPx);
   return strips < INT32_MAX;
@@ -1251,17 +1303,27 @@ Status make_strip_maps(const Params& p, bool bf16, int box_rows, StripMaps* maps
   return encode_map(encode.value(), &maps->w, bf16, p.weight, 2, wdims, wstrides, wbox, 128);
 }
 
-// Whether the strip kernel runs this call: LATENT_CONV_WGMMA_TILE=strip64 wherever it fits; by
-// default (no tile named) where it beat cuDNN's fused graph per call: 64 -> 64 2-D 3x3 with no
-// activation or ReLU (bench_conv, H200, session 23: 0.31-0.34 ms at 1080p against 0.32-0.47;
-// with a residual and SiLU its epilogue's exact exponential and division made it 0.58 against
-// 0.55, so that stays on the halo tile).
+// Whether conv_strip64_t_kernel can run a call the strip kernel fits: no activation, ReLU or SiLU,
+// y and the residual 16-byte aligned (the TMA's global addresses).
+bool strip64_t_fits(const void* y, const void* residual, int act_id) {
+  const auto act = static_cast<Activation>(act_id);
+  if (act != Activation::kNone && act != Activation::kReLU && act != Activation::kSiLU)
+    return false;
+  return ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(residual)) & 15) == 0;
+}
+
+// Whether the strip kernel runs this call: LATENT_CONV_WGMMA_TILE=strip64 / strip64s wherever it
+// fits; by default (no tile named) where it beat cuDNN's fused graph per call: 64 -> 64 2-D 3x3
+// with no activation, ReLU or SiLU (bench_conv, H200, session 24, conv_strip64_t_kernel: 0.23-0.25
+// ms at 1080p against 0.32-0.47; 0.31 against 0.54 with a residual and SiLU).
 bool use_strip64(const ConvWgmmaArgs& a, const Launch& l) {
   if (!strip64_fits(a, l)) return false;
-  if (a.tile.strip64 || a.tile.strip64_rows) return true;
+  if (a.tile.strip64 || a.tile.strip64_staged) return true;
   if (a.tile.bn != 0 || a.tile.halo || a.tile.halo_tma || a.tile.no_halo) return false;
   const auto act = static_cast<Activation>(a.act);
-  return tma_available() && (act == Activation::kNone || act == Activation::kReLU);
+  // with SiLU only on the new kernel (the staged one took 0.58 against cuDNN's 0.54 ms)
+  return tma_available() && (act == Activation::kNone || act == Activation::kReLU ||
+                             strip64_t_fits(a.y, a.residual, static_cast<int>(a.act)));
 }
 
 template <typename T>
@@ -1279,19 +1341,49 @@ Status run_strip64(const Params& p, const Launch& l) {
   return ok_status();
 }
 
-template <typename T>
-Status run_strip64_rows(const Params& p, const Launch& l) {
-  StripMaps maps;
-  LATENT_TRY(make_strip_maps(p, std::is_same_v<T, bf16>, 1, &maps));
-  auto kernel = conv_strip64_rows_kernel<T>;
-  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kStripRowsSmem)));
-  const int64_t items = static_cast<int64_t>(p.frames) * ((p.out_h + kBandRows - 1) / kBandRows) *
-                        ((p.out_w + kStripPx - 1) / kStripPx);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, std::max(1, l.sm_count)));
-  kernel<<<grid, 384, kStripRowsSmem, l.stream>>>(p, maps);
-  LATENT_CUDA_CHECK_LAUNCH("conv_strip64_rows_kernel");
+Status make_strip_t_maps(const Params& p, bool bf16, StripTMaps* maps) {
+  StripMaps in;
+  LATENT_TRY(make_strip_maps(p, bf16, 3, &in));
+  maps->in = in.in;
+  maps->w = in.w;
+  Result<EncodeTiled> encode = encode_tiled();
+  if (!encode.ok()) return encode.status();
+  const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(p.out_w),
+                              static_cast<cuuint64_t>(p.frames) * p.out_h};
+  const cuuint64_t strides[2] = {64 * 2, static_cast<cuuint64_t>(p.out_w) * 64 * 2};
+  const cuuint32_t box[3] = {64, kStripPx, 1};
+  LATENT_TRY(encode_map(encode.value(), &maps->y, bf16, p.y, 3, dims, strides, box, 128));
+  if (p.residual)
+    LATENT_TRY(
+        encode_map(encode.value(), &maps->res, bf16, p.residual, 3, dims, strides, box, 128));
   return ok_status();
+}
+
+template <typename T, Activation kAct>
+Status run_strip64_t_act(const Params& p, const Launch& l) {
+  StripTMaps maps;
+  LATENT_TRY(make_strip_t_maps(p, std::is_same_v<T, bf16>, &maps));
+  auto kernel = conv_strip64_t_kernel<T, kAct>;
+  LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kStripTSmem)));
+  const int64_t strips =
+      static_cast<int64_t>(p.frames) * p.out_h * ((p.out_w + kStripPx - 1) / kStripPx);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(strips, std::max(1, l.sm_count)));
+  kernel<<<grid, 384, kStripTSmem, l.stream>>>(p, maps);
+  LATENT_CUDA_CHECK_LAUNCH("conv_strip64_t_kernel");
+  return ok_status();
+}
+
+template <typename T>
+Status run_strip64_t(const Params& p, const Launch& l) {
+  switch (static_cast<Activation>(p.act)) {
+    case Activation::kReLU:
+      return run_strip64_t_act<T, Activation::kReLU>(p, l);
+    case Activation::kSiLU:
+      return run_strip64_t_act<T, Activation::kSiLU>(p, l);
+    default:
+      return run_strip64_t_act<T, Activation::kNone>(p, l);
+  }
 }
 
 // The 96 -> 96 TMA halo tile and its variants (LATENT_CONV_WGMMA_TILE=halotma r4 / s2 / s3 / s4):
@@ -1396,9 +1488,9 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.m = a.frames * p.ohw;
   p.ktot = a.kt * a.r * a.s * a.c;
   if (use_strip64(a, l)) {
-    if (a.tile.strip64_rows) {
-      if (dtype == DType::kBF16) return run_strip64_rows<bf16>(p, l);
-      if (dtype == DType::kF16) return run_strip64_rows<f16>(p, l);
+    if (!a.tile.strip64_staged && strip64_t_fits(p.y, p.residual, p.act)) {
+      if (dtype == DType::kBF16) return run_strip64_t<bf16>(p, l);
+      if (dtype == DType::kF16) return run_strip64_t<f16>(p, l);
     }
     if (dtype == DType::kBF16) return run_strip64<bf16>(p, l);
     if (dtype == DType::kF16) return run_strip64<f16>(p, l);

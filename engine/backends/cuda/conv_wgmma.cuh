@@ -26,7 +26,7 @@ namespace latent::cuda {
 // A block's tile: 64 wg mt output pixels by bn output channels, with `stages` shared buffers. bn
 // 0: the default for the call's output channels (conv_wgmma.cu): the TMA halo kernel at the
 // shapes where it beats cuDNN (96 -> 96 channels; 64 -> 64 with a residual), the strip kernel
-// at 64 -> 64 2-D 3x3 with no activation or ReLU, else the implicit-GEMM tiles.
+// at 64 -> 64 2-D 3x3 with no activation, ReLU or SiLU, else the implicit-GEMM tiles.
 struct ConvWgmmaTile {
   int mt = 1, bn = 0, wg = 2, stages = 4;
   bool halo = false;      // the halo kernel (conv_wgmma.cu) for every call it fits
@@ -35,7 +35,7 @@ struct ConvWgmmaTile {
   int halo_stages = 0;  // and filter buffers ("halotmas2" / "s3" / "s4"; 0: 2 at 96 -> 96, else 3)
   bool no_halo = false;   // "implicit": the implicit-GEMM tiles only, no halo kernel
   bool strip64 = false;   // "strip64": the strip kernel wherever it fits (64 -> 64 2-D 3x3)
-  bool strip64_rows = false;  // "strip64r": its form over bands of rows (a ring of input rows)
+  bool strip64_staged = false;  // "strip64s": its session-23 form (fp32 staging in shared memory)
 };
 
 // LATENT_CONV_WGMMA_TILE's values: "<128|256>x<64|96|128|192|256>" (two warpgroups; 256 with bn
@@ -46,9 +46,10 @@ struct ConvWgmmaTile {
 // the same with TMA loads, for every call it fits; "implicit": never the halo kernel (the
 // implicit-GEMM default tiles everywhere, and no strip kernel); "strip64": the strip kernel (64
 // output channels as M, the filter resident, persistent) at every 64 -> 64 2-D 3x3 stride 1
-// call; "strip64r": the same over bands of 16 output rows with a ring of input rows (each input
-// row loaded once a band; not yet measured). Null or empty: the default ({} with bn 0: the strip
-// kernel, else halotma, where they beat cuDNN's fused graphs per call, bench/NOTES.md session 23).
+// call; "strip64s": the same with session 23's epilogue (fp32 staged in shared memory; also
+// where y or the residual is not 16-byte aligned, or with GELU / tanh). Null or empty: the default
+// ({} with bn 0: the strip kernel, else halotma, where they beat cuDNN's fused graphs per call,
+// bench/NOTES.md sessions 23 and 24).
 // An error names the value.
 inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   ConvWgmmaTile f;
@@ -79,8 +80,8 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
     f.strip64 = true;
     return f;
   }
-  if (std::string(text) == "strip64r") {
-    f.strip64_rows = true;
+  if (std::string(text) == "strip64s") {
+    f.strip64_staged = true;
     return f;
   }
   int bm = 0, bn = 0, used = 0;
@@ -98,7 +99,7 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
                         " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
                         "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5; "
-                        "halo, halotma[r2|r4][s2|s3|s4], implicit, strip64, strip64r)");
+                        "halo, halotma[r2|r4][s2|s3|s4], implicit, strip64, strip64s)");
 }
 
 struct ConvWgmmaArgs {
