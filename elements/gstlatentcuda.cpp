@@ -338,3 +338,142 @@ bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
   GST_DEBUG("latents in CUDA memory (%u bytes a buffer)", size);
   return true;
 }
+
+// ---- page-locked system memory for frames a GPU writes ---------------------------------------
+
+namespace {
+
+struct GstLatentPinnedAllocator {
+  GstAllocator parent;
+  int device;
+};
+struct GstLatentPinnedAllocatorClass {
+  GstAllocatorClass parent_class;
+};
+
+// One allocation (or a share of one: `parent` set, `data` the parent's).
+struct PinnedMemory {
+  GstMemory mem;
+  guint8* data;
+  int device;
+};
+
+GType gst_latent_pinned_allocator_get_type();
+G_DEFINE_TYPE(GstLatentPinnedAllocator, gst_latent_pinned_allocator, GST_TYPE_ALLOCATOR)
+
+GstMemory* pinned_alloc(GstAllocator* allocator, gsize size, GstAllocationParams* params) {
+  auto* self = reinterpret_cast<GstLatentPinnedAllocator*>(allocator);
+  const gsize maxsize = size + params->prefix + params->padding;
+  // Page-aligned, so any alignment GStreamer asks for (at most a page) holds.
+  latent::Result<void*> data = latent::alloc_pinned_host(self->device, maxsize);
+  if (!data.ok()) {
+    GST_WARNING("no page-locked memory for a %" G_GSIZE_FORMAT "-byte buffer: %s", maxsize,
+                data.status().message().c_str());
+    return nullptr;
+  }
+  auto* m = g_new0(PinnedMemory, 1);
+  gst_memory_init(GST_MEMORY_CAST(m), params->flags, allocator, nullptr, maxsize, params->align,
+                  params->prefix, size);
+  m->data = static_cast<guint8*>(*data);
+  m->device = self->device;
+  if (params->prefix && (params->flags & GST_MEMORY_FLAG_ZERO_PREFIXED))
+    std::memset(m->data, 0, params->prefix);
+  if (params->padding && (params->flags & GST_MEMORY_FLAG_ZERO_PADDED))
+    std::memset(m->data + params->prefix + size, 0, params->padding);
+  return GST_MEMORY_CAST(m);
+}
+
+void pinned_free(GstAllocator*, GstMemory* mem) {
+  auto* m = reinterpret_cast<PinnedMemory*>(mem);
+  if (!mem->parent) latent::free_pinned_host(m->device, m->data);
+  g_free(m);
+}
+
+gpointer pinned_map(GstMemory* mem, gsize, GstMapFlags) {
+  return reinterpret_cast<PinnedMemory*>(mem)->data;  // GStreamer adds the offset
+}
+
+void pinned_unmap(GstMemory*) {}
+
+GstMemory* pinned_share(GstMemory* mem, gssize offset, gssize size) {
+  auto* m = reinterpret_cast<PinnedMemory*>(mem);
+  GstMemory* parent = mem->parent ? mem->parent : mem;
+  if (size == -1) size = static_cast<gssize>(mem->size) - offset;
+  auto* sub = g_new0(PinnedMemory, 1);
+  gst_memory_init(GST_MEMORY_CAST(sub),
+                  static_cast<GstMemoryFlags>(GST_MINI_OBJECT_FLAGS(parent) |
+                                              GST_MINI_OBJECT_FLAG_LOCK_READONLY),
+                  mem->allocator, parent, mem->maxsize, mem->align,
+                  mem->offset + static_cast<gsize>(offset), static_cast<gsize>(size));
+  sub->data = m->data;
+  sub->device = m->device;
+  return GST_MEMORY_CAST(sub);
+}
+
+void gst_latent_pinned_allocator_class_init(GstLatentPinnedAllocatorClass* klass) {
+  GstAllocatorClass* allocator_class = GST_ALLOCATOR_CLASS(klass);
+  allocator_class->alloc = pinned_alloc;
+  allocator_class->free = pinned_free;
+}
+
+void gst_latent_pinned_allocator_init(GstLatentPinnedAllocator* self) {
+  GstAllocator* alloc = GST_ALLOCATOR_CAST(self);
+  alloc->mem_type = GST_LATENT_PINNED_MEMORY_TYPE;
+  alloc->mem_map = pinned_map;
+  alloc->mem_unmap = pinned_unmap;
+  alloc->mem_share = pinned_share;
+  self->device = 0;
+}
+
+// Downstream's pool is one we may replace: none, or a generic (system-memory) one.
+bool generic_pool(GstBufferPool* pool) {
+  return !pool || G_OBJECT_TYPE(pool) == GST_TYPE_BUFFER_POOL ||
+         G_OBJECT_TYPE(pool) == GST_TYPE_VIDEO_BUFFER_POOL;
+}
+
+}  // namespace
+
+bool gst_latent_memory_is_pinned(GstMemory* mem) {
+  return mem && gst_memory_is_type(mem, GST_LATENT_PINNED_MEMORY_TYPE);
+}
+
+bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
+  GstCaps* caps = nullptr;
+  gst_query_parse_allocation(query, &caps, nullptr);
+  if (!caps || gst_latent_caps_is_cuda(caps) || !cuda->active()) return false;
+  GstVideoInfo info;
+  if (!gst_video_info_from_caps(&info, caps)) return false;
+  GstBufferPool* theirs = nullptr;
+  guint size = 0, min = 0, max = 0;
+  if (gst_query_get_n_allocation_pools(query) > 0)
+    gst_query_parse_nth_allocation_pool(query, 0, &theirs, &size, &min, &max);
+  const bool replace = generic_pool(theirs);
+  if (theirs) gst_object_unref(theirs);
+  if (!replace) return false;  // downstream's own kind of pool (its memory) wins
+  init_debug();
+  auto* allocator = static_cast<GstLatentPinnedAllocator*>(
+      g_object_new(gst_latent_pinned_allocator_get_type(), nullptr));
+  gst_object_ref_sink(allocator);
+  allocator->device = cuda->device().index;
+  GstBufferPool* pool = gst_video_buffer_pool_new();
+  GstStructure* config = gst_buffer_pool_get_config(pool);
+  size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
+  gst_buffer_pool_config_set_params(config, caps, size, min, max);
+  gst_buffer_pool_config_add_option(config, GST_BUFFER_POOL_OPTION_VIDEO_META);
+  GstAllocationParams params;
+  gst_allocation_params_init(&params);
+  gst_buffer_pool_config_set_allocator(config, GST_ALLOCATOR_CAST(allocator), &params);
+  gst_object_unref(allocator);  // the config holds it
+  if (!gst_buffer_pool_set_config(pool, config)) {
+    gst_object_unref(pool);
+    return false;
+  }
+  if (gst_query_get_n_allocation_pools(query) > 0)
+    gst_query_set_nth_allocation_pool(query, 0, pool, size, min, max);
+  else
+    gst_query_add_allocation_pool(query, pool, size, min, max);
+  gst_object_unref(pool);
+  GST_DEBUG("frames in page-locked system memory of cuda:%d (%u bytes a buffer)",
+            cuda->device().index, size);
+  return true;
+}

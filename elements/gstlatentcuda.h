@@ -107,3 +107,14 @@ bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query);
 // downstream's pool when it is a CUDA pool of our context, else makes one. False when the caps
 // are not CUDA memory (the caller takes the default path) or no pool could be made.
 bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query);
+
+// System-memory frames a GPU writes: buffers of page-locked memory (GstMemory of type
+// GST_LATENT_PINNED_MEMORY_TYPE, cudaHostAlloc'd for the element's device), so a decoded frame is
+// copied by the GPU straight into the buffer pushed downstream, with no copy on the streaming
+// thread. decide_allocation for a video src pad with system-memory caps while the element runs on
+// a GPU: replaces downstream's pool when it offered none or a generic one (a pool of its own
+// kind of memory is kept: false, the caller takes the default path).
+#define GST_LATENT_PINNED_MEMORY_TYPE "LatentPinnedHost"
+bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query);
+// Whether `mem` is such page-locked memory.
+bool gst_latent_memory_is_pinned(GstMemory* mem);

@@ -103,6 +103,10 @@ struct Pending {
   GstBuffer* buffer = nullptr;  // the output buffer (timestamps set), owned until pushed
   uint64_t ticket = 0;
   gint64 submit_us = 0;  // time its transform() took
+  // The buffer is page-locked memory (gstlatentcuda.h) the GPU copies the frame straight into:
+  // mapped for writing from the queue() until the fetch.
+  bool direct = false;
+  GstVideoFrame frame{};
 };
 
 // Output staging; touched by the streaming thread only (and stop(), after streaming ended).
@@ -475,9 +479,25 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
 
   if (downloader) {
     // Converted on the compute stream, downloaded on the copy stream while the next frames
-    // compute; generate_output() writes it into `outbuf` `prefetch-depth` frames later.
-    auto ticket = downloader->queue(*image, n.geometry, latent::frame_format(n.pixel_format));
+    // compute; generate_output() pushes it `prefetch-depth` frames later. Into `outbuf` itself
+    // when it is page-locked memory (our pool: gst_latent_cuda_decide_pinned_pool), else into a
+    // pinned slot that generate_output() copies into `outbuf`.
+    Pending p{nullptr, 0, 0, false, {}};
+    latent::FrameDesc direct;
+    if (gst_buffer_n_memory(outbuf) == 1 &&
+        gst_latent_memory_is_pinned(gst_buffer_peek_memory(outbuf, 0)) &&
+        gst_video_frame_map(&p.frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
+      p.direct = true;
+      direct.format = latent::frame_format(n.pixel_format);
+      direct.width = GST_VIDEO_FRAME_WIDTH(&p.frame);
+      direct.height = GST_VIDEO_FRAME_HEIGHT(&p.frame);
+      direct.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&p.frame, 0);
+      direct.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&p.frame, 0);
+    }
+    auto ticket = downloader->queue(*image, n.geometry, latent::frame_format(n.pixel_format),
+                                    p.direct ? &direct : nullptr);
     release();
+    if (!ticket.ok() && p.direct) gst_video_frame_unmap(&p.frame);
     if (!ticket.ok()) {
       GST_ELEMENT_ERROR(
           self, STREAM, DECODE,
@@ -487,7 +507,9 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
       return GST_FLOW_ERROR;
     }
     st.staged_current = true;
-    st.current = Pending{nullptr, *ticket, g_get_monotonic_time() - started_us};
+    p.ticket = *ticket;
+    p.submit_us = g_get_monotonic_time() - started_us;
+    st.current = p;
     return GST_FLOW_OK;
   }
 
@@ -708,7 +730,9 @@ static GstFlowReturn finish_staged(GstVaeDecode* self, GstBuffer** outbuf) {
   }
   const gint64 wait_started_us = g_get_monotonic_time();
   GstVideoFrame frame;
-  if (!gst_video_frame_map(&frame, &n.out_info, p.buffer, GST_MAP_WRITE)) {
+  if (p.direct) {
+    frame = p.frame;  // mapped since queue(); the fetch only waits for the GPU's copy
+  } else if (!gst_video_frame_map(&frame, &n.out_info, p.buffer, GST_MAP_WRITE)) {
     st.downloader->reset();  // the frames behind it are dropped by the error that follows
     gst_buffer_unref(p.buffer);
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
@@ -751,6 +775,10 @@ static GstFlowReturn gst_vae_decode_generate_output(GstBaseTransform* trans, Gst
     const bool staged = st.staged_current;
     st.staged_current = false;
     if (ret != GST_FLOW_OK) {
+      if (staged && st.current.direct) {  // its copy may still write into `produced`
+        st.downloader->reset();
+        gst_video_frame_unmap(&st.current.frame);
+      }
       if (produced) gst_buffer_unref(produced);
       return ret;
     }
@@ -796,7 +824,11 @@ static GstFlowReturn drain_staging(GstLatentBase* base) {
 static void drop_staging(GstLatentBase* base) {
   GstVaeDecode* self = GST_VAE_DECODE(base);
   Staging& st = self->impl->staging;
-  for (Pending& p : st.pending) gst_buffer_unref(p.buffer);
+  if (st.downloader) st.downloader->reset();  // no copy still writes into a buffer below
+  for (Pending& p : st.pending) {
+    if (p.direct) gst_video_frame_unmap(&p.frame);
+    gst_buffer_unref(p.buffer);
+  }
   st.pending.clear();
   st.downloader.reset();  // waits for its copies, then frees its pinned slots
   st.checked = false;
@@ -809,6 +841,11 @@ static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQue
   GstCaps* caps = nullptr;
   gst_query_parse_allocation(query, &caps, nullptr);
   GstLatentCuda* cuda = gst_latent_base_cuda(GST_LATENT_BASE(trans));
+  // Frames in system memory from a GPU: page-locked buffers the GPU copies into, where
+  // downstream has no pool of its own kind.
+  if (caps && !gst_latent_caps_is_cuda(caps) && cuda->active() &&
+      gst_latent_cuda_decide_pinned_pool(cuda, query))
+    return TRUE;
   if (!caps || !gst_latent_caps_is_cuda(caps) || !cuda->active())
     return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
   // Frames in CUDA memory: downstream's pool when it is on our context, else our own.

@@ -94,8 +94,12 @@ class FrameDownloader {
   // image [1, 3, g.model_height(), g.model_width()] (as the decoder returns it) -> a packed
   // `format` frame of g.frame_width() x g.frame_height(), on its way to the host. The image may
   // be dropped or overwritten (a plan's next run) once this returns. Returns the frame's ticket.
-  virtual Result<uint64_t> queue(const Tensor& image, const FrameGeometry& g,
-                                 FrameFormat format) = 0;
+  // `direct`: a host frame (that format and size) in page-locked memory (alloc_pinned_host(),
+  // registry.h) that the copy writes straight into, row by row, instead of the pinned slot;
+  // fetch() then only waits, and must be given that frame. It must stay valid until fetch() or
+  // reset() has returned.
+  virtual Result<uint64_t> queue(const Tensor& image, const FrameGeometry& g, FrameFormat format,
+                                 const FrameDesc* direct = nullptr) = 0;
   // Whether the copy of frame `ticket` has completed (fetch() would not wait).
   virtual Result<bool> ready(uint64_t ticket) = 0;
   // Waits for frame `ticket` and writes it into `host_frame` (packed, its format and size as

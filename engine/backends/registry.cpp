@@ -119,4 +119,22 @@ Result<void*> retain_cuda_primary_context(int index) {
 #endif
 }
 
+Result<void*> alloc_pinned_host(int device, size_t bytes) {
+#ifdef LATENT_HAVE_CUDA
+  return cuda_alloc_pinned_host(device, bytes);
+#else
+  (void)bytes;
+  return Status::errorf("cuda:", device, ": this build of gst-latent has no CUDA backend");
+#endif
+}
+
+void free_pinned_host(int device, void* data) {
+#ifdef LATENT_HAVE_CUDA
+  cuda_free_pinned_host(device, data);
+#else
+  (void)device;
+  (void)data;
+#endif
+}
+
 }  // namespace latent

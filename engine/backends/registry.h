@@ -45,4 +45,11 @@ std::shared_ptr<std::mutex> backend_run_lock(const Backend& backend);
 // the failed CUDA call, or say the build has no CUDA backend.
 Result<void*> retain_cuda_primary_context(int index);
 
+// Page-locked host memory that CUDA device `device` copies into (or out of) directly, e.g. a
+// decoded frame's buffer (FrameDownloader::queue's `direct`): portable (every device may use it),
+// freed with free_pinned_host() from any thread, also after every backend is gone. Errors name the
+// failed call, or say the build has no CUDA backend.
+Result<void*> alloc_pinned_host(int device, size_t bytes);
+void free_pinned_host(int device, void* data);
+
 }  // namespace latent

@@ -483,6 +483,9 @@ TEST(GstCudaPlans, StagedDecodeMatchesUnstagedAndEosDrainsEveryFrame) {
     for (int i = 0; i < frames; ++i) {
       EXPECT_EQ(staged.frames[i], direct.frames[i]) << "frame " << i;
       EXPECT_EQ(staged.pts[i], gst_util_uint64_scale(i, GST_SECOND, 30)) << "frame " << i;
+      // fakesink offers no pool: the frames come in page-locked buffers the GPU copied into
+      EXPECT_EQ(staged.memory[i], "LatentPinnedHost") << "frame " << i;
+      EXPECT_EQ(direct.memory[i], "LatentPinnedHost") << "frame " << i;
     }
   }
 }
@@ -661,6 +664,44 @@ TEST(CudaFrames, DownloadedFramesMatchTensorToFrame) {
   EXPECT_FALSE(downloader->fetch(queued.front().first, small.desc).ok());
   downloader->reset();
   EXPECT_TRUE(downloader->queue(*image, g, FrameFormat::kBGRx).ok());
+  // Straight into a page-locked host frame: the same bytes, fetch() writes nothing more and
+  // refuses any other frame.
+  {
+    const size_t stride = 80 * 4 + 12, bytes = stride * 56;
+    auto pinned = alloc_pinned_host(0, bytes);
+    ASSERT_TRUE(pinned.ok()) << pinned.status().message();
+    std::memset(*pinned, 0xAB, bytes);
+    FrameDesc into;
+    into.format = FrameFormat::kBGRx;
+    into.width = 80;
+    into.height = 56;
+    into.planes[0] = *pinned;
+    into.strides[0] = stride;
+    downloader->reset();
+    auto img = frame_to_tensor(*cuda, inputs[3].desc, g);
+    ASSERT_TRUE(img.ok());
+    auto t = downloader->queue(*img, g, FrameFormat::kBGRx, &into);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    HostFrame other(FrameFormat::kBGRx, 80, 56, 0), expect(FrameFormat::kBGRx, 80, 56, 0);
+    EXPECT_FALSE(downloader->fetch(*t, other.desc).ok());  // waits, then refuses: slot freed
+    auto t2 = downloader->queue(*img, g, FrameFormat::kBGRx, &into);
+    ASSERT_TRUE(t2.ok()) << t2.status().message();
+    ASSERT_TRUE(downloader->fetch(*t2, into).ok());
+    ASSERT_TRUE(tensor_to_frame(*cuda, *img, g, expect.desc).ok());
+    for (int y = 0; y < 56; ++y) {
+      const auto* row = static_cast<const uint8_t*>(*pinned) + y * stride;
+      EXPECT_EQ(
+          0, std::memcmp(row,
+                         static_cast<uint8_t*>(expect.desc.planes[0]) + y * expect.desc.strides[0],
+                         80 * 4))
+          << "row " << y;
+      EXPECT_EQ(row[80 * 4], 0xAB) << "row " << y << ": past the pixels";
+    }
+    // A host frame of another size is refused at queue().
+    into.width = 40;
+    EXPECT_FALSE(downloader->queue(*img, g, FrameFormat::kBGRx, &into).ok());
+    free_pinned_host(0, *pinned);
+  }
 }
 
 // ---- GPU-resident buffers between the elements (elements/gstlatentcuda.h) --------------------

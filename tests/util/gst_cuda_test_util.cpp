@@ -68,6 +68,9 @@ void on_handoff(GstElement*, GstBuffer* buf, GstPad*, gpointer data) {
     gst_buffer_unmap(buf, &m);
   }
   r->pts.push_back(GST_BUFFER_PTS(buf));
+  GstMemory* mem = gst_buffer_n_memory(buf) > 0 ? gst_buffer_peek_memory(buf, 0) : nullptr;
+  r->memory.emplace_back(
+      mem && mem->allocator && mem->allocator->mem_type ? mem->allocator->mem_type : "");
 }
 
 // Resets `counters` once, at the first buffer through the pad it is attached to.

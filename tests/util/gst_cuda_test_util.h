@@ -26,6 +26,7 @@ struct PipelineRun {
   std::string error;
   std::vector<std::vector<uint8_t>> frames;
   std::vector<GstClockTime> pts;
+  std::vector<std::string> memory;  // each buffer's first memory's type ("SystemMemory", ...)
   GstClockTime latency_min = GST_CLOCK_TIME_NONE;  // run_pipeline() only
   TransferCounts counts;                           // run_counted() only: from the reset to EOS
 };

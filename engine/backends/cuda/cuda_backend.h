@@ -15,5 +15,8 @@ int cuda_runtime_device_count();
 Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype);
 // retain_cuda_primary_context (engine/backends/registry.h): every CUDA call checked.
 Result<void*> cuda_retain_primary_context(int index);
+// alloc_pinned_host / free_pinned_host (engine/backends/registry.h).
+Result<void*> cuda_alloc_pinned_host(int device, size_t bytes);
+void cuda_free_pinned_host(int device, void* data);
 
 }  // namespace latent

@@ -341,14 +341,16 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
 struct DownloadSlot : PinnedSlot {
   FrameFormat format = FrameFormat::kRGB;
   int width = 0, height = 0;
-  size_t row = 0;  // bytes of one row (tightly packed in both copies)
+  size_t row = 0;                // bytes of one row (tightly packed in both copies)
+  const void* direct = nullptr;  // the host frame the copy writes straight into (queue's direct)
 };
 
 class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, DownloadSlot> {
  public:
   using PinnedFrameQueue::PinnedFrameQueue;
 
-  Result<uint64_t> queue(const Tensor& image, const FrameGeometry& g, FrameFormat format) override {
+  Result<uint64_t> queue(const Tensor& image, const FrameGeometry& g, FrameFormat format,
+                         const FrameDesc* direct) override {
     if (!frame_format_is_packed(format))
       return Status::errorf("cannot write ", frame_format_name(format),
                             " frames (packed RGB formats only)");
@@ -372,13 +374,32 @@ class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, Downl
     const PixelFormat pf = frame_pixel_format(format);
     const size_t row = static_cast<size_t>(g.frame_width()) * pixel_layout(pf).bytes_per_pixel;
     const size_t total = row * static_cast<size_t>(g.frame_height());
+    if (direct &&
+        (!direct->device.is_cpu() || direct->format != format || direct->width != g.frame_width() ||
+         direct->height != g.frame_height() || !direct->planes[0] || direct->strides[0] < row))
+      return Status::errorf("the host frame to download into (", frame_format_name(direct->format),
+                            " ", direct->width, "x", direct->height, " on ",
+                            direct->device.to_string(), ", stride ", direct->strides[0],
+                            ") does not match the ", frame_format_name(format), " ",
+                            g.frame_width(), "x", g.frame_height(), " frame");
     // The slot's last copy is done (fetch() waited for it); its buffers are free to reuse.
-    LATENT_TRY(s.reserve(total));
+    LATENT_TRY(s.reserve(total, /*with_host=*/direct == nullptr));
     LATENT_TRY(launch_nhwc_to_frame(image.data(), image.dtype(), g, pf,
                                     static_cast<uint8_t*>(s.device), row, launch_));
     LATENT_CUDA_CHECK(cudaEventRecord(s.computed, ctx.stream()));
     LATENT_CUDA_CHECK(cudaStreamWaitEvent(ring_.copy_stream(), s.computed, 0));
-    LATENT_TRY(ring_.copy(s, total, /*upload=*/false, ticket));
+    if (direct) {
+      LATENT_CUDA_CHECK(cudaMemcpy2DAsync(direct->planes[0], direct->strides[0], s.device, row, row,
+                                          static_cast<size_t>(g.frame_height()),
+                                          cudaMemcpyDeviceToHost, ring_.copy_stream()));
+      LATENT_CUDA_CHECK(cudaEventRecord(s.copied, ring_.copy_stream()));
+      count_device_to_host(total);
+      s.busy = true;
+      s.ticket = ticket;
+    } else {
+      LATENT_TRY(ring_.copy(s, total, /*upload=*/false, ticket));
+    }
+    s.direct = direct ? direct->planes[0] : nullptr;
     s.format = format;
     s.width = g.frame_width();
     s.height = g.frame_height();
@@ -416,6 +437,12 @@ class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, Downl
     if (!frame.planes[0] || frame.strides[0] < s->row)
       return Status::errorf("frame has no data or its stride ", frame.strides[0], " is below ",
                             s->row);
+    if (s->direct) {  // already written straight into the frame queue() was given
+      if (frame.planes[0] != s->direct)
+        return Status::errorf("frame ", ticket,
+                              " was downloaded straight into another host frame than this one");
+      return ok_status();
+    }
     // Only each row's pixels are written: bytes past them stay untouched, as on the CPU.
     const auto* src = static_cast<const uint8_t*>(s->host);
     auto* dst = static_cast<uint8_t*>(frame.planes[0]);

@@ -1,6 +1,7 @@
 // Retaining a device's primary context for other CUDA users in the process (GStreamer's CUDA
 // elements, through elements/gstlatentcuda.cpp): the context the runtime calls of the CUDA
-// backend run in, so device pointers pass between them unchanged.
+// backend run in, so device pointers pass between them unchanged. And page-locked host memory
+// for their system-memory buffers.
 #include <cuda.h>  // CUcontext, CUresult: types only; the driver is reached through the runtime
 
 #include <map>
@@ -60,6 +61,24 @@ Result<void*> cuda_retain_primary_context(int index) {
   LATENT_ASSIGN_OR_RETURN(void* handle, retain(index));
   (*retained)[index] = handle;
   return handle;
+}
+
+Result<void*> cuda_alloc_pinned_host(int device, size_t bytes) {
+  const int count = cuda_runtime_device_count();
+  if (device < 0 || device >= count)
+    return Status::errorf("cuda:", device, ": no such CUDA device (", count, " found)");
+  cuda::DeviceGuard guard;  // the device's context, not device 0's
+  LATENT_TRY(guard.set(device));
+  void* data = nullptr;
+  LATENT_CUDA_CHECK(cudaHostAlloc(&data, bytes, cudaHostAllocPortable));
+  return data;
+}
+
+void cuda_free_pinned_host(int device, void* data) {
+  if (!data) return;
+  cuda::DeviceGuard guard;
+  if (!guard.set(device).ok()) return;
+  LATENT_CUDA_WARN(cudaFreeHost(data));
 }
 
 }  // namespace latent
