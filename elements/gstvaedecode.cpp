@@ -25,7 +25,10 @@
  * downloaded through pinned memory on a copy stream while the next latents decode, and pushed
  * `prefetch-depth` frames later (or once their copy is done) with their own timestamps; EOS, a
  * new segment and new caps push them first, a flush drops them (`prefetch-depth=0`: each frame
- * is written before the next is decoded). LATENCY answers include the held frames.
+ * is written before the next is decoded). LATENCY answers include the held frames. Where
+ * downstream offers no pool or a generic one, the system-memory frames are page-locked buffers
+ * (gst_latent_cuda_decide_pinned_pool) and the GPU copies each frame straight into the buffer
+ * pushed; otherwise through a pinned slot and one host copy.
  *
  * Video-mode latents (caps `temporal-factor=4` from vaeencode mode=video or a video-mode latent
  * file; or `mode=video`) go through the causal video VAE's decoder:
