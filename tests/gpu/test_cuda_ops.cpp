@@ -388,6 +388,7 @@ TEST_P(CudaOps, Conv3dFrames) {
   // to 8 for the implicit-GEMM kernel (the default path on a 9.0 device).
   for (const Case& c : {Case{6, 96, 96, 18, 33, true, Activation::kSiLU},
                         Case{3, 192, 384, 9, 16, false, Activation::kNone},
+                        Case{3, 192, 192, 20, 70, true, Activation::kSiLU},
                         Case{4, 64, 64, 12, 12, false, Activation::kReLU},
                         Case{5, 3, 96, 17, 30, false, Activation::kNone},
                         Case{4, 12, 96, 9, 14, true, Activation::kSiLU},

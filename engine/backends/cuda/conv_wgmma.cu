@@ -621,7 +621,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 // kR output rows a block (2 or 4), kSt filter buffers (2: a step's buffer is refilled once its
 // wgmmas are complete, so each step waits for all of its own; 3-4: kSt - 2 steps ahead).
 template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
-__global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
+__global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 96 ? 1 : 2)
     conv_halo_tma_kernel(const Params p, const __grid_constant__ HaloMaps maps) {
   constexpr int kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
   constexpr int kAhead = kSt >= 3 ? kSt - 2 : 1;
@@ -1055,7 +1055,7 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params) {
 }
 
 template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
-__global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 ? 1 : 2)
+__global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 96 ? 1 : 2)
     conv_halo_tma_kernel(const Params, const __grid_constant__ HaloMaps) {
   __trap();
 }
@@ -1147,7 +1147,8 @@ int64_t halo_tiles(int frames, int out_h, int out_w, int rows) {
 // channels, an output-channel tile, its shared memory, the tile count in range.
 bool halo_shape_fits(const ConvWgmmaArgs& a, const Launch& l) {
   if (a.stride != 1 || a.r != 3 || a.s != 3) return false;
-  if (a.c != 64 && a.c != 96) return false;
+  // 192 input channels: the TMA halo tile only (its 192 -> 192 form, session 24)
+  if (a.c != 64 && a.c != 96 && !(a.c == 192 && a.k % 96 == 0)) return false;
   const int bn = halo_bn(a.k);
   if (bn == 0 || halo_smem(bn, a.c) + 64 > l.smem_optin) return false;
   return halo_tiles(a.frames, a.out_h, a.out_w, halo_rows(bn, a.c)) < INT32_MAX;
@@ -1165,14 +1166,19 @@ bool tma_available() {
 // per call (bench_conv, H200, 2026-11-28 session 23: 96 -> 96 channels 0.94 (0.86 with 2 filter
 // buffers, session 24) against 1.01 ms at 720p 3x3x3, 0.43 against 0.52 at 720p 3x3; 64 -> 64 with
 // a residual 0.46-0.52 against 0.50-0.54 at 1080p; behind it at 64 -> 64 without a residual,
-// 0.41-0.42 against 0.32-0.33, and at 96 -> 192, 0.19 against 0.15).
+// 0.41-0.42 against 0.32-0.33, and at 96 -> 192, 0.19 against 0.15). Session 24: 192 -> 192
+// 3x3x3 at 360p 0.949 against the fused graph's 1.046 (cuDNN unfused with its separate epilogue
+// pass 0.873-0.902; the Wan 2.1 720p streams +2-3 %); 2-D 192 -> 192 stays on cuDNN (0.415 against
+// 0.383-0.404).
 enum class HaloKind { kNone, kCpAsync, kTma };
 HaloKind halo_kind(const ConvWgmmaArgs& a, const Launch& l) {
   if (!halo_shape_fits(a, l)) return HaloKind::kNone;
+  if (a.c == 192 && (a.tile.halo || !tma_available())) return HaloKind::kNone;
   if (a.tile.halo) return HaloKind::kCpAsync;
   if (a.tile.halo_tma) return HaloKind::kTma;
   if (a.tile.no_halo || a.tile.bn != 0) return HaloKind::kNone;
-  const bool wins = (a.c == 96 && a.k == 96) || (a.c == 64 && a.k == 64 && a.residual);
+  const bool wins = (a.c == 96 && a.k == 96) || (a.c == 192 && a.k == 192 && a.kt == 3) ||
+                    (a.c == 64 && a.k == 64 && a.residual);
   return wins && tma_available() ? HaloKind::kTma : HaloKind::kNone;
 }
 bool halo_fits(const ConvWgmmaArgs& a, const Launch& l) {
@@ -1394,6 +1400,11 @@ constexpr int kHalo96Stages = 2;
 template <typename T>
 Status run_halo_tma_96(const Params& p, const ConvWgmmaTile& t, const Launch& l) {
   const int r = t.halo_rows ? t.halo_rows : 2, st = t.halo_stages ? t.halo_stages : kHalo96Stages;
+  if (p.c == 192) {  // 2 rows only (4 would need 150 KiB of halo); 3 filter buffers or 2
+    // (H200, session 24: 0.949 against 0.975 ms at 360p 3x3x3, 0.415 against 0.446 at 3x3)
+    if (t.halo_stages == 2) return run_halo_tma_tile<T, 96, 192, 2, 2>(p, l);
+    return run_halo_tma_tile<T, 96, 192, 2, 3>(p, l);
+  }
   if (r == 4 && st == 2) return run_halo_tma_tile<T, 96, 96, 4, 2>(p, l);
   if (r == 4 && st == 3) return run_halo_tma_tile<T, 96, 96, 4, 3>(p, l);
   if (r == 4 && st == 4) return run_halo_tma_tile<T, 96, 96, 4, 4>(p, l);
@@ -1406,19 +1417,30 @@ template <typename T, int kC>
 Status run_halo_c(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
   switch (halo_bn(p.k)) {
     case 96:
-      if (tma && kC == 96) return run_halo_tma_96<T>(p, t, l);
-      return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
+      if (tma && (kC == 96 || kC == 192)) return run_halo_tma_96<T>(p, t, l);
+      if constexpr (kC == 192)
+        return Status::error("conv_wgmma: 192 input channels need the TMA halo tile");
+      else
+        return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
     case 128:
-      return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
+      if constexpr (kC == 192)
+        break;
+      else
+        return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
     case 64:
-      return tma ? run_halo_tma_tile<T, 64, kC>(p, l) : run_halo_tile<T, 64, kC>(p, l);
+      if constexpr (kC == 192)
+        break;
+      else
+        return tma ? run_halo_tma_tile<T, 64, kC>(p, l) : run_halo_tile<T, 64, kC>(p, l);
     default:
-      return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
+      break;
   }
+  return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
 }
 
 template <typename T>
 Status run_halo(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
+  if (p.c == 192) return run_halo_c<T, 192>(p, tma, t, l);
   return p.c == 64 ? run_halo_c<T, 64>(p, tma, t, l) : run_halo_c<T, 96>(p, tma, t, l);
 }
 
