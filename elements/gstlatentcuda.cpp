@@ -367,9 +367,12 @@ GstMemory* pinned_alloc(GstAllocator* allocator, gsize size, GstAllocationParams
   // Page-aligned, so any alignment GStreamer asks for (at most a page) holds.
   latent::Result<void*> data = latent::alloc_pinned_host(self->device, maxsize);
   if (!data.ok()) {
-    GST_WARNING("no page-locked memory for a %" G_GSIZE_FORMAT "-byte buffer: %s", maxsize,
-                data.status().message().c_str());
-    return nullptr;
+    // Out of page-locked memory (a downstream queue holding many frames, say): plain system
+    // memory instead, which vaedecode fills through its pinned slots; nothing fails.
+    GST_WARNING("no page-locked memory for a %" G_GSIZE_FORMAT
+                "-byte buffer (%s): system memory instead",
+                maxsize, data.status().message().c_str());
+    return gst_allocator_alloc(nullptr, size, params);
   }
   auto* m = g_new0(PinnedMemory, 1);
   gst_memory_init(GST_MEMORY_CAST(m), params->flags, allocator, nullptr, maxsize, params->align,
