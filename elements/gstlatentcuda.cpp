@@ -436,6 +436,15 @@ bool generic_pool(GstBufferPool* pool) {
 
 }  // namespace
 
+GstAllocator* gst_latent_pinned_allocator_new(int device) {
+  init_debug();
+  auto* allocator = static_cast<GstLatentPinnedAllocator*>(
+      g_object_new(gst_latent_pinned_allocator_get_type(), nullptr));
+  gst_object_ref_sink(allocator);
+  allocator->device = device;
+  return GST_ALLOCATOR_CAST(allocator);
+}
+
 bool gst_latent_memory_is_pinned(GstMemory* mem) {
   return mem && gst_memory_is_type(mem, GST_LATENT_PINNED_MEMORY_TYPE);
 }
@@ -453,11 +462,7 @@ bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
   const bool replace = generic_pool(theirs);
   if (theirs) gst_object_unref(theirs);
   if (!replace) return false;  // downstream's own kind of pool (its memory) wins
-  init_debug();
-  auto* allocator = static_cast<GstLatentPinnedAllocator*>(
-      g_object_new(gst_latent_pinned_allocator_get_type(), nullptr));
-  gst_object_ref_sink(allocator);
-  allocator->device = cuda->device().index;
+  GstAllocator* allocator = gst_latent_pinned_allocator_new(cuda->device().index);
   GstBufferPool* pool = gst_video_buffer_pool_new();
   GstStructure* config = gst_buffer_pool_get_config(pool);
   size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
@@ -465,7 +470,7 @@ bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
   gst_buffer_pool_config_add_option(config, GST_BUFFER_POOL_OPTION_VIDEO_META);
   GstAllocationParams params;
   gst_allocation_params_init(&params);
-  gst_buffer_pool_config_set_allocator(config, GST_ALLOCATOR_CAST(allocator), &params);
+  gst_buffer_pool_config_set_allocator(config, allocator, &params);
   gst_object_unref(allocator);  // the config holds it
   if (!gst_buffer_pool_set_config(pool, config)) {
     gst_object_unref(pool);

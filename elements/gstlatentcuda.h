@@ -118,3 +118,6 @@ bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query);
 bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query);
 // Whether `mem` is such page-locked memory.
 bool gst_latent_memory_is_pinned(GstMemory* mem);
+// The allocator behind that pool, for CUDA device `device` (a new reference). Where page-locked
+// memory cannot be had (no CUDA, none left) it hands out plain system memory instead.
+GstAllocator* gst_latent_pinned_allocator_new(int device);

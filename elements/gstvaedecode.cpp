@@ -591,10 +591,6 @@ static GstFlowReturn video_submit(GstVaeDecode* self, const Negotiated& n, GstLa
     auto raw = model.latent_space().denormalize(b, *normalised);
     auto clip = raw.ok() ? b.frames_to_clip(*raw) : raw;      // [1, C, 1, h, w]
     auto decoded = clip.ok() ? v.stream->push(*clip) : clip;  // [1, 3, T', H, W]
-    // The first three latent frames hold every shape of the clip: their timed algorithm
-    // choices go to disk now (see vaeencode).
-    if (decoded.ok() && v.stream->frames_seen() <= 3)
-      gst_latent_base_save_plans(GST_LATENT_BASE(self), b);
     if (decoded.ok() && decoded->defined())
       frames = b.clip_to_frames(*decoded);  // [T', 3, H, W]
     else if (decoded.ok())
