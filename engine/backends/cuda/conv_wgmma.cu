@@ -1447,8 +1447,9 @@ Status run_strip64_t(const Params& p, const Launch& l) {
   }
 }
 
-// The 96 -> 96 TMA halo tile and its variants (LATENT_CONV_WGMMA_TILE=halotma r4 / s2 / s3 / s4):
-// rows a block and filter buffers. By default 2 rows and 2 filter buffers: on an H200 (session 24,
+// The TMA halo tile with 96 output channels a block, from 96 or 192 input channels, and its
+// variants (LATENT_CONV_WGMMA_TILE=halotma r4 / s2 / s3 / s4): rows a block and filter buffers.
+// At 96 -> 96 by default 2 rows and 2 filter buffers: on an H200 (session 24,
 // bench_conv) 0.859 ms at 720p 3x3x3 against 0.924 with 3 buffers, 1.063-1.068 with 4 rows,
 // 1.237 with 4 buffers; 0.427 against 0.439 at 720p 3x3.
 constexpr int kHalo96Stages = 2;

@@ -60,8 +60,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <thread>
-#include <tuple>  // plans
+#include <thread>  // plans
+#include <tuple>   // std::tie of the fused-graph tuning counts
 #include <utility>
 
 #include "engine/backends/cuda/attention.cuh"
