@@ -1475,30 +1475,27 @@ template <typename T, int kC>
 Status run_halo_c(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
   switch (halo_bn(p.k)) {
     case 96:
-      if (tma && (kC == 96 || kC == 192)) return run_halo_tma_96<T>(p, t, l);
-      if constexpr (kC == 192)
-        return Status::error("conv_wgmma: 192 input channels need the TMA halo tile");
-      else
-        return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
+      if (tma && kC == 96) return run_halo_tma_96<T>(p, t, l);
+      return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
     case 128:
-      if constexpr (kC == 192)
-        break;
-      else
-        return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
+      return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
     case 64:
-      if constexpr (kC == 192)
-        break;
-      else
-        return tma ? run_halo_tma_tile<T, 64, kC>(p, l) : run_halo_tile<T, 64, kC>(p, l);
+      return tma ? run_halo_tma_tile<T, 64, kC>(p, l) : run_halo_tile<T, 64, kC>(p, l);
     default:
-      break;
+      return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
   }
-  return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
 }
 
 template <typename T>
 Status run_halo(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
-  if (p.c == 192) return run_halo_c<T, 192>(p, tma, t, l);
+  if (p.c == 192) {  // the TMA tile only, 96 output channels a block (halo_shape_fits, halo_kind)
+    if (!tma || halo_bn(p.k) != 96)
+      return Status::errorf(
+          "conv_wgmma: 192 input channels need the TMA halo tile and output "
+          "channels a multiple of 96 (got ",
+          p.k, ")");
+    return run_halo_tma_96<T>(p, t, l);
+  }
   return p.c == 64 ? run_halo_c<T, 64>(p, tma, t, l) : run_halo_c<T, 96>(p, tma, t, l);
 }
 
