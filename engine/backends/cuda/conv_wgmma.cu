@@ -261,55 +261,6 @@ struct HaloPixel {
   }
 };
 
-// The halo tiles' end without staging (LATENT_CONV_WGMMA_TILE=halotmad; session 24, not yet run
-// on a GPU): each thread adds bias and residual to its own accumulators, activates them and
-// stores bf16 / fp16 pairs (two adjacent output channels, 4 bytes) straight to y: no shared
-// memory, no barrier, one pixel offset per row pair (ncu, session 24: the staged end held 23 % of
-// the 96-channel TMA halo tile's warp samples). acc[t][4 i + 2 h + e]: pixel (tile0 + t) * 64 +
-// 16 wl + g + 8 h, channel 8 i + 2 tig + e.
-template <typename T, int kBn, int kMt, Activation kAct>
-__device__ __forceinline__ void halo_store_direct(const float (&acc)[kMt][kBn / 2], const Params& p,
-                                                  int n0, int tile0, const HaloPixel& pixel) {
-  const int lane = threadIdx.x & 31, wl = (threadIdx.x >> 5) & 3, g = lane >> 2, tig = lane & 3;
-  const T* bias = static_cast<const T*>(p.bias);
-  const T* res = static_cast<const T*>(p.residual);
-  T* y = static_cast<T*>(p.y);
-#pragma unroll
-  for (int t = 0; t < kMt; ++t)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t o = pixel((tile0 + t) * 64 + 16 * wl + g + 8 * h);
-      if (o < 0) continue;
-#pragma unroll
-      for (int i = 0; i < kBn / 8; ++i) {
-        const int c = n0 + 8 * i + 2 * tig;
-        float v[2] = {acc[t][4 * i + 2 * h], acc[t][4 * i + 2 * h + 1]};
-        if (bias) add_packed<T>(v, *reinterpret_cast<const uint32_t*>(bias + c));
-        if (res) add_packed<T>(v, *reinterpret_cast<const uint32_t*>(res + o + c));
-        *reinterpret_cast<uint32_t*>(y + o + c) =
-            pack2<T>(activate(v[0], kAct), activate(v[1], kAct));
-      }
-    }
-}
-
-template <typename T, int kBn, int kMt>
-__device__ __forceinline__ void halo_store_direct_act(const float (&acc)[kMt][kBn / 2],
-                                                      const Params& p, int n0, int tile0,
-                                                      const HaloPixel& pixel) {
-  switch (static_cast<Activation>(p.act)) {
-    case Activation::kSiLU:
-      return halo_store_direct<T, kBn, kMt, Activation::kSiLU>(acc, p, n0, tile0, pixel);
-    case Activation::kReLU:
-      return halo_store_direct<T, kBn, kMt, Activation::kReLU>(acc, p, n0, tile0, pixel);
-    case Activation::kGELU:
-      return halo_store_direct<T, kBn, kMt, Activation::kGELU>(acc, p, n0, tile0, pixel);
-    case Activation::kTanh:
-      return halo_store_direct<T, kBn, kMt, Activation::kTanh>(acc, p, n0, tile0, pixel);
-    default:
-      return halo_store_direct<T, kBn, kMt, Activation::kNone>(acc, p, n0, tile0, pixel);
-  }
-}
-
 template <typename T, int kBn, int kMt, int kWg, int kSt>
 __global__ void __launch_bounds__(128 * kWg, kWg == 2 && kMt == 1 && kBn <= 128 ? 2 : 1)
     conv_wgmma_kernel(const Params p) {
@@ -669,8 +620,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 
 // kR output rows a block (2 or 4), kSt filter buffers (2: a step's buffer is refilled once its
 // wgmmas are complete, so each step waits for all of its own; 3-4: kSt - 2 steps ahead).
-template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages,
-          bool kDirect = false>
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
 __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 96 ? 1 : 2)
     conv_halo_tma_kernel(const Params p, const __grid_constant__ HaloMaps maps) {
   constexpr int kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
@@ -763,13 +713,9 @@ __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 
 #pragma unroll
   for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
 
-  if constexpr (kDirect) {
-    halo_store_direct_act<T, kBn, kMt>(acc, p, n0, wg * kMt, HaloPixel{p, f, oy0, ox0});
-  } else {
-    // (every box loaded too: the staged tile stays below the barriers)
-    finish_tile<T, kBn, kMt, kR * 64, 256, kHaloBytes + kSt * kBBytes>(
-        smem_raw, base, acc, wg * kMt, p, n0, HaloPixel{p, f, oy0, ox0});
-  }
+  // (every box loaded too: the staged tile stays below the barriers)
+  finish_tile<T, kBn, kMt, kR * 64, 256, kHaloBytes + kSt * kBBytes>(
+      smem_raw, base, acc, wg * kMt, p, n0, HaloPixel{p, f, oy0, ox0});
 }
 
 // === 64 -> 64 channels, 2-D 3x3: the strip kernel, session 23's form (fp32 staging; now where
@@ -1107,8 +1053,7 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params) {
   __trap();
 }
 
-template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages,
-          bool kDirect = false>
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
 __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 96 ? 1 : 2)
     conv_halo_tma_kernel(const Params, const __grid_constant__ HaloMaps) {
   __trap();
@@ -1319,8 +1264,7 @@ constexpr size_t halo_tma_smem(int bn, int c, int rows, int stages) {
          static_cast<size_t>(stages) * bn * c * 2 + 8 * (1 + stages);  // + the mbarriers
 }
 
-template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages,
-          bool kDirect = false>
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
 Status run_halo_tma_tile(const Params& p, const Launch& l) {
   HaloMaps maps;
   LATENT_TRY(make_halo_maps(p, kBn, kR, std::is_same_v<T, bf16>, &maps));
@@ -1329,7 +1273,7 @@ Status run_halo_tma_tile(const Params& p, const Launch& l) {
     return Status::errorf("conv_wgmma: the halo tile of ", kR, " rows and ", kSt,
                           " filter buffers needs ", smem, " bytes of shared memory, the device ",
                           l.smem_optin);
-  auto kernel = conv_halo_tma_kernel<T, kBn, kC, kR, kSt, kDirect>;
+  auto kernel = conv_halo_tma_kernel<T, kBn, kC, kR, kSt>;
   LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(halo_tiles(p.frames, p.out_h, p.out_w, kR)), p.k / kBn);
@@ -1458,11 +1402,9 @@ Status run_halo_tma_96(const Params& p, const ConvWgmmaTile& t, const Launch& l)
   const int r = t.halo_rows ? t.halo_rows : 2, st = t.halo_stages ? t.halo_stages : kHalo96Stages;
   if (p.c == 192) {  // 2 rows only (4 would need 150 KiB of halo); 3 filter buffers or 2
     // (H200, session 24: 0.949 against 0.975 ms at 360p 3x3x3, 0.415 against 0.446 at 3x3)
-    if (t.halo_direct) return run_halo_tma_tile<T, 96, 192, 2, 3, true>(p, l);
     if (t.halo_stages == 2) return run_halo_tma_tile<T, 96, 192, 2, 2>(p, l);
     return run_halo_tma_tile<T, 96, 192, 2, 3>(p, l);
   }
-  if (t.halo_direct) return run_halo_tma_tile<T, 96, 96, 2, 2, true>(p, l);
   if (r == 4 && st == 2) return run_halo_tma_tile<T, 96, 96, 4, 2>(p, l);
   if (r == 4 && st == 3) return run_halo_tma_tile<T, 96, 96, 4, 3>(p, l);
   if (r == 4 && st == 4) return run_halo_tma_tile<T, 96, 96, 4, 4>(p, l);

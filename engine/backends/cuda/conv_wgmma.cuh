@@ -33,7 +33,6 @@ struct ConvWgmmaTile {
   bool halo_tma = false;  // the same with its loads by TMA ("halotma")
   int halo_rows = 0;      // 96 -> 96 TMA halo tile: output rows a block ("halotmar4"; 0: 2)
   int halo_stages = 0;  // and filter buffers ("halotmas2" / "s3" / "s4"; 0: 2 at 96 -> 96, else 3)
-  bool halo_direct = false;  // "halotmad": the TMA halo tile storing from registers (96, 192 in)
   bool no_halo = false;   // "implicit": the implicit-GEMM tiles only, no halo kernel
   bool strip64 = false;   // "strip64": the strip kernel wherever it fits (64 -> 64 2-D 3x3)
   bool strip64_staged = false;  // "strip64s": its session-23 form (fp32 staging in shared memory)
@@ -57,11 +56,6 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   if (!text || !*text) return f;
   if (std::string(text) == "halo") {
     f.halo = true;
-    return f;
-  }
-  if (std::string(text) == "halotmad") {
-    f.halo_tma = true;
-    f.halo_direct = true;
     return f;
   }
   if (std::string(text).rfind("halotma", 0) == 0) {
@@ -105,7 +99,7 @@ inline Result<ConvWgmmaTile> parse_conv_wgmma_tile(const char* text) {
   return Status::errorf("LATENT_CONV_WGMMA_TILE=", text,
                         " is not a tile (128x64, 128x96, 128x128, 128x192, 128x256, 256x64, "
                         "256x96, 256x128; 256x64w4, 256x96w4, 256x128w4, each also with s5; "
-                        "halo, halotma[r2|r4][s2|s3|s4], halotmad, implicit, strip64, strip64s)");
+                        "halo, halotma[r2|r4][s2|s3|s4], implicit, strip64, strip64s)");
 }
 
 struct ConvWgmmaArgs {
