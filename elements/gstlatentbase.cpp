@@ -975,11 +975,6 @@ latent::DType gst_latent_base_preferred_dtype(GstLatentBase* self) {
   return latent::DType::kF32;
 }
 
-void gst_latent_base_save_plans(GstLatentBase* self, latent::Backend& backend) {
-  if (latent::Status saved = backend.save_plans(); !saved.ok())
-    GST_DEBUG_OBJECT(self, "plan cache not saved: %s", saved.message().c_str());
-}
-
 void gst_latent_base_frame_done(GstLatentBase* self, GstClockTime processing) {
   auto* impl = impl_of(self);
   bool post = false;
@@ -1201,8 +1196,6 @@ latent::Status gst_latent_base_build_plan(GstLatentBase* self, GstLatentModel& m
                   plan->uses_graph() ? "CUDA graph"
                   : options.graph    ? "plain forward: capture failed"
                                      : "plain forward: cuda-graphs=false");
-  // Algorithm choices found by the warm-up survive the process.
-  gst_latent_base_save_plans(self, backend);
   std::lock_guard<std::mutex> lock(impl->state_lock);
   impl->state.plan = std::move(plan);
   impl->state.plan_graphs = options.graph;

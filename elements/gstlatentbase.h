@@ -222,14 +222,6 @@ bool gst_latent_trace_enabled();
 void gst_latent_trace_mark(GstLatentBase* self, latent::Backend& backend, const char* label,
                            int64_t n);
 
-// ---- plan files ----------------------------------------------------------------------------
-// Writes the backend's new algorithm choices (timed cuDNN choices) to the plan cache on disk
-// (a no-op when nothing is new), so another process (a precompute job's other workers) finds
-// them before it runs its first frame. Called after planning and after a video stream's first
-// chunks, whose shapes are all the stream's; a failure (a read-only cache folder, say) is a
-// debug line, never fatal: the choices are then timed again by the next process.
-void gst_latent_base_save_plans(GstLatentBase* self, latent::Backend& backend);
-
 // ---- latency --------------------------------------------------------------------------------
 // Statistics (read-only properties `frames-processed`, `frames-dropped` and `mean-frame-ms`, since
 // the last start()): every frame a stage finishes is reported with gst_latent_base_frame_done;

@@ -310,6 +310,14 @@ bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
   return true;
 }
 
+void gst_latent_query_set_pool(GstQuery* query, GstBufferPool* pool, guint size, guint min,
+                               guint max) {
+  if (gst_query_get_n_allocation_pools(query) > 0)
+    gst_query_set_nth_allocation_pool(query, 0, pool, size, min, max);
+  else
+    gst_query_add_allocation_pool(query, pool, size, min, max);
+}
+
 bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
   GstCaps* caps = nullptr;
   gst_query_parse_allocation(query, &caps, nullptr);
@@ -330,10 +338,7 @@ bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
   // Configured by whoever made it (propose_latent_pool or new_latent_pool): latent caps are not
   // video caps, so the base class must not configure it again.
   size = static_cast<guint>(info->frame_bytes());
-  if (gst_query_get_n_allocation_pools(query) > 0)
-    gst_query_set_nth_allocation_pool(query, 0, pool, size, min, max);
-  else
-    gst_query_add_allocation_pool(query, pool, size, min, max);
+  gst_latent_query_set_pool(query, pool, size, min, max);
   gst_object_unref(pool);
   GST_DEBUG("latents in CUDA memory (%u bytes a buffer)", size);
   return true;
@@ -476,10 +481,7 @@ bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
     gst_object_unref(pool);
     return false;
   }
-  if (gst_query_get_n_allocation_pools(query) > 0)
-    gst_query_set_nth_allocation_pool(query, 0, pool, size, min, max);
-  else
-    gst_query_add_allocation_pool(query, pool, size, min, max);
+  gst_latent_query_set_pool(query, pool, size, min, max);
   gst_object_unref(pool);
   GST_DEBUG("frames in page-locked system memory of cuda:%d (%u bytes a buffer)",
             cuda->device().index, size);

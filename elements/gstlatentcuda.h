@@ -100,6 +100,10 @@ GstCaps* gst_latent_caps_merge_both(GstCaps* caps, GstStructure* s, bool cuda);
 // Whether the first structure of fixed `caps` carries memory:CUDAMemory.
 bool gst_latent_caps_is_cuda(const GstCaps* caps);
 
+// decide_allocation's answer: `pool` (with its size and buffer counts) as the query's first pool,
+// in place of the one downstream offered, if any.
+void gst_latent_query_set_pool(GstQuery* query, GstBufferPool* pool, guint size, guint min,
+                               guint max);
 // propose_allocation for an application/x-latent sink pad: with CUDA-memory caps, offers a
 // latent pool on `cuda`'s context. True when it added a pool.
 bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query);

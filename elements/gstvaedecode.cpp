@@ -410,6 +410,20 @@ static latent::FrameDownloader* staging_downloader(GstVaeDecode* self, GstLatent
 // Image [1, 3, H, W] on the backend -> `outbuf` (CUDA memory of our context in place, else
 // through a system-memory mapping). The caller holds model.run_lock. A message on failure;
 // *mapped says whether the buffer could be mapped (if not, the message says so).
+// The packed output frame `frame` (mapped; its plane pointer a host or, on `device`, a device
+// pointer) as the engine's FrameDesc.
+static latent::FrameDesc output_desc(const Negotiated& n, const GstVideoFrame& frame,
+                                     latent::Device device = latent::Device()) {
+  latent::FrameDesc desc;
+  desc.format = latent::frame_format(n.pixel_format);
+  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
+  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
+  desc.device = device;
+  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
+  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
+  return desc;
+}
+
 static std::string write_frame(GstVaeDecode* self, const Negotiated& n, GstLatentModel& model,
                                const latent::Tensor& image, GstBuffer* outbuf,
                                bool* mapped = nullptr) {
@@ -423,13 +437,8 @@ static std::string write_frame(GstVaeDecode* self, const Negotiated& n, GstLaten
                            "-byte output buffer as a ", GST_VIDEO_INFO_WIDTH(&n.out_info), "x",
                            GST_VIDEO_INFO_HEIGHT(&n.out_info), " frame");
   // On a GPU the image is converted to the frame's bytes there; only those come back.
-  latent::FrameDesc desc;
-  desc.format = latent::frame_format(n.pixel_format);
-  desc.width = GST_VIDEO_INFO_WIDTH(&n.out_info);
-  desc.height = GST_VIDEO_INFO_HEIGHT(&n.out_info);
-  if (on_device) desc.device = cuda->device();
-  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
-  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
+  const latent::FrameDesc desc =
+      output_desc(n, frame, on_device ? cuda->device() : latent::Device());
   latent::Status s = latent::tensor_to_frame(*model.backend, image, n.geometry, desc);
   gst_video_frame_unmap(&frame);
   return s.ok() ? std::string() : s.message();
@@ -491,11 +500,7 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
         gst_latent_memory_is_pinned(gst_buffer_peek_memory(outbuf, 0)) &&
         gst_video_frame_map(&p.frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
       p.direct = true;
-      direct.format = latent::frame_format(n.pixel_format);
-      direct.width = GST_VIDEO_FRAME_WIDTH(&p.frame);
-      direct.height = GST_VIDEO_FRAME_HEIGHT(&p.frame);
-      direct.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&p.frame, 0);
-      direct.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&p.frame, 0);
+      direct = output_desc(n, p.frame);
     }
     auto ticket = downloader->queue(*image, n.geometry, latent::frame_format(n.pixel_format),
                                     p.direct ? &direct : nullptr);
@@ -591,10 +596,6 @@ static GstFlowReturn video_submit(GstVaeDecode* self, const Negotiated& n, GstLa
     auto raw = model.latent_space().denormalize(b, *normalised);
     auto clip = raw.ok() ? b.frames_to_clip(*raw) : raw;      // [1, C, 1, h, w]
     auto decoded = clip.ok() ? v.stream->push(*clip) : clip;  // [1, 3, T', H, W]
-    // The first three latent frames hold every shape of the clip: their timed algorithm
-    // choices go to disk now (see vaeencode).
-    if (decoded.ok() && v.stream->frames_seen() <= 3)
-      gst_latent_base_save_plans(GST_LATENT_BASE(self), b);
     if (decoded.ok() && decoded->defined())
       frames = b.clip_to_frames(*decoded);  // [T', 3, H, W]
     else if (decoded.ok())
@@ -744,13 +745,7 @@ static GstFlowReturn finish_staged(GstVaeDecode* self, GstBuffer** outbuf) {
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-  latent::FrameDesc desc;
-  desc.format = latent::frame_format(n.pixel_format);
-  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
-  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
-  desc.planes[0] = GST_VIDEO_FRAME_PLANE_DATA(&frame, 0);
-  desc.strides[0] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
-  latent::Status s = st.downloader->fetch(p.ticket, desc);
+  latent::Status s = st.downloader->fetch(p.ticket, output_desc(n, frame));
   gst_video_frame_unmap(&frame);
   if (!s.ok()) {
     gst_buffer_unref(p.buffer);
@@ -878,10 +873,7 @@ static gboolean gst_vae_decode_decide_allocation(GstBaseTransform* trans, GstQue
     return FALSE;
   }
   size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
-  if (gst_query_get_n_allocation_pools(query) > 0)
-    gst_query_set_nth_allocation_pool(query, 0, pool, size, min, max);
-  else
-    gst_query_add_allocation_pool(query, pool, size, min, max);
+  gst_latent_query_set_pool(query, pool, size, min, max);
   gst_object_unref(pool);
   return TRUE;
 }

@@ -837,10 +837,6 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
       problem = raw.status().message();
     else if (raw->defined())
       if (latent::Status st = video_queue(self, model, *raw); !st.ok()) problem = st.message();
-    // The first three chunks hold every shape of the clip: their timed algorithm choices go
-    // to disk now (a precompute job's other workers read them before they start).
-    if (raw.ok() && raw->defined() && v.frames_in <= 1 + 2 * self->impl->temporal_factor)
-      gst_latent_base_save_plans(GST_LATENT_BASE(self), *model.backend);
     clip = latent::Status::error("released");
     raw = latent::Status::error("released");
   }

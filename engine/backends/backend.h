@@ -355,7 +355,8 @@ class Backend {
     return Status::errorf("copy_into is not supported by backend ", name());
   }
   // Writes tuning results found so far (cuDNN algorithm choices) to the on-disk plan cache
-  // (engine/core/plan_cache.h), if the backend keeps one; a no-op otherwise.
+  // (engine/core/plan_cache.h), if the backend keeps one; a no-op otherwise. (The CUDA backend
+  // also writes them itself after each op, outside graph captures, that timed a new choice.)
   virtual Status save_plans() { return ok_status(); }
   // === end of graph capture and plan persistence ============================================
 

@@ -744,6 +744,65 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The strip kernels' shared parts. Strip i of a block (blockIdx.x + i * gridDim.x, x fastest,
+// then output row, then frame), and how many the block takes.
+struct StripAt {
+  const Params& p;
+  int tiles_x;
+  __device__ __forceinline__ explicit StripAt(const Params& params)
+      : p(params), tiles_x((params.out_w + kStripPx - 1) / kStripPx) {}
+  __device__ __forceinline__ int count() const {
+    const int ntiles = p.frames * p.out_h * tiles_x;  // < INT32_MAX (strip64_fits)
+    const int b = static_cast<int>(blockIdx.x);
+    return ntiles > b ? (ntiles - 1 - b) / static_cast<int>(gridDim.x) + 1 : 0;
+  }
+  __device__ __forceinline__ void operator()(int i, int* f, int* oy, int* x0) const {
+    int t = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
+    *x0 = (t % tiles_x) * kStripPx;
+    t /= tiles_x;
+    *oy = t % p.out_h;
+    *f = t / p.out_h;
+  }
+};
+
+// The producer (one thread): the filter once (9 taps on filter_bar), then the halo of each of the
+// block's strips into kBufs buffers, a buffer's reuse waiting for its "empty" barrier (full and
+// empty barriers of buffer b at full0 + 8 b, empty0 + 8 b).
+template <int kBufs>
+__device__ __forceinline__ void strip_produce(const Params& p, const CUtensorMap* in,
+                                              const CUtensorMap* w, uint32_t fbase, uint32_t hbase,
+                                              uint32_t filter_bar, uint32_t full0, uint32_t empty0,
+                                              const StripAt& at) {
+  mbar_expect_tx(filter_bar, kStripFilterBytes);
+  for (int tap = 0; tap < 9; ++tap)
+    tma_load_2d(fbase + tap * kStripTapBytes, w, filter_bar, tap * 64, 0);
+  const int n = at.count();
+  for (int i = 0; i < n; ++i) {
+    const int b = i % kBufs;
+    if (i >= kBufs) mbar_wait(empty0 + 8u * b, ((i / kBufs) - 1) & 1);
+    int f, oy, x0;
+    at(i, &f, &oy, &x0);
+    mbar_expect_tx(full0 + 8u * b, kStripHaloBytes);
+    tma_load_4d(hbase + b * kStripBufBytes, in, full0 + 8u * b, 0, x0 - p.pad_w, oy - p.pad_h, f);
+  }
+}
+
+// A strip's 36 wgmmas (9 taps x 4 K steps of 16 channels): the filter resident from fbase, the
+// halo buffer at hb; fenced before, committed as one group.
+template <typename T>
+__device__ __forceinline__ void strip_wgmmas(float (&acc)[64], uint32_t fbase, uint32_t hb) {
+  wgmma_fence();
+#pragma unroll
+  for (int tap = 0; tap < 9; ++tap) {
+    const int dy = tap / 3, dx = tap - dy * 3;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_ss<T, kStripPx>(acc, swizzled_desc<128>(fbase + tap * kStripTapBytes + kk * 32u),
+                            swizzled_desc<128>(hb + (dy * kStripHw + dx) * 128u + kk * 32u));
+  }
+  wgmma_commit();
+}
+
 template <typename T>
 __global__ void __launch_bounds__(384, 1)
     conv_strip64_kernel(const Params p, const __grid_constant__ StripMaps maps) {
@@ -756,11 +815,8 @@ __global__ void __launch_bounds__(384, 1)
   auto full_bar = [&](int b) { return bars + 8u * (1 + b); };
   auto empty_bar = [&](int b) { return bars + 8u * (1 + kStripBufs + b); };
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int tiles_x = (p.out_w + kStripPx - 1) / kStripPx;
-  const int ntiles = p.frames * p.out_h * tiles_x;  // < INT32_MAX (strip64_fits)
-  const int tiles_here = ntiles > static_cast<int>(blockIdx.x)
-                             ? (ntiles - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
-                             : 0;
+  const StripAt strip(p);
+  const int tiles_here = strip.count();
   if (tid == 0) {
     mbar_init(filter_bar, 1);
     for (int b = 0; b < kStripBufs; ++b) {
@@ -770,28 +826,10 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  auto strip = [&](int i, int* f, int* oy, int* x0) {
-    int t = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
-    *x0 = (t % tiles_x) * kStripPx;
-    t /= tiles_x;
-    *oy = t % p.out_h;
-    *f = t / p.out_h;
-  };
   if (wg == 0) {  // the producer
-    if (tid == 0) {
-      mbar_expect_tx(filter_bar, kStripFilterBytes);
-      for (int tap = 0; tap < 9; ++tap)
-        tma_load_2d(fbase + tap * kStripTapBytes, &maps.w, filter_bar, tap * 64, 0);
-      for (int i = 0; i < tiles_here; ++i) {
-        const int b = i % kStripBufs;
-        if (i >= kStripBufs) mbar_wait(empty_bar(b), ((i / kStripBufs) - 1) & 1);
-        int f, oy, x0;
-        strip(i, &f, &oy, &x0);
-        mbar_expect_tx(full_bar(b), kStripHaloBytes);
-        tma_load_4d(hbase + b * kStripBufBytes, &maps.in, full_bar(b), 0, x0 - p.pad_w,
-                    oy - p.pad_h, f);
-      }
-    }
+    if (tid == 0)
+      strip_produce<kStripBufs>(p, &maps.in, &maps.w, fbase, hbase, filter_bar, full_bar(0),
+                                empty_bar(0), strip);
     return;
   }
   const int c = wg - 1, lt = tid - 128 * wg;
@@ -805,16 +843,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int e = 0; e < 64; ++e) acc[e] = 0.f;
     fence_regs(acc);
     mbar_wait(full_bar(b), (i / kStripBufs) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int tap = 0; tap < 9; ++tap) {
-      const int dy = tap / 3, dx = tap - dy * 3;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_ss<T, kStripPx>(acc, swizzled_desc<128>(fbase + tap * kStripTapBytes + kk * 32u),
-                              swizzled_desc<128>(hb + (dy * kStripHw + dx) * 128u + kk * 32u));
-    }
-    wgmma_commit();
+    strip_wgmmas<T>(acc, fbase, hb);
     wgmma_wait<0>();
     fence_regs(acc);
     named_sync(1 + c, 128);  // every warp's wgmmas have read the halo: it becomes the staging
@@ -920,11 +949,8 @@ __global__ void __launch_bounds__(384, 1)
   auto empty_bar = [&](int b) { return bars + 8u * (1 + kStripTBufs + b); };
   auto res_bar = [&](int c) { return bars + 8u * (1 + 2 * kStripTBufs + c); };
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int tiles_x = (p.out_w + kStripPx - 1) / kStripPx;
-  const int ntiles = p.frames * p.out_h * tiles_x;  // < INT32_MAX (strip64_fits)
-  const int tiles_here = ntiles > static_cast<int>(blockIdx.x)
-                             ? (ntiles - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
-                             : 0;
+  const StripAt strip(p);
+  const int tiles_here = strip.count();
   if (tid == 0) {
     mbar_init(filter_bar, 1);
     for (int b = 0; b < kStripTBufs; ++b) {
@@ -936,28 +962,10 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  auto strip = [&](int i, int* f, int* oy, int* x0) {
-    int t = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
-    *x0 = (t % tiles_x) * kStripPx;
-    t /= tiles_x;
-    *oy = t % p.out_h;
-    *f = t / p.out_h;
-  };
   if (wg == 0) {  // the producer
-    if (tid == 0) {
-      mbar_expect_tx(filter_bar, kStripFilterBytes);
-      for (int tap = 0; tap < 9; ++tap)
-        tma_load_2d(fbase + tap * kStripTapBytes, &maps.w, filter_bar, tap * 64, 0);
-      for (int i = 0; i < tiles_here; ++i) {
-        const int b = i % kStripTBufs;
-        if (i >= kStripTBufs) mbar_wait(empty_bar(b), ((i / kStripTBufs) - 1) & 1);
-        int f, oy, x0;
-        strip(i, &f, &oy, &x0);
-        mbar_expect_tx(full_bar(b), kStripHaloBytes);
-        tma_load_4d(hbase + b * kStripBufBytes, &maps.in, full_bar(b), 0, x0 - p.pad_w,
-                    oy - p.pad_h, f);
-      }
-    }
+    if (tid == 0)
+      strip_produce<kStripTBufs>(p, &maps.in, &maps.w, fbase, hbase, filter_bar, full_bar(0),
+                                 empty_bar(0), strip);
     return;
   }
   const int c = wg - 1, lt = tid - 128 * wg;
@@ -1000,16 +1008,7 @@ __global__ void __launch_bounds__(384, 1)
     fence_regs(acc);
     if (i > 0) named_sync(3 + c, 256);  // the other consumer has issued strip i - 1
     mbar_wait(full_bar(b), (i / kStripTBufs) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int tap = 0; tap < 9; ++tap) {
-      const int dy = tap / 3, dx = tap - dy * 3;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_ss<T, kStripPx>(acc, swizzled_desc<128>(fbase + tap * kStripTapBytes + kk * 32u),
-                              swizzled_desc<128>(hb + (dy * kStripHw + dx) * 128u + kk * 32u));
-    }
-    wgmma_commit();
+    strip_wgmmas<T>(acc, fbase, hb);
     if (i + 1 < tiles_here) named_arrive(4 - c, 256);  // strip i + 1 may issue
     wgmma_wait<0>();
     fence_regs(acc);
@@ -1418,30 +1417,27 @@ template <typename T, int kC>
 Status run_halo_c(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
   switch (halo_bn(p.k)) {
     case 96:
-      if (tma && (kC == 96 || kC == 192)) return run_halo_tma_96<T>(p, t, l);
-      if constexpr (kC == 192)
-        return Status::error("conv_wgmma: 192 input channels need the TMA halo tile");
-      else
-        return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
+      if (tma && kC == 96) return run_halo_tma_96<T>(p, t, l);
+      return tma ? run_halo_tma_tile<T, 96, kC>(p, l) : run_halo_tile<T, 96, kC>(p, l);
     case 128:
-      if constexpr (kC == 192)
-        break;
-      else
-        return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
+      return tma ? run_halo_tma_tile<T, 128, kC>(p, l) : run_halo_tile<T, 128, kC>(p, l);
     case 64:
-      if constexpr (kC == 192)
-        break;
-      else
-        return tma ? run_halo_tma_tile<T, 64, kC>(p, l) : run_halo_tile<T, 64, kC>(p, l);
+      return tma ? run_halo_tma_tile<T, 64, kC>(p, l) : run_halo_tile<T, 64, kC>(p, l);
     default:
-      break;
+      return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
   }
-  return Status::errorf("conv_wgmma: no halo channel tile for ", p.k, " output channels");
 }
 
 template <typename T>
 Status run_halo(const Params& p, bool tma, const ConvWgmmaTile& t, const Launch& l) {
-  if (p.c == 192) return run_halo_c<T, 192>(p, tma, t, l);
+  if (p.c == 192) {  // the TMA tile only, 96 output channels a block (halo_shape_fits, halo_kind)
+    if (!tma || halo_bn(p.k) != 96)
+      return Status::errorf(
+          "conv_wgmma: 192 input channels need the TMA halo tile and output "
+          "channels a multiple of 96 (got ",
+          p.k, ")");
+    return run_halo_tma_96<T>(p, t, l);
+  }
   return p.c == 64 ? run_halo_c<T, 64>(p, tma, t, l) : run_halo_c<T, 96>(p, tma, t, l);
 }
 

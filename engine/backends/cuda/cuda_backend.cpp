@@ -636,6 +636,7 @@ class CudaBackend final : public Backend {
     }
     decltype(body()) r = body();
     if (!r.ok()) return r.status().with_context(str_cat(op, " on ", ctx_->label()));
+    save_new_plans_locked();  // plans: a choice this op just timed
     if (timed) {
       LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
       const double ms =
@@ -779,6 +780,19 @@ class CudaBackend final : public Backend {
     Status st = disk_plans_->save();
     if (!st.ok()) LATENT_WARN(ctx_->label(), ": ", st.message());
   }
+  // After each op outside a capture: a choice it timed (a cuDNN engine, an algorithm) goes to
+  // disk at once, so every caller's choices survive (an image plan's warm-up, a video stream's
+  // first chunks, latent-tool) and a precompute job's other workers find them before they start.
+  // A failed write is warned about once and not retried op after op (synchronize() and the
+  // destructor still try).
+  void save_new_plans_locked() {
+    if (capturing_ || plan_save_failed_ || !disk_plans_ || !disk_plans_->dirty()) return;
+    Status st = disk_plans_->save();
+    if (st.ok()) return;
+    plan_save_failed_ = true;
+    LATENT_WARN(ctx_->label(), ": ", st.message(), " (the choices stay in memory)");
+  }
+  bool plan_save_failed_ = false;
   std::shared_ptr<PlanCache> disk_plans_;
   bool capturing_ = false;
   std::thread::id capture_thread_;

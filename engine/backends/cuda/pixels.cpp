@@ -211,6 +211,12 @@ class PinnedRing {
     LATENT_CUDA_CHECK(cudaMemcpyAsync(upload ? s.device : s.host, upload ? s.host : s.device, bytes,
                                       upload ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
                                       copy_stream_));
+    return copied(s, bytes, upload, ticket);
+  }
+  // The copy of frame `ticket` (`bytes`, queued on the copy stream by the caller: copy() or the
+  // downloader's copy straight into a host frame) is the slot's: its event, its count, the slot
+  // taken.
+  Status copied(Slot& s, size_t bytes, bool upload, uint64_t ticket) {
     LATENT_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
     if (upload)
       count_host_to_device(bytes);
@@ -392,10 +398,7 @@ class CudaFrameDownloader final : public PinnedFrameQueue<FrameDownloader, Downl
       LATENT_CUDA_CHECK(cudaMemcpy2DAsync(direct->planes[0], direct->strides[0], s.device, row, row,
                                           static_cast<size_t>(g.frame_height()),
                                           cudaMemcpyDeviceToHost, ring_.copy_stream()));
-      LATENT_CUDA_CHECK(cudaEventRecord(s.copied, ring_.copy_stream()));
-      count_device_to_host(total);
-      s.busy = true;
-      s.ticket = ticket;
+      LATENT_TRY(ring_.copied(s, total, /*upload=*/false, ticket));
     } else {
       LATENT_TRY(ring_.copy(s, total, /*upload=*/false, ticket));
     }
