@@ -44,6 +44,9 @@
 //                                  at the top / left) as a padded copy of the input; graph (the
 //                                  default): as the fused graph's post-padding, no copy (the copy
 //                                  only where no fused graph serves the convolution)
+//   LATENT_RMS_NORM_PACKS=N        the video VAEs' channel RMS norm with at most N (1-6) 16-byte
+//                                  packs of a pixel a lane (more lanes a pixel); unset: the
+//                                  default (rms_norm.cu: 3)
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
@@ -168,6 +171,13 @@ class CudaBackend final : public Backend {
     launch_.stream = ctx_->stream();
     launch_.sm_count = ctx_->properties().multiProcessorCount;
     fp8_linear_ = ctx_->properties().major == 9;
+    if (const char* e = std::getenv("LATENT_RMS_NORM_PACKS"); e && *e) {
+      if (std::strlen(e) == 1 && e[0] >= '1' && e[0] <= '6')
+        rms_norm_packs_ = e[0] - '0';
+      else
+        LATENT_WARN("LATENT_RMS_NORM_PACKS='", e,
+                    "' is not a number from 1 to 6; using the default");
+    }
     if (const char* g = std::getenv("LATENT_FP8_GATED_ADD"); g && *g) {
       if (std::strcmp(g, "0") == 0)
         fp8_gated_add_ = false;
@@ -813,6 +823,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::DitLinear> dit_linear_;  // cuBLASLt handle and plans
   bool fp8_linear_ = false;  // supports_fp8_linear()
   bool fp8_gated_add_ = true;  // LATENT_FP8_GATED_ADD (linear_fp8_gated_add in one GEMM)
+  int rms_norm_packs_ = 0;     // LATENT_RMS_NORM_PACKS (launch_rms_norm_channels' max_packs)
   // === end cuda-dit ===
 };
 
@@ -1144,7 +1155,7 @@ Status CudaBackend::rms_norm_channels_locked(const Tensor& x, const Tensor& gamm
   return cuda::launch_rms_norm_channels(x.data(), y.data(), x.dim(0) * x.dim(2) * x.dim(3),
                                         x.dim(1), gamma.defined() ? gamma.data() : nullptr,
                                         beta.defined() ? beta.data() : nullptr, act, dtype_,
-                                        launch_);
+                                        launch_, rms_norm_packs_);
 }
 
 Result<Tensor> CudaBackend::activation(const Tensor& x, Activation act) {

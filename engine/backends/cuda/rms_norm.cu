@@ -1,9 +1,9 @@
 // RMS norm over the channels of each pixel (NHWC), with gamma, beta and the activation fused.
 // Two kernels:
-//  - rms_norm_group_kernel (channels in 16-byte packs, up to 6 packs a lane): L lanes a pixel
-//    (L a power of two, the fewest that leave each lane at most 6 packs: 96 bf16 channels = 12
-//    packs on 2 lanes), the pixel's channels held in registers (read once), the sum of squares
-//    reduced over the L lanes. A warp takes 32 / L pixels a step.
+//  - rms_norm_group_kernel (channels in 16-byte packs, up to 3 packs a lane by default): L lanes a
+//    pixel (L a power of two, the fewest that leave each lane at most that many packs: 96 bf16
+//    channels = 12 packs on 4 lanes), the pixel's channels held in registers (read once), the sum
+//    of squares reduced over the L lanes. A warp takes 32 / L pixels a step.
 //  - rms_norm_kernel (any other channel count): one warp a pixel, reading the channels twice
 //    (the second time from L1). For the Wan VAEs' 96 / 192 channels it left 20 / 8 of 32 lanes
 //    idle and ran at ~1.2 TB/s on an H100 (15-17 % of a 720p video stream's time).
@@ -109,12 +109,23 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// launch_rms_norm_channels' max_packs = 0: 3 packs a lane (4 lanes a pixel at 96 channels, each
+// warp-wide load 8 pixels' 64-byte pieces) ran 5-14 % faster than 6 (2 lanes, 32-byte pieces) at
+// every Wan 2.1 720p shape on an H200 (bench_norm, session 25); a lane holding its packs as loaded
+// rather than as floats, two pixels a lane in flight, or whole 512-byte warp rows with the sums
+// met in shared memory did not help. What did most was activate()'s SiLU without the IEEE
+// division (common.cuh): 0.86 of a copy's speed now, against 0.54 before.
+constexpr int kDefaultMaxPacks = 3;
+
 }  // namespace
 
 Status launch_rms_norm_channels(const void* x, void* y, int64_t pixels, int64_t channels,
                                 const void* gamma, const void* beta, Activation act, DType dtype,
-                                const Launch& l) {
+                                const Launch& l, int max_packs) {
   if (pixels <= 0 || channels <= 0) return ok_status();
+  if (max_packs == 0) max_packs = kDefaultMaxPacks;
+  if (max_packs < 1 || max_packs > 6)
+    return Status::errorf("rms_norm_channels: ", max_packs, " packs a lane (1 to 6)");
   if (channels > 0x7fffffff) return Status::errorf("rms_norm_channels: ", channels, " channels");
   const float sqrt_c = std::sqrt(static_cast<float>(channels));
   return LATENT_DISPATCH_DTYPE(dtype, T, [&] {
@@ -122,10 +133,10 @@ Status launch_rms_norm_channels(const void* x, void* y, int64_t pixels, int64_t 
     const bool vec = channels % kPack == 0 && aligned16(x) && aligned16(y) &&
                      (!gamma || aligned16(gamma)) && (!beta || aligned16(beta));
     if (vec) {
-      // The fewest lanes a pixel (a power of two) that leave each lane at most 6 packs.
+      // The fewest lanes a pixel (a power of two) that leave each lane at most max_packs packs.
       const int64_t packs = channels / kPack;
       int lanes = 1;
-      while (lanes <= 32 && (packs % lanes != 0 || packs / lanes > 6)) lanes *= 2;
+      while (lanes <= 32 && (packs % lanes != 0 || packs / lanes > max_packs)) lanes *= 2;
       if (lanes <= 32) {
         auto go = [&](auto per) {
           rms_norm_group_kernel<T, decltype(per)::value>
