@@ -97,7 +97,10 @@ __device__ __forceinline__ float activate(float v, Activation act) {
     case Activation::kNone:
       return v;
     case Activation::kSiLU:
-      return v / (1.f + expf(-v));
+      // The hardware exp2 and reciprocal (~2 ulp; the IEEE division and expf were ~20
+      // instructions an element, most of a memory-bound norm's issue slots), as conv_wgmma's
+      // epilogue has it: -v clamped to 80 keeps the divisor below __fdividef's 2^126 limit.
+      return __fdividef(v, 1.f + __expf(fminf(-v, 80.f)));
     case Activation::kReLU:
       return fmaxf(v, 0.f);
     case Activation::kGELU:
