@@ -624,11 +624,14 @@ TEST_P(CudaOps, RmsNormChannels) {
       {{1, 384, 32, 32}, true, false, Activation::kNone},
       {{1, 384, 32, 32}, true, true, Activation::kSiLU},
       {{1, 96, 64, 64}, false, false, Activation::kNone},
-      // Lanes a pixel: the last warp of pixels partly filled (17 x 23 pixels), one lane a pixel
-      // (8 channels), 32 lanes (1,024 bf16 channels; fp32: 256 packs, the warp-a-pixel
-      // kernel), 7 packs (no power of two divides them: the warp-a-pixel kernel).
+      // Lanes a pixel (at most 3 packs a lane by default): the last warp of pixels partly
+      // filled (17 x 23 pixels), one lane a pixel (8 channels), 32 lanes (768 bf16 channels; fp32:
+      // 192 packs, the warp-a-pixel kernel), 1,024 bf16 channels (128 packs: 4 a lane on 32 lanes
+      // is over the default, so the warp-a-pixel kernel), 7 packs (no power of two divides them:
+      // the warp-a-pixel kernel).
       {{1, 192, 17, 23}, true, true, Activation::kSiLU},
       {{3, 8, 9, 5}, true, false, Activation::kSiLU},
+      {{1, 768, 4, 4}, true, true, Activation::kSiLU},
       {{1, 1024, 4, 4}, true, true, Activation::kNone},
       {{1, 56, 7, 7}, true, true, Activation::kSiLU},
       {{2, 12, 5, 7}, true, true, Activation::kSiLU},  // channels not a multiple of 8
