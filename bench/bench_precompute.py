@@ -5,7 +5,9 @@ On a set of 720p H.264 clips (generated here when --clips-dir has none), for eac
 
   ray      scripts/latent-precompute --engine ray --workers NGPU --gpus-per-worker 1
            (filesrc ! decodebin ! vaeencode ! latentsink per actor; decodebin picks nvh264dec
-           when GStreamer's nvcodec plugin is there, and its CUDA memory goes straight in)
+           when GStreamer's nvcodec plugin is there, and its CUDA memory goes straight in);
+           ray-cluster: the same joining a local cluster started before the row (`ray start
+           --head`, RAY_ADDRESS=auto): a cluster that is already up, as on a real one
   encoder  the encoder alone: videotestsrc pattern=black 1280x720 NV12 ! queue ! cudaupload !
            vaeencode ! fakesink (RGBA in system memory without cudaupload), start-up removed by
            two frame counts (the "standalone frames/s" the target compares with)
@@ -145,12 +147,23 @@ def gpu_count() -> int:
 # ---- rows ---------------------------------------------------------------------------------------
 
 
+def ray_cli(argv, env, check=True) -> None:
+    """`ray ARGV` from the job's Python environment ($LATENT_VENV, as scripts/latent-precompute)."""
+    venv = os.environ.get("LATENT_VENV", os.path.expanduser("~/.cache/gst-latent/venv"))
+    p = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "ray.scripts.scripts", *argv],
+                       capture_output=True, text=True, timeout=120, env=env)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"ray {' '.join(argv)}: {(p.stderr or p.stdout)[-800:]}")
+
+
 def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     # local-together: the local engine with its pipelines' first clips not staggered;
     # local-preroll / ray-preroll: with --preroll (clips prerolled while others stream)
+    # ray-cluster: the Ray engine joining a local cluster started before the row (`ray start
+    # --head`, as a cluster that is already up; RAY_ADDRESS=auto), not one the job starts
     job_engine = "local" if engine in ("local-together", "local-preroll") else \
-        "ray" if engine == "ray-preroll" else engine
+        "ray" if engine in ("ray-preroll", "ray-cluster") else engine
     cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", job_engine, "--workers", str(gpus),
            "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress",
            "--pipelines-per-worker", str(pipelines)]
@@ -170,10 +183,21 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
     env = traced
     if engine == "local-together":  # (the trace, when there is one, is still traced's file)
         env = dict(traced or os.environ, LATENT_PRECOMPUTE_STAGGER="0")
-    with GpuSampler(list(range(gpus))) as gpu:
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-        wall = time.perf_counter() - t0
+    cluster_s = None
+    if engine == "ray-cluster":
+        env = dict(env or os.environ, RAY_ADDRESS="auto")
+        t_up = time.perf_counter()
+        ray_cli(["start", "--head", f"--num-gpus={gpus}", "--disable-usage-stats",
+                 "--include-dashboard=false"], env)
+        cluster_s = round(time.perf_counter() - t_up, 3)
+    try:
+        with GpuSampler(list(range(gpus))) as gpu:
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+            wall = time.perf_counter() - t0
+    finally:
+        if engine == "ray-cluster":
+            ray_cli(["stop"], env, check=False)
     if p.returncode not in (0, 3):
         raise RuntimeError(p.stderr[-1500:])
     files = [os.path.join(d, f) for d, _, fs in os.walk(out_dir) for f in fs if f.endswith(".safetensors")]
@@ -210,7 +234,9 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
             "streaming_share": job.get("streaming_share"),
             # the job's fixed cost: to the first clip's start, after the last one's end, Ray's
             # start and shutdown
-            "fixed_s": job.get("fixed_s")}
+            "fixed_s": job.get("fixed_s"),
+            # ray-cluster: seconds `ray start --head` took before the row (not in its time)
+            "cluster_start_s": cluster_s}
     if traced is not None and span[1] > span[0]:
         row["trace"] = trace_summary(traced["LATENT_TRACE"], span[0], span[1])
     return row
@@ -396,7 +422,8 @@ def main():
                     help="workers, one a GPU (default: every GPU); a comma-separated list runs the job "
                          "once per count (scaling: 1,2)")
     ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local, local-together (the local engine with "
-                         "LATENT_PRECOMPUTE_STAGGER=0), local-preroll / ray-preroll (with --preroll) or a "
+                         "LATENT_PRECOMPUTE_STAGGER=0), local-preroll / ray-preroll (with --preroll), ray-cluster "
+                         "(joining a local cluster started before the row: `ray start --head`) or a "
                          "comma-separated list, run in that order (a name may repeat: alternation)")
     ap.add_argument("--pipelines", default="2",
                     help="the job's --pipelines-per-worker; a comma-separated list runs it once per value")

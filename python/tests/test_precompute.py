@@ -437,6 +437,34 @@ def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
     assert "(Ray: " in r.stderr and " s to start" in r.stderr, r.stderr
 
 
+def test_ray_joins_a_running_cluster(clips, local_out, tmp_path):
+    """RAY_ADDRESS: the job joins a cluster that is already up (one cluster, many jobs): the same
+    bytes as the local engine, and the cluster is still up after the job (the job disconnects;
+    it stops only a cluster it started)."""
+    pytest.importorskip("ray")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
+    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    start = subprocess.run(ray + ["start", "--head", "--num-cpus", "2", "--num-gpus", "0",
+                                  "--disable-usage-stats", "--include-dashboard=false"],
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        out = tmp_path / "ray"
+        r = run_job("--input", str(clips), "--output", str(out), "--engine", "ray", "--workers", "2",
+                    "--gpus-per-worker", "0", "--summary", str(tmp_path / "summary.json"),
+                    env_extra={"RAY_ADDRESS": "auto", "RAY_AUTH_MODE": "disabled"})
+        assert r.returncode == 3, r.stderr
+        assert outputs(out) == outputs(local_out)
+        assert [row["path"] for row in failures(out)] == ["sub/corrupt.mp4"]
+        fixed = json.loads((tmp_path / "summary.json").read_text())["fixed_s"]
+        assert fixed["ray_init_s"] > 0 and fixed["worker_load_s"] > 0, fixed
+        status = subprocess.run(ray + ["status", "--address", "auto"], env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert status.returncode == 0, status.stderr[-2000:]
+    finally:
+        subprocess.run(ray + ["stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
 def test_ray_refuses_a_pool_it_cannot_place(clips, tmp_path):
     pytest.importorskip("ray")
     r = run_job("--input", str(clips), "--output", str(tmp_path / "o"), "--engine", "ray",
