@@ -407,9 +407,6 @@ static latent::FrameDownloader* staging_downloader(GstVaeDecode* self, GstLatent
   return st.downloader.get();
 }
 
-// Image [1, 3, H, W] on the backend -> `outbuf` (CUDA memory of our context in place, else
-// through a system-memory mapping). The caller holds model.run_lock. A message on failure;
-// *mapped says whether the buffer could be mapped (if not, the message says so).
 // The packed output frame `frame` (mapped; its plane pointer a host or, on `device`, a device
 // pointer) as the engine's FrameDesc.
 static latent::FrameDesc output_desc(const Negotiated& n, const GstVideoFrame& frame,
@@ -424,6 +421,9 @@ static latent::FrameDesc output_desc(const Negotiated& n, const GstVideoFrame& f
   return desc;
 }
 
+// Image [1, 3, H, W] on the backend -> `outbuf` (CUDA memory of our context in place, else
+// through a system-memory mapping). The caller holds model.run_lock. A message on failure;
+// *mapped says whether the buffer could be mapped (if not, the message says so).
 static std::string write_frame(GstVaeDecode* self, const Negotiated& n, GstLatentModel& model,
                                const latent::Tensor& image, GstBuffer* outbuf,
                                bool* mapped = nullptr) {

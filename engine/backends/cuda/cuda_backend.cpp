@@ -646,13 +646,14 @@ class CudaBackend final : public Backend {
     }
     decltype(body()) r = body();
     if (!r.ok()) return r.status().with_context(str_cat(op, " on ", ctx_->label()));
-    save_new_plans_locked();  // plans: a choice this op just timed
     if (timed) {
       LATENT_CUDA_WARN(cudaStreamSynchronize(ctx_->stream()));
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       profile_.add(str_cat(op, " -> ", shape_str(result_shape(*r))), ms);
     }
+    save_new_plans_locked();  // plans: a choice this op just timed (its file write not in the
+                              // profile)
     return r;
   }
 
