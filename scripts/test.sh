@@ -83,8 +83,11 @@ fi
 
 log "sanitizer build (address,undefined)"
 mapfile -t common < <(latent_cmake_common_args)
+# -g1: line tables and functions, all a sanitizer report prints; full -g made this folder 3.4 GB
+# (every test binary links the static engine), enough to fill a small CI disk.
 cmake -S . -B build-asan "${common[@]}" -DCMAKE_BUILD_TYPE=Debug -DLATENT_CUDA=OFF \
-  -DLATENT_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS=-O1
+  -DLATENT_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
+  -DCMAKE_C_FLAGS_DEBUG=-g1
 cmake_build build-asan
 # GStreamer's plugin scanner is not built with ASan: scan in-process, no leak check of glib's
 # intentional one-off allocations.
