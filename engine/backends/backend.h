@@ -276,6 +276,19 @@ class Backend {
     if (!xx.ok()) return xx.status();
     return conv3d_frames(xx.value(), w, kt, bias, p, residual, act);
   }
+  // conv3d_frames(x, w, kt, bias, p) followed by rms_norm_channels(y, gamma, no beta, act) in one
+  // pass, for a convolution whose output feeds only that norm (the Wan residual block's conv1 ->
+  // norm2 -> SiLU): written into `into` when it is defined (this backend's [T, Cout, Ho, Wo],
+  // e.g. a slot of the next convolution's frame ring), else into a new tensor. An undefined
+  // result, with nothing queued, where the backend does not fuse them (the default); the caller
+  // then runs the two ops.
+  virtual Result<Tensor> conv3d_frames_normed(const Tensor& x, const Tensor& w, int kt,
+                                              const Tensor& bias, const Conv2dParams& p,
+                                              const Tensor& gamma, Activation act,
+                                              const Tensor& into = Tensor()) {
+    (void)x, (void)w, (void)kt, (void)bias, (void)p, (void)gamma, (void)act, (void)into;
+    return Tensor();
+  }
   // === end of video clips ===================================================================
   // === Frame, latent and staging I/O ========================================================
   // Each backend converts frames and latents its own way (the CPU on the host, CUDA with its

@@ -7,7 +7,10 @@
 // the residual + SiLU or ReLU where the VAEs have them). Per row: median milliseconds of --reps
 // calls (each call synchronised, after --warmup untimed ones), TFLOP/s counted as 2 M N K, and the
 // fraction of the FLOP floor at --peak TFLOP/s (default 800: cuBLAS bf16 GEMM as measured on the
-// H100). Prints one JSON object per row as it goes, then a table.
+// H100). Prints one JSON object per row as it goes, then a table. Shapes "... norm" time a
+// convolution followed by the Wan VAEs' channel RMS norm + SiLU (a residual block's conv1 ->
+// norm2): "wgmma" with the norm in the kernel's epilogue (conv3d_frames_normed), "wgmma2" the
+// same kernel then the norm's own pass, the cuDNN rows then the norm's pass.
 //
 //   bench_conv [--reps 10] [--warmup 3] [--peak 800] [--only NAME-SUBSTRING]
 //
@@ -36,7 +39,8 @@ struct Case {
   int kt;          // temporal taps: 3 = conv3d_frames with 2 cached frames, 1 = conv2d
   int64_t cin, cout, h, w;
   int k;    // spatial kernel (3 or 1)
-  int epi;  // after the bias: 0 nothing, 1 residual + SiLU, 2 ReLU, 3 residual + ReLU; 4: no bias
+  int epi;  // after the bias: 0 nothing, 1 residual + SiLU, 2 ReLU, 3 residual + ReLU; 4: no bias;
+            // 5: the channel RMS norm + SiLU (3x3x3 only)
   int stride = 1;  // 2: diffusers' downsampling, zero padding (0, 1, 0, 1)
 };
 
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = {
       // Wan 2.1 VAE at 1280x720 (frame-by-frame levels, then 2- and 1-frame chunks)
       {"wan 3x3x3 96->96 720p", 1, 3, 96, 96, 720, 1280, 3, true},
+      {"wan 3x3x3 96->96 720p norm", 1, 3, 96, 96, 720, 1280, 3, 5},
       // the encoder's first convolution (RGB, padded to 8 channels for the wgmma kernel)
       {"wan 3x3x3 3->96 720p", 1, 3, 3, 96, 720, 1280, 3, 0},
       {"wan 3x3x3 192->192 360p", 1, 3, 192, 192, 360, 640, 3, true},
@@ -147,13 +152,15 @@ int main(int argc, char** argv) {
     const int64_t ho = c.h / c.stride, wo = c.w / c.stride;
     const bool residual = c.epi == 1 || c.epi == 3;
     Tensor r = residual ? test::random_tensor({c.frames, c.cout, ho, wo}, 4) : Tensor();
+    const bool norm = c.epi == 5;
+    Tensor g = test::random_tensor({c.cout}, 5, 0.5f, 1.5f);
     const double flop = 2.0 * c.frames * ho * wo * c.cout * c.cin * c.k * c.k * c.kt;
-    for (auto& [variant, be] :
-         {std::make_pair(std::string("wgmma"), wgmma), std::make_pair(std::string("cudnn"), cudnn),
-          std::make_pair(std::string("fused"), fused),
-          std::make_pair(std::string("fusedpc"), fusedpc)}) {
+    std::vector<std::pair<std::string, std::shared_ptr<Backend>>> variants = {
+        {"wgmma", wgmma}, {"cudnn", cudnn}, {"fused", fused}, {"fusedpc", fusedpc}};
+    if (norm) variants.insert(variants.begin() + 1, {"wgmma2", wgmma});
+    for (auto& [variant, be] : variants) {
       Tensor gx = up(*be, x), gw = up(*be, w), gb = c.epi == 4 ? Tensor() : up(*be, b),
-             gr = r.defined() ? up(*be, r) : r;
+             gr = r.defined() ? up(*be, r) : r, gg = up(*be, g);
       Conv2dParams p = Conv2dParams::same(c.k);
       if (c.stride == 2) {
         p.stride = 2;
@@ -164,9 +171,19 @@ int main(int argc, char** argv) {
                              : c.epi == 2 || c.epi == 3 ? Activation::kReLU
                                                         : Activation::kNone;
       auto call = [&]() -> Status {
+        if (norm && variant == "wgmma") {
+          Result<Tensor> y = be->conv3d_frames_normed(gx, gw, 3, gb, p, gg, Activation::kSiLU);
+          if (!y.ok()) return y.status();
+          if (!y.value().defined()) return Status::error("conv3d_frames_normed declined");
+          return be->synchronize();
+        }
         Result<Tensor> y = c.kt == 3 ? be->conv3d_frames(gx, gw, 3, gb, p, gr, act)
                                      : be->conv2d(gx, gw, gb, p, gr, act);
         if (!y.ok()) return y.status();
+        if (norm) {
+          y = be->rms_norm_channels(y.value(), gg, Tensor(), Activation::kSiLU);
+          if (!y.ok()) return y.status();
+        }
         return be->synchronize();
       };
       std::vector<double> ms;

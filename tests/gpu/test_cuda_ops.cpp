@@ -81,6 +81,37 @@ class CudaOps : public test::CudaOpTest {
     EXPECT_TRUE(close(what, got, want, conv_tol()));
   }
 
+  // The CPU reference of conv3d_frames with 3 temporal taps: x [frames + 2, cin, h, w] (host),
+  // w [cout, cin, 9, 3] (the 3-D kernel with its temporal and height axes merged): one CPU conv2d
+  // per tap dt over frames [dt, dt + frames), summed through the residual input (what a causal
+  // convolution is), bias and activation on the last.
+  Result<Tensor> conv3d_reference(const Tensor& x, const Tensor& w, const Tensor& b,
+                                  const Tensor& r, Activation act) {
+    const int64_t frames = x.dim(0) - 2, cin = x.dim(1), h = x.dim(2), wd = x.dim(3);
+    const int64_t cout = w.dim(0), plane = cin * h * wd, tap = 9;
+    const Conv2dParams p = Conv2dParams::same(3);
+    auto frames_of = [&](int64_t first) {
+      Tensor t = Tensor::empty({frames, cin, h, wd}, DType::kF32);
+      std::copy(x.data_as<float>() + first * plane, x.data_as<float>() + (first + frames) * plane,
+                t.data_as<float>());
+      return t;
+    };
+    auto tap_of = [&](int64_t dt) {
+      Tensor t = Tensor::empty({cout, cin, 3, 3}, DType::kF32);
+      for (int64_t oi = 0; oi < cout * cin; ++oi)
+        std::copy(w.data_as<float>() + oi * 3 * tap + dt * tap,
+                  w.data_as<float>() + oi * 3 * tap + (dt + 1) * tap,
+                  t.data_as<float>() + oi * tap);
+      return t;
+    };
+    Result<Tensor> y = cpu_->conv2d(on_cpu(frames_of(0)), on_cpu(tap_of(0)), Tensor(), p, on_cpu(r),
+                                    Activation::kNone);
+    if (!y.ok()) return y;
+    y = cpu_->conv2d(on_cpu(frames_of(1)), on_cpu(tap_of(1)), Tensor(), p, y.value(),
+                     Activation::kNone);
+    if (!y.ok()) return y;
+    return cpu_->conv2d(on_cpu(frames_of(2)), on_cpu(tap_of(2)), on_cpu(b), p, y.value(), act);
+  }
   // Uploads to another backend on the same device (undefined stays undefined).
   static Tensor up(Backend& b, const Tensor& t) {
     if (!t.defined()) return Tensor();
@@ -419,30 +450,9 @@ TEST_P(CudaOps, Conv3dFrames) {
                                    r4s2 = backend_with({{"LATENT_CUDA_CONV", "wgmma"},
                                                         {"LATENT_CONV_WGMMA_TILE", "halotmar4s2"}});
     ASSERT_TRUE(wgmma && halo && halo_tma && implicit && r4s2);
-    // Reference: one CPU conv2d per temporal tap dt over frames [dt, dt + T), summed through the
-    // residual input (what a causal convolution is), bias and activation on the last.
-    const int64_t plane = c.cin * c.h * c.w, tap = 9;
-    auto frames_of = [&](int64_t first) {
-      Tensor t = Tensor::empty({c.frames, c.cin, c.h, c.w}, DType::kF32);
-      std::copy(x.data_as<float>() + first * plane, x.data_as<float>() + (first + c.frames) * plane,
-                t.data_as<float>());
-      return t;
-    };
-    auto tap_of = [&](int64_t dt) {
-      Tensor t = Tensor::empty({c.cout, c.cin, 3, 3}, DType::kF32);
-      for (int64_t oi = 0; oi < c.cout * c.cin; ++oi)
-        std::copy(w.data_as<float>() + oi * 3 * tap + dt * tap,
-                  w.data_as<float>() + oi * 3 * tap + (dt + 1) * tap,
-                  t.data_as<float>() + oi * tap);
-      return t;
-    };
-    Result<Tensor> want = cpu_->conv2d(on_cpu(frames_of(0)), on_cpu(tap_of(0)), Tensor(), p,
-                                       on_cpu(r), Activation::kNone);
+    Result<Tensor> want = conv3d_reference(x, w, b, r, c.act);
     ASSERT_TRUE(want.ok()) << want.status().message();
-    want = cpu_->conv2d(on_cpu(frames_of(1)), on_cpu(tap_of(1)), Tensor(), p, want.value(),
-                        Activation::kNone);
-    ASSERT_TRUE(want.ok()) << want.status().message();
-    want = cpu_->conv2d(on_cpu(frames_of(2)), on_cpu(tap_of(2)), on_cpu(b), p, want.value(), c.act);
+    const int64_t plane = c.cin * c.h * c.w;
     const std::string what = "conv3d_frames " + std::to_string(c.frames) + "+2 frames " +
                              std::to_string(c.cin) + "->" + std::to_string(c.cout);
     EXPECT_TRUE(close(what, got, want, conv_tol()));
@@ -494,6 +504,112 @@ TEST_P(CudaOps, Conv3dFrames) {
     EXPECT_NE(r.status().message().find("1 or 2 past tensors"), std::string::npos)
         << r.status().message();
   }
+}
+
+// conv3d_frames_normed (LATENT_CUDA_CONV_NORM=1): the channel RMS norm (gamma, SiLU or none) in
+// the convolution's epilogue (conv_wgmma.cu's finish_tile), against the CPU's convolution then
+// norm, and against the GPU's own two ops. It runs where the kernel's block holds every output
+// channel (96 -> 96 on the TMA halo tile by default; with LATENT_CUDA_CONV=wgmma also the cp.async
+// halo tile, the 4-row TMA tile, the implicit-GEMM tiles of 2 and 4 warpgroups, and 64 -> 64 on a
+// 64-wide tile) and declines elsewhere (an undefined result: 192 output channels on 96-wide blocks,
+// fp32, devices other than 9.0), leaving the caller to run the two ops. Written into a slot of a
+// larger tensor (a frame ring's) it touches nothing else.
+TEST_P(CudaOps, Conv3dFramesNormed) {
+  if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool fuses = major == 9 && dtype() != DType::kF32;
+  struct Case {
+    int64_t frames, cin, cout, h, w;
+    Activation act;
+    const char* tile;  // LATENT_CONV_WGMMA_TILE with LATENT_CUDA_CONV=wgmma; null: the default
+    bool fused;        // on a 9.0 device in bf16 / fp16
+  };
+  for (const Case& c : {Case{3, 96, 96, 18, 70, Activation::kSiLU, nullptr, true},
+                        Case{1, 96, 96, 9, 130, Activation::kNone, nullptr, true},
+                        Case{3, 96, 96, 18, 70, Activation::kSiLU, "halo", true},
+                        Case{3, 96, 96, 18, 70, Activation::kSiLU, "halotmar4s2", true},
+                        Case{3, 96, 96, 18, 70, Activation::kSiLU, "implicit", true},
+                        Case{2, 96, 96, 13, 37, Activation::kSiLU, "256x96w4", true},
+                        Case{2, 96, 96, 13, 37, Activation::kSiLU, "256x96", true},
+                        Case{2, 64, 64, 10, 21, Activation::kSiLU, "", true},
+                        Case{2, 192, 192, 10, 21, Activation::kSiLU, nullptr, false}}) {
+    const uint64_t seed = 900 + static_cast<uint64_t>(c.cin + c.h);
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.cin * 27));
+    Tensor x = input({c.frames + 2, c.cin, c.h, c.w}, seed);
+    Tensor w = input({c.cout, c.cin, 9, 3}, seed + 1, -ws, ws);
+    Tensor b = input({c.cout}, seed + 2);
+    Tensor g = input({c.cout}, seed + 3, 0.5f, 1.5f);
+    const std::shared_ptr<Backend> own =
+        !c.tile   ? backend_with({{"LATENT_CUDA_CONV_NORM", "1"}})
+        : *c.tile ? backend_with({{"LATENT_CUDA_CONV_NORM", "1"},
+                                  {"LATENT_CUDA_CONV", "wgmma"},
+                                  {"LATENT_CONV_WGMMA_TILE", c.tile}})
+                  : backend_with({{"LATENT_CUDA_CONV_NORM", "1"}, {"LATENT_CUDA_CONV", "wgmma"}});
+    ASSERT_TRUE(own);
+    Backend& f = *own;
+    const std::string what =
+        str_cat("conv3d_frames_normed ", c.frames, "+2 frames ", c.cin, "->", c.cout, " ", c.h, "x",
+                c.w, c.act == Activation::kSiLU ? " SiLU" : "",
+                c.tile ? str_cat(" [wgmma, tile ", *c.tile ? c.tile : "default", "]") : "");
+    Result<Tensor> conv = conv3d_reference(x, w, b, Tensor(), Activation::kNone);
+    ASSERT_TRUE(conv.ok()) << conv.status().message();
+    Result<Tensor> want = cpu_->rms_norm_channels(conv.value(), on_cpu(g), Tensor(), c.act);
+    const Conv2dParams p = Conv2dParams::same(3);
+    const Tensor gx = up(f, x), gw = up(f, w), gb = up(f, b), gg = up(f, g);
+    Result<Tensor> got = f.conv3d_frames_normed(gx, gw, 3, gb, p, gg, c.act);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status().message();
+    ASSERT_EQ(got.value().defined(), fuses && c.fused) << what;
+    if (!got.value().defined()) continue;
+    // The GPU's own two ops: the same convolution, its output rounded, the norm after.
+    Result<Tensor> y = f.conv3d_frames(gx, gw, 3, gb, p);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    Result<Tensor> two = f.rms_norm_channels(y.value(), gg, Tensor(), c.act);
+    EXPECT_TRUE(f.synchronize().ok());
+    EXPECT_TRUE(close(what, got, want, conv_tol()));
+    EXPECT_TRUE(close(what + " vs conv then norm on the GPU", got, two, 2e-3));
+    // Into frames [1, 1 + frames) of a tensor of frames + 2 (a ring's slots): the frames around
+    // keep what they held.
+    Tensor around = input({c.frames + 2, c.cout, c.h, c.w}, seed + 4);
+    Tensor ring = up(f, around);
+    const Tensor slot =
+        Tensor::from_storage(ring.storage(), ring.byte_offset() + ring.nbytes() / (c.frames + 2),
+                             {c.frames, c.cout, c.h, c.w}, ring.dtype(), ring.layout());
+    Result<Tensor> into = f.conv3d_frames_normed(gx, gw, 3, gb, p, gg, c.act, slot);
+    ASSERT_TRUE(into.ok()) << what << ": " << into.status().message();
+    ASSERT_TRUE(into.value().defined()) << what;
+    EXPECT_EQ(into.value().storage(), ring.storage());
+    EXPECT_EQ(into.value().byte_offset(), slot.byte_offset());
+    EXPECT_TRUE(f.synchronize().ok());
+    EXPECT_TRUE(close(what + " into a slot", into, two, 2e-3));
+    Result<Tensor> back = f.download(ring);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    const int64_t frame = c.cout * c.h * c.w;
+    Result<Tensor> held = f.download(up(f, around));  // `around` rounded to the dtype
+    ASSERT_TRUE(held.ok());
+    for (int64_t fi : {int64_t{0}, c.frames + 1}) {
+      const float* a = back.value().data_as<float>() + fi * frame;
+      const float* e = held.value().data_as<float>() + fi * frame;
+      EXPECT_TRUE(std::equal(a, a + frame, e))
+          << what << ": frame " << fi << " of the ring changed";
+    }
+  }
+  // A misshaped slot is refused with a message; without LATENT_CUDA_CONV_NORM=1 (the default)
+  // the backend declines.
+  Tensor x = input({3, 96, 8, 8}, 990), w = input({96, 96, 9, 3}, 991, -0.02f, 0.02f);
+  Tensor g = input({96}, 992, 0.5f, 1.5f), wrong = input({2, 96, 8, 8}, 993);
+  const std::shared_ptr<Backend> on = backend_with({{"LATENT_CUDA_CONV_NORM", "1"}});
+  ASSERT_TRUE(on);
+  Result<Tensor> r =
+      on->conv3d_frames_normed(up(*on, x), up(*on, w), 3, Tensor(), Conv2dParams::same(3),
+                               up(*on, g), Activation::kSiLU, up(*on, wrong));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("does not match the output"), std::string::npos)
+      << r.status().message();
+  Result<Tensor> off = gpu_->conv3d_frames_normed(
+      on_gpu(x), on_gpu(w), 3, Tensor(), Conv2dParams::same(3), on_gpu(g), Activation::kSiLU);
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_FALSE(off.value().defined());
 }
 
 // cuDNN convolutions with the epilogue fused into one operation graph (LATENT_CUDA_CONV=cudnn

@@ -183,11 +183,16 @@ TEST_P(WanVideo, FusedConv3dPathMatchesDiffusers) {
   ASSERT_TRUE(vae.ok()) << vae.status().message();
   auto t = io(GetParam());
   Backend& b = **backend;
-  static int rings = 0;
+  static int rings = 0, normed = 0;
   rings = 0;
+  normed = 0;
   set_log_callback(
       [](LogLevel, const char*, int, const char* message, void*) {
-        if (std::string(message).find("a frame ring of") != std::string::npos) ++rings;
+        const std::string m(message);
+        if (m.find("a frame ring of") != std::string::npos) ++rings;
+        // a residual block's conv1 -> norm2 -> SiLU through Backend::conv3d_frames_normed (the
+        // ring's later frames), here composed by the CPU backend
+        if (m.find("conv3d_frames_normed:") != std::string::npos) ++normed;
       },
       nullptr);  // a callback sees every level
   expect_close(down(b, (*vae)->encode_video(up(b, t["sample"]))), t["latent_mean"], kTolerance,
@@ -202,6 +207,7 @@ TEST_P(WanVideo, FusedConv3dPathMatchesDiffusers) {
   const bool ring_on = !ring_env || std::string(ring_env) != "0";
   EXPECT_EQ(encoder_rings > 0, ring_on) << encoder_rings << " rings in the encoder";
   EXPECT_EQ(decoder_rings > 0, ring_on) << decoder_rings << " rings in the decoder";
+  EXPECT_EQ(normed > 0, ring_on) << normed << " convolutions with the norm after them";
   expect_close(stream_in_chunks(**vae, true, t["sample_odd"], {2, 3}), t["latent_mean_odd"],
                kTolerance, "encoder chunks of 2, 3 (fused)");
   // image mode still runs on the last tap

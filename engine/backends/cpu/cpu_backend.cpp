@@ -359,4 +359,20 @@ Result<Tensor> CpuBackend::conv3d_frames(const Tensor& x, const Tensor& w, int k
   return y;
 }
 
+Result<Tensor> CpuBackend::conv3d_frames_normed(const Tensor& x, const Tensor& w, int kt,
+                                                const Tensor& bias, const Conv2dParams& p,
+                                                const Tensor& gamma, Activation act,
+                                                const Tensor& into) {
+  if (!conv3d_) return Tensor();
+  LATENT_ASSIGN_OR_RETURN(Tensor y, conv3d_frames(x, w, kt, bias, p));
+  LATENT_DEBUG("conv3d_frames_normed: ", shape_str(y.shape()),
+               into.defined() ? " into a slot" : "");
+  if (!into.defined()) return rms_norm_channels(y, gamma, Tensor(), act);
+  if (into.shape() != y.shape())
+    return Status::errorf("conv3d_frames_normed: output into ", shape_str(into.shape()),
+                          " does not match the output ", shape_str(y.shape()));
+  LATENT_TRY(rms_norm_channels_into(y, gamma, Tensor(), act, into));
+  return into;
+}
+
 }  // namespace latent

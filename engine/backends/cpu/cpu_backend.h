@@ -68,6 +68,11 @@ class CpuBackend final : public Backend {
   Result<Tensor> conv3d_frames(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                const Conv2dParams& p, const Tensor& residual = Tensor(),
                                Activation act = Activation::kNone) override;
+  // conv3d_frames() then rms_norm_channels() into `into` (two passes: the reference of CUDA's
+  // fused epilogue), where conv3d_frames() is offered; a debug line says it ran (tests count it).
+  Result<Tensor> conv3d_frames_normed(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
+                                      const Conv2dParams& p, const Tensor& gamma, Activation act,
+                                      const Tensor& into = Tensor()) override;
 
   // === DiT ops: defined in dit_ops.cpp (kernels in dit_kernels.cpp, see dit_ops.h) ===========
   bool supports_dit(DitOp op, DType dtype) const override;

@@ -22,6 +22,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,10 @@ constexpr int kStages = 4;  // shared buffers (5 for the 4-warpgroup tile with "
 struct Params : ConvKernelArgs {
   int m = 0, ktot = 0;      // output pixels of the call, K = kt * r * s * c
   int ohw = 0, stride = 1;  // output pixels a frame, spatial stride
+  // The channel RMS norm of the output in the epilogue (ConvWgmmaArgs::norm_gamma), or null;
+  // norm_sqrt_c = sqrt(k).
+  const void* norm_gamma = nullptr;
+  float norm_sqrt_c = 0.f;
 };
 
 // The halo tile's output rows a block for c input and bn output channels.
@@ -136,6 +141,23 @@ __device__ __forceinline__ void add_packed(float* v, uint32_t u) {
   v[1] += to_f32(h[1]);
 }
 
+// Channels c8 * 8 .. c8 * 8 + 7 of staged pixel px (rows of stage_stride(kBn) floats), the
+// bias (or nothing) added.
+template <typename T, int kBn>
+__device__ __forceinline__ void staged_chunk(const float* stile, int px, int c8, const T* bias,
+                                             int n0, float (&v)[8]) {
+  const float* src = stile + px * stage_stride(kBn) + c8 * 8;
+  const float4 a = *reinterpret_cast<const float4*>(src);
+  const float4 b = *reinterpret_cast<const float4*>(src + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  if (!bias) return;
+  const uint4 bb = *reinterpret_cast<const uint4*>(bias + n0 + c8 * 8);
+  add_packed<T>(v, bb.x);
+  add_packed<T>(v + 2, bb.y);
+  add_packed<T>(v + 4, bb.z);
+  add_packed<T>(v + 6, bb.w);
+}
+
 // Thread's share of the accumulators: acc[t][4 i + e] is row 16 wl + g (e = 0, 1) or + 8 (e = 2,
 // 3) of the block's m64 tile `tile0 + t`, column 8 i + 2 tig + e % 2.
 template <int kBn, int kMt>
@@ -155,8 +177,12 @@ __device__ __forceinline__ void stage_acc(float* stile, const float (&acc)[kMt][
 }
 
 // The block's kPx staged pixels to global memory: pixel_offset(px) is the element offset of
-// the pixel's channel 0 in y and the residual, or -1 outside the output.
-template <typename T, int kBn, int kPx, int kThreads, Activation kAct, typename PixelOffset>
+// the pixel's channel 0 in y and the residual, or -1 outside the output. kNorm: the channel RMS
+// norm's form, y = act(round(v) * scale(pixel) * gamma) with v = accumulators + bias (no
+// residual) rounded to T first, as the unfused path's stored output is (the scales staged by
+// stage_norm_scales).
+template <typename T, int kBn, int kPx, int kThreads, Activation kAct, bool kNorm = false,
+          typename PixelOffset>
 __device__ __forceinline__ void store_staged(const float* stile, const Params& p, int n0,
                                              PixelOffset pixel_offset, int tid) {
   constexpr int kC8 = kBn / 8, kChunks = kPx * kC8;
@@ -177,28 +203,32 @@ __device__ __forceinline__ void store_staged(const float* stile, const Params& p
   for (int it = 0; it < kIters; ++it) {
     r[it] = make_uint4(0u, 0u, 0u, 0u);
     const int64_t o = offset(it);
-    if (res && o >= 0) r[it] = *reinterpret_cast<const uint4*>(res + o);
+    if (!kNorm && res && o >= 0) r[it] = *reinterpret_cast<const uint4*>(res + o);
   }
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int64_t o = offset(it);
     if (o < 0) continue;
     const int l = tid + it * kThreads, px = l / kC8, c8 = l - px * kC8;
-    const float* src = stile + px * stage_stride(kBn) + c8 * 8;
-    const float4 a = *reinterpret_cast<const float4*>(src);
-    const float4 b = *reinterpret_cast<const float4*>(src + 4);
-    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    if (bias) {
-      const uint4 bb = *reinterpret_cast<const uint4*>(bias + n0 + c8 * 8);
-      add_packed<T>(v, bb.x);
-      add_packed<T>(v + 2, bb.y);
-      add_packed<T>(v + 4, bb.z);
-      add_packed<T>(v + 6, bb.w);
+    float v[8];
+    staged_chunk<T, kBn>(stile, px, c8, bias, n0, v);
+    if constexpr (kNorm) {
+      const float scale = stile[px * stage_stride(kBn) + kBn];
+      const uint4 gg =
+          *reinterpret_cast<const uint4*>(static_cast<const T*>(p.norm_gamma) + n0 + c8 * 8);
+      float g[8] = {};
+      add_packed<T>(g, gg.x);
+      add_packed<T>(g + 2, gg.y);
+      add_packed<T>(g + 4, gg.z);
+      add_packed<T>(g + 6, gg.w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = fmaf(to_f32(from_f32<T>(v[i])) * scale, g[i], 0.f);
+    } else {
+      add_packed<T>(v, r[it].x);  // zeros without a residual
+      add_packed<T>(v + 2, r[it].y);
+      add_packed<T>(v + 4, r[it].z);
+      add_packed<T>(v + 6, r[it].w);
     }
-    add_packed<T>(v, r[it].x);  // zeros without a residual
-    add_packed<T>(v + 2, r[it].y);
-    add_packed<T>(v + 4, r[it].z);
-    add_packed<T>(v + 6, r[it].w);
     uint4 out;
     out.x = pack2<T>(activate(v[0], kAct), activate(v[1], kAct));
     out.y = pack2<T>(activate(v[2], kAct), activate(v[3], kAct));
@@ -233,9 +263,42 @@ __device__ __forceinline__ void store_staged_act(const float* stile, const Param
   }
 }
 
+// The channel RMS norm in the epilogue (ConvWgmmaArgs::norm_gamma; the block holds all kBn == k
+// output channels of its pixels, no residual): each staged pixel's factor
+// sqrt(k) / max(||v||, 1e-12), v its channels with the bias added and rounded to T (the values
+// the unfused path stores and rms_norm.cu reads back), into the row's first spare float (column
+// kBn of the kBn + 4). kThreads / kPx threads a pixel (adjacent lanes), or one.
+template <typename T, int kBn, int kPx, int kThreads>
+__device__ __forceinline__ void stage_norm_scales(float* stile, const Params& p, int n0, int tid) {
+  constexpr int kTpp = kThreads > kPx ? kThreads / kPx : 1;
+  constexpr int kPer = kBn / kTpp, kPxStep = kThreads / kTpp;
+  static_assert(kTpp <= 32 && (kTpp & (kTpp - 1)) == 0 && kPer % 4 == 0 && kPx % kPxStep == 0,
+                "whole pixels, 4-channel reads");
+  const T* bias = static_cast<const T*>(p.bias);
+  const int part = tid % kTpp, c0 = part * kPer;
+  for (int px = tid / kTpp; px < kPx; px += kPxStep) {
+    const float* row = stile + px * stage_stride(kBn) + c0;
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < kPer; c += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(row + c);
+      const float v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float r = to_f32(from_f32<T>(v[j] + (bias ? to_f32(bias[n0 + c0 + c + j]) : 0.f)));
+        ss = fmaf(r, r, ss);
+      }
+    }
+#pragma unroll
+    for (int o = kTpp / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (part == 0) stile[px * stage_stride(kBn) + kBn] = p.norm_sqrt_c / fmaxf(sqrtf(ss), 1e-12f);
+  }
+}
+
 // The tiled kernels' end, once every wgmma (and every load) of the block is complete: the
 // accumulators (m64 tiles tile0 .. tile0 + kMt - 1 of the block's kPx pixels) staged from
-// `base` in the pipeline buffers (kFreeBytes, free by then), then stored by all kThreads.
+// `base` in the pipeline buffers (kFreeBytes, free by then), then stored by all kThreads; with
+// the channel RMS norm (p.norm_gamma: SiLU or no activation) its factors first.
 template <typename T, int kBn, int kMt, int kPx, int kThreads, uint32_t kFreeBytes,
           typename PixelOffset>
 __device__ __forceinline__ void finish_tile(unsigned char* smem_raw, uint32_t base,
@@ -246,6 +309,15 @@ __device__ __forceinline__ void finish_tile(unsigned char* smem_raw, uint32_t ba
   float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
   stage_acc<kBn, kMt>(stile, acc, tile0);
   __syncthreads();
+  if (p.norm_gamma) {
+    stage_norm_scales<T, kBn, kPx, kThreads>(stile, p, n0, threadIdx.x);
+    __syncthreads();
+    if (static_cast<Activation>(p.act) == Activation::kSiLU)
+      return store_staged<T, kBn, kPx, kThreads, Activation::kSiLU, true>(
+          stile, p, n0, pixel_offset, threadIdx.x);
+    return store_staged<T, kBn, kPx, kThreads, Activation::kNone, true>(stile, p, n0, pixel_offset,
+                                                                        threadIdx.x);
+  }
   store_staged_act<T, kBn, kPx, kThreads>(stile, p, n0, pixel_offset, threadIdx.x);
 }
 
@@ -1499,6 +1571,15 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l) {
   return (a.k == 96 && a.kt == 3 && a.x1 != nullptr) || halo_fits(a, l) || use_strip64(a, l);
 }
 
+bool conv_wgmma_norm_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
+  if (!a.norm_gamma || a.residual || !aligned16(a.norm_gamma) || !conv_wgmma_fits(a, dtype, l))
+    return false;
+  if (a.act != Activation::kNone && a.act != Activation::kSiLU) return false;
+  if (use_strip64(a, l)) return false;  // its own epilogue
+  if (halo_kind(a, l) != HaloKind::kNone) return halo_bn(a.k) == a.k;
+  return tile_for(a.k, a.tile).bn == a.k;
+}
+
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   Params p;
   static_cast<ConvKernelArgs&>(p) = conv_kernel_args(a);
@@ -1506,6 +1587,15 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
   p.ohw = a.out_h * a.out_w;
   p.m = a.frames * p.ohw;
   p.ktot = a.kt * a.r * a.s * a.c;
+  if (a.norm_gamma) {
+    if (!conv_wgmma_norm_fits(a, dtype, l))
+      return Status::errorf(
+          "conv_wgmma: the channel norm cannot run in the epilogue of this call (", a.k,
+          " output channels, ", a.residual ? "a residual" : "no residual",
+          "; conv_wgmma_norm_fits)");
+    p.norm_gamma = a.norm_gamma;
+    p.norm_sqrt_c = std::sqrt(static_cast<float>(a.k));
+  }
   if (use_strip64(a, l)) {
     if (!a.tile.strip64_staged && strip64_t_fits(p.y, p.residual, p.act)) {
       if (dtype == DType::kBF16) return run_strip64_t<bf16>(p, l);

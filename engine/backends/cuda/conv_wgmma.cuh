@@ -122,6 +122,10 @@ struct ConvWgmmaArgs {
   void* y = nullptr;               // [frames][out_h][out_w][k]
   Activation act = Activation::kNone;
   ConvWgmmaTile tile;  // forced where its bn divides k (bench_conv's sweeps); else the default
+  // [k] or null: y = act(rms_norm_channels(conv + bias) * norm_gamma) (the Wan VAEs' channel RMS
+  // norm, rms_norm.cu, of the output rounded to the dtype first, as the unfused path reads it)
+  // in the same pass; only where conv_wgmma_norm_fits().
+  const void* norm_gamma = nullptr;
 };
 
 // The input frames of a call as the kernels (this one and conv_narrow.cu) read them: input frame
@@ -197,6 +201,11 @@ bool conv_wgmma_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
 // Whether the kernel beat cuDNN at this shape on the H100 (bench_conv), reading the frames from
 // where they are: the backend's default runs it only there.
 bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l);
+
+// Whether a call with norm_gamma runs with the norm in its epilogue: conv_wgmma_fits(), the kernel
+// that runs it holds all k output channels of a pixel in one block (the halo tiles at 96 -> 96, or
+// an implicit-GEMM tile as wide as k), no residual, SiLU or no activation, gamma 16-byte aligned.
+bool conv_wgmma_norm_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
 
 Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l);
 

@@ -44,6 +44,13 @@
 //                                  at the top / left) as a padded copy of the input; graph (the
 //                                  default): as the fused graph's post-padding, no copy (the copy
 //                                  only where no fused graph serves the convolution)
+//   LATENT_CUDA_CONV_NORM=1        video: the channel RMS norm after a residual block's first
+//                                  convolution in that convolution's epilogue where conv_wgmma's
+//                                  kernel holds every output channel (conv_wgmma_norm_fits: the
+//                                  Wan VAEs' 96 -> 96 full-resolution levels); unset or 0 (the
+//                                  default until it has run on a GPU: session 26 wrote it with
+//                                  no device time): conv3d_frames_normed() declines and the
+//                                  model runs the norm as its own pass
 //   LATENT_RMS_NORM_PACKS=N        the video VAEs' channel RMS norm with at most N (1-6) 16-byte
 //                                  packs of a pixel a lane (more lanes a pixel); unset: the
 //                                  default (rms_norm.cu: 3)
@@ -145,6 +152,8 @@ class CudaBackend final : public Backend {
     int conv_wgmma = 1;
     // Convolutions with <= 16 output channels on conv_narrow.cu (LATENT_CUDA_CONV_NARROW=0: off).
     bool conv_narrow = true;
+    // video: the channel RMS norm in conv_wgmma's epilogue (LATENT_CUDA_CONV_NORM=1: on).
+    bool conv_norm = false;
     // LATENT_CONV_WGMMA_TILE: the implicit-GEMM kernel's tile where its width divides the output
     // channels (bench_conv's sweeps); bn 0: the kernel's defaults.
     cuda::ConvWgmmaTile conv_wgmma_tile;
@@ -323,19 +332,39 @@ class CudaBackend final : public Backend {
         return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
                               " temporal taps does not fit ", before, " past frames and x ",
                               shape_str(x.shape()));
-      if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
-        return Status::errorf("invalid stride ", p.stride, " or padding");
-      const int64_t ho = (x.dim(2) + p.pad_top + p.pad_bottom - w.dim(2) / kt) / p.stride + 1,
-                    wo = (x.dim(3) + p.pad_left + p.pad_right - w.dim(3)) / p.stride + 1;
-      if (ho < 1 || wo < 1)
-        return Status::errorf("kernel of w ", shape_str(w.shape()),
-                              " is larger than the padded frames of x ", shape_str(x.shape()));
-      LATENT_TRY(check_conv3d_epilogue(bias, residual, act, w, {frames, w.dim(0), ho, wo}));
+      LATENT_ASSIGN_OR_RETURN(const Shape out_shape, conv3d_output(x, w, kt, frames, p));
+      LATENT_TRY(check_conv3d_epilogue(bias, residual, act, w, out_shape));
       if (past.size() == 1) return conv_wgmma(past[0], x, w, kt, bias, p, residual, act, frames);
       return conv_wgmma(past[0], past[1], w, kt, bias, p, residual, act, frames, x);
     });
     if (!y.ok() || y.value().defined()) return y;
     return Backend::conv3d_frames_after(past, x, w, kt, bias, p, residual, act);
+  }
+  // The norm in conv_wgmma's epilogue where conv_wgmma_norm_fits() (its kernel holds every output
+  // channel of a pixel: the halo tile at the Wan VAEs' 96 -> 96 full-resolution convolutions);
+  // else undefined (the model runs conv3d_frames, then the norm).
+  Result<Tensor> conv3d_frames_normed(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
+                                      const Conv2dParams& p, const Tensor& gamma, Activation act,
+                                      const Tensor& into) override {
+    return run("conv3d_frames_normed", [&]() -> Result<Tensor> {
+      if (!options_.conv3d || !options_.conv_norm) return Tensor();
+      LATENT_TRY(check_tensor("input x", x, 4, "[T + kt - 1, Cin, H, W]"));
+      LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
+      if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || x.dim(0) < kt)
+        return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
+                              " temporal taps does not fit frames x ", shape_str(x.shape()));
+      LATENT_ASSIGN_OR_RETURN(const Shape out_shape, conv3d_output(x, w, kt, x.dim(0) - kt + 1, p));
+      LATENT_TRY(check_conv3d_epilogue(bias, Tensor(), act, w, out_shape));
+      LATENT_TRY(check_param("gamma", gamma, w.dim(0), w));
+      if (into.defined()) {
+        LATENT_TRY(check_tensor("output into", into, 4));
+        if (into.shape() != out_shape)
+          return Status::errorf("output into ", shape_str(into.shape()),
+                                " does not match the output ", shape_str(out_shape));
+      }
+      return conv_wgmma(x, Tensor(), w, kt, bias, p, Tensor(), act, out_shape[0], Tensor(), gamma,
+                        into);
+    });
   }
 
   // === plans: graph capture and the on-disk plan cache (graph.h) ===
@@ -520,9 +549,13 @@ class CudaBackend final : public Backend {
   // Hopper implicit-GEMM kernel (conv_wgmma.cu). An undefined tensor (no error) when neither
   // takes this call (not a 9.0 device, LATENT_CUDA_CONV=cudnn, fp32, a stride above 2,
   // channels) or, by default, a shape where cuDNN was faster.
+  // With `norm_gamma` defined: the channel RMS norm in the epilogue (conv3d_frames_normed), an
+  // undefined tensor where conv_wgmma_norm_fits() says no. `into` defined: the output goes there
+  // (checked by the caller: the output's shape, this backend's).
   Result<Tensor> conv_wgmma(const Tensor& x0, const Tensor& x1, const Tensor& w, int kt,
                             const Tensor& bias, const Conv2dParams& p, const Tensor& residual,
-                            Activation act, int64_t frames, const Tensor& x2 = Tensor()) {
+                            Activation act, int64_t frames, const Tensor& x2 = Tensor(),
+                            const Tensor& norm_gamma = Tensor(), const Tensor& into = Tensor()) {
     const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
     const int64_t ho = (x0.dim(2) + p.pad_top + p.pad_bottom - kh) / p.stride + 1,
                   wo = (x0.dim(3) + p.pad_left + p.pad_right - kw) / p.stride + 1;
@@ -558,10 +591,16 @@ class CudaBackend final : public Backend {
     a.residual = residual.defined() ? residual.data() : nullptr;
     a.act = act;
     a.tile = options_.conv_wgmma_tile;
+    a.norm_gamma = norm_gamma.defined() ? norm_gamma.data() : nullptr;
+    a.y = into.defined() ? into.data() : nullptr;  // the kernels' alignment checks see it
     const Shape out_shape = {frames, w.dim(0), ho, wo};
+    auto output = [&]() -> Result<Tensor> {
+      if (into.defined()) return into;
+      return ctx_->empty(out_shape, dtype_, Layout::kNHWC);
+    };
     // Few output channels (a decoder's last convolution): conv_narrow.cu on any 8.0+ device.
-    if (options_.conv_narrow && cuda::conv_narrow_fits(a, dtype_, launch_)) {
-      LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+    if (!a.norm_gamma && options_.conv_narrow && cuda::conv_narrow_fits(a, dtype_, launch_)) {
+      LATENT_ASSIGN_OR_RETURN(Tensor y, output());
       a.y = y.data();
       LATENT_TRY(cuda::launch_conv_narrow(a, dtype_, launch_));
       return y;
@@ -575,6 +614,7 @@ class CudaBackend final : public Backend {
     a.c = static_cast<int>(cpad);
     if (!cuda::conv_wgmma_fits(a, dtype_, launch_)) return Tensor();
     if (options_.conv_wgmma == 1 && !cuda::conv_wgmma_preferred(a, launch_)) return Tensor();
+    if (a.norm_gamma && !cuda::conv_wgmma_norm_fits(a, dtype_, launch_)) return Tensor();
     Tensor x0p, x1p, x2p, wp;  // the padded copies (alive until the kernel is queued)
     if (cpad != cin) {
       const size_t es = dtype_size(dtype_);
@@ -597,7 +637,7 @@ class CudaBackend final : public Backend {
       LATENT_TRY(pad(w, &wp));
       a.weight = wp.data();
     }
-    LATENT_ASSIGN_OR_RETURN(Tensor y, ctx_->empty(out_shape, dtype_, Layout::kNHWC));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, output());
     a.y = y.data();
     LATENT_TRY(cuda::launch_conv_wgmma(a, dtype_, launch_));
     return y;
@@ -743,6 +783,19 @@ class CudaBackend final : public Backend {
     return ok_status();
   }
 
+  // video: the output [frames, Cout, Ho, Wo] of conv3d_frames_after / _normed with w over frames
+  // of x's size: stride, padding and a kernel within the padded frame checked.
+  Result<Shape> conv3d_output(const Tensor& x, const Tensor& w, int kt, int64_t frames,
+                              const Conv2dParams& p) const {
+    if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
+      return Status::errorf("invalid stride ", p.stride, " or padding");
+    const int64_t ho = (x.dim(2) + p.pad_top + p.pad_bottom - w.dim(2) / kt) / p.stride + 1,
+                  wo = (x.dim(3) + p.pad_left + p.pad_right - w.dim(3)) / p.stride + 1;
+    if (ho < 1 || wo < 1)
+      return Status::errorf("kernel of w ", shape_str(w.shape()),
+                            " is larger than the padded frames of x ", shape_str(x.shape()));
+    return Shape{frames, w.dim(0), ho, wo};
+  }
   // video: conv3d_frames' epilogue arguments: bias [Cout] of w, residual shaped like the output.
   Status check_conv3d_epilogue(const Tensor& bias, const Tensor& residual, Activation act,
                                const Tensor& w, const Shape& out_shape) const {
@@ -1656,6 +1709,7 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
       v && *v && !env_is("LATENT_CUDNN_PAD", "copy") && !env_is("LATENT_CUDNN_PAD", "graph"))
     LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using graph");
   options.conv_narrow = !env_is("LATENT_CUDA_CONV_NARROW", "0");
+  options.conv_norm = env_is("LATENT_CUDA_CONV_NORM", "1");
   if (const char* v = std::getenv("LATENT_CUDA_CONV_NARROW");
       v && *v && !env_is("LATENT_CUDA_CONV_NARROW", "0") && !env_is("LATENT_CUDA_CONV_NARROW", "1"))
     LATENT_WARN("LATENT_CUDA_CONV_NARROW=", v, " is neither 0 nor 1: using 1");

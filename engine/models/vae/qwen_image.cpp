@@ -193,6 +193,42 @@ struct CausalConv {
     return frame_view(ring, cache->ring_frames[slot] % 3, 1);
   }
 
+  // Whether x is one frame written into this layer's ring at the slot of its next frame.
+  bool in_ring_slot(const Tensor& x, const CausalCache& cache) const {
+    const Tensor& ring = cache.ring[slot];
+    if (!ring.defined() || x.dim(0) != 1) return false;
+    const Tensor at = frame_view(ring, cache.ring_frames[slot] % 3, 1);
+    return x.storage() == at.storage() && x.byte_offset() == at.byte_offset();
+  }
+  // The ring's frame j has been convolved: j + 1 next, and the same past as views, for a chunk
+  // that comes outside the ring (which ends it).
+  void ring_advanced(CausalCache& cache) const {
+    const Tensor& ring = cache.ring[slot];
+    const int64_t j = cache.ring_frames[slot];
+    cache.ring_frames[slot] = j + 1;
+    cache.older[slot] = frame_view(ring, (j + 2) % 3, 1);
+    cache.frames[slot] = frame_view(ring, j % 3, 1);
+  }
+
+  // forward() with the channel RMS norm (gamma) and act of its output in the same pass, written
+  // into `next`'s frame ring where it keeps one: a residual block's conv1 -> norm2 -> SiLU ->
+  // conv2, where the backend fuses them (Backend::conv3d_frames_normed) and x is a later frame of
+  // this layer's ring (the per-frame levels of a stream). An undefined tensor, with nothing queued
+  // and this layer's cache unchanged, elsewhere: the caller then runs forward() and the norm.
+  Result<Tensor> forward_normed(Backend& b, const Tensor& x, CausalCache* cache,
+                                const Tensor& gamma, Activation act, const CausalConv& next) const {
+    if (!temporal || !cache || !ring_w[0].defined() || !in_ring_slot(x, *cache)) return Tensor();
+    const int64_t j = cache->ring_frames[slot];
+    // the clip's first frame (one 2-D tap), or output channels other than the input's (the
+    // output's ring slot below is made shaped like x): unfused
+    if (j == 0 || taps[2].dim(0) != x.dim(1)) return Tensor();
+    LATENT_ASSIGN_OR_RETURN(const Tensor into, next.input_slot(b, cache, x));
+    LATENT_ASSIGN_OR_RETURN(Tensor y, b.conv3d_frames_normed(cache->ring[slot], ring_w[j % 3], 3,
+                                                             bias, params, gamma, act, into));
+    if (y.defined()) ring_advanced(*cache);
+    return y;
+  }
+
   // x: [T, Cin, H, W] -> [T, Cout, H, W]; y = act(conv3d(x) + bias + residual). `cache` null:
   // image mode (every frame a clip of its own).
   Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache,
@@ -206,18 +242,14 @@ struct CausalConv {
     Tensor& ring = cache->ring[slot];
     if (ring.defined()) {
       const int64_t j = cache->ring_frames[slot];
-      const Tensor at = frame_view(ring, j % 3, 1);
-      if (t == 1 && x.storage() == at.storage() && x.byte_offset() == at.byte_offset()) {
+      if (in_ring_slot(x, *cache)) {
         // Frame j is in its slot: the ring's 3 frames with the taps permuted, or for the clip's
         // first frame only the last tap (its past is zero).
         Result<Tensor> y =
             j == 0 ? b.conv2d(x, last, bias, params, residual, act)
                    : b.conv3d_frames(ring, ring_w[j % 3], 3, bias, params, residual, act);
         if (!y.ok()) return y;
-        cache->ring_frames[slot] = j + 1;
-        // The same past as views, for a chunk that comes outside the ring (which ends it).
-        older = frame_view(ring, (j + 2) % 3, 1);
-        past = at;
+        ring_advanced(*cache);
         return y;
       }
       // An input not written into the ring: the views above carry the past on, the ring ends.
@@ -450,10 +482,15 @@ struct ResidualBlock {
       LATENT_ASSIGN_OR_RETURN(h, conv_shortcut->forward(b, x, cache));
     }
     LATENT_ASSIGN_OR_RETURN(Tensor y, norm_silu_into(b, x, norm1, conv1, cache));
-    LATENT_ASSIGN_OR_RETURN(y, conv1.forward(b, y, cache));
-    LATENT_ASSIGN_OR_RETURN(y, norm_silu_into(b, y, norm2, conv2, cache));
+    // conv1 -> norm2 -> SiLU in one pass where the backend fuses them, else one after the other
+    LATENT_ASSIGN_OR_RETURN(Tensor z,
+                            conv1.forward_normed(b, y, cache, norm2, Activation::kSiLU, conv2));
+    if (!z.defined()) {
+      LATENT_ASSIGN_OR_RETURN(z, conv1.forward(b, y, cache));
+      LATENT_ASSIGN_OR_RETURN(z, norm_silu_into(b, z, norm2, conv2, cache));
+    }
     // dropout is the identity at inference
-    return conv2.forward(b, y, cache, h);
+    return conv2.forward(b, z, cache, h);
   }
 };
 
