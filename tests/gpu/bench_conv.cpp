@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
       // the encoder's first convolution (RGB, padded to 8 channels for the wgmma kernel)
       {"wan 3x3x3 3->96 720p", 1, 3, 3, 96, 720, 1280, 3, 0},
       {"wan 3x3x3 192->192 360p", 1, 3, 192, 192, 360, 640, 3, true},
+      {"wan 3x3x3 192->192 360p norm", 1, 3, 192, 192, 360, 640, 3, 5},
       {"wan 3x3x3 192->192 360p x2", 2, 3, 192, 192, 360, 640, 3, true},
       {"wan 3x3x3 384->384 180p x2", 2, 3, 384, 384, 180, 320, 3, true},
       {"wan 3x3 96->96 720p", 1, 1, 96, 96, 720, 1280, 3, true},

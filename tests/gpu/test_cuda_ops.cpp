@@ -511,9 +511,10 @@ TEST_P(CudaOps, Conv3dFrames) {
 // norm, and against the GPU's own two ops. It runs where the kernel's block holds every output
 // channel (96 -> 96 on the TMA halo tile by default; with LATENT_CUDA_CONV=wgmma also the cp.async
 // halo tile, the 4-row TMA tile, the implicit-GEMM tiles of 2 and 4 warpgroups, and 64 -> 64 on a
-// 64-wide tile) and declines elsewhere (an undefined result: 192 output channels on 96-wide blocks,
-// fp32, devices other than 9.0), leaving the caller to run the two ops. Written into a slot of a
-// larger tensor (a frame ring's) it touches nothing else.
+// 64-wide tile), at 192 -> 192 on the TMA halo tile's two 96-channel blocks of a pixel tile run as
+// a cluster (their sums met through distributed shared memory), and declines elsewhere (an
+// undefined result: 96 -> 192, fp32, devices other than 9.0), leaving the caller to run the two
+// ops. Written into a slot of a larger tensor (a frame ring's) it touches nothing else.
 TEST_P(CudaOps, Conv3dFramesNormed) {
   if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
   int major = 0;
@@ -533,7 +534,10 @@ TEST_P(CudaOps, Conv3dFramesNormed) {
                         Case{2, 96, 96, 13, 37, Activation::kSiLU, "256x96w4", true},
                         Case{2, 96, 96, 13, 37, Activation::kSiLU, "256x96", true},
                         Case{2, 64, 64, 10, 21, Activation::kSiLU, "", true},
-                        Case{2, 192, 192, 10, 21, Activation::kSiLU, nullptr, false}}) {
+                        // 192 -> 192: the pixel tile's two 96-channel blocks as a cluster
+                        Case{2, 192, 192, 10, 21, Activation::kSiLU, nullptr, true},
+                        Case{1, 192, 192, 7, 70, Activation::kNone, nullptr, true},
+                        Case{2, 96, 192, 10, 21, Activation::kSiLU, nullptr, false}}) {
     const uint64_t seed = 900 + static_cast<uint64_t>(c.cin + c.h);
     const float ws = 1.f / std::sqrt(static_cast<float>(c.cin * 27));
     Tensor x = input({c.frames + 2, c.cin, c.h, c.w}, seed);

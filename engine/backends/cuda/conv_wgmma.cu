@@ -268,7 +268,35 @@ __device__ __forceinline__ void store_staged_act(const float* stile, const Param
 // sqrt(k) / max(||v||, 1e-12), v its channels with the bias added and rounded to T (the values
 // the unfused path stores and rms_norm.cu reads back), into the row's first spare float (column
 // kBn of the kBn + 4). kThreads / kPx threads a pixel (adjacent lanes), or one.
-template <typename T, int kBn, int kPx, int kThreads>
+//
+// kPair: the block holds half of the output channels and the other half is the other block of a
+// cluster of 2 (the same pixels, blockIdx.y ^ 1): each block puts its partial sum in column
+// kBn + 1, and after a cluster barrier adds the other block's, read through distributed shared
+// memory. The caller then keeps the cluster together until both have read (cluster_arrive()
+// here, cluster_wait() before the block ends: finish_tile).
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The float at shared address `addr` of this block, in the cluster's block of rank `rank`.
+__device__ __forceinline__ float ld_cluster_f32(const float* addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(smem_addr(addr)), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+template <typename T, int kBn, int kPx, int kThreads, bool kPair = false>
 __device__ __forceinline__ void stage_norm_scales(float* stile, const Params& p, int n0, int tid) {
   constexpr int kTpp = kThreads > kPx ? kThreads / kPx : 1;
   constexpr int kPer = kBn / kTpp, kPxStep = kThreads / kTpp;
@@ -291,7 +319,22 @@ __device__ __forceinline__ void stage_norm_scales(float* stile, const Params& p,
     }
 #pragma unroll
     for (int o = kTpp / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (part == 0) stile[px * stage_stride(kBn) + kBn] = p.norm_sqrt_c / fmaxf(sqrtf(ss), 1e-12f);
+    if (part != 0) continue;
+    if constexpr (kPair)
+      stile[px * stage_stride(kBn) + kBn + 1] = ss;
+    else
+      stile[px * stage_stride(kBn) + kBn] = p.norm_sqrt_c / fmaxf(sqrtf(ss), 1e-12f);
+  }
+  if constexpr (kPair) {
+    cluster_arrive();  // this block's partial sums are written (release)
+    cluster_wait();    // and the other block's (acquire)
+    const uint32_t other = cluster_rank() ^ 1u;
+    for (int px = tid; px < kPx; px += kThreads) {
+      float* row = stile + px * stage_stride(kBn);
+      const float ss = row[kBn + 1] + ld_cluster_f32(row + kBn + 1, other);
+      row[kBn] = p.norm_sqrt_c / fmaxf(sqrtf(ss), 1e-12f);
+    }
+    cluster_arrive();  // this block has read the other's sums (waited on in finish_tile)
   }
 }
 
@@ -299,8 +342,10 @@ __device__ __forceinline__ void stage_norm_scales(float* stile, const Params& p,
 // accumulators (m64 tiles tile0 .. tile0 + kMt - 1 of the block's kPx pixels) staged from
 // `base` in the pipeline buffers (kFreeBytes, free by then), then stored by all kThreads; with
 // the channel RMS norm (p.norm_gamma: SiLU or no activation) its factors first.
+// kPair: the norm's sums met across a cluster of 2 blocks (stage_norm_scales; p.norm_gamma is
+// then always set).
 template <typename T, int kBn, int kMt, int kPx, int kThreads, uint32_t kFreeBytes,
-          typename PixelOffset>
+          bool kPair = false, typename PixelOffset>
 __device__ __forceinline__ void finish_tile(unsigned char* smem_raw, uint32_t base,
                                             const float (&acc)[kMt][kBn / 2], int tile0,
                                             const Params& p, int n0, PixelOffset pixel_offset) {
@@ -309,14 +354,17 @@ __device__ __forceinline__ void finish_tile(unsigned char* smem_raw, uint32_t ba
   float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
   stage_acc<kBn, kMt>(stile, acc, tile0);
   __syncthreads();
-  if (p.norm_gamma) {
-    stage_norm_scales<T, kBn, kPx, kThreads>(stile, p, n0, threadIdx.x);
+  if (kPair || p.norm_gamma) {
+    stage_norm_scales<T, kBn, kPx, kThreads, kPair>(stile, p, n0, threadIdx.x);
     __syncthreads();
     if (static_cast<Activation>(p.act) == Activation::kSiLU)
-      return store_staged<T, kBn, kPx, kThreads, Activation::kSiLU, true>(
-          stile, p, n0, pixel_offset, threadIdx.x);
-    return store_staged<T, kBn, kPx, kThreads, Activation::kNone, true>(stile, p, n0, pixel_offset,
-                                                                        threadIdx.x);
+      store_staged<T, kBn, kPx, kThreads, Activation::kSiLU, true>(stile, p, n0, pixel_offset,
+                                                                   threadIdx.x);
+    else
+      store_staged<T, kBn, kPx, kThreads, Activation::kNone, true>(stile, p, n0, pixel_offset,
+                                                                   threadIdx.x);
+    if constexpr (kPair) cluster_wait();  // the other block has read this one's sums
+    return;
   }
   store_staged_act<T, kBn, kPx, kThreads>(stile, p, n0, pixel_offset, threadIdx.x);
 }
@@ -692,7 +740,10 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 
 // kR output rows a block (2 or 4), kSt filter buffers (2: a step's buffer is refilled once its
 // wgmmas are complete, so each step waits for all of its own; 3-4: kSt - 2 steps ahead).
-template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
+// kPair: launched as clusters of the 2 blocks of a pixel tile (blockIdx.y 0 and 1, kBn = k / 2)
+// with the channel norm in the epilogue (finish_tile).
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages,
+          bool kPair = false>
 __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 96 ? 1 : 2)
     conv_halo_tma_kernel(const Params p, const __grid_constant__ HaloMaps maps) {
   constexpr int kMt = kR / 2, kAcc = kBn / 2, kTaps = 9;
@@ -786,7 +837,7 @@ __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 
   for (int m = 0; m < kMt; ++m) fence_regs(acc[m]);
 
   // (every box loaded too: the staged tile stays below the barriers)
-  finish_tile<T, kBn, kMt, kR * 64, 256, kHaloBytes + kSt * kBBytes>(
+  finish_tile<T, kBn, kMt, kR * 64, 256, kHaloBytes + kSt * kBBytes, kPair>(
       smem_raw, base, acc, wg * kMt, p, n0, HaloPixel{p, f, oy0, ox0});
 }
 
@@ -1125,7 +1176,8 @@ __global__ void __launch_bounds__(256, 2) conv_halo_kernel(const Params) {
   __trap();
 }
 
-template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages,
+          bool kPair = false>
 __global__ void __launch_bounds__(256, (kR == 4 && kC == 96) || kSt > 3 || kC > 96 ? 1 : 2)
     conv_halo_tma_kernel(const Params, const __grid_constant__ HaloMaps) {
   __trap();
@@ -1336,7 +1388,8 @@ constexpr size_t halo_tma_smem(int bn, int c, int rows, int stages) {
          static_cast<size_t>(stages) * bn * c * 2 + 8 * (1 + stages);  // + the mbarriers
 }
 
-template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages>
+template <typename T, int kBn, int kC, int kR = halo_rows(kBn, kC), int kSt = kHaloStages,
+          bool kPair = false>
 Status run_halo_tma_tile(const Params& p, const Launch& l) {
   HaloMaps maps;
   LATENT_TRY(make_halo_maps(p, kBn, kR, std::is_same_v<T, bf16>, &maps));
@@ -1345,11 +1398,30 @@ Status run_halo_tma_tile(const Params& p, const Launch& l) {
     return Status::errorf("conv_wgmma: the halo tile of ", kR, " rows and ", kSt,
                           " filter buffers needs ", smem, " bytes of shared memory, the device ",
                           l.smem_optin);
-  auto kernel = conv_halo_tma_kernel<T, kBn, kC, kR, kSt>;
+  auto kernel = conv_halo_tma_kernel<T, kBn, kC, kR, kSt, kPair>;
   LATENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(halo_tiles(p.frames, p.out_h, p.out_w, kR)), p.k / kBn);
-  kernel<<<grid, 256, smem, l.stream>>>(p, maps);
+  if constexpr (kPair) {
+    if (p.k != 2 * kBn || !p.norm_gamma)
+      return Status::errorf("conv_wgmma: the paired halo tile takes ", 2 * kBn,
+                            " output channels and the channel norm (got ", p.k, ")");
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(256);
+    config.dynamicSmemBytes = smem;
+    config.stream = l.stream;
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = 2;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    LATENT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, maps));
+  } else {
+    kernel<<<grid, 256, smem, l.stream>>>(p, maps);
+  }
   LATENT_CUDA_CHECK_LAUNCH("conv_halo_tma_kernel");
   return ok_status();
 }
@@ -1475,6 +1547,8 @@ Status run_halo_tma_96(const Params& p, const ConvWgmmaTile& t, const Launch& l)
   if (p.c == 192) {  // 2 rows only (4 would need 150 KiB of halo); 3 filter buffers or 2
     // (H200, session 24: 0.949 against 0.975 ms at 360p 3x3x3, 0.415 against 0.446 at 3x3)
     if (t.halo_stages == 2) return run_halo_tma_tile<T, 96, 192, 2, 2>(p, l);
+    // 192 -> 192 with the channel norm: the pixel tile's 2 blocks as a cluster
+    if (p.norm_gamma && p.k == 192) return run_halo_tma_tile<T, 96, 192, 2, 3, true>(p, l);
     return run_halo_tma_tile<T, 96, 192, 2, 3>(p, l);
   }
   if (r == 4 && st == 2) return run_halo_tma_tile<T, 96, 96, 4, 2>(p, l);
@@ -1576,7 +1650,12 @@ bool conv_wgmma_norm_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) 
     return false;
   if (a.act != Activation::kNone && a.act != Activation::kSiLU) return false;
   if (use_strip64(a, l)) return false;  // its own epilogue
-  if (halo_kind(a, l) != HaloKind::kNone) return halo_bn(a.k) == a.k;
+  if (const HaloKind h = halo_kind(a, l); h != HaloKind::kNone) {
+    if (halo_bn(a.k) == a.k) return true;
+    // 192 -> 192 on the TMA tile with 3 filter buffers (the default): 2 blocks a pixel tile,
+    // their sums met in a cluster (conv_halo_tma_kernel's kPair)
+    return h == HaloKind::kTma && a.c == 192 && a.k == 192 && a.tile.halo_stages != 2;
+  }
   return tile_for(a.k, a.tile).bn == a.k;
 }
 
