@@ -57,6 +57,9 @@ struct Settings {
   guint prefetch_depth = kDefaultPrefetchDepth;
   bool cuda_graphs = kDefaultCudaGraphs;
   GstLatentVaeMode mode = GST_LATENT_VAE_MODE_AUTO;
+  // A `device` refused while the element had no bus (set before it was in a pipeline, as
+  // gst-launch and gst_parse_launch do): its warning went nowhere, so start() fails naming it.
+  std::string device_refused;
 };
 
 // Counters behind the statistics properties (since start()).
@@ -345,6 +348,13 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
   if (prop_id == PROP_DEVICE) {
     s = g_value_get_string(value);
     if (latent::Status valid = latent::check_device_name(s ? s : ""); !valid.ok()) {
+      GstBus* bus = gst_element_get_bus(GST_ELEMENT(self));
+      if (bus) {
+        gst_object_unref(bus);
+      } else {
+        std::lock_guard<std::mutex> lock(impl->settings_lock);
+        impl->settings.device_refused = s;
+      }
       GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
                           ("%s: device '%s' is not a device (auto, cpu, cuda or cuda:N); it stays "
                            "'%s'",
@@ -362,6 +372,7 @@ static void gst_latent_base_set_property(GObject* object, guint prop_id, const G
     case PROP_DEVICE:
       s = g_value_get_string(value);
       impl->settings.device = s ? s : "";
+      impl->settings.device_refused.clear();
       break;
     case PROP_DTYPE:
       impl->settings.dtype = static_cast<GstLatentDtype>(g_value_get_enum(value));
@@ -450,6 +461,13 @@ static gboolean gst_latent_base_start(GstBaseTransform* trans) {
   {
     std::lock_guard<std::mutex> lock(impl->latency_lock);
     impl->stats = Stats();
+  }
+  if (!settings.device_refused.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("%s: device '%s' is not a device (auto, cpu, cuda or cuda:N)", stage,
+                       settings.device_refused.c_str()),
+                      ("refused when set, before the element had a bus to warn on"));
+    return FALSE;
   }
   const bool fp8 = settings.dtype == GST_LATENT_DTYPE_FP8;
   if (fp8 && !klass->takes_fp8) {

@@ -212,6 +212,35 @@ TEST(LatentBase, ADeviceThatIsNoDeviceIsRefusedWhenSet) {
   }
 }
 
+// gst-launch (gst_parse_launch) sets properties before the element has a bus: the warning has
+// nowhere to go, so starting fails with an error naming the refused device instead of running
+// silently on the previous one.
+TEST(LatentBase, ADeviceRefusedWithoutABusFailsTheStart) {
+  for (const char* stage : kStages) {
+    SCOPED_TRACE(stage);
+    GstElement* e = gst_element_factory_make(stage, nullptr);
+    g_object_set(e, "device", "tpu", nullptr);  // no bus yet
+    EXPECT_EQ(string_property(e, "device"), "auto");
+    {
+      BusWatch bw(e);
+      EXPECT_EQ(gst_element_set_state(e, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
+      const std::string err = bw.pop_error();
+      EXPECT_TRUE(contains(err, "device 'tpu' is not a device")) << err;
+      EXPECT_TRUE(contains(err, stage)) << err;
+      gst_element_set_state(e, GST_STATE_NULL);
+    }
+    // A valid device set afterwards clears it.
+    g_object_set(e, "device", "cpu", nullptr);
+    {
+      BusWatch bw(e);
+      gst_element_set_state(e, GST_STATE_PAUSED);
+      EXPECT_FALSE(contains(bw.pop_error(), "tpu"));
+      gst_element_set_state(e, GST_STATE_NULL);
+    }
+    gst_object_unref(e);
+  }
+}
+
 // model, device and dtype are in use from PAUSED on: a change then is refused with a warning
 // naming the value that stays in effect, and reading the property gives that value.
 TEST(LatentBase, ModelDeviceAndDtypeAreRefusedWhilePlaying) {
