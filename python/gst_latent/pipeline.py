@@ -137,6 +137,36 @@ def decoder_in(bin_) -> str:
             return factory.get_name()
 
 
+def _set_from_string(el, factory: str, name: str, text: str) -> None:
+    """Sets a property from its gst-launch spelling (numbers, booleans, enums). A value that does
+    not parse or is out of range raises PipelineError naming it: GLib and
+    gst_util_set_object_arg only log a warning and keep the old value."""
+    Gst = gst()
+    spec = el.find_property(name)
+    where = f"{factory} property '{name}'"
+    lo, hi = getattr(spec, "minimum", None), getattr(spec, "maximum", None)
+    if lo is not None and hi is not None:
+        try:
+            value = int(text, 0) if isinstance(lo, int) else float(text)
+        except ValueError:
+            raise PipelineError(f"{where}: '{text}' is not a number") from None
+        if not lo <= value <= hi:  # NaN included
+            raise PipelineError(f"{where}: {text} is outside [{lo}, {hi}]")
+        el.set_property(name, value)
+        return
+    try:
+        parsed, _ = Gst.Structure.from_string(f"p, v=({spec.value_type.name}){text}")
+    except TypeError:  # PyGObject raises for the NULL of a value that does not parse
+        parsed = None
+    if parsed is None:
+        choices = ""
+        values = getattr(type(spec.default_value), "__enum_values__", None)
+        if values:
+            choices = " (one of " + ", ".join(e.value_nick for e in values.values()) + ")"
+        raise PipelineError(f"{where}: '{text}' is not a valid value{choices}")
+    Gst.util_set_object_arg(el, name, text)  # parsed like gst-launch
+
+
 class ClipEncoder:
     """Encodes clips to latent files, one after another, with one loaded model."""
 
@@ -225,7 +255,7 @@ class ClipEncoder:
             if el.find_property(k) is None:
                 raise PipelineError(f"{factory} has no property '{k}' (see gst-inspect-1.0 {factory})")
             if isinstance(v, str) and el.find_property(k).value_type.name != "gchararray":
-                Gst.util_set_object_arg(el, k, v)  # parsed like gst-launch (ints, booleans, enums)
+                _set_from_string(el, factory, k, v)
             else:
                 el.set_property(k, v)
         return el

@@ -665,6 +665,32 @@ def test_bad_arguments(tmp_path):
     assert r.returncode == 2 and "--pipelines-per-worker must be at least 1" in r.stderr
 
 
+def test_encoder_settings_that_do_not_parse_stop_the_job_naming_them(clips, tmp_path):
+    """--dtype, --device and --encoder-prop values GLib would only warn about (and ignore, the
+    job running on the defaults) are usage errors naming the property and the value."""
+    out = tmp_path / "o"
+    lst = tmp_path / "list.txt"
+    lst.write_text(str(clips / "a.webm") + "\n")
+    for args, message in (
+            (["--dtype", "fp64"], "property 'dtype': 'fp64' is not a valid value (one of auto, fp32"),
+            (["--encoder-prop", "size-policy=bogus"], "'bogus' is not a valid value (one of pad, crop, scale)"),
+            (["--encoder-prop", "prefetch-depth=-1"], "property 'prefetch-depth': -1 is outside [0, 16]"),
+            (["--encoder-prop", "prefetch-depth=two"], "property 'prefetch-depth': 'two' is not a number"),
+            (["--encoder-prop", "qos=maybe"], "property 'qos': 'maybe' is not a valid value"),
+            (["--device", "tpu"], "device 'tpu' is not a device")):
+        r = run_job("--input", str(lst), "--output", str(out), *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr, (args, r.stderr)
+        assert not list(out.glob("**/*.safetensors")), args
+    # Values that parse are applied.
+    r = run_job("--input", str(lst), "--output", str(out), "--encoder-prop", "size-policy=crop",
+                "--encoder-prop", "prefetch-depth=4", "--encoder-prop", "qos=false")
+    assert r.returncode == 0, r.stderr
+    written = list(out.glob("**/*.safetensors"))
+    assert len(written) == 1
+    assert read_header(str(written[0]))[1]["size_policy"] == "crop"
+
+
 def test_a_local_worker_on_cuda_n_sees_that_gpu_alone(monkeypatch):
     """A local worker process for --device cuda:N gets CUDA_VISIBLE_DEVICES = that GPU and runs it
     as cuda:0, so the hardware decoder decodebin picks (device 0's) works on the same GPU."""
