@@ -57,21 +57,29 @@ def list_inputs(spec: str) -> list[tuple[str, str]]:
                 path = os.path.join(dirpath, name)
                 pairs[os.path.relpath(path, root)] = path
     elif os.path.isfile(spec):
+        if os.path.splitext(spec)[1].lower() in MEDIA_EXTENSIONS:
+            raise ValueError(f"--input {spec} is a media file; give a folder of clips or a list file "
+                             "(one path per line)")
         base = os.path.dirname(os.path.abspath(spec))
-        with open(spec, encoding="utf-8") as f:
-            for line in f:
-                entry = line.strip()
-                if not entry or entry.startswith("#"):
-                    continue
-                if os.path.isabs(entry):
-                    path = os.path.normpath(entry)
-                    rel = path.lstrip("/")
-                else:
-                    rel = os.path.normpath(entry)
-                    if rel == ".." or rel.startswith(".." + os.sep):
-                        raise ValueError(f"{spec}: '{entry}' leaves the list's folder; give it as an absolute path")
-                    path = os.path.join(base, rel)
-                pairs[rel] = path
+        try:
+            with open(spec, encoding="utf-8") as f:
+                lines = f.readlines()
+        except UnicodeDecodeError:
+            raise ValueError(f"--input {spec} is not a list file (one path per line): "
+                             "it is not UTF-8 text") from None
+        for line in lines:
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            if os.path.isabs(entry):
+                path = os.path.normpath(entry)
+                rel = path.lstrip("/")
+            else:
+                rel = os.path.normpath(entry)
+                if rel == ".." or rel.startswith(".." + os.sep):
+                    raise ValueError(f"{spec}: '{entry}' leaves the list's folder; give it as an absolute path")
+                path = os.path.join(base, rel)
+            pairs[rel] = path
     else:
         raise ValueError(f"--input {spec}: no such folder or list file")
     return sorted(pairs.items())

@@ -659,6 +659,15 @@ def test_plan_files_travel_and_merge(tmp_path, monkeypatch):
 def test_bad_arguments(tmp_path):
     r = run_job("--input", str(tmp_path / "nothing"), "--output", str(tmp_path / "o"))
     assert r.returncode == 2 and "no such folder or list file" in r.stderr
+    # A clip given instead of its folder or a list, and a list file that is not text.
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"\x00\x00\x00\x18ftypmp42\x82\xff")
+    r = run_job("--input", str(clip), "--output", str(tmp_path / "o"))
+    assert r.returncode == 2 and f"--input {clip} is a media file; give a folder" in r.stderr, r.stderr
+    binary = tmp_path / "clips.lst"
+    binary.write_bytes(b"\x82\xff\x00")
+    r = run_job("--input", str(binary), "--output", str(tmp_path / "o"))
+    assert r.returncode == 2 and f"--input {binary} is not a list file" in r.stderr, r.stderr
     r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--workers", "0")
     assert r.returncode == 2 and "--workers must be at least 1" in r.stderr
     r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--pipelines-per-worker", "0")
