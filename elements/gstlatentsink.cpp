@@ -224,9 +224,16 @@ static gboolean gst_latent_sink_start(GstBaseSink* sink) {
     return FALSE;
   }
   // An unusable folder is reported now, before any data is decoded and encoded.
+  std::error_code ec;
+  if (std::filesystem::is_directory(s.location, ec)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_WRITE,
+                      ("latentsink: cannot write %s: it is a folder; set location to a file in it",
+                       s.location.c_str()),
+                      (nullptr));
+    return FALSE;
+  }
   std::string dir = std::filesystem::path(s.location).parent_path().string();
   if (dir.empty()) dir = ".";
-  std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
     GST_ELEMENT_ERROR(self, RESOURCE, OPEN_WRITE,
                       ("latentsink: cannot write %s: folder '%s' does not exist or is not a folder",

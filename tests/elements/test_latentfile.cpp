@@ -214,6 +214,14 @@ TEST(LatentSink, BadInputIsAnErrorNamingIt) {
     gst_harness_teardown(h);
     EXPECT_FALSE(exists(path));
   }
+  {  // a location that is a folder (with or without a trailing slash): refused before any data
+    const std::string dir = tmp("a-folder");
+    ::mkdir(dir.c_str(), 0755);
+    for (const std::string& location : {dir, dir + "/"}) {
+      const std::string err = start_errors("latentsink", location);
+      EXPECT_TRUE(contains(err, "cannot write " + location + ": it is a folder")) << err;
+    }
+  }
   {  // no location
     const std::string err = start_errors("latentsink", "");
     EXPECT_TRUE(contains(err, "no file name given")) << err;
