@@ -185,6 +185,10 @@ Result<LatentFile> open_latent_file(const std::string& path) {
   out.info = std::move(*info);
   const TensorRecord* rec = out.file->find(kLatentFileTensor);
   if (!rec) {
+    // There in a dtype the reader skips (I32, F64, ...): say so rather than "no tensor".
+    auto skipped = out.file->tensor(kLatentFileTensor);
+    if (!skipped.ok() && skipped.status().message().rfind("unsupported dtype", 0) == 0)
+      return skipped.status();
     std::string names;
     for (const auto& r : out.file->records()) names += (names.empty() ? "" : ", ") + r.name;
     return Status::errorf(path, " has no tensor '", kLatentFileTensor,

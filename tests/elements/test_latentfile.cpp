@@ -388,6 +388,22 @@ TEST(LatentSrc, BadFilesAreErrorsNamingTheFileAndTheProblem) {
   EXPECT_TRUE(contains(err, foreign) && contains(err, "not a latent file written by latentsink"))
       << err;
 
+  // The tensor there in a dtype no latent file has (I16: the same bytes as the BF16 it was).
+  {
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+    std::string header = bytes.substr(8, n);
+    const size_t at = header.find("\"BF16\"");
+    ASSERT_NE(at, std::string::npos) << header;
+    header.replace(at, 6, "\"I16\"");
+    std::string len(8, '\0');
+    for (int i = 0; i < 8; ++i) len[i] = char((header.size() >> (8 * i)) & 0xff);
+    const std::string i16 = tmp("i16.safetensors");
+    std::ofstream(i16, std::ios::binary) << len << header << bytes.substr(8 + n);
+    err = src_error(i16);
+    EXPECT_TRUE(contains(err, "unsupported dtype I16 for tensor 'latents' in " + i16)) << err;
+  }
+
   err = src_error(tmp("missing.safetensors"));
   EXPECT_TRUE(contains(err, "missing.safetensors")) << err;
 
