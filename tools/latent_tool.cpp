@@ -289,6 +289,11 @@ int cmd_decode(const Args& a) {
   if (lat->rank() != 4 || lat->dim(1) != m.latent_space().channels)
     return fail(Status::errorf("tensor 'latent' in '", in, "' has shape ", latent::shape_str(lat->shape()),
                                ", expected [N, ", m.latent_space().channels, ", h, w]"));
+  if (lat->dim(0) != 1)
+    return fail(Status::errorf(
+        "'", in, "' holds ", lat->dim(0), " latents ", latent::shape_str(lat->shape()),
+        " and decode writes one image; decode a file of several frames with "
+        "`latentsrc location=FILE ! vaedecode` (pipelines/decode_latents.sh)"));
   auto& b = m.backend();
   auto zn = b.upload(*lat);
   if (!zn.ok()) return fail(zn.status());

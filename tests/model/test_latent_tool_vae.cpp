@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "engine/weights/safetensors.h"
@@ -157,6 +158,23 @@ TEST(LatentToolErrors, NameTheProblem) {
                " --outputs /tmp/y.safetensors");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("latent"), std::string::npos) << r.output;
+
+  // decode writes one image: a file of two latents is refused, not decoded to its first alone.
+  const std::string two = test::temp_dir() + "/two_latents.safetensors";
+  ASSERT_TRUE(write_safetensors(two, {{"latent", Tensor::zeros({2, 4, 3, 5}, DType::kF32)}}).ok());
+  const std::string png = test::temp_dir() + "/two_latents.png";
+  std::remove(png.c_str());
+  r = run_tool("decode --device cpu --model " + dir + " --input " + two + " --output " + png);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("holds 2 latents [2, 4, 3, 5] and decode writes one image"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(png)) << "an image of the first latent was written";
+  // One latent decodes.
+  const std::string one = test::temp_dir() + "/one_latent.safetensors";
+  ASSERT_TRUE(write_safetensors(one, {{"latent", Tensor::zeros({1, 4, 3, 5}, DType::kF32)}}).ok());
+  r = run_tool("decode --device cpu --model " + dir + " --input " + one + " --output " + png);
+  EXPECT_EQ(r.status, 0) << r.output;
 
   // Truncated weights: an error naming the file, no crash.
   r = run_tool("inspect " + test::fixtures_dir() + "/photos/LICENSES.md");
