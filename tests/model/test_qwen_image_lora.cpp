@@ -484,6 +484,23 @@ TEST(QwenImageLora, SpecsParse) {
   EXPECT_FLOAT_EQ(s->strength, -0.5f);
   EXPECT_FALSE(parse_lora_spec(":0.5").ok());
   EXPECT_FALSE(parse_lora_spec("a.safetensors:nan").ok());
+  {  // A strength that is no number, after a file that exists: the strength is named.
+    const std::string file = test::temp_dir() + "/spec.safetensors";
+    std::ofstream(file) << "x";
+    for (const char* bad : {"abc", "0.5x", "", "1e999"}) {
+      auto r = parse_lora_spec(file + ":" + bad);
+      ASSERT_FALSE(r.ok()) << bad;
+      EXPECT_NE(r.status().message().find(std::string("strength '") + bad + "' is not a number"),
+                std::string::npos)
+          << r.status().message();
+    }
+    // A ':' that is part of an existing file's name stays in the path.
+    const std::string colon = test::temp_dir() + "/style:v2.safetensors";
+    std::ofstream(colon) << "x";
+    s = parse_lora_spec(colon);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    EXPECT_EQ(s->path, colon);
+  }
   auto l = parse_lora_list("style.safetensors:0.8, lightning.safetensors:1.0");
   ASSERT_TRUE(l.ok());
   ASSERT_EQ(l->size(), 2u);

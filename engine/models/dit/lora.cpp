@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -500,6 +501,15 @@ Result<LoraSpec> parse_lora_spec(const std::string& text) {
         return Status::errorf("LoRA '", text, "': strength ", tail, " is not finite");
       spec.strength = v;
       spec.path = text.substr(0, colon);
+    } else {
+      // Not a number: the whole text is the path (a ':' in a file name), unless only the part
+      // before the ':' is a file, where the strength is what is wrong.
+      std::error_code ec;
+      if (!std::filesystem::exists(text, ec) &&
+          std::filesystem::is_regular_file(text.substr(0, colon), ec))
+        return Status::errorf("LoRA '", text, "': strength '", tail,
+                              "' is not a number (FILE[:STRENGTH], e.g. ", text.substr(0, colon),
+                              ":0.8)");
     }
   }
   // Surrounding spaces ("a.safetensors:0.8, b.safetensors") are not part of a path.
