@@ -144,7 +144,8 @@ Result<latent::MmditLoras> loras_of(const Options& o) {
   std::vector<std::string> specs;
   const std::string all = get(o, "lora");
   size_t start = 0;
-  while (!all.empty() && start <= all.size()) {
+  // Given, even as "", each value is a spec (an empty one is refused, not ignored).
+  while (o.count("lora") && start <= all.size()) {
     const size_t nl = all.find('\n', start);
     specs.push_back(all.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
     if (nl == std::string::npos) break;

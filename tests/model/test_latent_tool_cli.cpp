@@ -84,6 +84,25 @@ TEST_F(LatentToolCli, NumbersAreTypedAndRangeChecked) {
 }
 
 // An option's value never swallows the next option: `--dtype --input x` is a missing value.
+// An empty --lora is refused by name, not run as if no LoRA had been asked for.
+TEST_F(LatentToolCli, AnEmptyLoraIsRefused) {
+  const std::string dit = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  for (const char* cmd :
+       {"run --part transformer --case multi_image --inputs ", "denoise --inputs "}) {
+    const bool run = std::string(cmd).rfind("run", 0) == 0;
+    const std::string io = dit + (run ? "/io_transformer.safetensors" : "/io_denoise.safetensors");
+    const std::string target =
+        out(run ? "lora_empty_run.safetensors" : "lora_empty_dn.safetensors");
+    const std::string tail =
+        run ? " --outputs " + target : " --case img2img --steps 1 --output-latents " + target;
+    ToolRun r =
+        run_tool(std::string(cmd) + io + " --device cpu --model " + dit + tail + " --lora ''");
+    EXPECT_EQ(r.status, 1) << cmd << r.output;
+    EXPECT_TRUE(has(r, "LoRA '': no file named")) << cmd << r.output;
+    EXPECT_FALSE(std::filesystem::exists(target)) << cmd;
+  }
+}
+
 TEST_F(LatentToolCli, MissingValueDoesNotSwallowTheNextOption) {
   ToolRun r = run_tool("encode --model " + kl + " --dtype --input " + photo + " --output " +
                        out("dtype.safetensors"));
