@@ -11,6 +11,7 @@ import os
 import struct
 
 TENSOR = "latents"
+VERSION = "1"
 _DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
 _MAX_HEADER = 100_000_000
 
@@ -23,7 +24,8 @@ def read_header(path: str) -> tuple[dict, dict]:
     """Returns (tensor record of `latents`, `__metadata__` with list values decoded).
 
     Checks what makes a file complete: header length, JSON, the tensor's byte range against the
-    file size, and latentsink's version key.
+    file size, latentsink's version key, and the metadata (every key there and parsed, the lists
+    as long as the tensor has latent frames, its shape the one the metadata describes).
     """
     try:
         size = os.path.getsize(path)
@@ -41,28 +43,69 @@ def read_header(path: str) -> tuple[dict, dict]:
         header = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LatentFileError(f"{path}: the safetensors header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise LatentFileError(f"{path}: the safetensors header is not a JSON object")
     meta = header.get("__metadata__") or {}
-    if "gst_latent_version" not in meta:
+    if not isinstance(meta, dict) or "gst_latent_version" not in meta:
         raise LatentFileError(f"{path}: not a latent file written by latentsink (no gst_latent_version)")
+    if meta["gst_latent_version"] != VERSION:
+        raise LatentFileError(f"{path}: a latent file of version {meta['gst_latent_version']}; "
+                              f"this reader reads version {VERSION}")
     rec = header.get(TENSOR)
     if not isinstance(rec, dict):
         raise LatentFileError(f"{path}: no tensor '{TENSOR}'")
-    begin, end = rec["data_offsets"]
+    try:
+        begin, end = (int(x) for x in rec["data_offsets"])
+        shape = [int(d) for d in rec["shape"]]
+        dtype = str(rec["dtype"])
+    except (KeyError, TypeError, ValueError):
+        raise LatentFileError(f"{path}: tensor '{TENSOR}' has no valid shape, dtype and "
+                              "data_offsets") from None
     count = 1
-    for d in rec["shape"]:
+    for d in shape:
         count *= d
-    if end - begin != count * _DTYPE_BYTES.get(rec["dtype"], 0) or 8 + n + end != size:
+    if (min(shape, default=0) < 0 or end - begin != count * _DTYPE_BYTES.get(dtype, 0)
+            or 8 + n + end != size):
         raise LatentFileError(
             f"{path}: tensor '{TENSOR}' {rec['shape']} {rec['dtype']} does not match the file's "
             f"{size} bytes (truncated?)")
     decoded = dict(meta)
     for key in ("pts", "durations", "offsets", "offset_ends"):
-        decoded[key] = json.loads(meta[key])
+        text = _meta(path, meta, key)
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError):
+            value = None
+        if not isinstance(value, list) or not all(
+                x is None or (type(x) is int and x >= 0) for x in value):
+            raise LatentFileError(f"{path}: __metadata__ '{key}' is not a JSON list of "
+                                  "non-negative integers and null")
+        decoded[key] = value
     for key in ("channels", "latent_width", "latent_height", "frame_width", "frame_height",
                 "temporal_factor", "frame_count", "latent_frames"):
-        decoded[key] = int(meta[key])
+        text = _meta(path, meta, key)
+        try:
+            decoded[key] = int(text)
+        except (TypeError, ValueError):
+            raise LatentFileError(f"{path}: __metadata__ '{key}' is '{text}', not an integer") from None
+    if _meta(path, meta, "video_mode") not in ("true", "false"):
+        raise LatentFileError(f"{path}: __metadata__ 'video_mode' is '{meta['video_mode']}', "
+                              "not true or false")
     decoded["video_mode"] = meta["video_mode"] == "true"
+    t = decoded["latent_frames"]
+    lengths = [len(decoded[k]) for k in ("pts", "durations", "offsets", "offset_ends")]
+    want = [t, decoded["channels"], decoded["latent_height"], decoded["latent_width"]]
+    if lengths != [t] * 4 or shape != want:
+        raise LatentFileError(
+            f"{path}: tensor '{TENSOR}' {shape} and __metadata__ (latent_frames {t}, lists of "
+            f"{lengths}, [T, C, h, w] {want}) disagree")
     return rec, decoded
+
+
+def _meta(path: str, meta: dict, key: str):
+    if key not in meta:
+        raise LatentFileError(f"{path}: __metadata__ has no '{key}'")
+    return meta[key]
 
 
 def is_complete(path: str) -> bool:
@@ -70,7 +113,7 @@ def is_complete(path: str) -> bool:
     try:
         read_header(path)
         return True
-    except (LatentFileError, KeyError, TypeError, ValueError):
+    except LatentFileError:
         return False
 
 

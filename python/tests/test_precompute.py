@@ -565,6 +565,44 @@ def test_reader_names_what_is_wrong(tmp_path):
         read_header(str(p))
     assert not is_complete(str(tmp_path / "missing.safetensors"))
 
+    # latentsink's layout; each change below is one way a foreign or damaged file differs.
+    meta = {"gst_latent_version": "1", "latent_space": "sd", "model": "m", "dtype": "fp32",
+            "channels": "4", "latent_width": "5", "latent_height": "3", "frame_width": "40",
+            "frame_height": "24", "size_policy": "pad", "framerate": "25/1", "video_mode": "false",
+            "temporal_factor": "1", "frame_count": "2", "latent_frames": "2", "source": "",
+            "pts": "[0,40000000]", "durations": "[40000000,40000000]", "offsets": "[0,1]",
+            "offset_ends": "[1,2]"}
+
+    def write(header_changes=None, meta_changes=None, header=None):
+        m = {k: v for k, v in {**meta, **(meta_changes or {})}.items() if v is not None}
+        h = {"__metadata__": m,
+             "latents": {"dtype": "F32", "shape": [2, 4, 3, 5], "data_offsets": [0, 480]},
+             **(header_changes or {})}
+        text = json.dumps(h if header is None else header).encode()
+        p.write_bytes(len(text).to_bytes(8, "little") + text + bytes(480))
+        return str(p)
+
+    _, decoded = read_header(write())
+    assert decoded["pts"] == [0, 40000000] and decoded["latent_frames"] == 2
+    for kwargs, message in (
+            ({"header": [1, 2]}, "the safetensors header is not a JSON object"),
+            ({"meta_changes": {"gst_latent_version": "2"}}, "a latent file of version 2"),
+            ({"meta_changes": {"pts": None}}, "__metadata__ has no 'pts'"),
+            ({"meta_changes": {"pts": "not json"}}, "'pts' is not a JSON list of non-negative integers"),
+            ({"meta_changes": {"offsets": '["a", 1]'}}, "'offsets' is not a JSON list"),
+            ({"meta_changes": {"durations": "[-1, 0]"}}, "'durations' is not a JSON list"),
+            ({"meta_changes": {"latent_frames": "two"}}, "'latent_frames' is 'two', not an integer"),
+            ({"meta_changes": {"video_mode": "maybe"}}, "'video_mode' is 'maybe', not true or false"),
+            ({"meta_changes": {"latent_frames": "3"}}, "and __metadata__ (latent_frames 3"),
+            ({"meta_changes": {"channels": "16"}}, "[2, 4, 3, 5] and __metadata__"),
+            ({"header_changes": {"latents": {"dtype": "F32", "shape": [2, 4, 3, 5]}}},
+             "has no valid shape, dtype and data_offsets")):
+        path = write(**kwargs)
+        with pytest.raises(LatentFileError) as e:
+            read_header(path)
+        assert path in str(e.value) and message in str(e.value), (kwargs, str(e.value))
+        assert not is_complete(path), kwargs
+
 
 def plan_file(entries: dict) -> str:
     return json.dumps({"format": "gst-latent-plan-cache", "version": 1,
