@@ -150,6 +150,12 @@ Result<LatentFileInfo> parse_latent_file_metadata(const std::map<std::string, st
   }
   LATENT_TRY(parse_int(meta, "temporal_factor", what, 1, 1024, &v));
   info.temporal_factor = int(v);
+  std::string video_mode;
+  LATENT_TRY(parse_string(meta, "video_mode", what, true, &video_mode));
+  if (video_mode != (info.video_mode() ? "true" : "false"))
+    return Status::errorf(what, ": __metadata__ 'video_mode' is '", video_mode,
+                          "' but 'temporal_factor' is ", info.temporal_factor, " (video mode ",
+                          info.video_mode() ? "true" : "false", ")");
   LATENT_TRY(parse_int(meta, "frame_count", what, 0, INT64_MAX, &info.frame_count));
   LATENT_TRY(parse_list(meta, "pts", what, &info.pts));
   LATENT_TRY(parse_list(meta, "durations", what, &info.durations));

@@ -92,6 +92,9 @@ def read_header(path: str) -> tuple[dict, dict]:
         raise LatentFileError(f"{path}: __metadata__ 'video_mode' is '{meta['video_mode']}', "
                               "not true or false")
     decoded["video_mode"] = meta["video_mode"] == "true"
+    if decoded["video_mode"] != (decoded["temporal_factor"] > 1):
+        raise LatentFileError(f"{path}: __metadata__ 'video_mode' is '{meta['video_mode']}' but "
+                              f"'temporal_factor' is {decoded['temporal_factor']}")
     t = decoded["latent_frames"]
     lengths = [len(decoded[k]) for k in ("pts", "durations", "offsets", "offset_ends")]
     want = [t, decoded["channels"], decoded["latent_height"], decoded["latent_width"]]

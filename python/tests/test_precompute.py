@@ -593,6 +593,7 @@ def test_reader_names_what_is_wrong(tmp_path):
             ({"meta_changes": {"durations": "[-1, 0]"}}, "'durations' is not a JSON list"),
             ({"meta_changes": {"latent_frames": "two"}}, "'latent_frames' is 'two', not an integer"),
             ({"meta_changes": {"video_mode": "maybe"}}, "'video_mode' is 'maybe', not true or false"),
+            ({"meta_changes": {"temporal_factor": "4"}}, "'video_mode' is 'false' but 'temporal_factor' is 4"),
             ({"meta_changes": {"latent_frames": "3"}}, "and __metadata__ (latent_frames 3"),
             ({"meta_changes": {"channels": "16"}}, "[2, 4, 3, 5] and __metadata__"),
             ({"header_changes": {"latents": {"dtype": "F32", "shape": [2, 4, 3, 5]}}},

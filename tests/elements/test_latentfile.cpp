@@ -404,6 +404,20 @@ TEST(LatentSrc, BadFilesAreErrorsNamingTheFileAndTheProblem) {
     EXPECT_TRUE(contains(err, "unsupported dtype I16 for tensor 'latents' in " + i16)) << err;
   }
 
+  // Metadata that contradicts itself: a video-mode temporal factor with video_mode false.
+  {
+    auto f = latent::open_latent_file(good);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    auto meta = latent::latent_file_metadata(f->info);
+    meta["video_mode"] = "false";
+    const std::string flipped = tmp("flipped.safetensors");
+    ASSERT_TRUE(latent::write_safetensors(flipped, {{"latents", f->latents}}, meta).ok());
+    err = src_error(flipped);
+    EXPECT_TRUE(contains(err, flipped + ": __metadata__ 'video_mode' is 'false' but "
+                                        "'temporal_factor' is 4"))
+        << err;
+  }
+
   err = src_error(tmp("missing.safetensors"));
   EXPECT_TRUE(contains(err, "missing.safetensors")) << err;
 
