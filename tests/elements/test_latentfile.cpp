@@ -425,6 +425,63 @@ TEST(LatentSrc, BadFilesAreErrorsNamingTheFileAndTheProblem) {
   EXPECT_TRUE(contains(err, "no file name given")) << err;
 }
 
+// Warning messages posted on `el`'s bus, joined.
+std::string bus_warnings(GstElement* el) {
+  std::string out;
+  GstBus* bus = gst_element_get_bus(el);
+  if (!bus) return out;
+  while (GstMessage* m = gst_bus_pop_filtered(bus, GST_MESSAGE_WARNING)) {
+    GError* e = nullptr;
+    gst_message_parse_warning(m, &e, nullptr);
+    out += std::string(e->message) + "\n";
+    g_error_free(e);
+    gst_message_unref(m);
+  }
+  gst_object_unref(bus);
+  return out;
+}
+
+std::string string_property(GstElement* el, const char* name) {
+  gchar* v = nullptr;
+  g_object_get(el, name, &v, nullptr);
+  std::string out = v ? v : "";
+  g_free(v);
+  return out;
+}
+
+// Both read their settings when the file opens: a change while PAUSED or PLAYING is refused
+// with a warning naming the value that stays (the property never shows a file not in use).
+TEST(LatentFile, SettingsCannotChangeWhileRunning) {
+  const std::string clip = tmp("running.safetensors");
+  write_video_clip(clip);
+  GstHarness* src = src_harness(clip);
+  gst_harness_play(src);
+  g_object_set(src->element, "location", tmp("other.safetensors").c_str(), nullptr);
+  EXPECT_EQ(string_property(src->element, "location"), clip);
+  std::string w = bus_warnings(src->element);
+  EXPECT_TRUE(contains(w, "`location` cannot change while PAUSED or PLAYING; it stays '" + clip))
+      << w;
+  gst_harness_teardown(src);
+
+  const std::string out = tmp("running-out.safetensors");
+  GstHarness* sink = sink_harness(out);
+  gst_harness_set_src_caps(sink, latent_caps(1));
+  ASSERT_EQ(gst_harness_push(sink, frame_buffer(0, 0, kFrame, 0, 1)), GST_FLOW_OK);
+  g_object_set(sink->element, "location", tmp("moved.safetensors").c_str(), "source", "b.mp4",
+               nullptr);
+  EXPECT_EQ(string_property(sink->element, "location"), out);
+  EXPECT_EQ(string_property(sink->element, "source"), "clips/a.mp4");
+  w = bus_warnings(sink->element);
+  EXPECT_TRUE(contains(w, "`location` cannot change while PAUSED or PLAYING; it stays '" + out))
+      << w;
+  EXPECT_TRUE(contains(w, "`source` cannot change")) << w;
+  EXPECT_TRUE(gst_harness_push_event(sink, gst_event_new_eos()));
+  EXPECT_EQ(bus_errors(sink), "");
+  gst_harness_teardown(sink);
+  EXPECT_TRUE(exists(out));
+  EXPECT_FALSE(exists(tmp("moved.safetensors")));
+}
+
 // ---- through the stages -----------------------------------------------------------------
 
 TEST(LatentFile, LatentsrcVaedecodeReproducesVaeencodeVaedecode) {
