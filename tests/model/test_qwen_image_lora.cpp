@@ -327,6 +327,18 @@ TEST(QwenImageLora, BadFilesAreRefusedNamingTheKey) {
                                         {"lora_unet_input_blocks_1_1_proj_in.alpha",
                                          Tensor::from_floats({}, {4.f})}}),
                     "are for a Stable Diffusion / SDXL UNet");
+  // A model's weights given as a LoRA (here a VAE's, whose 'up_blocks' / 'layers' names other
+  // LoRAs share): not a LoRA file, not a LoRA of some other model.
+  for (const char* model : {"kl_tiny", "tiny_taesd"}) {
+    const std::string weights =
+        test::fixtures_dir() + "/" + model + "/diffusion_pytorch_model.safetensors";
+    auto r = load_lora_file(weights);
+    ASSERT_FALSE(r.ok()) << model;
+    EXPECT_NE(
+        r.status().message().find(weights + " is not a LoRA file (no lora_A / lora_down keys"),
+        std::string::npos)
+        << r.status().message();
+  }
   expect_load_error(write_lora("wan", {{"diffusion_model.blocks.0.self_attn.q.lora_A.weight",
                                         rnd({4, 32})},
                                        {"diffusion_model.blocks.0.self_attn.q.lora_B.weight",

@@ -298,15 +298,17 @@ Result<LoraFile> load_lora_file(const std::string& path) {
     }
   }
   if (first_error) {
+    // No LoRA key at all (a model's weights: a VAE, a UNet): not a LoRA, whatever its names
+    // resemble.
+    if (info.empty() && !looks_like_lora_keys(keys))
+      return Status::errorf(path, " is not a LoRA file (no lora_A / lora_down keys; e.g. '",
+                            keys.front(), "')");
     std::string other;
     for (const std::string& k : keys)
       if (other.empty() && !info.count(k)) other = other_model(k);
     if (info.empty() && !other.empty())
       return Status::errorf(path, " is not a LoRA for Qwen-Image (QwenImageTransformer2DModel): ",
                             "its keys (e.g. '", keys.front(), "') are for ", other);
-    if (info.empty() && !looks_like_lora_keys(keys))
-      return Status::errorf(path, " is not a LoRA file (no lora_A / lora_down keys; e.g. '",
-                            keys.front(), "')");
     return *first_error;
   }
   LoraLayout layout = info.begin()->second.layout;
