@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "engine/models/dit/pipeline_inputs.h"
 #include "engine/models/dit/qwen_image_mmdit.h"
@@ -155,6 +156,21 @@ TEST(DitPromptEmbeds, BadMasks) {
   auto c = read_prompt_embeds(**file, "negative_prompt_embeds", kJointDim, /*optional=*/true);
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(has_substr(c.status().message(), "without 'negative_prompt_embeds'"));
+}
+
+TEST(DitPromptEmbeds, NonFiniteValuesAreRefusedNamingWhere) {
+  Tensor e = test::random_tensor({1, 3, kJointDim}, 8);
+  e.data_as<float>()[kJointDim + 5] = std::numeric_limits<float>::quiet_NaN();
+  const std::string path = embeds_file("pe_nan.safetensors", {{"prompt_embeds", e}});
+  auto p = load_prompt_embeds(path, false, kJointDim);
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(has_substr(p.status().message(),
+                         path + ": tensor 'prompt_embeds' holds nan (token 1, feature 5)"));
+  e.data_as<float>()[kJointDim + 5] = std::numeric_limits<float>::infinity();
+  const std::string neg = embeds_file("pe_inf.safetensors", {{"negative_prompt_embeds", e}});
+  p = load_prompt_embeds(neg, true, kJointDim);
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(has_substr(p.status().message(), "tensor 'negative_prompt_embeds' holds inf"));
 }
 
 TEST(DitPromptEmbeds, OptionalAbsentIsUndefined) {

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
+
 #include "engine/core/log.h"
 #include "engine/weights/config.h"
 
@@ -78,6 +80,17 @@ Result<PromptEmbeds> read_prompt_embeds(const SafetensorsFile& file, const std::
                           " but the transformer expects ", joint_dim,
                           " features per token (joint_attention_dim)");
   p.embeds = e.to_dtype(DType::kF32);
+  {
+    // A NaN or inf (a text encoder overflowing in fp16) would make every frame NaN, silently.
+    const float* v = p.embeds.data_as<float>();
+    const int64_t n = p.embeds.numel(), d = e.dim(2);
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i]))
+        return Status::errorf(path, ": tensor '", name, "' holds ", v[i], " (token ", i / d,
+                              ", feature ", i % d,
+                              "); recompute the embeddings (in bf16 or fp32: the text encoder "
+                              "overflows in fp16)");
+  }
   if (!file.find(mask_name)) {
     // Present in a dtype the engine skips (diffusers' masks are int64): say so, never ignore it.
     auto m = file.tensor(mask_name);
