@@ -213,6 +213,42 @@ static GstCaps* gst_latent_src_get_caps(GstBaseSrc* src, GstCaps* filter) {
   return caps;
 }
 
+// The file's caps are fixed: when downstream takes none of them (vaedecode told a frame size
+// the file does not have, an element that takes no latents), say which caps met which, instead of
+// GstBaseSrc's bare "Internal data stream error" (not-negotiated).
+static gboolean gst_latent_src_negotiate(GstBaseSrc* src) {
+  GstLatentSrc* self = GST_LATENT_SRC(src);
+  GstCaps* caps = nullptr;
+  std::string location;
+  {
+    std::lock_guard<std::mutex> g(*self->lock);
+    if (self->state->caps) caps = gst_caps_ref(self->state->caps);
+    location = *self->location;
+  }
+  if (caps) {
+    GstPad* pad = GST_BASE_SRC_PAD(src);
+    GstCaps* taken = gst_pad_peer_query_caps(pad, caps);
+    const bool refused = taken && gst_caps_is_empty(taken);
+    if (taken) gst_caps_unref(taken);
+    if (refused) {
+      GstCaps* downstream = gst_pad_peer_query_caps(pad, nullptr);
+      gchar* ours = gst_caps_to_string(caps);
+      gchar* theirs = downstream ? gst_caps_to_string(downstream) : g_strdup("nothing");
+      GST_ELEMENT_ERROR(self, CORE, NEGOTIATION,
+                        ("latentsrc: downstream takes none of the caps of %s (%s); it takes %s",
+                         location.c_str(), ours, theirs),
+                        (nullptr));
+      g_free(ours);
+      g_free(theirs);
+      if (downstream) gst_caps_unref(downstream);
+      gst_caps_unref(caps);
+      return FALSE;
+    }
+    gst_caps_unref(caps);
+  }
+  return GST_BASE_SRC_CLASS(gst_latent_src_parent_class)->negotiate(src);
+}
+
 static gboolean gst_latent_src_is_seekable(GstBaseSrc*) { return TRUE; }
 
 static gboolean gst_latent_src_do_seek(GstBaseSrc* src, GstSegment* segment) {
@@ -341,6 +377,7 @@ static void gst_latent_src_class_init(GstLatentSrcClass* klass) {
   base_class->start = GST_DEBUG_FUNCPTR(gst_latent_src_start);
   base_class->stop = GST_DEBUG_FUNCPTR(gst_latent_src_stop);
   base_class->get_caps = GST_DEBUG_FUNCPTR(gst_latent_src_get_caps);
+  base_class->negotiate = GST_DEBUG_FUNCPTR(gst_latent_src_negotiate);
   base_class->is_seekable = GST_DEBUG_FUNCPTR(gst_latent_src_is_seekable);
   base_class->do_seek = GST_DEBUG_FUNCPTR(gst_latent_src_do_seek);
   base_class->query = GST_DEBUG_FUNCPTR(gst_latent_src_query);

@@ -482,6 +482,34 @@ TEST(LatentFile, SettingsCannotChangeWhileRunning) {
   EXPECT_FALSE(exists(tmp("moved.safetensors")));
 }
 
+// Downstream that takes none of the file's (fixed) caps: one error naming the file and both
+// sides, not GstBaseSrc's bare "Internal data stream error".
+TEST(LatentSrc, CapsDownstreamRefusesAreNamed) {
+  const std::string clip = tmp("refused.safetensors");
+  write_video_clip(clip);
+  const std::string launch =
+      "latentsrc location=\"" + clip + "\" ! application/x-latent,frame-width=100 ! fakesink";
+  GstElement* p = gst_parse_launch(launch.c_str(), nullptr);
+  ASSERT_NE(p, nullptr);
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  GstBus* bus = gst_element_get_bus(p);
+  GstMessage* m = gst_bus_timed_pop_filtered(
+      bus, 30 * GST_SECOND, static_cast<GstMessageType>(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(GST_MESSAGE_TYPE(m), GST_MESSAGE_ERROR);
+  GError* e = nullptr;
+  gst_message_parse_error(m, &e, nullptr);
+  const std::string err = e->message;
+  g_error_free(e);
+  gst_message_unref(m);
+  EXPECT_TRUE(contains(err, "downstream takes none of the caps of " + clip)) << err;
+  EXPECT_TRUE(contains(err, "frame-width=(int)40")) << err;
+  EXPECT_TRUE(contains(err, "it takes application/x-latent, frame-width=(int)100")) << err;
+  gst_object_unref(bus);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(p);
+}
+
 // ---- through the stages -----------------------------------------------------------------
 
 TEST(LatentFile, LatentsrcVaedecodeReproducesVaeencodeVaedecode) {
