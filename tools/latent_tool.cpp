@@ -18,8 +18,10 @@
 // refused. The command functions read the parsed values as text from Args::options, as before,
 // so a command's new option is one line in make_cli.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,20 +29,18 @@
 #include <cstring>
 #include <list>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "engine/backends/registry.h"
 #include "engine/core/log.h"
 #include "engine/models/vae/planned_vae.h"  // plans: --graph
 #include "engine/models/vae/vae.h"
 #include "engine/weights/safetensors.h"
-#include "tools/latent_file_commands.h"
 #include "tools/dit_commands.h"
+#include "tools/latent_file_commands.h"
 #include "tools/lora_commands.h"
 #include "tools/stream_command.h"
 
@@ -95,6 +95,34 @@ double median(std::vector<double> v) {
 int fail(const Status& s) {
   std::fprintf(stderr, "latent-tool: error: %s\n", s.message().c_str());
   return 1;
+}
+
+// Output paths that cannot be written are refused before anything loads or runs (a denoise on
+// a real model takes minutes): a folder, a file in a folder that does not exist, an image name
+// OpenCV has no writer for.
+Status check_outputs(const Args& a) {
+  for (const char* key : {"output", "outputs", "output-latents", "output-sample"}) {
+    auto it = a.options.find(key);
+    if (it == a.options.end() || it->second.empty()) continue;
+    const std::string& path = it->second;
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      return Status::errorf("--", key, " ", path, " is a folder; give a file name");
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "."
+                            : slash == 0               ? "/"
+                                                       : path.substr(0, slash);
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return Status::errorf("--", key, " ", path, ": folder '", dir, "' does not exist");
+#if LATENT_TOOL_OPENCV
+    const bool image =
+        std::string(key) == "output" && (a.command == "decode" || a.command == "denoise");
+    if (image && !cv::haveImageWriter(path))
+      return Status::errorf("--", key, " ", path,
+                            ": no image writer for that name (use .png, .jpg, .bmp, .tiff, .webp)");
+#endif
+  }
+  return Status();
 }
 
 // --- inspect ---------------------------------------------------------------------------
@@ -834,6 +862,7 @@ int main(int argc, char** argv) {
   args.positional = cli.positional;
   const Args& a = args;
   if (a.options.count("verbose")) latent::set_log_callback(log_to_stderr, nullptr);
+  if (Status s = check_outputs(a); !s.ok()) return fail(s);
   if (a.command == "inspect") return cmd_inspect(a);
   if (a.command == "encode") return cmd_encode(a);
   if (a.command == "decode") return cmd_decode(a);

@@ -103,6 +103,34 @@ TEST_F(LatentToolCli, AnEmptyLoraIsRefused) {
   }
 }
 
+// An output that cannot be written is refused before the model loads and runs, naming it.
+TEST_F(LatentToolCli, UnwritableOutputsAreRefusedBeforeRunning) {
+  const std::string dir = out("an-output-folder");
+  std::filesystem::create_directories(dir);
+  const std::string dit = test::fixtures_dir() + "/dit_qwen_image_tiny";
+  const std::string denoise = "denoise --device cpu --model " + dit + " --inputs " + dit +
+                              "/io_denoise.safetensors --case img2img --steps 1 ";
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {"encode --model " + kl + " --input " + photo + " --output " + dir,
+       "--output " + dir + " is a folder; give a file name"},
+      {"encode --model " + kl + " --input " + photo + " --output /nonexistent/x.safetensors",
+       "--output /nonexistent/x.safetensors: folder '/nonexistent' does not exist"},
+      {"run --model " + kl + " --part encoder --inputs " + kl + "/io.safetensors --outputs " + dir,
+       "--outputs " + dir + " is a folder"},
+      {denoise + "--output-latents /nonexistent/l.safetensors", "folder '/nonexistent' does not"},
+      {denoise + "--output " + out("image.xyz"),
+       "--output " + out("image.xyz") + ": no image writer for that name"},
+  };
+  for (const auto& c : cases) {
+    ToolRun r = run_tool(c.args);
+    EXPECT_EQ(r.status, 1) << c.args << "\n" << r.output;
+    EXPECT_TRUE(has(r, c.message)) << c.args << "\n" << r.output;
+    EXPECT_FALSE(has(r, "encoded ") || has(r, "denoised ") || has(r, " ms")) << r.output;
+  }
+}
+
 TEST_F(LatentToolCli, MissingValueDoesNotSwallowTheNextOption) {
   ToolRun r = run_tool("encode --model " + kl + " --dtype --input " + photo + " --output " +
                        out("dtype.safetensors"));
