@@ -13,12 +13,18 @@
  * Pushes one application/x-latent buffer per latent frame with the caps the file describes
  * (temporal-factor too for a video-mode file) and each frame's PTS, DURATION, OFFSET and
  * OFFSET_END as they were recorded. Seekable in TIME (flushing, segment start and stop): playback
- * resumes at the latent frame covering the position. The file is memory-mapped and buffers point
- * into the mapping (read-only). A truncated file or a safetensors file that is not a latent file
- * is an error naming the file and what is wrong.
+ * resumes at the latent frame covering the position. Its header is read when it starts; each
+ * latent frame is read (pread) into a buffer of its own as it is pushed, so a file truncated while
+ * it plays is an error naming the file and the frame, never a crash in an element downstream. A
+ * truncated file or a safetensors file that is not a latent file is an error naming the file and
+ * what is wrong.
  */
 #include "elements/gstlatentsrc.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +41,10 @@ enum { PROP_0, PROP_LOCATION, PROP_MODEL, PROP_SOURCE };
 
 struct State {
   std::shared_ptr<latent::LatentFile> file;
+  // The file, open for pread: each latent frame is read into a buffer of its own rather than
+  // handed out as a view of the mapping, so a file truncated while it plays is an error when the
+  // read comes up short (as filesrc does), never a SIGBUS in whichever element touches the data.
+  int fd = -1;
   GstCaps* caps = nullptr;
   int64_t next = 0;  // index of the next latent frame to push
   bool discont = true;
@@ -42,6 +52,7 @@ struct State {
 
   ~State() {
     if (caps) gst_caps_unref(caps);
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -178,6 +189,16 @@ static gboolean gst_latent_src_start(GstBaseSrc* src) {
     gst_caps_set_simple(caps, "temporal-factor", G_TYPE_INT, i.temporal_factor, nullptr);
 
   auto* st = new State();
+  st->fd = ::open(location.c_str(), O_RDONLY | O_CLOEXEC);
+  if (st->fd < 0) {
+    const int err = errno;
+    delete st;
+    gst_caps_unref(caps);
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ,
+                      ("latentsrc: cannot open %s: %s", location.c_str(), g_strerror(err)),
+                      (nullptr));
+    return FALSE;
+  }
   st->file = std::make_shared<latent::LatentFile>(std::move(*file));
   st->caps = caps;
   if (i.fps_n > 0) st->frame_duration = gst_util_uint64_scale_int(GST_SECOND, i.fps_d, i.fps_n);
@@ -296,13 +317,6 @@ static gboolean gst_latent_src_query(GstBaseSrc* src, GstQuery* query) {
   return GST_BASE_SRC_CLASS(gst_latent_src_parent_class)->query(src, query);
 }
 
-namespace {
-struct MappingRef {
-  std::shared_ptr<latent::LatentFile> file;
-};
-void release_mapping(gpointer data) { delete static_cast<MappingRef*>(data); }
-}  // namespace
-
 static GstFlowReturn gst_latent_src_create(GstPushSrc* push, GstBuffer** out) {
   GstLatentSrc* self = GST_LATENT_SRC(push);
   GstBaseSrc* src = GST_BASE_SRC(push);
@@ -319,10 +333,38 @@ static GstFlowReturn gst_latent_src_create(GstPushSrc* push, GstBuffer** out) {
     return GST_FLOW_EOS;
 
   const size_t bytes = st.file->frame_bytes();
-  auto* ref = new MappingRef{st.file};
-  GstBuffer* buf = gst_buffer_new_wrapped_full(GST_MEMORY_FLAG_READONLY,
-                                               const_cast<uint8_t*>(st.file->frame_data(i)), bytes,
-                                               0, bytes, ref, release_mapping);
+  GstBuffer* buf = gst_buffer_new_allocate(nullptr, bytes, nullptr);
+  GstMapInfo map;
+  if (!buf || !gst_buffer_map(buf, &map, GST_MAP_WRITE)) {
+    if (buf) gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT,
+                      ("latentsrc: cannot allocate a buffer of %zu bytes", bytes), (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  const off_t at = static_cast<off_t>(st.file->frame_offset(i));
+  size_t got = 0;
+  int err = 0;
+  while (got < bytes) {
+    const ssize_t n = ::pread(st.fd, map.data + got, bytes - got, at + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : 0;
+      break;
+    }
+    got += static_cast<size_t>(n);
+  }
+  gst_buffer_unmap(buf, &map);
+  if (got < bytes) {
+    gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(
+        self, RESOURCE, READ,
+        ("latentsrc: %s: cannot read latent frame %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT
+         " (%zu of its %zu bytes at offset %" G_GINT64_FORMAT "): %s",
+         self->location->c_str(), i, st.file->frames(), got, bytes, static_cast<gint64>(at),
+         err ? g_strerror(err) : "the file ends there (truncated while playing?)"),
+        (nullptr));
+    return GST_FLOW_ERROR;
+  }
   GST_BUFFER_PTS(buf) = pts;
   GST_BUFFER_DURATION(buf) = frame_duration(st, i);
   const latent::LatentFileInfo& info = st.file->info;

@@ -203,6 +203,7 @@ Result<LatentFile> open_latent_file(const std::string& path) {
   auto t = out.file->tensor(kLatentFileTensor);
   if (!t.ok()) return t.status();
   out.latents = *t;
+  out.data_offset = out.file->data_start() + rec->begin;
   const LatentFileInfo& i = out.info;
   const Shape want = {static_cast<int64_t>(i.pts.size()), i.channels, i.height, i.width};
   if (out.latents.shape() != want)

@@ -59,10 +59,16 @@ struct LatentFile {
   std::shared_ptr<SafetensorsFile> file;
   LatentFileInfo info;
   Tensor latents;  // host view [T, C, h, w] into the mapping
+  uint64_t data_offset = 0;  // the file offset of latent frame 0's bytes
 
   int64_t frames() const { return latents.dim(0); }
   size_t frame_bytes() const;
   const uint8_t* frame_data(int64_t index) const;
+  // The file offset of latent frame `index`'s bytes (latentsrc reads them with pread rather than
+  // through the mapping: a file truncated while it plays is then an error, not a SIGBUS).
+  uint64_t frame_offset(int64_t index) const {
+    return data_offset + static_cast<uint64_t>(index) * frame_bytes();
+  }
 };
 
 Result<LatentFile> open_latent_file(const std::string& path);

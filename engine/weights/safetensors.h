@@ -40,6 +40,8 @@ class SafetensorsFile {
   static Result<std::shared_ptr<SafetensorsFile>> open(const std::string& path);
 
   const std::string& path() const { return path_; }
+  // The file offset of the data block (tensor data_offsets count from it).
+  uint64_t data_start() const { return data_start_; }
   const std::vector<TensorRecord>& records() const { return records_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const TensorRecord* find(const std::string& name) const;

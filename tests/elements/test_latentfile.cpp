@@ -4,6 +4,7 @@
 #include <gst/app/gstappsink.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -423,6 +424,72 @@ TEST(LatentSrc, BadFilesAreErrorsNamingTheFileAndTheProblem) {
 
   err = src_error("");
   EXPECT_TRUE(contains(err, "no file name given")) << err;
+}
+
+// A file truncated in place while it plays (another program rewriting it): latentsrc reads each
+// latent frame with pread as it pushes it, so the frame already read arrives intact and the next
+// read is an error naming the file; buffers that pointed into the mapping (as before) crashed the
+// process with SIGBUS when an element read them.
+TEST(LatentSrc, AFileTruncatedWhilePlayingIsAnErrorNotACrash) {
+  const std::string path = tmp("truncated-while-playing.safetensors");
+  write_video_clip(path);
+  GstHarness* h = src_harness(path);
+  // Hold the streaming thread at its first push (frame 0 read), truncate, then let it go.
+  struct Gate {
+    GMutex lock;
+    GCond cond;
+    bool reached = false, open = false;
+  } gate;
+  g_mutex_init(&gate.lock);
+  g_cond_init(&gate.cond);
+  GstPad* pad = gst_element_get_static_pad(h->element, "src");
+  const gulong probe = gst_pad_add_probe(
+      pad, GST_PAD_PROBE_TYPE_BUFFER,
+      [](GstPad*, GstPadProbeInfo*, gpointer data) -> GstPadProbeReturn {
+        auto* g = static_cast<Gate*>(data);
+        g_mutex_lock(&g->lock);
+        g->reached = true;
+        g_cond_broadcast(&g->cond);
+        while (!g->open) g_cond_wait(&g->cond, &g->lock);
+        g_mutex_unlock(&g->lock);
+        return GST_PAD_PROBE_REMOVE;
+      },
+      &gate, nullptr);
+  gst_harness_play(h);
+  g_mutex_lock(&gate.lock);
+  const gint64 until = g_get_monotonic_time() + 10 * G_TIME_SPAN_SECOND;
+  while (!gate.reached && g_cond_wait_until(&gate.cond, &gate.lock, until)) {
+  }
+  const bool reached = gate.reached;
+  const int truncated = ::truncate(path.c_str(), 0);
+  gate.open = true;
+  g_cond_broadcast(&gate.cond);
+  g_mutex_unlock(&gate.lock);
+  ASSERT_TRUE(reached) << "the first latent frame never came";
+  ASSERT_EQ(truncated, 0) << g_strerror(errno);
+  GstBuffer* b = gst_harness_pull(h);
+  ASSERT_NE(b, nullptr);
+  GstMapInfo map;
+  gst_buffer_map(b, &map, GST_MAP_READ);
+  ASSERT_EQ(map.size, kFrameBytes);
+  for (size_t k = 0; k < kFrameBytes; ++k) ASSERT_EQ(map.data[k], static_cast<uint8_t>(k));
+  gst_buffer_unmap(b, &map);
+  gst_buffer_unref(b);
+  // The next frame's read comes up short: an error, then no more buffers.
+  std::string err;
+  for (int i = 0; i < 100 && err.empty(); ++i) {
+    err = bus_errors(h);
+    if (err.empty()) g_usleep(20000);
+  }
+  EXPECT_TRUE(contains(err, path)) << err;
+  EXPECT_TRUE(contains(err, "latent frame 1 of 3")) << err;
+  EXPECT_TRUE(contains(err, "truncated while playing")) << err;
+  EXPECT_EQ(gst_harness_buffers_in_queue(h), 0u);
+  EXPECT_NE(probe, 0u);  // (removed itself: GST_PAD_PROBE_REMOVE)
+  gst_object_unref(pad);
+  gst_harness_teardown(h);
+  g_cond_clear(&gate.cond);
+  g_mutex_clear(&gate.lock);
 }
 
 // Warning messages posted on `el`'s bus, joined.
