@@ -13,6 +13,14 @@ import struct
 TENSOR = "latents"
 VERSION = "1"
 _DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
+_DTYPES = {"fp32": "F32", "bf16": "BF16", "fp16": "F16"}  # __metadata__ dtype -> tensor dtype
+_SIDE = 16384
+# The integer keys and the ranges the C++ reader (engine/weights/latent_file.cpp) accepts.
+_INT_RANGES = {
+    "channels": (1, 1024), "latent_width": (1, _SIDE), "latent_height": (1, _SIDE),
+    "frame_width": (1, _SIDE), "frame_height": (1, _SIDE), "temporal_factor": (1, 1024),
+    "frame_count": (0, 2**63 - 1), "latent_frames": (0, 2**63 - 1),
+}
 _MAX_HEADER = 100_000_000
 
 
@@ -24,8 +32,9 @@ def read_header(path: str) -> tuple[dict, dict]:
     """Returns (tensor record of `latents`, `__metadata__` with list values decoded).
 
     Checks what makes a file complete: header length, JSON, the tensor's byte range against the
-    file size, latentsink's version key, and the metadata (every key there and parsed, the lists
-    as long as the tensor has latent frames, its shape the one the metadata describes).
+    file size, latentsink's version key, and the metadata as the C++ reader does (every key there,
+    a string, parsed and in range; the lists as long as the tensor has latent frames, its shape and
+    dtype the ones the metadata describes).
     """
     try:
         size = os.path.getsize(path)
@@ -69,6 +78,10 @@ def read_header(path: str) -> tuple[dict, dict]:
         raise LatentFileError(
             f"{path}: tensor '{TENSOR}' {rec['shape']} {rec['dtype']} does not match the file's "
             f"{size} bytes (truncated?)")
+    bad = sorted(k for k, v in meta.items() if not isinstance(v, str))
+    if bad:
+        raise LatentFileError(f"{path}: __metadata__ '{bad[0]}' is not a string (safetensors "
+                              "metadata maps strings to strings)")
     decoded = dict(meta)
     for key in ("pts", "durations", "offsets", "offset_ends"):
         text = _meta(path, meta, key)
@@ -81,13 +94,28 @@ def read_header(path: str) -> tuple[dict, dict]:
             raise LatentFileError(f"{path}: __metadata__ '{key}' is not a JSON list of "
                                   "non-negative integers and null")
         decoded[key] = value
-    for key in ("channels", "latent_width", "latent_height", "frame_width", "frame_height",
-                "temporal_factor", "frame_count", "latent_frames"):
+    for key, (lo, hi) in _INT_RANGES.items():
         text = _meta(path, meta, key)
         try:
             decoded[key] = int(text)
         except (TypeError, ValueError):
             raise LatentFileError(f"{path}: __metadata__ '{key}' is '{text}', not an integer") from None
+        if not lo <= decoded[key] <= hi:
+            raise LatentFileError(f"{path}: __metadata__ '{key}' is {decoded[key]}, outside "
+                                  f"[{lo}, {hi}]")
+    if not _meta(path, meta, "latent_space"):
+        raise LatentFileError(f"{path}: __metadata__ 'latent_space' is empty")
+    if _DTYPES.get(_meta(path, meta, "dtype")) != dtype:
+        raise LatentFileError(f"{path}: __metadata__ 'dtype' is '{meta['dtype']}' but tensor "
+                              f"'{TENSOR}' is {dtype} (fp32 F32, bf16 BF16, fp16 F16)")
+    if _meta(path, meta, "size_policy") not in ("pad", "crop", "scale"):
+        raise LatentFileError(f"{path}: __metadata__ 'size_policy' is '{meta['size_policy']}' "
+                              "(pad, crop or scale)")
+    n_d = _meta(path, meta, "framerate").split("/")
+    if (len(n_d) != 2 or not all(x.isdigit() for x in n_d) or int(n_d[1]) == 0
+            or max(int(x) for x in n_d) > 2**31 - 1):
+        raise LatentFileError(f"{path}: __metadata__ 'framerate' is '{meta['framerate']}', "
+                              "expected N/D")
     if _meta(path, meta, "video_mode") not in ("true", "false"):
         raise LatentFileError(f"{path}: __metadata__ 'video_mode' is '{meta['video_mode']}', "
                               "not true or false")

@@ -597,7 +597,18 @@ def test_reader_names_what_is_wrong(tmp_path):
             ({"meta_changes": {"latent_frames": "3"}}, "and __metadata__ (latent_frames 3"),
             ({"meta_changes": {"channels": "16"}}, "[2, 4, 3, 5] and __metadata__"),
             ({"header_changes": {"latents": {"dtype": "F32", "shape": [2, 4, 3, 5]}}},
-             "has no valid shape, dtype and data_offsets")):
+             "has no valid shape, dtype and data_offsets"),
+            # the C++ reader's value checks (engine/weights/latent_file.cpp), the same here
+            ({"meta_changes": {"channels": 4}}, "'channels' is not a string"),
+            ({"meta_changes": {"channels": "0"}}, "'channels' is 0, outside [1, 1024]"),
+            ({"meta_changes": {"frame_width": "99999"}}, "'frame_width' is 99999, outside"),
+            ({"meta_changes": {"latent_space": ""}}, "'latent_space' is empty"),
+            ({"meta_changes": {"dtype": "bf16"}}, "'dtype' is 'bf16' but tensor 'latents' is F32"),
+            ({"meta_changes": {"dtype": "int8"}}, "'dtype' is 'int8'"),
+            ({"meta_changes": {"size_policy": "stretch"}}, "'size_policy' is 'stretch' (pad, crop or scale)"),
+            ({"meta_changes": {"framerate": "25"}}, "'framerate' is '25', expected N/D"),
+            ({"meta_changes": {"framerate": "25/0"}}, "'framerate' is '25/0'"),
+            ({"meta_changes": {"framerate": "-1/1"}}, "'framerate' is '-1/1'")):
         path = write(**kwargs)
         with pytest.raises(LatentFileError) as e:
             read_header(path)
