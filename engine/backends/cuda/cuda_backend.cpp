@@ -348,11 +348,7 @@ class CudaBackend final : public Backend {
                                       const Tensor& into) override {
     return run("conv3d_frames_normed", [&]() -> Result<Tensor> {
       if (!options_.conv3d || !options_.conv_norm) return Tensor();
-      LATENT_TRY(check_tensor("input x", x, 4, "[T + kt - 1, Cin, H, W]"));
-      LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
-      if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || x.dim(0) < kt)
-        return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
-                              " temporal taps does not fit frames x ", shape_str(x.shape()));
+      LATENT_TRY(check_conv3d_frames(x, w, kt));
       LATENT_ASSIGN_OR_RETURN(const Shape out_shape, conv3d_output(x, w, kt, x.dim(0) - kt + 1, p));
       LATENT_TRY(check_conv3d_epilogue(bias, Tensor(), act, w, out_shape));
       LATENT_TRY(check_param("gamma", gamma, w.dim(0), w));
@@ -783,6 +779,16 @@ class CudaBackend final : public Backend {
     return ok_status();
   }
 
+  // video: conv3d_frames' (and _normed's) frames x [T + kt - 1, Cin, H, W] and merged kernel w
+  // [Cout, Cin, kt * kh, kw].
+  Status check_conv3d_frames(const Tensor& x, const Tensor& w, int kt) const {
+    LATENT_TRY(check_tensor("input x", x, 4, "[T + kt - 1, Cin, H, W]"));
+    LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
+    if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || x.dim(0) < kt)
+      return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
+                            " temporal taps does not fit frames x ", shape_str(x.shape()));
+    return ok_status();
+  }
   // video: the output [frames, Cout, Ho, Wo] of conv3d_frames_after / _normed with w over frames
   // of x's size: stride, padding and a kernel within the padded frame checked.
   Result<Shape> conv3d_output(const Tensor& x, const Tensor& w, int kt, int64_t frames,
@@ -1502,11 +1508,7 @@ Result<Tensor> CudaBackend::conv3d_frames(const Tensor& x, const Tensor& w, int 
                                           const Tensor& residual, Activation act) {
   return run("conv3d_frames", [&]() -> Result<Tensor> {
     if (!options_.conv3d) return Status::error("disabled by LATENT_CUDA_CONV3D=0");
-    LATENT_TRY(check_tensor("input x", x, 4, "[T + kt - 1, Cin, H, W]"));
-    LATENT_TRY(check_tensor("weight w", w, 4, "[Cout, Cin, kt * kh, kw]"));
-    if (kt < 2 || w.dim(2) % kt != 0 || w.dim(1) != x.dim(1) || x.dim(0) < kt)
-      return Status::errorf("weight w ", shape_str(w.shape()), " with ", kt,
-                            " temporal taps does not fit frames x ", shape_str(x.shape()));
+    LATENT_TRY(check_conv3d_frames(x, w, kt));
     if (p.stride < 1 || p.pad_top != p.pad_bottom || p.pad_left != p.pad_right || p.pad_top < 0 ||
         p.pad_left < 0)
       return Status::errorf("conv3d_frames takes symmetric padding and a positive stride");
