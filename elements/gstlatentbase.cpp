@@ -302,28 +302,12 @@ static const char* dtype_nick(GstLatentDtype dtype) {
   return v ? v->value_nick : "auto";
 }
 
-// Whether the element is (or is going) past READY, where `model`, `device` and `dtype` are in
-// use and cannot change.
-static bool running(GstElement* element) {
-  GST_OBJECT_LOCK(element);
-  const bool out =
-      GST_STATE(element) > GST_STATE_READY || GST_STATE_NEXT(element) > GST_STATE_READY;
-  GST_OBJECT_UNLOCK(element);
-  return out;
-}
-
 // Refuses a change of a property flagged GST_PARAM_MUTABLE_READY while it is in use, with a
 // warning naming the value that stays in effect. True when refused.
 static bool refuse_while_running(GstLatentBase* self, GParamSpec* pspec,
                                  const std::string& current) {
-  if (!running(GST_ELEMENT(self))) return false;
-  GST_ELEMENT_WARNING(
-      self, CORE, STATE_CHANGE,
-      ("%s: `%s` cannot change while PAUSED or PLAYING; it stays '%s' (set it in "
-       "the NULL or READY state)",
-       gst_latent_base_stage_name(self), g_param_spec_get_name(pspec), current.c_str()),
-      (nullptr));
-  return true;
+  return gst_latent_refuse_while_running(GST_ELEMENT(self), gst_latent_base_stage_name(self), pspec,
+                                         current);
 }
 
 static void gst_latent_base_set_property(GObject* object, guint prop_id, const GValue* value,

@@ -149,3 +149,18 @@ bool gst_latent_copy_field(const GstStructure* from, const char* field, GstStruc
   gst_structure_set_value(to, as, v);
   return true;
 }
+
+bool gst_latent_refuse_while_running(GstElement* element, const char* who, GParamSpec* pspec,
+                                     const std::string& current) {
+  GST_OBJECT_LOCK(element);
+  const bool running =
+      GST_STATE(element) > GST_STATE_READY || GST_STATE_NEXT(element) > GST_STATE_READY;
+  GST_OBJECT_UNLOCK(element);
+  if (!running) return false;
+  GST_ELEMENT_WARNING(element, CORE, STATE_CHANGE,
+                      ("%s: `%s` cannot change while PAUSED or PLAYING; it stays '%s' (set it in "
+                       "the NULL or READY state)",
+                       who, g_param_spec_get_name(pspec), current.c_str()),
+                      (nullptr));
+  return true;
+}

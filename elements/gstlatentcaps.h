@@ -116,3 +116,9 @@ void gst_latent_set_video_size(const GstStructure* latent, GstStructure* video);
 // Copies `field` from `from` (any value) to `to` as `as`; false when `from` has no such field.
 bool gst_latent_copy_field(const GstStructure* from, const char* field, GstStructure* to,
                            const char* as);
+
+// Refuses a change of a property flagged GST_PARAM_MUTABLE_READY while `element` is (or is going)
+// past READY, where the value is in use: a warning from `who` (the element's name in messages)
+// naming the value `current` that stays. True when refused (the caller then keeps it).
+bool gst_latent_refuse_while_running(GstElement* element, const char* who, GParamSpec* pspec,
+                                     const std::string& current);

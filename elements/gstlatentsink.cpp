@@ -165,29 +165,18 @@ void reset_state(GstLatentSink* self) {
 static void gst_latent_sink_set_property(GObject* object, guint prop_id, const GValue* value,
                                          GParamSpec* pspec) {
   GstLatentSink* self = GST_LATENT_SINK(object);
-  GstElement* element = GST_ELEMENT(self);
-  GST_OBJECT_LOCK(element);
-  const bool running =
-      GST_STATE(element) > GST_STATE_READY || GST_STATE_NEXT(element) > GST_STATE_READY;
-  GST_OBJECT_UNLOCK(element);
-  if (running) {
-    // Read when the file opens (the first latent): a change now would be shown but not used.
-    std::string current;
-    {
-      std::lock_guard<std::mutex> g(*self->lock);
-      const Settings& st = *self->settings;
-      current = prop_id == PROP_LOCATION ? st.location
-                : prop_id == PROP_MODEL  ? st.model
-                : prop_id == PROP_SOURCE ? st.source
-                                         : (st.fsync ? "true" : "false");
-    }
-    GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
-                        ("latentsink: `%s` cannot change while PAUSED or PLAYING; it stays '%s' "
-                         "(set it in the NULL or READY state)",
-                         g_param_spec_get_name(pspec), current.c_str()),
-                        (nullptr));
-    return;
+  // Read when the file opens (the first latent): a change while running would be shown but not
+  // used.
+  std::string current;
+  {
+    std::lock_guard<std::mutex> g(*self->lock);
+    const Settings& st = *self->settings;
+    current = prop_id == PROP_LOCATION ? st.location
+              : prop_id == PROP_MODEL  ? st.model
+              : prop_id == PROP_SOURCE ? st.source
+                                       : (st.fsync ? "true" : "false");
   }
+  if (gst_latent_refuse_while_running(GST_ELEMENT(self), "latentsink", pspec, current)) return;
   std::lock_guard<std::mutex> g(*self->lock);
   Settings& s = *self->settings;
   switch (prop_id) {

@@ -102,24 +102,14 @@ GstClockTime total_duration(const State& st) {
 static void gst_latent_src_set_property(GObject* object, guint prop_id, const GValue* value,
                                         GParamSpec* pspec) {
   GstLatentSrc* self = GST_LATENT_SRC(object);
-  GstElement* element = GST_ELEMENT(self);
-  GST_OBJECT_LOCK(element);
-  const bool running =
-      GST_STATE(element) > GST_STATE_READY || GST_STATE_NEXT(element) > GST_STATE_READY;
-  GST_OBJECT_UNLOCK(element);
-  if (running && prop_id == PROP_LOCATION) {
+  if (prop_id == PROP_LOCATION) {
     // The file is open (read at start): a new name would be shown but not played.
     std::string current;
     {
       std::lock_guard<std::mutex> g(*self->lock);
       current = *self->location;
     }
-    GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
-                        ("latentsrc: `location` cannot change while PAUSED or PLAYING; it stays "
-                         "'%s' (set it in the NULL or READY state)",
-                         current.c_str()),
-                        (nullptr));
-    return;
+    if (gst_latent_refuse_while_running(GST_ELEMENT(self), "latentsrc", pspec, current)) return;
   }
   std::lock_guard<std::mutex> g(*self->lock);
   switch (prop_id) {

@@ -142,6 +142,15 @@ inline bool bool_property(gpointer object, const char* name) {
   return v;
 }
 
+// A string property of an object ("" for NULL).
+inline std::string string_property(gpointer object, const char* name) {
+  gchar* v = nullptr;
+  g_object_get(object, name, &v, nullptr);
+  std::string out = v ? v : "";
+  g_free(v);
+  return out;
+}
+
 inline std::string caps_str(const GstStructure* s, const char* field) {
   const gchar* v = gst_structure_get_string(s, field);
   return v ? v : "";

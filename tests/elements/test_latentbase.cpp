@@ -44,14 +44,6 @@ std::string pop_warning(BusWatch& bw) {
   return out;
 }
 
-std::string string_property(gpointer object, const char* name) {
-  gchar* v = nullptr;
-  g_object_get(object, name, &v, nullptr);
-  std::string out = v ? v : "";
-  g_free(v);
-  return out;
-}
-
 TEST(LatentBase, EveryStageDerivesFromTheBase) {
   const GType base = base_type();
   ASSERT_NE(base, G_TYPE_INVALID);

@@ -25,10 +25,6 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 GstCaps* latent_caps(int temporal_factor, const char* format = "bf16") {
   GstCaps* caps = gst_caps_new_simple(
       "application/x-latent", "format", G_TYPE_STRING, format, "channels", G_TYPE_INT, 4, "width",
@@ -57,14 +53,17 @@ GstBuffer* frame_buffer(int index, GstClockTime pts, GstClockTime dur, guint64 o
   return b;
 }
 
-// Error messages posted on `h`'s element bus, joined.
-std::string bus_errors(GstHarness* h) {
+// The error (or warning) messages posted on `el`'s bus, joined.
+std::string bus_messages(GstElement* el, GstMessageType type) {
   std::string out;
-  GstBus* bus = gst_element_get_bus(h->element);
+  GstBus* bus = gst_element_get_bus(el);
   if (!bus) return out;
-  while (GstMessage* m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR)) {
+  while (GstMessage* m = gst_bus_pop_filtered(bus, type)) {
     GError* e = nullptr;
-    gst_message_parse_error(m, &e, nullptr);
+    if (type == GST_MESSAGE_ERROR)
+      gst_message_parse_error(m, &e, nullptr);
+    else
+      gst_message_parse_warning(m, &e, nullptr);
     out += std::string(e->message) + "\n";
     g_error_free(e);
     gst_message_unref(m);
@@ -72,6 +71,7 @@ std::string bus_errors(GstHarness* h) {
   gst_object_unref(bus);
   return out;
 }
+std::string bus_errors(GstHarness* h) { return bus_messages(h->element, GST_MESSAGE_ERROR); }
 
 GstElement* element_with_bus(const char* factory, const std::string& location) {
   GstElement* el = gst_element_factory_make(factory, nullptr);
@@ -94,16 +94,7 @@ GstHarness* sink_harness(const std::string& location) {
 std::string start_errors(const char* factory, const std::string& location) {
   GstElement* el = element_with_bus(factory, location);
   EXPECT_EQ(gst_element_set_state(el, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
-  std::string out;
-  GstBus* bus = gst_element_get_bus(el);
-  while (GstMessage* m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR)) {
-    GError* e = nullptr;
-    gst_message_parse_error(m, &e, nullptr);
-    out += std::string(e->message) + "\n";
-    g_error_free(e);
-    gst_message_unref(m);
-  }
-  gst_object_unref(bus);
+  const std::string out = bus_messages(el, GST_MESSAGE_ERROR);
   gst_element_set_state(el, GST_STATE_NULL);
   gst_object_unref(el);
   return out;
@@ -492,29 +483,7 @@ TEST(LatentSrc, AFileTruncatedWhilePlayingIsAnErrorNotACrash) {
   g_mutex_clear(&gate.lock);
 }
 
-// Warning messages posted on `el`'s bus, joined.
-std::string bus_warnings(GstElement* el) {
-  std::string out;
-  GstBus* bus = gst_element_get_bus(el);
-  if (!bus) return out;
-  while (GstMessage* m = gst_bus_pop_filtered(bus, GST_MESSAGE_WARNING)) {
-    GError* e = nullptr;
-    gst_message_parse_warning(m, &e, nullptr);
-    out += std::string(e->message) + "\n";
-    g_error_free(e);
-    gst_message_unref(m);
-  }
-  gst_object_unref(bus);
-  return out;
-}
-
-std::string string_property(GstElement* el, const char* name) {
-  gchar* v = nullptr;
-  g_object_get(el, name, &v, nullptr);
-  std::string out = v ? v : "";
-  g_free(v);
-  return out;
-}
+std::string bus_warnings(GstElement* el) { return bus_messages(el, GST_MESSAGE_WARNING); }
 
 // Both read their settings when the file opens: a change while PAUSED or PLAYING is refused
 // with a warning naming the value that stays (the property never shows a file not in use).
