@@ -506,9 +506,9 @@ TEST_P(CudaOps, Conv3dFrames) {
   }
 }
 
-// conv3d_frames_normed (LATENT_CUDA_CONV_NORM=1): the channel RMS norm (gamma, SiLU or none) in
-// the convolution's epilogue (conv_wgmma.cu's finish_tile), against the CPU's convolution then
-// norm, and against the GPU's own two ops. It runs where the kernel's block holds every output
+// conv3d_frames_normed (on unless LATENT_CUDA_CONV_NORM=0): the channel RMS norm (gamma, SiLU or
+// none) in the convolution's epilogue (conv_wgmma.cu's finish_tile), against the CPU's convolution
+// then norm, and against the GPU's own two ops. It runs where the kernel's block holds every output
 // channel (96 -> 96 on the TMA halo tile by default; with LATENT_CUDA_CONV=wgmma also the cp.async
 // halo tile, the 4-row TMA tile, the implicit-GEMM tiles of 2 and 4 warpgroups, and 64 -> 64 on a
 // 64-wide tile), at 192 -> 192 on the TMA halo tile's two 96-channel blocks of a pixel tile run as
@@ -568,8 +568,11 @@ TEST_P(CudaOps, Conv3dFramesNormed) {
     // The GPU's own two ops: the same convolution, its output rounded, the norm after.
     Result<Tensor> y = f.conv3d_frames(gx, gw, 3, gb, p);
     ASSERT_TRUE(y.ok()) << y.status().message();
-    Result<Tensor> two = f.rms_norm_channels(y.value(), gg, Tensor(), c.act);
+    Result<Tensor> two_gpu = f.rms_norm_channels(y.value(), gg, Tensor(), c.act);
+    ASSERT_TRUE(two_gpu.ok()) << two_gpu.status().message();
     EXPECT_TRUE(f.synchronize().ok());
+    // close() reads its reference on the host.
+    Result<Tensor> two = f.download(two_gpu.value());
     EXPECT_TRUE(close(what, got, want, conv_tol()));
     EXPECT_TRUE(close(what + " vs conv then norm on the GPU", got, two, 2e-3));
     // Into frames [1, 1 + frames) of a tensor of frames + 2 (a ring's slots): the frames around
@@ -598,10 +601,10 @@ TEST_P(CudaOps, Conv3dFramesNormed) {
           << what << ": frame " << fi << " of the ring changed";
     }
   }
-  // A misshaped slot is refused with a message; without LATENT_CUDA_CONV_NORM=1 (the default)
-  // the backend declines.
-  Tensor x = input({3, 96, 8, 8}, 990), w = input({96, 96, 9, 3}, 991, -0.02f, 0.02f);
-  Tensor g = input({96}, 992, 0.5f, 1.5f), wrong = input({2, 96, 8, 8}, 993);
+  // A misshaped slot is refused with a message; with LATENT_CUDA_CONV_NORM=0 the backend
+  // declines, and by default it fuses.
+  Tensor x = input({3, 96, 9, 130}, 990), w = input({96, 96, 9, 3}, 991, -0.02f, 0.02f);
+  Tensor g = input({96}, 992, 0.5f, 1.5f), wrong = input({2, 96, 9, 130}, 993);
   const std::shared_ptr<Backend> on = backend_with({{"LATENT_CUDA_CONV_NORM", "1"}});
   ASSERT_TRUE(on);
   Result<Tensor> r =
@@ -610,10 +613,18 @@ TEST_P(CudaOps, Conv3dFramesNormed) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("does not match the output"), std::string::npos)
       << r.status().message();
-  Result<Tensor> off = gpu_->conv3d_frames_normed(
-      on_gpu(x), on_gpu(w), 3, Tensor(), Conv2dParams::same(3), on_gpu(g), Activation::kSiLU);
+  const std::shared_ptr<Backend> no = backend_with({{"LATENT_CUDA_CONV_NORM", "0"}});
+  ASSERT_TRUE(no);
+  Result<Tensor> off = no->conv3d_frames_normed(
+      up(*no, x), up(*no, w), 3, Tensor(), Conv2dParams::same(3), up(*no, g), Activation::kSiLU);
   ASSERT_TRUE(off.ok()) << off.status().message();
   EXPECT_FALSE(off.value().defined());
+  if (fuses) {
+    Result<Tensor> by_default = gpu_->conv3d_frames_normed(
+        on_gpu(x), on_gpu(w), 3, Tensor(), Conv2dParams::same(3), on_gpu(g), Activation::kSiLU);
+    ASSERT_TRUE(by_default.ok()) << by_default.status().message();
+    EXPECT_TRUE(by_default.value().defined()) << "the fused norm is the default";
+  }
 }
 
 // cuDNN convolutions with the epilogue fused into one operation graph (LATENT_CUDA_CONV=cudnn

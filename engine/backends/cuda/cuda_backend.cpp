@@ -44,13 +44,12 @@
 //                                  at the top / left) as a padded copy of the input; graph (the
 //                                  default): as the fused graph's post-padding, no copy (the copy
 //                                  only where no fused graph serves the convolution)
-//   LATENT_CUDA_CONV_NORM=1        video: the channel RMS norm after a residual block's first
-//                                  convolution in that convolution's epilogue where conv_wgmma's
-//                                  kernel holds every output channel (conv_wgmma_norm_fits: the
-//                                  Wan VAEs' 96 -> 96 full-resolution levels); unset or 0 (the
-//                                  default until it has run on a GPU: session 26 wrote it with
-//                                  no device time): conv3d_frames_normed() declines and the
-//                                  model runs the norm as its own pass
+//   LATENT_CUDA_CONV_NORM=0        video: the channel RMS norm after a residual block's first
+//                                  convolution as its own pass; unset or 1 (the default): in that
+//                                  convolution's epilogue where conv_wgmma's kernel holds every
+//                                  output channel (conv_wgmma_norm_fits: the Wan VAEs' 96 -> 96
+//                                  levels, 192 -> 192 as a cluster of two blocks; H200, 720p:
+//                                  decoder +1.4 %, encoder +0.9 %, session 27)
 //   LATENT_RMS_NORM_PACKS=N        the video VAEs' channel RMS norm with at most N (1-6) 16-byte
 //                                  packs of a pixel a lane (more lanes a pixel); unset: the
 //                                  default (rms_norm.cu: 3)
@@ -152,8 +151,8 @@ class CudaBackend final : public Backend {
     int conv_wgmma = 1;
     // Convolutions with <= 16 output channels on conv_narrow.cu (LATENT_CUDA_CONV_NARROW=0: off).
     bool conv_narrow = true;
-    // video: the channel RMS norm in conv_wgmma's epilogue (LATENT_CUDA_CONV_NORM=1: on).
-    bool conv_norm = false;
+    // video: the channel RMS norm in conv_wgmma's epilogue (LATENT_CUDA_CONV_NORM=0: off).
+    bool conv_norm = true;
     // LATENT_CONV_WGMMA_TILE: the implicit-GEMM kernel's tile where its width divides the output
     // channels (bench_conv's sweeps); bn 0: the kernel's defaults.
     cuda::ConvWgmmaTile conv_wgmma_tile;
@@ -1711,7 +1710,10 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
       v && *v && !env_is("LATENT_CUDNN_PAD", "copy") && !env_is("LATENT_CUDNN_PAD", "graph"))
     LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using graph");
   options.conv_narrow = !env_is("LATENT_CUDA_CONV_NARROW", "0");
-  options.conv_norm = env_is("LATENT_CUDA_CONV_NORM", "1");
+  options.conv_norm = !env_is("LATENT_CUDA_CONV_NORM", "0");
+  if (const char* v = std::getenv("LATENT_CUDA_CONV_NORM");
+      v && *v && !env_is("LATENT_CUDA_CONV_NORM", "0") && !env_is("LATENT_CUDA_CONV_NORM", "1"))
+    LATENT_WARN("LATENT_CUDA_CONV_NORM=", v, " is neither 0 nor 1: using 1");
   if (const char* v = std::getenv("LATENT_CUDA_CONV_NARROW");
       v && *v && !env_is("LATENT_CUDA_CONV_NARROW", "0") && !env_is("LATENT_CUDA_CONV_NARROW", "1"))
     LATENT_WARN("LATENT_CUDA_CONV_NARROW=", v, " is neither 0 nor 1: using 1");
