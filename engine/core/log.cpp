@@ -4,6 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
+
+#include <strings.h>
 
 namespace latent {
 namespace {
@@ -12,10 +15,18 @@ std::mutex g_mutex;
 LogCallback g_callback = nullptr;
 void* g_user_data = nullptr;
 
+// LATENT_LOG unset: warnings and errors. A value parse_log_level() does not take is reported on
+// stderr and leaves that default (`LATENT_LOG=info` once read as 0 and silenced the errors too).
 int initial_level() {
+  const int fallback = static_cast<int>(LogLevel::kWarning);
   const char* env = std::getenv("LATENT_LOG");
-  if (env && *env) return std::atoi(env);
-  return static_cast<int>(LogLevel::kWarning);
+  if (!env || !*env) return fallback;
+  if (const std::optional<int> level = parse_log_level(env)) return *level;
+  std::fprintf(stderr,
+               "latent WARN: LATENT_LOG=%s is not a level (0-9, or none, error, warning, info, "
+               "debug, trace): logging warnings and errors\n",
+               env);
+  return fallback;
 }
 
 std::atomic<int> g_level{initial_level()};
@@ -32,6 +43,19 @@ const char* level_name(LogLevel l) {
 }
 
 }  // namespace
+
+std::optional<int> parse_log_level(const char* value) {
+  if (!value) return std::nullopt;
+  static const struct {
+    const char* name;
+    int level;
+  } kNames[] = {{"none", 0}, {"error", 1}, {"warning", 2}, {"warn", 2},
+                {"info", 4}, {"debug", 5}, {"trace", 6}};
+  for (const auto& n : kNames)
+    if (strcasecmp(value, n.name) == 0) return n.level;
+  if (value[0] >= '0' && value[0] <= '9' && value[1] == '\0') return value[0] - '0';
+  return std::nullopt;
+}
 
 void set_log_callback(LogCallback cb, void* user_data) {
   std::lock_guard<std::mutex> lock(g_mutex);

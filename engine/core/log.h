@@ -2,6 +2,7 @@
 // gst_debug_log under the "latent-engine" category; latent-tool prints to stderr).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "engine/core/status.h"
@@ -15,8 +16,12 @@ using LogCallback = void (*)(LogLevel level, const char* file, int line, const c
 
 // Installs the callback (nullptr restores the default: warnings and errors to stderr).
 void set_log_callback(LogCallback cb, void* user_data);
-// Messages above this level are dropped before formatting (default kWarning, or LATENT_LOG=N).
+// Messages above this level are dropped before formatting (default kWarning, or LATENT_LOG=N
+// or a level's name: error, warning, info, debug, trace, none).
 void set_log_level(LogLevel level);
+// LATENT_LOG's value: a GStreamer-style number (0 none, 1 error, 2 warning, 4 info, 5 debug,
+// 6 trace; up to 9) or one of those names (any case; `warn` too); nullopt for anything else.
+std::optional<int> parse_log_level(const char* value);
 bool log_enabled(LogLevel level);
 void log_message(LogLevel level, const char* file, int line, const std::string& message);
 
