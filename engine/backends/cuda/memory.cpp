@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "engine/backends/cuda/check.h"
+#include "engine/core/arena_plan.h"
 #include "engine/core/log.h"
 
 namespace latent::cuda {
@@ -240,37 +242,31 @@ void DeviceContext::record_allocations(bool on) {
   }
 }
 
-// Greedy placement by size (largest first): each buffer goes to the lowest offset where it
-// overlaps no placed buffer whose lifetime overlaps its own.
+// The recorded buffers laid out by engine/core/arena_plan (several greedy placements, the
+// smallest arena kept).
 void DeviceContext::plan_offsets() {
-  const size_t n = recorded_.size();
-  constexpr int64_t kForever = INT64_MAX;
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return recorded_[a].bytes > recorded_[b].bytes; });
-  offsets_.assign(n, 0);
-  std::vector<size_t> placed;
-  arena_bytes_ = 0;
-  for (size_t i : order) {
-    const int64_t born = recorded_[i].born,
-                  died = recorded_[i].died < 0 ? kForever : recorded_[i].died;
-    std::vector<std::pair<size_t, size_t>> busy;  // [offset, end) of lifetime-overlapping ones
-    for (size_t j : placed) {
-      const int64_t jb = recorded_[j].born,
-                    jd = recorded_[j].died < 0 ? kForever : recorded_[j].died;
-      if (jb < died && born < jd) busy.push_back({offsets_[j], offsets_[j] + recorded_[j].bytes});
-    }
-    std::sort(busy.begin(), busy.end());
-    size_t off = 0;
-    for (const auto& [b, e] : busy) {
-      if (off + recorded_[i].bytes <= b) break;
-      off = std::max(off, e);
-    }
-    offsets_[i] = off;
-    arena_bytes_ = std::max(arena_bytes_, off + recorded_[i].bytes);
-    placed.push_back(i);
+  std::vector<ArenaBuffer> buffers;
+  buffers.reserve(recorded_.size());
+  for (const AllocEvent& e : recorded_) buffers.push_back({e.bytes, e.born, e.died});
+  ArenaPlan plan = plan_arena(buffers);
+  LATENT_INFO(label_, ": plan arena of ", buffers.size(), " buffers: ", plan.bytes >> 10,
+              " KiB (", plan.placement, "; largest first alone ", plan.largest_first_bytes >> 10,
+              " KiB; the most alive at once ", plan.live_peak >> 10, " KiB)");
+  if (log_enabled(LogLevel::kDebug)) {
+    // What the peak is made of: each buffer alive then, largest first (MiB, born / freed on
+    // the recording's event clock).
+    std::vector<size_t> alive = arena_alive_at_peak(buffers);
+    std::sort(alive.begin(), alive.end(),
+              [&](size_t a, size_t b) { return buffers[a].bytes > buffers[b].bytes; });
+    std::string list;
+    for (size_t i : alive)
+      list += str_cat(list.empty() ? "" : ", ", buffers[i].bytes / 1048576.0, " (", buffers[i].born,
+                      "-", buffers[i].died, ")");
+    LATENT_DEBUG(label_, ": plan arena: the ", alive.size(), " buffers alive at the peak, MiB (born-freed): ",
+                 list);
   }
+  offsets_ = std::move(plan.offsets);
+  arena_bytes_ = plan.bytes;
 }
 
 size_t DeviceContext::plan_arena_bytes() {

@@ -77,7 +77,7 @@ class DeviceContext : public std::enable_shared_from_this<DeviceContext> {
   // === Planned allocations for graph captures (plans) ===
   // record_allocations(true) .. (false): the sizes and lifetimes of the buffers the calling
   // thread allocates in between (a plain forward) are recorded. serve_allocations() then lays
-  // them out by lifetime in one arena of arena_bytes() (greedy, largest first) and, until
+  // them out by lifetime in one arena of arena_bytes() (engine/core/arena_plan) and, until
   // end_serving(), hands the calling thread's allocations out of it in the recorded order (the
   // same forward, captured as a graph: its buffers are then not graph memory). end_serving()
   // says whether every allocation and free matched the recording; a graph captured while they
@@ -88,6 +88,13 @@ class DeviceContext : public std::enable_shared_from_this<DeviceContext> {
     std::lock_guard<std::mutex> lock(plan_mutex_);
     return plan_mode_ == PlanMode::kIdle && !recorded_.empty() &&
            plan_thread_ == std::this_thread::get_id();
+  }
+  // Whether the calling thread's allocations are being recorded or served from an arena (a
+  // plan's forward): a buffer it frees after one call then takes room only during that call.
+  bool planning_on_this_thread() {
+    if (!plan_active_.load(std::memory_order_acquire)) return false;
+    std::lock_guard<std::mutex> lock(plan_mutex_);
+    return plan_mode_ != PlanMode::kIdle && plan_thread_ == std::this_thread::get_id();
   }
   // The arena size the current recording needs (0 without one).
   size_t plan_arena_bytes();
@@ -181,7 +188,8 @@ class TimingEvents {
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
-// A buffer that only grows (cuBLASLt's workspace); its old block is released stream-ordered.
+// A buffer that only grows (cuBLASLt's workspace outside plans); its old block is released
+// stream-ordered.
 class GrowableBuffer {
  public:
   ~GrowableBuffer() { buffer_.reset(); }
