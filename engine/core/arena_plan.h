@@ -17,10 +17,10 @@ struct ArenaBuffer {
 };
 
 struct ArenaPlan {
-  std::vector<size_t> offsets;  // one per buffer, in the input's order
-  size_t bytes = 0;             // the arena's size: the highest offset + size
-  size_t live_peak = 0;         // the most bytes alive at once: no layout needs less
-  const char* placement = "";   // the heuristic that gave this layout (logs, tests)
+  std::vector<size_t> offsets;     // one per buffer, in the input's order
+  size_t bytes = 0;                // the arena's size: the highest offset + size
+  size_t live_peak = 0;            // the most bytes alive at once: no layout needs less
+  const char* placement = "";      // the heuristic that gave this layout (logs, tests)
   size_t largest_first_bytes = 0;  // the arena of the first placement alone (largest first,
                                    // lowest gap: the only one before session 27)
 };

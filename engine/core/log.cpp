@@ -1,12 +1,12 @@
 #include "engine/core/log.h"
 
+#include <strings.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-
-#include <strings.h>
 
 namespace latent {
 namespace {

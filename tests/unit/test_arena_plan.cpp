@@ -1,10 +1,10 @@
 // engine/core/arena_plan: the graph captures' static memory layout (backends/cuda/memory.cpp).
-#include "engine/core/arena_plan.h"
-
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
+
+#include "engine/core/arena_plan.h"
 
 namespace latent {
 namespace {

@@ -1,7 +1,7 @@
 // engine/core/log: LATENT_LOG's values.
-#include "engine/core/log.h"
-
 #include <gtest/gtest.h>
+
+#include "engine/core/log.h"
 
 namespace latent {
 namespace {

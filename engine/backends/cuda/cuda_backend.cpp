@@ -1349,6 +1349,12 @@ Status CudaBackend::spatial_attention_gemm(const Tensor& q, const Tensor& k, con
   LATENT_TRY(s.allocate(*ctx_, static_cast<size_t>(chunk * t) * sizeof(float)));
   LATENT_TRY(p.allocate(*ctx_, static_cast<size_t>(chunk * t) * es));
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  // cuBLASLt's workspaces live only while this attention runs (DitLinear::set_workspace_per_call).
+  struct PerCall {
+    cuda::DitLinear& l;
+    explicit PerCall(cuda::DitLinear& linear) : l(linear) { l.set_workspace_per_call(true); }
+    ~PerCall() { l.set_workspace_per_call(false); }
+  } per_call(*dit_linear_);
   auto at = [&](const Tensor& x, int64_t image, int64_t row) {
     return static_cast<const char*>(x.data()) + static_cast<size_t>((image * t + row) * d) * es;
   };

@@ -207,8 +207,19 @@ Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const vo
 Status DitLinear::matmul(DeviceContext& ctx, Plan& p, const void* w, const void* x,
                          const void* accumulate, void* y) {
   void* workspace = nullptr;
+  // For the VAEs' attention and in a plan's forward (recorded, then served from the graph's
+  // arena) the workspace is a buffer of this call, freed in stream order after it, as cuDNN's
+  // are. Kept for good, it sat on top of every later peak: the FLUX.1 decoder's mid-block
+  // attention left 12.4 MB (720p) / 16 MB (1088p) of split-K workspace under the last up
+  // block's peak (issue 13, session 27).
+  TempBuffer call_workspace;
   if (p.workspace) {
-    LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p.workspace));
+    if (workspace_per_call_ || ctx.planning_on_this_thread()) {
+      LATENT_TRY(call_workspace.allocate(ctx, p.workspace));
+      workspace = call_workspace.get();
+    } else {
+      LATENT_ASSIGN_OR_RETURN(workspace, workspace_.ensure(ctx, p.workspace));
+    }
   }
   LATENT_CUDA_CHECK(launch(ctx, p, p.algo, workspace, p.workspace, w, x, accumulate, y));
   return ok_status();

@@ -59,6 +59,14 @@ class DitLinear {
   // Plans built so far (tests: a repeated shape reuses its plan).
   size_t plan_count() const { return plans_.size(); }
 
+  // While on (CudaBackend::spatial_attention_gemm: the VAEs' mid-block attention), each
+  // product's workspace is a buffer of its call, freed in stream order after it, instead of the
+  // one this object keeps for later calls: a VAE's forward then holds it only while the
+  // attention runs (the kept one sat under the FLUX.1 decoder's last up block: +12 MB at 720p,
+  // issue 13). Always so in a plan's recorded or served forward (DeviceContext::
+  // planning_on_this_thread). Callers hold the backend's lock.
+  void set_workspace_per_call(bool on) { workspace_per_call_ = on; }
+
  private:
   struct Plan;
   Result<Plan*> plan(DeviceContext& ctx, int64_t m, int64_t n, int64_t k, DType dtype, bool bias,
@@ -89,6 +97,7 @@ class DitLinear {
   bool fp8_fast_accum_ = true;             // LATENT_FP8_FAST_ACCUM (dit_linear.cpp)
   bool fp8_tune_ = false;                  // LATENT_FP8_GEMM_TUNE (tune())
   GrowableBuffer workspace_;
+  bool workspace_per_call_ = false;
 };
 
 }  // namespace latent::cuda

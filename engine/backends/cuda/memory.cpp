@@ -249,8 +249,8 @@ void DeviceContext::plan_offsets() {
   buffers.reserve(recorded_.size());
   for (const AllocEvent& e : recorded_) buffers.push_back({e.bytes, e.born, e.died});
   ArenaPlan plan = plan_arena(buffers);
-  LATENT_INFO(label_, ": plan arena of ", buffers.size(), " buffers: ", plan.bytes >> 10,
-              " KiB (", plan.placement, "; largest first alone ", plan.largest_first_bytes >> 10,
+  LATENT_INFO(label_, ": plan arena of ", buffers.size(), " buffers: ", plan.bytes >> 10, " KiB (",
+              plan.placement, "; largest first alone ", plan.largest_first_bytes >> 10,
               " KiB; the most alive at once ", plan.live_peak >> 10, " KiB)");
   if (log_enabled(LogLevel::kDebug)) {
     // What the peak is made of: each buffer alive then, largest first (MiB, born / freed on
@@ -262,8 +262,8 @@ void DeviceContext::plan_offsets() {
     for (size_t i : alive)
       list += str_cat(list.empty() ? "" : ", ", buffers[i].bytes / 1048576.0, " (", buffers[i].born,
                       "-", buffers[i].died, ")");
-    LATENT_DEBUG(label_, ": plan arena: the ", alive.size(), " buffers alive at the peak, MiB (born-freed): ",
-                 list);
+    LATENT_DEBUG(label_, ": plan arena: the ", alive.size(),
+                 " buffers alive at the peak, MiB (born-freed): ", list);
   }
   offsets_ = std::move(plan.offsets);
   arena_bytes_ = plan.bytes;
