@@ -1,6 +1,8 @@
 // engine/core/arena_plan: the graph captures' static memory layout (backends/cuda/memory.cpp).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <iterator>
 #include <random>
 #include <vector>
 
