@@ -283,7 +283,7 @@ TEST(CudaGraphsMemory, TheWarmUpsPoolMemoryIsNotKeptUnderTheGraph) {
 // (+11 / +15 MB over torch.compile at 720p / 1088p, issue 13): before the fix this kept
 // 12,976,384 bytes outside a plan on an H200.
 TEST(CudaGraphsMemory, AttentionWorkspaceIsABufferOfItsCallInAPlan) {
-  auto made = create_cuda_backend(0, DType::kBF16);
+  auto made = get_backend(BackendOptions{"cuda", "bf16"});
   ASSERT_TRUE(made.ok()) << made.status().message();
   Backend& b = **made;
   const Shape shape = {1, 512, 90, 160};
