@@ -627,6 +627,101 @@ TEST_P(CudaOps, Conv3dFramesNormed) {
   }
 }
 
+// conv3d_frames_dual (LATENT_CUDA_CONV_DUAL=1): a residual block's conv2 with its shortcut added,
+// writing both its output and the next block's norm1 + SiLU of that output (into a slot of a
+// larger tensor: the next conv1's frame ring) in one epilogue (conv_wgmma.cu's finish_tile,
+// p.norm_y). Both outputs against the CPU (conv with residual, then the norm) and the normed one
+// against the GPU's own norm of the GPU's output; 96 -> 96 on the TMA halo tile (and the others
+// with LATENT_CUDA_CONV=wgmma), 192 -> 192 as a cluster of two blocks; declines at 96 -> 192,
+// in fp32 and by default.
+TEST_P(CudaOps, Conv3dFramesDual) {
+  if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool fuses = major == 9 && dtype() != DType::kF32;
+  struct Case {
+    int64_t frames, cin, cout, h, w;
+    const char* tile;  // LATENT_CONV_WGMMA_TILE with LATENT_CUDA_CONV=wgmma; null: the default
+    bool fused;        // on a 9.0 device in bf16 / fp16
+  };
+  for (const Case& c :
+       {Case{1, 96, 96, 18, 70, nullptr, true}, Case{3, 96, 96, 9, 130, nullptr, true},
+        Case{3, 96, 96, 18, 70, "halo", true}, Case{2, 96, 96, 13, 37, "implicit", true},
+        Case{1, 192, 192, 10, 21, nullptr, true}, Case{2, 192, 192, 7, 70, nullptr, true},
+        Case{1, 96, 192, 10, 21, nullptr, false}}) {
+    const uint64_t seed = 1900 + static_cast<uint64_t>(c.cin + c.h);
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.cin * 27));
+    Tensor x = input({c.frames + 2, c.cin, c.h, c.w}, seed);
+    Tensor w = input({c.cout, c.cin, 9, 3}, seed + 1, -ws, ws);
+    Tensor b = input({c.cout}, seed + 2);
+    Tensor r = input({c.frames, c.cout, c.h, c.w}, seed + 3);
+    Tensor g = input({c.cout}, seed + 4, 0.5f, 1.5f);
+    const std::shared_ptr<Backend> own = c.tile ? backend_with({{"LATENT_CUDA_CONV_DUAL", "1"},
+                                                                {"LATENT_CUDA_CONV", "wgmma"},
+                                                                {"LATENT_CONV_WGMMA_TILE", c.tile}})
+                                                : backend_with({{"LATENT_CUDA_CONV_DUAL", "1"}});
+    ASSERT_TRUE(own);
+    Backend& f = *own;
+    const std::string what =
+        str_cat("conv3d_frames_dual ", c.frames, "+2 frames ", c.cin, "->", c.cout, " ", c.h, "x",
+                c.w, " +residual", c.tile ? str_cat(" [wgmma, tile ", c.tile, "]") : "");
+    Result<Tensor> conv = conv3d_reference(x, w, b, r, Activation::kNone);
+    ASSERT_TRUE(conv.ok()) << conv.status().message();
+    Result<Tensor> want =
+        cpu_->rms_norm_channels(conv.value(), on_cpu(g), Tensor(), Activation::kSiLU);
+    const Conv2dParams p = Conv2dParams::same(3);
+    const Tensor gx = up(f, x), gw = up(f, w), gb = up(f, b), gr = up(f, r), gg = up(f, g);
+    // The normed output into frames [1, 1 + frames) of a tensor of frames + 2 (a ring's slots).
+    Tensor around = input({c.frames + 2, c.cout, c.h, c.w}, seed + 5);
+    Tensor ring = up(f, around);
+    const Tensor slot =
+        Tensor::from_storage(ring.storage(), ring.byte_offset() + ring.nbytes() / (c.frames + 2),
+                             {c.frames, c.cout, c.h, c.w}, ring.dtype(), ring.layout());
+    Result<Tensor> got = f.conv3d_frames_dual(gx, gw, 3, gb, p, gr, gg, Activation::kSiLU, slot);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status().message();
+    ASSERT_EQ(got.value().defined(), fuses && c.fused) << what;
+    if (!got.value().defined()) continue;
+    EXPECT_TRUE(f.synchronize().ok());
+    EXPECT_TRUE(close(what + " (output)", got, conv, conv_tol()));
+    EXPECT_TRUE(close(what + " (normed, in the slot)", slot, want, conv_tol()));
+    // The GPU's norm of the GPU's own output: the same values, rounded the same way.
+    Result<Tensor> two_gpu = f.rms_norm_channels(got.value(), gg, Tensor(), Activation::kSiLU);
+    ASSERT_TRUE(two_gpu.ok()) << two_gpu.status().message();
+    EXPECT_TRUE(f.synchronize().ok());
+    Result<Tensor> two = f.download(two_gpu.value());  // close() reads its reference on the host
+    EXPECT_TRUE(close(what + " (normed) vs the GPU's norm of its output", slot, two, 2e-3));
+    Result<Tensor> back = f.download(ring);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    const int64_t frame = c.cout * c.h * c.w;
+    Result<Tensor> held = f.download(up(f, around));  // `around` rounded to the dtype
+    ASSERT_TRUE(held.ok());
+    for (int64_t fi : {int64_t{0}, c.frames + 1}) {
+      const float* a = back.value().data_as<float>() + fi * frame;
+      const float* e = held.value().data_as<float>() + fi * frame;
+      EXPECT_TRUE(std::equal(a, a + frame, e))
+          << what << ": frame " << fi << " of the ring changed";
+    }
+  }
+  // By default (and with LATENT_CUDA_CONV_NORM=0) the backend declines.
+  Tensor x = input({3, 96, 9, 130}, 1990), w = input({96, 96, 9, 3}, 1991, -0.02f, 0.02f);
+  Tensor g = input({96}, 1992, 0.5f, 1.5f), r = input({1, 96, 9, 130}, 1993);
+  Tensor slot = input({1, 96, 9, 130}, 1994);
+  Result<Tensor> off =
+      gpu_->conv3d_frames_dual(on_gpu(x), on_gpu(w), 3, Tensor(), Conv2dParams::same(3), on_gpu(r),
+                               on_gpu(g), Activation::kSiLU, on_gpu(slot));
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_FALSE(off.value().defined()) << "LATENT_CUDA_CONV_DUAL is off by default";
+  // A misshaped normed output is refused with a message.
+  const std::shared_ptr<Backend> on = backend_with({{"LATENT_CUDA_CONV_DUAL", "1"}});
+  ASSERT_TRUE(on);
+  Result<Tensor> bad =
+      on->conv3d_frames_dual(up(*on, x), up(*on, w), 3, Tensor(), Conv2dParams::same(3), up(*on, r),
+                             up(*on, g), Activation::kSiLU, up(*on, input({2, 96, 9, 130}, 1995)));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("does not match the output"), std::string::npos)
+      << bad.status().message();
+}
+
 // cuDNN convolutions with the epilogue fused into one operation graph (LATENT_CUDA_CONV=cudnn
 // LATENT_CUDNN_FUSION=on, conv_fused.cpp) against the CPU: every epilogue the VAEs use, 2-D and
 // 3-D. Convolutions below 32 channels (the 3-channel ends) and fp32 run the plain convolution
