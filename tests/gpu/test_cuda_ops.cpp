@@ -153,6 +153,44 @@ class CudaOps : public test::CudaOpTest {
   // (LATENT_CUDA_CONV=wgmma), not only the shapes where it beats cuDNN; cuDNN elsewhere.
   std::shared_ptr<Backend> wgmma_backend() { return backend_with({{"LATENT_CUDA_CONV", "wgmma"}}); }
 
+  // Whether conv_wgmma's epilogue can hold the channel norm here: a 9.0 device, bf16 / fp16.
+  bool epilogue_norm_runs() const {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess)
+      return false;
+    return major == 9 && dtype() != DType::kF32;
+  }
+  // A frame ring's slots for ops that write into one: `around` (frames + 2 frames of
+  // [c, h, w], host) on `f`'s device as `ring`, and `slot`, the view of its frames
+  // [1, 1 + frames).
+  struct RingSlot {
+    Tensor around, ring, slot;
+  };
+  RingSlot ring_slot(Backend& f, int64_t frames, int64_t c, int64_t h, int64_t w, uint64_t seed) {
+    RingSlot r;
+    r.around = input({frames + 2, c, h, w}, seed);
+    r.ring = up(f, r.around);
+    r.slot = Tensor::from_storage(r.ring.storage(),
+                                  r.ring.byte_offset() + r.ring.nbytes() / (frames + 2),
+                                  {frames, c, h, w}, r.ring.dtype(), r.ring.layout());
+    return r;
+  }
+  // The ring's frames 0 and frames + 1 (outside the slot) still hold what they held.
+  void expect_ring_kept(Backend& f, const RingSlot& r, const std::string& what) {
+    const int64_t frames = r.slot.dim(0);
+    Result<Tensor> back = f.download(r.ring);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    const int64_t frame = r.slot.numel() / frames;
+    Result<Tensor> held = f.download(up(f, r.around));  // `around` rounded to the dtype
+    ASSERT_TRUE(held.ok());
+    for (int64_t fi : {int64_t{0}, frames + 1}) {
+      const float* a = back.value().data_as<float>() + fi * frame;
+      const float* e = held.value().data_as<float>() + fi * frame;
+      EXPECT_TRUE(std::equal(a, a + frame, e))
+          << what << ": frame " << fi << " of the ring changed";
+    }
+  }
+
   void check_attention(const std::string& what, Backend& gpu, const Shape& s, int heads,
                        uint64_t seed) {
     Tensor q = input(s, seed, -2.f, 2.f), k = input(s, seed + 1, -2.f, 2.f), v = input(s, seed + 2);
@@ -517,9 +555,7 @@ TEST_P(CudaOps, Conv3dFrames) {
 // ops. Written into a slot of a larger tensor (a frame ring's) it touches nothing else.
 TEST_P(CudaOps, Conv3dFramesNormed) {
   if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
-  int major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  const bool fuses = major == 9 && dtype() != DType::kF32;
+  const bool fuses = epilogue_norm_runs();
   struct Case {
     int64_t frames, cin, cout, h, w;
     Activation act;
@@ -577,29 +613,15 @@ TEST_P(CudaOps, Conv3dFramesNormed) {
     EXPECT_TRUE(close(what + " vs conv then norm on the GPU", got, two, 2e-3));
     // Into frames [1, 1 + frames) of a tensor of frames + 2 (a ring's slots): the frames around
     // keep what they held.
-    Tensor around = input({c.frames + 2, c.cout, c.h, c.w}, seed + 4);
-    Tensor ring = up(f, around);
-    const Tensor slot =
-        Tensor::from_storage(ring.storage(), ring.byte_offset() + ring.nbytes() / (c.frames + 2),
-                             {c.frames, c.cout, c.h, c.w}, ring.dtype(), ring.layout());
-    Result<Tensor> into = f.conv3d_frames_normed(gx, gw, 3, gb, p, gg, c.act, slot);
+    const RingSlot rs = ring_slot(f, c.frames, c.cout, c.h, c.w, seed + 4);
+    Result<Tensor> into = f.conv3d_frames_normed(gx, gw, 3, gb, p, gg, c.act, rs.slot);
     ASSERT_TRUE(into.ok()) << what << ": " << into.status().message();
     ASSERT_TRUE(into.value().defined()) << what;
-    EXPECT_EQ(into.value().storage(), ring.storage());
-    EXPECT_EQ(into.value().byte_offset(), slot.byte_offset());
+    EXPECT_EQ(into.value().storage(), rs.ring.storage());
+    EXPECT_EQ(into.value().byte_offset(), rs.slot.byte_offset());
     EXPECT_TRUE(f.synchronize().ok());
     EXPECT_TRUE(close(what + " into a slot", into, two, 2e-3));
-    Result<Tensor> back = f.download(ring);
-    ASSERT_TRUE(back.ok()) << back.status().message();
-    const int64_t frame = c.cout * c.h * c.w;
-    Result<Tensor> held = f.download(up(f, around));  // `around` rounded to the dtype
-    ASSERT_TRUE(held.ok());
-    for (int64_t fi : {int64_t{0}, c.frames + 1}) {
-      const float* a = back.value().data_as<float>() + fi * frame;
-      const float* e = held.value().data_as<float>() + fi * frame;
-      EXPECT_TRUE(std::equal(a, a + frame, e))
-          << what << ": frame " << fi << " of the ring changed";
-    }
+    expect_ring_kept(f, rs, what);
   }
   // A misshaped slot is refused with a message; with LATENT_CUDA_CONV_NORM=0 the backend
   // declines, and by default it fuses.
@@ -636,9 +658,7 @@ TEST_P(CudaOps, Conv3dFramesNormed) {
 // in fp32 and by default.
 TEST_P(CudaOps, Conv3dFramesDual) {
   if (!gpu_->supports_conv3d_frames()) GTEST_SKIP() << "LATENT_CUDA_CONV3D=0";
-  int major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  const bool fuses = major == 9 && dtype() != DType::kF32;
+  const bool fuses = epilogue_norm_runs();
   struct Case {
     int64_t frames, cin, cout, h, w;
     const char* tile;  // LATENT_CONV_WGMMA_TILE with LATENT_CUDA_CONV=wgmma; null: the default
@@ -672,11 +692,8 @@ TEST_P(CudaOps, Conv3dFramesDual) {
     const Conv2dParams p = Conv2dParams::same(3);
     const Tensor gx = up(f, x), gw = up(f, w), gb = up(f, b), gr = up(f, r), gg = up(f, g);
     // The normed output into frames [1, 1 + frames) of a tensor of frames + 2 (a ring's slots).
-    Tensor around = input({c.frames + 2, c.cout, c.h, c.w}, seed + 5);
-    Tensor ring = up(f, around);
-    const Tensor slot =
-        Tensor::from_storage(ring.storage(), ring.byte_offset() + ring.nbytes() / (c.frames + 2),
-                             {c.frames, c.cout, c.h, c.w}, ring.dtype(), ring.layout());
+    const RingSlot rs = ring_slot(f, c.frames, c.cout, c.h, c.w, seed + 5);
+    const Tensor& slot = rs.slot;
     Result<Tensor> got = f.conv3d_frames_dual(gx, gw, 3, gb, p, gr, gg, Activation::kSiLU, slot);
     ASSERT_TRUE(got.ok()) << what << ": " << got.status().message();
     ASSERT_EQ(got.value().defined(), fuses && c.fused) << what;
@@ -690,17 +707,7 @@ TEST_P(CudaOps, Conv3dFramesDual) {
     EXPECT_TRUE(f.synchronize().ok());
     Result<Tensor> two = f.download(two_gpu.value());  // close() reads its reference on the host
     EXPECT_TRUE(close(what + " (normed) vs the GPU's norm of its output", slot, two, 2e-3));
-    Result<Tensor> back = f.download(ring);
-    ASSERT_TRUE(back.ok()) << back.status().message();
-    const int64_t frame = c.cout * c.h * c.w;
-    Result<Tensor> held = f.download(up(f, around));  // `around` rounded to the dtype
-    ASSERT_TRUE(held.ok());
-    for (int64_t fi : {int64_t{0}, c.frames + 1}) {
-      const float* a = back.value().data_as<float>() + fi * frame;
-      const float* e = held.value().data_as<float>() + fi * frame;
-      EXPECT_TRUE(std::equal(a, a + frame, e))
-          << what << ": frame " << fi << " of the ring changed";
-    }
+    expect_ring_kept(f, rs, what);
   }
   // By default (and with LATENT_CUDA_CONV_NORM=0) the backend declines.
   Tensor x = input({3, 96, 9, 130}, 1990), w = input({96, 96, 9, 3}, 1991, -0.02f, 0.02f);
