@@ -289,19 +289,6 @@ class Backend {
     (void)x, (void)w, (void)kt, (void)bias, (void)p, (void)gamma, (void)act, (void)into;
     return Tensor();
   }
-  // y = conv3d_frames(x, w, kt, bias, p, residual), and rms_norm_channels(y, gamma, no beta, act)
-  // written into `normed_into` (this backend's tensor shaped like y, e.g. a slot of the next
-  // convolution's frame ring), in one pass: a Wan residual block's conv2 (its shortcut added)
-  // and the next block's norm1 -> SiLU. Returns y; an undefined result, with nothing queued,
-  // where the backend does not fuse them (the default); the caller then runs the two ops.
-  virtual Result<Tensor> conv3d_frames_dual(const Tensor& x, const Tensor& w, int kt,
-                                            const Tensor& bias, const Conv2dParams& p,
-                                            const Tensor& residual, const Tensor& gamma,
-                                            Activation act, const Tensor& normed_into) {
-    (void)x, (void)w, (void)kt, (void)bias, (void)p, (void)residual, (void)gamma, (void)act,
-        (void)normed_into;
-    return Tensor();
-  }
   // === end of video clips ===================================================================
   // === Frame, latent and staging I/O ========================================================
   // Each backend converts frames and latents its own way (the CPU on the host, CUDA with its

@@ -375,21 +375,4 @@ Result<Tensor> CpuBackend::conv3d_frames_normed(const Tensor& x, const Tensor& w
   return into;
 }
 
-// The two ops, one after the other (with LATENT_CPU_CONV3D=1, so that the CPU tests walk the
-// model's path for the backends that fuse them).
-Result<Tensor> CpuBackend::conv3d_frames_dual(const Tensor& x, const Tensor& w, int kt,
-                                              const Tensor& bias, const Conv2dParams& p,
-                                              const Tensor& residual, const Tensor& gamma,
-                                              Activation act, const Tensor& normed_into) {
-  if (!conv3d_) return Tensor();
-  LATENT_ASSIGN_OR_RETURN(Tensor y, conv3d_frames(x, w, kt, bias, p, residual));
-  if (!normed_into.defined() || normed_into.shape() != y.shape())
-    return Status::errorf("conv3d_frames_dual: the normed output ",
-                          normed_into.defined() ? shape_str(normed_into.shape()) : "(none)",
-                          " does not match the output ", shape_str(y.shape()));
-  LATENT_DEBUG("conv3d_frames_dual: ", shape_str(y.shape()));
-  LATENT_TRY(rms_norm_channels_into(y, gamma, Tensor(), act, normed_into));
-  return y;
-}
-
 }  // namespace latent

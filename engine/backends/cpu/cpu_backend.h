@@ -73,10 +73,6 @@ class CpuBackend final : public Backend {
   Result<Tensor> conv3d_frames_normed(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
                                       const Conv2dParams& p, const Tensor& gamma, Activation act,
                                       const Tensor& into = Tensor()) override;
-  Result<Tensor> conv3d_frames_dual(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
-                                    const Conv2dParams& p, const Tensor& residual,
-                                    const Tensor& gamma, Activation act,
-                                    const Tensor& normed_into) override;
 
   // === DiT ops: defined in dit_ops.cpp (kernels in dit_kernels.cpp, see dit_ops.h) ===========
   bool supports_dit(DitOp op, DType dtype) const override;

@@ -47,8 +47,6 @@ struct Params : ConvKernelArgs {
   // norm_sqrt_c = sqrt(k).
   const void* norm_gamma = nullptr;
   float norm_sqrt_c = 0.f;
-  // With norm_gamma: the second output of a dual call (ConvWgmmaArgs::norm_y), or null.
-  void* norm_y = nullptr;
 };
 
 // The halo tile's output rows a block for c input and bn output channels.
@@ -183,20 +181,15 @@ __device__ __forceinline__ void stage_acc(float* stile, const float (&acc)[kMt][
 // norm's form, y = act(round(v) * scale(pixel) * gamma) with v = accumulators + bias (no
 // residual) rounded to T first, as the unfused path's stored output is (the scales staged by
 // stage_norm_scales).
-//
-// kDual (a dual call, p.norm_y set): without kNorm, the first of its two stores, which also puts
-// each chunk's stored values (rounded to T) back into the staged tile (every chunk is one
-// thread's); with kNorm, the second, which takes the staged values as final (no bias, no
-// residual) and writes p.norm_y.
 template <typename T, int kBn, int kPx, int kThreads, Activation kAct, bool kNorm = false,
-          bool kDual = false, typename PixelOffset>
+          typename PixelOffset>
 __device__ __forceinline__ void store_staged(const float* stile, const Params& p, int n0,
                                              PixelOffset pixel_offset, int tid) {
   constexpr int kC8 = kBn / 8, kChunks = kPx * kC8;
   constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
-  const T* bias = kNorm && kDual ? nullptr : static_cast<const T*>(p.bias);
+  const T* bias = static_cast<const T*>(p.bias);
   const T* res = static_cast<const T*>(p.residual);
-  T* y = static_cast<T*>(kNorm && kDual ? p.norm_y : p.y);
+  T* y = static_cast<T*>(p.y);
   // The chunk's element offset in y and the residual, -1 outside the output (computed again
   // for the store rather than kept: 2 registers a chunk).
   auto offset = [&](int it) -> int64_t {
@@ -235,12 +228,6 @@ __device__ __forceinline__ void store_staged(const float* stile, const Params& p
       add_packed<T>(v + 2, r[it].y);
       add_packed<T>(v + 4, r[it].z);
       add_packed<T>(v + 6, r[it].w);
-      if constexpr (kDual) {
-        static_assert(kAct == Activation::kNone, "a dual call's first output has no activation");
-        float* back = const_cast<float*>(stile) + px * stage_stride(kBn) + c8 * 8;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) back[i] = to_f32(from_f32<T>(v[i]));
-      }
     }
     uint4 out;
     out.x = pack2<T>(activate(v[0], kAct), activate(v[1], kAct));
@@ -309,15 +296,13 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   return r;
 }
 
-// kFinal: the staged values are the stored output already (a dual call's first store put them
-// there, bias and residual added and rounded): no bias is added.
-template <typename T, int kBn, int kPx, int kThreads, bool kPair = false, bool kFinal = false>
+template <typename T, int kBn, int kPx, int kThreads, bool kPair = false>
 __device__ __forceinline__ void stage_norm_scales(float* stile, const Params& p, int n0, int tid) {
   constexpr int kTpp = kThreads > kPx ? kThreads / kPx : 1;
   constexpr int kPer = kBn / kTpp, kPxStep = kThreads / kTpp;
   static_assert(kTpp <= 32 && (kTpp & (kTpp - 1)) == 0 && kPer % 4 == 0 && kPx % kPxStep == 0,
                 "whole pixels, 4-channel reads");
-  const T* bias = kFinal ? nullptr : static_cast<const T*>(p.bias);
+  const T* bias = static_cast<const T*>(p.bias);
   const int part = tid % kTpp, c0 = part * kPer;
   for (int px = tid / kTpp; px < kPx; px += kPxStep) {
     const float* row = stile + px * stage_stride(kBn) + c0;
@@ -369,22 +354,6 @@ __device__ __forceinline__ void finish_tile(unsigned char* smem_raw, uint32_t ba
   float* stile = reinterpret_cast<float*>(smem_raw + (base - smem_addr(smem_raw)));
   stage_acc<kBn, kMt>(stile, acc, tile0);
   __syncthreads();
-  if (p.norm_y) {
-    // A dual call: y = conv + bias + residual, then the norm of those stored values to norm_y.
-    store_staged<T, kBn, kPx, kThreads, Activation::kNone, false, true>(stile, p, n0, pixel_offset,
-                                                                        threadIdx.x);
-    __syncthreads();
-    stage_norm_scales<T, kBn, kPx, kThreads, kPair, true>(stile, p, n0, threadIdx.x);
-    __syncthreads();
-    if (static_cast<Activation>(p.act) == Activation::kSiLU)
-      store_staged<T, kBn, kPx, kThreads, Activation::kSiLU, true, true>(stile, p, n0, pixel_offset,
-                                                                         threadIdx.x);
-    else
-      store_staged<T, kBn, kPx, kThreads, Activation::kNone, true, true>(stile, p, n0, pixel_offset,
-                                                                         threadIdx.x);
-    if constexpr (kPair) cluster_wait();
-    return;
-  }
   if (kPair || p.norm_gamma) {
     stage_norm_scales<T, kBn, kPx, kThreads, kPair>(stile, p, n0, threadIdx.x);
     __syncthreads();
@@ -1677,10 +1646,7 @@ bool conv_wgmma_preferred(const ConvWgmmaArgs& a, const Launch& l) {
 }
 
 bool conv_wgmma_norm_fits(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
-  // A residual only in a dual call (its first output is the residual sum, the norm of which the
-  // second is).
-  if (!a.norm_gamma || (a.residual && !a.norm_y) || !aligned16(a.norm_gamma) ||
-      (a.norm_y && !aligned16(a.norm_y)) || !conv_wgmma_fits(a, dtype, l))
+  if (!a.norm_gamma || a.residual || !aligned16(a.norm_gamma) || !conv_wgmma_fits(a, dtype, l))
     return false;
   if (a.act != Activation::kNone && a.act != Activation::kSiLU) return false;
   if (use_strip64(a, l)) return false;  // its own epilogue
@@ -1708,7 +1674,6 @@ Status launch_conv_wgmma(const ConvWgmmaArgs& a, DType dtype, const Launch& l) {
           "; conv_wgmma_norm_fits)");
     p.norm_gamma = a.norm_gamma;
     p.norm_sqrt_c = std::sqrt(static_cast<float>(a.k));
-    p.norm_y = a.norm_y;
   }
   if (use_strip64(a, l)) {
     if (!a.tile.strip64_staged && strip64_t_fits(p.y, p.residual, p.act)) {

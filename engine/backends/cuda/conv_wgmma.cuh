@@ -126,10 +126,6 @@ struct ConvWgmmaArgs {
   // norm, rms_norm.cu, of the output rounded to the dtype first, as the unfused path reads it)
   // in the same pass; only where conv_wgmma_norm_fits().
   const void* norm_gamma = nullptr;
-  // With norm_gamma: [frames][out_h][out_w][k] or null. Set, the call writes both: y = conv +
-  // bias + residual (no activation), and norm_y = act(rms_norm_channels(y) * norm_gamma) (a Wan
-  // residual block's conv2 and the next block's norm1 + SiLU: Backend::conv3d_frames_dual).
-  void* norm_y = nullptr;
 };
 
 // The input frames of a call as the kernels (this one and conv_narrow.cu) read them: input frame

@@ -50,10 +50,6 @@
 //                                  output channel (conv_wgmma_norm_fits: the Wan VAEs' 96 -> 96
 //                                  levels, 192 -> 192 as a cluster of two blocks; H200, 720p:
 //                                  decoder +1.4 %, encoder +0.9 %, session 27)
-//   LATENT_CUDA_CONV_DUAL=1        video: a residual block's conv2 (its shortcut added) writes the
-//                                  next block's norm1 + SiLU into that block's frame ring too, in
-//                                  the same epilogue (conv3d_frames_dual); unset or 0 (the default
-//                                  until it has run on a GPU): two passes
 //   LATENT_RMS_NORM_PACKS=N        the video VAEs' channel RMS norm with at most N (1-6) 16-byte
 //                                  packs of a pixel a lane (more lanes a pixel); unset: the
 //                                  default (rms_norm.cu: 3)
@@ -157,9 +153,6 @@ class CudaBackend final : public Backend {
     bool conv_narrow = true;
     // video: the channel RMS norm in conv_wgmma's epilogue (LATENT_CUDA_CONV_NORM=0: off).
     bool conv_norm = true;
-    // video: a residual block's conv2 writing the next block's norm1 too
-    // (LATENT_CUDA_CONV_DUAL=1: on; off until it has run on a GPU).
-    bool conv_dual = false;
     // LATENT_CONV_WGMMA_TILE: the implicit-GEMM kernel's tile where its width divides the output
     // channels (bench_conv's sweeps); bn 0: the kernel's defaults.
     cuda::ConvWgmmaTile conv_wgmma_tile;
@@ -368,26 +361,6 @@ class CudaBackend final : public Backend {
                         into);
     });
   }
-  // conv3d_frames_normed's kernels with a residual and both outputs (LATENT_CUDA_CONV_DUAL=1,
-  // not yet run on a GPU): y = conv + bias + residual, and the norm of y into `normed_into`.
-  Result<Tensor> conv3d_frames_dual(const Tensor& x, const Tensor& w, int kt, const Tensor& bias,
-                                    const Conv2dParams& p, const Tensor& residual,
-                                    const Tensor& gamma, Activation act,
-                                    const Tensor& normed_into) override {
-    return run("conv3d_frames_dual", [&]() -> Result<Tensor> {
-      if (!options_.conv3d || !options_.conv_dual) return Tensor();
-      LATENT_TRY(check_conv3d_frames(x, w, kt));
-      LATENT_ASSIGN_OR_RETURN(const Shape out_shape, conv3d_output(x, w, kt, x.dim(0) - kt + 1, p));
-      LATENT_TRY(check_conv3d_epilogue(bias, residual, act, w, out_shape));
-      LATENT_TRY(check_param("gamma", gamma, w.dim(0), w));
-      LATENT_TRY(check_tensor("normed output", normed_into, 4));
-      if (normed_into.shape() != out_shape)
-        return Status::errorf("the normed output ", shape_str(normed_into.shape()),
-                              " does not match the output ", shape_str(out_shape));
-      return conv_wgmma(x, Tensor(), w, kt, bias, p, residual, act, out_shape[0], Tensor(), gamma,
-                        Tensor(), normed_into);
-    });
-  }
 
   // === plans: graph capture and the on-disk plan cache (graph.h) ===
   bool supports_capture() const override { return true; }
@@ -573,14 +546,11 @@ class CudaBackend final : public Backend {
   // channels) or, by default, a shape where cuDNN was faster.
   // With `norm_gamma` defined: the channel RMS norm in the epilogue (conv3d_frames_normed), an
   // undefined tensor where conv_wgmma_norm_fits() says no. `into` defined: the output goes there
-  // (checked by the caller: the output's shape, this backend's). `normed_into` defined too (with
-  // norm_gamma): a dual call (conv3d_frames_dual), the output without the norm (residual added,
-  // no activation) and its norm (with `act`) into normed_into.
+  // (checked by the caller: the output's shape, this backend's).
   Result<Tensor> conv_wgmma(const Tensor& x0, const Tensor& x1, const Tensor& w, int kt,
                             const Tensor& bias, const Conv2dParams& p, const Tensor& residual,
                             Activation act, int64_t frames, const Tensor& x2 = Tensor(),
-                            const Tensor& norm_gamma = Tensor(), const Tensor& into = Tensor(),
-                            const Tensor& normed_into = Tensor()) {
+                            const Tensor& norm_gamma = Tensor(), const Tensor& into = Tensor()) {
     const int64_t kh = w.dim(2) / kt, kw = w.dim(3);
     const int64_t ho = (x0.dim(2) + p.pad_top + p.pad_bottom - kh) / p.stride + 1,
                   wo = (x0.dim(3) + p.pad_left + p.pad_right - kw) / p.stride + 1;
@@ -617,7 +587,6 @@ class CudaBackend final : public Backend {
     a.act = act;
     a.tile = options_.conv_wgmma_tile;
     a.norm_gamma = norm_gamma.defined() ? norm_gamma.data() : nullptr;
-    a.norm_y = a.norm_gamma && normed_into.defined() ? normed_into.data() : nullptr;
     a.y = into.defined() ? into.data() : nullptr;  // the kernels' alignment checks see it
     const Shape out_shape = {frames, w.dim(0), ho, wo};
     auto output = [&]() -> Result<Tensor> {
@@ -1748,10 +1717,6 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
     LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using graph");
   options.conv_narrow = !env_is("LATENT_CUDA_CONV_NARROW", "0");
   options.conv_norm = !env_is("LATENT_CUDA_CONV_NORM", "0");
-  options.conv_dual = options.conv_norm && env_is("LATENT_CUDA_CONV_DUAL", "1");
-  if (const char* v = std::getenv("LATENT_CUDA_CONV_DUAL");
-      v && *v && !env_is("LATENT_CUDA_CONV_DUAL", "0") && !env_is("LATENT_CUDA_CONV_DUAL", "1"))
-    LATENT_WARN("LATENT_CUDA_CONV_DUAL=", v, " is neither 0 nor 1: using 0");
   if (const char* v = std::getenv("LATENT_CUDA_CONV_NORM");
       v && *v && !env_is("LATENT_CUDA_CONV_NORM", "0") && !env_is("LATENT_CUDA_CONV_NORM", "1"))
     LATENT_WARN("LATENT_CUDA_CONV_NORM=", v, " is neither 0 nor 1: using 1");

@@ -229,29 +229,6 @@ struct CausalConv {
     return y;
   }
 
-  // forward() with the residual (no activation), also writing the channel RMS norm (gamma) and
-  // act of its output into `next`'s frame ring, in the same pass: a residual block's conv2 (its
-  // shortcut added) and the next block's norm1 -> SiLU -> conv1, where the backend fuses them
-  // (Backend::conv3d_frames_dual) and x is a later frame of this layer's ring. Returns the
-  // output; an undefined tensor, with nothing queued and this layer's cache unchanged,
-  // elsewhere (the caller then runs forward() and the next block its norm).
-  Result<Tensor> forward_dual(Backend& b, const Tensor& x, CausalCache* cache,
-                              const Tensor& residual, const Tensor& gamma, Activation act,
-                              const CausalConv& next) const {
-    if (!temporal || !cache || !ring_w[0].defined() || !in_ring_slot(x, *cache)) return Tensor();
-    const int64_t j = cache->ring_frames[slot];
-    // the clip's first frame (one 2-D tap), or output channels other than the input's (the
-    // normed output's ring slot below is made shaped like x): unfused
-    if (j == 0 || taps[2].dim(0) != x.dim(1)) return Tensor();
-    LATENT_ASSIGN_OR_RETURN(const Tensor into, next.input_slot(b, cache, x));
-    if (!into.defined()) return Tensor();
-    LATENT_ASSIGN_OR_RETURN(
-        Tensor y, b.conv3d_frames_dual(cache->ring[slot], ring_w[j % 3], 3, bias, params, residual,
-                                       gamma, act, into));
-    if (y.defined()) ring_advanced(*cache);
-    return y;
-  }
-
   // x: [T, Cin, H, W] -> [T, Cout, H, W]; y = act(conv3d(x) + bias + residual). `cache` null:
   // image mode (every frame a clip of its own).
   Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache,
@@ -498,26 +475,13 @@ struct ResidualBlock {
     return r;
   }
 
-  // x: [T, Cin, H, W] -> [T, Cout, H, W]. `next`: the residual block this one's output feeds
-  // (or null); where conv2 also wrote next's norm1 + SiLU of the output into next's conv1 ring
-  // (CausalConv::forward_dual), *next_normed is set, and next's forward is then called with
-  // x_normed (its norm1 is not run again).
-  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache,
-                         const ResidualBlock* next = nullptr, bool* next_normed = nullptr,
-                         bool x_normed = false) const {
-    if (next_normed) *next_normed = false;
+  // x: [T, Cin, H, W] -> [T, Cout, H, W]
+  Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
     Tensor h = x;
     if (conv_shortcut) {
       LATENT_ASSIGN_OR_RETURN(h, conv_shortcut->forward(b, x, cache));
     }
-    Tensor y;
-    if (x_normed) {
-      // norm1 + SiLU of x are already in conv1's ring slot
-      LATENT_ASSIGN_OR_RETURN(y, conv1.input_slot(b, cache, x));
-      if (!y.defined()) return Status::error("residual block: a normed input without a frame ring");
-    } else {
-      LATENT_ASSIGN_OR_RETURN(y, norm_silu_into(b, x, norm1, conv1, cache));
-    }
+    LATENT_ASSIGN_OR_RETURN(Tensor y, norm_silu_into(b, x, norm1, conv1, cache));
     // conv1 -> norm2 -> SiLU in one pass where the backend fuses them, else one after the other
     LATENT_ASSIGN_OR_RETURN(Tensor z,
                             conv1.forward_normed(b, y, cache, norm2, Activation::kSiLU, conv2));
@@ -526,31 +490,9 @@ struct ResidualBlock {
       LATENT_ASSIGN_OR_RETURN(z, norm_silu_into(b, z, norm2, conv2, cache));
     }
     // dropout is the identity at inference
-    if (next && next_normed) {
-      LATENT_ASSIGN_OR_RETURN(Tensor out, conv2.forward_dual(b, z, cache, h, next->norm1,
-                                                             Activation::kSiLU, next->conv1));
-      if (out.defined()) {
-        *next_normed = true;
-        return out;
-      }
-    }
     return conv2.forward(b, z, cache, h);
   }
 };
-
-// Residual blocks one after the other, each block's conv2 writing the next one's norm1 where the
-// backend fuses them (ResidualBlock::forward's `next`).
-Result<Tensor> residual_chain(Backend& b, const std::vector<ResidualBlock>& blocks, Tensor h,
-                              CausalCache* cache) {
-  bool normed = false;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const ResidualBlock* next = i + 1 < blocks.size() ? &blocks[i + 1] : nullptr;
-    bool next_normed = false;
-    LATENT_ASSIGN_OR_RETURN(h, blocks[i].forward(b, h, cache, next, &next_normed, normed));
-    normed = next_normed;
-  }
-  return h;
-}
 
 // diffusers' AvgDown3D, the shortcut of a Wan 2.2 down block: the input's [ft, fs, fs] blocks
 // of frames and pixels (with ft - T % ft zero frames in front of the chunk) become channels
@@ -809,7 +751,10 @@ struct ResidualDownBlock {
 
   // x: [T, Cin, H, W] -> [T (/2 after the first chunk when temporal), Cout, H (/2), W (/2)]
   Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache) const {
-    LATENT_ASSIGN_OR_RETURN(Tensor h, residual_chain(b, resnets, x, cache));
+    Tensor h = x;
+    for (const auto& r : resnets) {
+      LATENT_ASSIGN_OR_RETURN(h, r.forward(b, h, cache));
+    }
     if (downsampler) {
       LATENT_ASSIGN_OR_RETURN(h, downsampler->forward(b, h, cache));
     }
@@ -906,16 +851,7 @@ struct Encoder {
       LATENT_ASSIGN_OR_RETURN(x, space_to_depth(b, frames, patch));
     }
     const size_t split = cache && x.dim(0) > 1 ? first_temporal() : 0;
-    // Layer i; consecutive residual blocks as residual_chain() runs them (`normed`: the previous
-    // block wrote this one's norm1, and is set where this one writes the next one's).
-    auto layer = [&](size_t i, const Tensor& h, bool* normed) -> Result<Tensor> {
-      const bool in_normed = *normed;
-      *normed = false;
-      if (const auto* r = std::get_if<ResidualBlock>(&down_blocks[i])) {
-        const ResidualBlock* next =
-            i + 1 < down_blocks.size() ? std::get_if<ResidualBlock>(&down_blocks[i + 1]) : nullptr;
-        return r->forward(b, h, cache, next, normed, in_normed);
-      }
+    auto layer = [&](size_t i, const Tensor& h) {
       return std::visit([&](const auto& l) { return l.forward(b, h, cache); }, down_blocks[i]);
     };
     Tensor h;
@@ -924,21 +860,18 @@ struct Encoder {
       for (int64_t t = 0; t < x.dim(0); ++t) {
         // f: [1, C, H', W'] through conv_in and the per-frame levels
         LATENT_ASSIGN_OR_RETURN(Tensor f, conv_in.forward(b, frame_view(x, t, 1), cache));
-        bool normed = false;
         for (size_t i = 0; i < split; ++i) {
-          LATENT_ASSIGN_OR_RETURN(f, layer(i, f, &normed));
+          LATENT_ASSIGN_OR_RETURN(f, layer(i, f));
         }
-        if (normed) return Status::error("encoder: a normed frame left past the per-frame levels");
         frames.push_back(std::move(f));
       }
       LATENT_ASSIGN_OR_RETURN(h, join_frames(b, frames));
     } else {
       LATENT_ASSIGN_OR_RETURN(h, conv_in.forward(b, x, cache));
     }
-    bool normed = false;
     for (size_t i = split; i < down_blocks.size(); ++i) {
       // h: [T, C, H', W']
-      LATENT_ASSIGN_OR_RETURN(h, layer(i, h, &normed));
+      LATENT_ASSIGN_OR_RETURN(h, layer(i, h));
     }
     LATENT_ASSIGN_OR_RETURN(h, mid_block.forward(b, h, cache));
     LATENT_ASSIGN_OR_RETURN(h, b.rms_norm_channels(h, norm_out, Tensor(), Activation::kSiLU));
@@ -957,7 +890,10 @@ struct UpBlock {
   // x: [T, Cin, H, W] -> [T (*2), Cout (/2 when upsampling, Wan 2.1), H (*2), W (*2)].
   // first_chunk: the clip's first latent frame (or image mode), see DupUp.
   Result<Tensor> forward(Backend& b, const Tensor& x, CausalCache* cache, bool first_chunk) const {
-    LATENT_ASSIGN_OR_RETURN(Tensor h, residual_chain(b, resnets, x, cache));
+    Tensor h = x;
+    for (const auto& r : resnets) {
+      LATENT_ASSIGN_OR_RETURN(h, r.forward(b, h, cache));
+    }
     if (upsampler) {
       LATENT_ASSIGN_OR_RETURN(h, upsampler->forward(b, h, cache));
     }
