@@ -207,14 +207,14 @@ Status DitLinear::run(DeviceContext& ctx, const void* x, const void* w, const vo
 Status DitLinear::matmul(DeviceContext& ctx, Plan& p, const void* w, const void* x,
                          const void* accumulate, void* y) {
   void* workspace = nullptr;
-  // For the VAEs' attention and in a plan's forward (recorded, then served from the graph's
-  // arena) the workspace is a buffer of this call, freed in stream order after it, as cuDNN's
-  // are. Kept for good, it sat on top of every later peak: the FLUX.1 decoder's mid-block
-  // attention left 12.4 MB (720p) / 16 MB (1088p) of split-K workspace under the last up
-  // block's peak (issue 13, session 27).
+  // For the VAEs' attention (set_workspace_per_call: the only products a VAE's plan records)
+  // the workspace is a buffer of this call, freed in stream order after it, as cuDNN's are.
+  // Kept for good, it sat on top of every later peak: the FLUX.1 decoder's mid-block attention
+  // left 12.4 MB (720p) / 16 MB (1088p) of split-K workspace under the last up block's peak
+  // (issue 13, session 27).
   TempBuffer call_workspace;
   if (p.workspace) {
-    if (workspace_per_call_ || ctx.planning_on_this_thread()) {
+    if (workspace_per_call_) {
       LATENT_TRY(call_workspace.allocate(ctx, p.workspace));
       workspace = call_workspace.get();
     } else {

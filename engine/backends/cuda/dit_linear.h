@@ -62,9 +62,8 @@ class DitLinear {
   // While on (CudaBackend::spatial_attention_gemm: the VAEs' mid-block attention), each
   // product's workspace is a buffer of its call, freed in stream order after it, instead of the
   // one this object keeps for later calls: a VAE's forward then holds it only while the
-  // attention runs (the kept one sat under the FLUX.1 decoder's last up block: +12 MB at 720p,
-  // issue 13). Always so in a plan's recorded or served forward (DeviceContext::
-  // planning_on_this_thread). Callers hold the backend's lock.
+  // attention runs, and in a plan's arena only during it (the kept one sat under the FLUX.1
+  // decoder's last up block: +12 MB at 720p, issue 13). Callers hold the backend's lock.
   void set_workspace_per_call(bool on) { workspace_per_call_ = on; }
 
  private:

@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "engine/backends/cuda/check.h"
-#include "engine/core/arena_plan.h"
 #include "engine/core/log.h"
 
 namespace latent::cuda {
@@ -245,9 +244,7 @@ void DeviceContext::record_allocations(bool on) {
 // The recorded buffers laid out by engine/core/arena_plan (several greedy placements, the
 // smallest arena kept).
 void DeviceContext::plan_offsets() {
-  std::vector<ArenaBuffer> buffers;
-  buffers.reserve(recorded_.size());
-  for (const AllocEvent& e : recorded_) buffers.push_back({e.bytes, e.born, e.died});
+  const std::vector<ArenaBuffer>& buffers = recorded_;
   ArenaPlan plan = plan_arena(buffers);
   LATENT_INFO(label_, ": plan arena of ", buffers.size(), " buffers: ", plan.bytes >> 10, " KiB (",
               plan.placement, "; largest first alone ", plan.largest_first_bytes >> 10,

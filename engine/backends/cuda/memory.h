@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/core/arena_plan.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 
@@ -89,13 +90,6 @@ class DeviceContext : public std::enable_shared_from_this<DeviceContext> {
     return plan_mode_ == PlanMode::kIdle && !recorded_.empty() &&
            plan_thread_ == std::this_thread::get_id();
   }
-  // Whether the calling thread's allocations are being recorded or served from an arena (a
-  // plan's forward): a buffer it frees after one call then takes room only during that call.
-  bool planning_on_this_thread() {
-    if (!plan_active_.load(std::memory_order_acquire)) return false;
-    std::lock_guard<std::mutex> lock(plan_mutex_);
-    return plan_mode_ != PlanMode::kIdle && plan_thread_ == std::this_thread::get_id();
-  }
   // The arena size the current recording needs (0 without one).
   size_t plan_arena_bytes();
   void serve_allocations(void* arena);
@@ -116,16 +110,12 @@ class DeviceContext : public std::enable_shared_from_this<DeviceContext> {
   bool poison_ = false;
 
   // plans: the recording / serving state (one thread at a time; plan_mutex_ guards it).
-  struct AllocEvent {
-    size_t bytes = 0;
-    int64_t born = 0, died = -1;  // event clock; -1: not freed
-  };
   enum class PlanMode { kIdle, kRecording, kServing };
   std::atomic<bool> plan_active_{false};
   std::mutex plan_mutex_;
   PlanMode plan_mode_ = PlanMode::kIdle;
   std::thread::id plan_thread_;
-  std::vector<AllocEvent> recorded_, served_;
+  std::vector<ArenaBuffer> recorded_, served_;  // event clock: born / died (-1: alive)
   std::vector<size_t> offsets_;
   std::unordered_map<void*, size_t> plan_live_;
   int64_t plan_clock_ = 0;
