@@ -264,18 +264,66 @@ def trace_summary(path: str, t0=None, t1=None) -> dict:
             "gaps_5ms_total_ms": round(sum(g["ms"] for g in r["gaps"]), 1), "longest_gaps": longest}
 
 
-def run_encoder_alone(model, args) -> dict:
+def decoded_clips(clip_paths, work: str) -> str:
+    """The job's distinct clips (the first 8: make_clips cycles 8 patterns) decoded once into one
+    raw NV12 file, WORK/decoded-once.nv12 (made when missing), and that file twice over,
+    WORK/decoded-twice.nv12. Returns the first path."""
+    once, twice = os.path.join(work, "decoded-once.nv12"), os.path.join(work, "decoded-twice.nv12")
+    if os.path.exists(once) and os.path.exists(twice):
+        return once
+    os.makedirs(work, exist_ok=True)
+    parts = []
+    for i, clip in enumerate(clip_paths[:8]):
+        raw = os.path.join(work, f"decoded-{i}.nv12")
+        desc = (f"filesrc location={clip} ! decodebin ! videoconvert ! "
+                f"video/x-raw,format=NV12,width={W},height={H} ! filesink location={raw}")
+        subprocess.run(["gst-launch-1.0", "-q"] + desc.split(), check=True, timeout=600)
+        parts.append(raw)
+    for path, times in ((once + ".tmp", 1), (twice + ".tmp", 2)):
+        with open(path, "wb") as out:
+            for _ in range(times):
+                for raw in parts:
+                    with open(raw, "rb") as f:
+                        shutil.copyfileobj(f, out, 16 << 20)
+    for raw in parts:
+        os.remove(raw)
+    os.rename(twice + ".tmp", twice)
+    os.rename(once + ".tmp", once)
+    return once
+
+
+def run_encoder_alone(model, args, clip_paths=None) -> dict:
     props = " ".join(f"{p}" for p in args.encoder_prop)
     dtype = f"dtype={args.dtype}" if args.dtype else ""
 
     # The frames as the job's decoder hands them over (NV12 in CUDA memory, cudaupload), from a
-    # source that costs nothing (pattern=black: videotestsrc's ball pattern alone runs only
-    # ~150-300 frames/s at 720p on the CPU and bounded session 4's first figure), a queue between
-    # them. Without GStreamer's CUDA elements: RGBA in system memory (vaeencode uploads).
-    sources = [f"videotestsrc num-buffers={{n}} pattern=black ! video/x-raw,format=NV12,width={W},height={H},"
-               "framerate=30/1 ! queue ! cudaupload ! video/x-raw(memory:CUDAMemory)",
-               f"videotestsrc num-buffers={{n}} pattern=black ! video/x-raw,format=RGBA,width={W},height={H},"
-               "framerate=30/1 ! queue"]
+    # source that costs nothing, a queue between them. Without GStreamer's CUDA elements: the
+    # same frames in system memory (vaeencode uploads).
+    # --encoder-source clips (the default): the job's own clips, decoded once beforehand (raw
+    # NV12 read back from the page cache), so that the encoder alone sees the content the job
+    # encodes. Under the power cap the content can move the rate: black frames give every layer
+    # of the random-weight model a spatially constant input (fewer bit flips per multiply, less
+    # power, higher clocks).
+    # black: videotestsrc pattern=black (sessions 4-27's denominator; videotestsrc's ball
+    # pattern alone runs only ~150-300 frames/s at 720p on the CPU and bounded session 4's first
+    # figure). Two runs of n1 and n2 frames, the difference timed (start-up left out).
+    if args.encoder_source == "clips" and clip_paths:
+        once = decoded_clips(clip_paths, os.path.join(args.work, "decoded"))
+        twice = once.replace("decoded-once", "decoded-twice")
+        n1 = os.path.getsize(once) // (W * H * 3 // 2)
+        n2 = 2 * n1
+        parse = f"rawvideoparse format=nv12 width={W} height={H} framerate=24/1"
+        files = {n1: once, n2: twice}
+        sources = [f"filesrc location={{file}} ! {parse} ! queue ! cudaupload ! video/x-raw(memory:CUDAMemory)",
+                   f"filesrc location={{file}} ! {parse} ! queue"]
+    else:
+        # Five times the frames in the second run: start-up varies by some 0.3 s between runs.
+        n1, n2 = args.frames, args.frames * 5
+        files = {n1: "", n2: ""}
+        sources = [f"videotestsrc num-buffers={{n}} pattern=black ! video/x-raw,format=NV12,width={W},height={H},"
+                   "framerate=30/1 ! queue ! cudaupload ! video/x-raw(memory:CUDAMemory)",
+                   f"videotestsrc num-buffers={{n}} pattern=black ! video/x-raw,format=RGBA,width={W},height={H},"
+                   "framerate=30/1 ! queue"]
 
     # cuDNN's choices as the job makes them (latent-precompute: LATENT_CUDNN_SEARCH as set, else
     # heuristic, which also keeps the 3-D graphs on the heuristics' first engine).
@@ -283,17 +331,15 @@ def run_encoder_alone(model, args) -> dict:
     env.setdefault("LATENT_CUDNN_SEARCH", "heuristic")
 
     def once(src, n):
-        desc = f"{src.format(n=n)} ! vaeencode model={model} device=cuda {dtype} {props} ! fakesink"
+        desc = f"{src.format(n=n, file=files[n])} ! vaeencode model={model} device=cuda {dtype} {props} ! fakesink"
         t0 = time.perf_counter()
         subprocess.run(["gst-launch-1.0", "-q"] + desc.split(), check=True, timeout=args.timeout,
                        capture_output=True, env=env)
         return time.perf_counter() - t0
 
-    # Five times the frames in the second run: start-up varies by some 0.3 s between runs. The
-    # pair is timed --encoder-reps times and the median pair kept: one pair's rate varied by
+    # The pair is timed --encoder-reps times and the median pair kept: one pair's rate varied by
     # 3-5 % between calls on one H100 (70.8 / 73.1 frames/s), and it is the denominator of the
     # issue's ratio.
-    n1, n2 = args.frames, args.frames * 5
     for i, src in enumerate(sources):
         pairs = []
         try:
@@ -307,9 +353,9 @@ def run_encoder_alone(model, args) -> dict:
         pairs.sort(key=lambda p: p[1] - p[0])
         t1, t2 = pairs[len(pairs) // 2]
         row = {"frames": n2 - n1, "seconds": round(t2 - t1, 3), "gpu_busy": gpu.busy(), "gpus": 1,
-               "source": src.format(n="N"),
+               "source": src.format(n="N", file=files[n2]), "content": args.encoder_source,
                "frames_per_s_each": sorted(round((n2 - n1) / (b - a), 2) for a, b in pairs)}
-        if env is not None and os.path.exists(env["LATENT_TRACE"]):
+        if os.path.exists(env.get("LATENT_TRACE", "")):
             # The second, longer run's marks from its 10th frame on (start-up left out).
             from trace_gaps import read_marks
 
@@ -438,6 +484,9 @@ def main():
                     help="also time the encoder alone once right before and after each job row (a "
                          "run between two rows serves both) and give each row its ratio to the mean "
                          "of the two: the machine's rate drifted by up to 8 %% within one call")
+    ap.add_argument("--encoder-source", choices=("clips", "black"), default="clips",
+                    help="the encoder alone's frames: the job's own clips decoded beforehand (the same "
+                         "content: under the power cap content moves the rate) or videotestsrc's black")
     ap.add_argument("--encoder-reps", type=int, default=3,
                     help="time the encoder alone this many times (81 against 405 frames each); the median")
     ap.add_argument("--timeout", type=int, default=3600)
@@ -466,14 +515,15 @@ def main():
                     model, clips_dir, os.path.join(args.work, f"{eng}-out"), g, args, eng, k))
                 for eng in args.engine.split(",") for g in counts for k in pipelines]
         if not args.skip_encoder:
-            jobs.append(("encoder", lambda: run_encoder_alone(model, args)))
+            jobs.append(("encoder", lambda: run_encoder_alone(model, args, clip_paths)))
         if not args.skip_torch:
             loop_clips = clip_paths[:args.torch_clips] if args.torch_clips > 0 else clip_paths
             jobs.append(("torch", lambda: run_torch(model, loop_clips, args)))
         def encoder_now():
             try:
                 return rates(run_encoder_alone(model, argparse.Namespace(**{**vars(args), "encoder_reps": 1,
-                                                                             "trace": False})))["frames_per_s_per_gpu"]
+                                                                             "trace": False}),
+                                               clip_paths))["frames_per_s_per_gpu"]
             except Exception as e:  # a bracket that failed leaves its rows without one
                 print(f"encoder bracket failed: {str(e)[-300:]}", file=sys.stderr)
                 return None

@@ -117,6 +117,94 @@ TEST(GstCudaVideo, StagedFramesChangeNoByte) {
   }
 }
 
+// Latents in CUDA memory from a source that is not live: each latent's buffer is held until the
+// next chunk is queued (LATENT_ENCODE_OVERLAP, on by default) and the held one goes out at EOS.
+// The same bytes, timestamps and count as without it, for clips that end on and off a chunk, for
+// the Wan VAE and TAEW2.1 (which completes its latents later), and from a live source (where
+// nothing is held).
+TEST(GstCudaVideo, HeldLatentsChangeNoByte) {
+  auto line = [&](const std::string& model, int frames, bool live) {
+    return str_cat("videotestsrc num-buffers=", frames, " pattern=ball is-live=", live ? 1 : 0,
+                   " ! video/x-raw,format=RGB,width=", kW, ",height=", kH, ",framerate=30/1 ! ",
+                   "vaeencode model=\"", model, "\" mode=video device=cuda ! ",
+                   "application/x-latent(memory:CUDAMemory) ! fakesink name=out sync=false");
+  };
+  for (const std::string& model : {wan(), taew()}) {
+    for (int frames : {1, 5, 11}) {
+      for (bool live : {false, true}) {
+        SCOPED_TRACE(str_cat(model, ", ", frames, " frames", live ? ", live" : ""));
+        g_setenv("LATENT_ENCODE_OVERLAP", "0", TRUE);
+        PipelineRun plain = run_pipeline(line(model, frames, live));
+        g_unsetenv("LATENT_ENCODE_OVERLAP");
+        PipelineRun held = run_pipeline(line(model, frames, live));
+        ASSERT_TRUE(plain.ok) << plain.error;
+        ASSERT_TRUE(held.ok) << held.error;
+        ASSERT_EQ(held.frames.size(), size_t(1 + (frames - 1 + 3) / 4));
+        EXPECT_EQ(held.frames, plain.frames);
+        if (!live) EXPECT_EQ(held.pts, plain.pts);  // a live source stamps by the clock
+        for (const std::string& m : held.memory) EXPECT_EQ(m, "gst.cuda.memory");
+      }
+    }
+  }
+}
+
+// Stopped while a latent is held (the pipeline goes to NULL mid-clip): the held buffer is let go
+// (after the copy into it ran), and the element then runs a whole clip as a fresh one does.
+TEST(GstCudaVideo, StoppedWhileALatentIsHeld) {
+  const std::string line =
+      str_cat(source(40), "vaeencode name=enc model=\"", wan(), "\" mode=video device=cuda ! ",
+              "application/x-latent(memory:CUDAMemory) ! fakesink name=out sync=false");
+  GstElement* p = gst_parse_launch(line.c_str(), nullptr);
+  ASSERT_NE(p, nullptr);
+  GstElement* enc = gst_bin_get_by_name(GST_BIN(p), "enc");
+  GstPad* pad = gst_element_get_static_pad(enc, "sink");
+  struct Seen {
+    GMutex lock;
+    GCond cond;
+    int frames = 0;
+  } seen;
+  g_mutex_init(&seen.lock);
+  g_cond_init(&seen.cond);
+  gst_pad_add_probe(
+      pad, GST_PAD_PROBE_TYPE_BUFFER,
+      [](GstPad*, GstPadProbeInfo*, gpointer data) {
+        auto* s = static_cast<Seen*>(data);
+        g_mutex_lock(&s->lock);
+        ++s->frames;
+        g_cond_signal(&s->cond);
+        g_mutex_unlock(&s->lock);
+        return GST_PAD_PROBE_OK;
+      },
+      &seen, nullptr);
+  gst_object_unref(pad);
+  gst_object_unref(enc);
+  ASSERT_NE(gst_element_set_state(p, GST_STATE_PLAYING), GST_STATE_CHANGE_FAILURE);
+  g_mutex_lock(&seen.lock);
+  const gint64 deadline = g_get_monotonic_time() + 60 * G_TIME_SPAN_SECOND;
+  while (seen.frames < 11 && g_cond_wait_until(&seen.cond, &seen.lock, deadline)) {
+  }
+  const int frames = seen.frames;
+  g_mutex_unlock(&seen.lock);
+  EXPECT_GE(frames, 11);
+  EXPECT_EQ(gst_element_set_state(p, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
+  gst_object_unref(p);
+  g_cond_clear(&seen.cond);
+  g_mutex_clear(&seen.lock);
+  // The same element type, model and device afterwards: a whole clip, as a fresh run gives it.
+  const std::string whole =
+      str_cat(source(9), "vaeencode model=\"", wan(),
+              "\" mode=video device=cuda ! application/x-latent(memory:CUDAMemory) ! "
+              "fakesink name=out sync=false");
+  PipelineRun a = run_pipeline(whole);
+  g_setenv("LATENT_ENCODE_OVERLAP", "0", TRUE);
+  PipelineRun b = run_pipeline(whole);
+  g_unsetenv("LATENT_ENCODE_OVERLAP");
+  ASSERT_TRUE(a.ok) << a.error;
+  ASSERT_TRUE(b.ok) << b.error;
+  ASSERT_EQ(a.frames.size(), 3u);
+  EXPECT_EQ(a.frames, b.frames);
+}
+
 #ifdef LATENT_HAVE_CUDA
 // The most device memory in use (cudaMemGetInfo) seen as decoded frames pass.
 GstPadProbeReturn track_used(GstPad*, GstPadProbeInfo*, gpointer data) {
