@@ -135,15 +135,6 @@ struct VideoEncode {
   bool discont = true;      // the next latent starts a clip
   std::deque<VideoLatent> ready;
   bool draining = false;
-  // Overlap (upstream not live, LATENT_ENCODE_OVERLAP unset or 1): the newest latent's buffer,
-  // its copy queued on the shared stream, goes out only once the next latent's chunk is queued
-  // too (or at a drain), so the streaming thread waits for chunk k while chunk k + 1 is already
-  // on the device: the device never runs dry while this thread reads and launches the next
-  // chunk. A live upstream skips it (it would add a chunk of latency).
-  bool overlap = false;
-  bool overlap_checked = false;  // `overlap` decided for this stream (on its first frame)
-  GstBuffer* held = nullptr;     // owned; complete once held_done's wait() returns
-  std::unique_ptr<latent::DeviceFence> held_done;
   // Frames go to the device through a stager (GPU backends, prefetch-depth > 0): staged and
   // converted at once, so nothing is held back, but the streaming thread never waits behind
   // the work queued on a shared stream (frames in CUDA memory are copied out on the stager's
@@ -765,41 +756,10 @@ static latent::Status video_finish(GstVaeEncode* self, GstLatentModel& model) {
   return status;
 }
 
-// Drops the held latent buffer (a flush, new caps, stop) once the copy into it has run.
-static void video_release_held(GstVaeEncode* self) {
-  VideoEncode& v = self->impl->clip;
-  if (v.held_done) {
-    if (latent::Status st = v.held_done->wait(); !st.ok())
-      GST_WARNING_OBJECT(self, "dropping a held latent: %s", st.message().c_str());
-    v.held_done.reset();
-  }
-  if (v.held) gst_buffer_unref(v.held);
-  v.held = nullptr;
-}
-
-// Whether latents are held back one chunk (see VideoEncode::overlap): not for a live upstream
-// (asked once per stream, by a LATENCY query), and LATENT_ENCODE_OVERLAP=0 turns it off.
-static bool video_decide_overlap(GstVaeEncode* self) {
-  const char* env = g_getenv("LATENT_ENCODE_OVERLAP");
-  if (env && std::string(env) != "0" && std::string(env) != "1")
-    GST_WARNING_OBJECT(self, "LATENT_ENCODE_OVERLAP=%s: expected 0 or 1; taken as 1", env);
-  if (env && std::string(env) == "0") return false;
-  GstQuery* query = gst_query_new_latency();
-  gboolean live = FALSE;
-  if (gst_pad_peer_query(GST_BASE_TRANSFORM_SINK_PAD(self), query))
-    gst_query_parse_latency(query, &live, nullptr, nullptr);
-  gst_query_unref(query);
-  GST_DEBUG_OBJECT(
-      self, "upstream is %slive: latents %s", live ? "" : "not ",
-      live ? "go out as soon as they are complete" : "go out once the next chunk is queued");
-  return !live;
-}
-
 // Drops the clip (a flush, new caps, stop): its stream, queued latents and bookkeeping.
 static void video_drop(GstVaeEncode* self) {
   VideoEncode& v = self->impl->clip;
   auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
-  video_release_held(self);
   {
     std::unique_lock<std::mutex> run;
     if (model) run = std::unique_lock<std::mutex>(*model->run_lock);  // device tensors go here
@@ -808,7 +768,6 @@ static void video_drop(GstVaeEncode* self) {
   }
   video_new_clip(v);
   v.draining = false;
-  v.overlap_checked = false;
   v.stager.reset();  // waits for its copies and conversions (events), then frees its slots
   v.stager_checked = false;
 }
@@ -844,10 +803,6 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
                      v.frames_in);
     std::lock_guard<std::mutex> run(*model.run_lock);
     if (latent::Status st = video_finish(self, model); !st.ok()) problem = st.message();
-  }
-  if (!v.overlap_checked) {
-    v.overlap = video_decide_overlap(self);
-    v.overlap_checked = true;
   }
   latent::Result<latent::Tensor> sample = latent::Status::error("unset");
   const bool trace = gst_latent_trace_enabled();
@@ -902,49 +857,10 @@ static GstFlowReturn video_submit(GstVaeEncode* self, const Negotiated& n, GstLa
   return GST_FLOW_OK;
 }
 
-// The buffer fields of latent frame `l`.
-static void video_stamp(GstVaeEncode* self, GstBuffer* out, const VideoLatent& l) {
-  GST_BUFFER_PTS(out) = l.pts;
-  GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
-  GST_BUFFER_DURATION(out) = l.duration;
-  GST_BUFFER_OFFSET(out) = l.offset;
-  GST_BUFFER_OFFSET_END(out) = l.offset_end;
-  if (l.discont)
-    GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
-  else
-    GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
-  GST_LOG_OBJECT(self,
-                 "latent frame: frames %" G_GUINT64_FORMAT "..%" G_GUINT64_FORMAT
-                 " pts %" GST_TIME_FORMAT " duration %" GST_TIME_FORMAT,
-                 l.offset, l.offset_end, GST_TIME_ARGS(l.pts), GST_TIME_ARGS(l.duration));
-}
-
-// Waits for the copy into `out` (`done`; null: already complete) and hands it out.
-static GstFlowReturn video_hand_out(GstVaeEncode* self, GstBuffer* out,
-                                    std::unique_ptr<latent::DeviceFence> done, std::string problem,
-                                    GstBuffer** outbuf) {
-  if (latent::Status st = done ? done->wait() : latent::ok_status(); !st.ok() && problem.empty())
-    problem = st.message();
-  if (!problem.empty()) {
-    gst_buffer_unref(out);
-    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
-    return GST_FLOW_ERROR;
-  }
-  *outbuf = out;
-  return GST_FLOW_OK;
-}
-
-// Hands out the oldest latent frame (none: *outbuf stays null): the held one first once a newer
-// latent is queued or the clip drains; else the oldest queued one, which is held instead when
-// it is the newest, its copy went to CUDA memory and VideoEncode::overlap is on.
+// Hands out the oldest queued latent frame (none: *outbuf stays null).
 static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
   VideoEncode& v = self->impl->clip;
   *outbuf = nullptr;
-  if (v.held && (!v.ready.empty() || v.draining)) {
-    GstBuffer* out = v.held;
-    v.held = nullptr;
-    return video_hand_out(self, out, std::move(v.held_done), std::string(), outbuf);
-  }
   if (v.ready.empty()) return GST_FLOW_OK;
   auto model = gst_latent_base_get_model(GST_LATENT_BASE(self));
   Negotiated n;
@@ -974,13 +890,28 @@ static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
     problem = write_latent(self, n, *model, l.latent, out, &done);
     l.latent = latent::Tensor();
   }
-  video_stamp(self, out, l);
-  if (problem.empty() && done && v.overlap && !v.draining && v.ready.empty()) {
-    v.held = out;
-    v.held_done = std::move(done);
-    return GST_FLOW_OK;
+  if (latent::Status st = done ? done->wait() : latent::ok_status(); !st.ok() && problem.empty())
+    problem = st.message();
+  if (!problem.empty()) {
+    gst_buffer_unref(out);
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
+    return GST_FLOW_ERROR;
   }
-  return video_hand_out(self, out, std::move(done), std::move(problem), outbuf);
+  GST_BUFFER_PTS(out) = l.pts;
+  GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
+  GST_BUFFER_DURATION(out) = l.duration;
+  GST_BUFFER_OFFSET(out) = l.offset;
+  GST_BUFFER_OFFSET_END(out) = l.offset_end;
+  if (l.discont)
+    GST_BUFFER_FLAG_SET(out, GST_BUFFER_FLAG_DISCONT);
+  else
+    GST_BUFFER_FLAG_UNSET(out, GST_BUFFER_FLAG_DISCONT);
+  GST_LOG_OBJECT(self,
+                 "latent frame: frames %" G_GUINT64_FORMAT "..%" G_GUINT64_FORMAT
+                 " pts %" GST_TIME_FORMAT " duration %" GST_TIME_FORMAT,
+                 l.offset, l.offset_end, GST_TIME_ARGS(l.pts), GST_TIME_ARGS(l.duration));
+  *outbuf = out;
+  return GST_FLOW_OK;
 }
 
 // EOS, a new segment, new caps: the clip ends (its partial chunk padded) and every queued latent
@@ -1003,7 +934,7 @@ static GstFlowReturn video_drain(GstVaeEncode* self) {
     }
   }
   return gst_latent_base_drain(
-      GST_LATENT_BASE(self), &v.draining, [&] { return !v.ready.empty() || v.held; },
+      GST_LATENT_BASE(self), &v.draining, [&] { return !v.ready.empty(); },
       [&](GstBuffer** out) { return video_generate(self, out); });
 }
 
