@@ -112,8 +112,8 @@ log "fuzzers"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DLATENT_CUDA=OFF -DLATENT_BUILD_FUZZERS=ON -DLATENT_BUILD_TESTS=OFF -DLATENT_BUILD_PLUGIN=OFF \
   -DLATENT_SANITIZE=address,undefined
-cmake_build build-fuzz --target fuzz_safetensors fuzz_config
-for f in safetensors config; do
+cmake_build build-fuzz --target fuzz_safetensors fuzz_config fuzz_latent_file
+for f in safetensors config latent_file; do
   mkdir -p build-fuzz/corpus-$f
   # libFuzzer reports every new input; keep its log, show the end.
   if ! build-fuzz/tests/fuzz/fuzz_$f -max_total_time="${LATENT_FUZZ_SECONDS:-60}" \
