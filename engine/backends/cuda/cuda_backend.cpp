@@ -666,10 +666,18 @@ class CudaBackend final : public Backend {
   static const Shape& result_shape(const Tensor& t) { return t.shape(); }
   static const Shape& result_shape(const Fp8Matrix& m) { return m.shape; }
   // Result<Tensor> or Result<Fp8Matrix>, as `body` returns.
+  // With LATENT_LOG=debug an op that holds the host >= 1 ms (or waits that long for the
+  // backend's lock) is logged with both times: a queued op should take microseconds, so these are
+  // the host synchronisations, first-time plan builds and allocations that leave a shared
+  // stream without work while its callers wait (where a chunk's launch stalls, issue 11).
   template <typename F>
   auto run(const char* op, F&& body) -> decltype(body()) {
+    using Clock = std::chrono::steady_clock;
+    const bool watch = log_enabled(LogLevel::kDebug);
+    const Clock::time_point asked = watch ? Clock::now() : Clock::time_point();
     std::unique_lock<std::mutex> lock(mutex_);
     wait_for_capture(lock);  // plans
+    const Clock::time_point began = watch ? Clock::now() : Clock::time_point();
     DeviceGuard guard;
     Status st = guard.set(ctx_->device());
     if (!st.ok()) return st.with_context(str_cat(op, " on ", ctx_->label()));
@@ -689,6 +697,15 @@ class CudaBackend final : public Backend {
     }
     save_new_plans_locked();  // plans: a choice this op just timed (its file write not in the
                               // profile)
+    if (watch) {
+      auto ms = [](Clock::duration d) {
+        return std::chrono::duration<double, std::milli>(d).count();
+      };
+      const double waited = ms(began - asked), held = ms(Clock::now() - began);
+      if (held >= 1.0 || waited >= 1.0)
+        LATENT_DEBUG(ctx_->label(), ": ", op, " -> ", shape_str(result_shape(*r)),
+                     " held the host ", held, " ms after waiting ", waited, " ms for the backend");
+    }
     return r;
   }
 
