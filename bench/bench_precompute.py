@@ -8,9 +8,10 @@ On a set of 720p H.264 clips (generated here when --clips-dir has none), for eac
            when GStreamer's nvcodec plugin is there, and its CUDA memory goes straight in);
            ray-cluster: the same joining a local cluster started before the row (`ray start
            --head`, RAY_ADDRESS=auto): a cluster that is already up, as on a real one
-  encoder  the encoder alone: videotestsrc pattern=black 1280x720 NV12 ! queue ! cudaupload !
-           vaeencode ! fakesink (RGBA in system memory without cudaupload), start-up removed by
-           two frame counts (the "standalone frames/s" the target compares with)
+  encoder  the encoder alone: the job's 8 distinct clips decoded beforehand to raw NV12, read back
+           (filesrc ! rawvideoparse ! queue ! cudaupload ! vaeencode ! fakesink; system memory
+           without cudaupload), start-up removed by two frame counts (the "standalone frames/s"
+           the target compares with); --encoder-source black: videotestsrc pattern=black
   torch    a plain PyTorch + diffusers loop over the same clips: decode (PyAV, else torchvision,
            else GStreamer through appsink), encode with the model's diffusers class (video mode:
            the whole clip [1, 3, T, H, W] for AutoencoderKLWan / AutoencoderKLQwenImage; per-frame
@@ -273,9 +274,14 @@ def trace_summary(path: str, t0=None, t1=None) -> dict:
 
 def decoded_clips(clip_paths, work: str) -> str:
     """The job's distinct clips (the first 8: make_clips cycles 8 patterns) decoded once into one
-    raw NV12 file, WORK/decoded-once.nv12 (made when missing), and that file twice over,
-    WORK/decoded-twice.nv12. Returns the first path."""
-    once, twice = os.path.join(work, "decoded-once.nv12"), os.path.join(work, "decoded-twice.nv12")
+    raw NV12 file, WORK/decoded-<key>-once.nv12, and that file twice over, ...-twice.nv12 (made
+    when missing; the key names the clips, their sizes and times). Returns the first path."""
+    import hashlib
+
+    key = hashlib.sha1(repr([(os.path.abspath(c), os.path.getsize(c), os.path.getmtime(c), W, H)
+                             for c in clip_paths[:8]]).encode()).hexdigest()[:12]
+    once = os.path.join(work, f"decoded-{key}-once.nv12")
+    twice = os.path.join(work, f"decoded-{key}-twice.nv12")
     if os.path.exists(once) and os.path.exists(twice):
         return once
     os.makedirs(work, exist_ok=True)
@@ -316,7 +322,7 @@ def run_encoder_alone(model, args, clip_paths=None) -> dict:
     # figure). Two runs of n1 and n2 frames, the difference timed (start-up left out).
     if args.encoder_source == "clips" and clip_paths:
         once = decoded_clips(clip_paths, os.path.join(args.work, "decoded"))
-        twice = once.replace("decoded-once", "decoded-twice")
+        twice = once[:-len("once.nv12")] + "twice.nv12"
         n1 = os.path.getsize(once) // (W * H * 3 // 2)
         n2 = 2 * n1
         parse = f"rawvideoparse format=nv12 width={W} height={H} framerate=24/1"
@@ -492,10 +498,12 @@ def main():
                          "run between two rows serves both) and give each row its ratio to the mean "
                          "of the two: the machine's rate drifted by up to 8 %% within one call")
     ap.add_argument("--encoder-source", choices=("clips", "black"), default="clips",
-                    help="the encoder alone's frames: the job's own clips decoded beforehand (the same "
-                         "content: under the power cap content moves the rate) or videotestsrc's black")
+                    help="the encoder alone's frames: the job's own clips decoded beforehand (default: the "
+                         "same content as the job; under the power cap content can move the rate) or "
+                         "videotestsrc's black frames (sessions 4-27)")
     ap.add_argument("--encoder-reps", type=int, default=3,
-                    help="time the encoder alone this many times (81 against 405 frames each); the median")
+                    help="time the encoder alone this many times (clips: the 8 distinct clips once against "
+                         "twice; black: 81 against 405 frames); the median")
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--trace", action="store_true",
                     help="run the job and the encoder alone with LATENT_TRACE (WORK/trace-*.txt) and "
