@@ -14,12 +14,19 @@
 //
 // Saving writes a temporary file next to the target and renames it over the target (atomic on
 // POSIX), after merging in entries another process may have saved meanwhile. Thread-safe.
+//
+// Blobs: opaque bytes too large or binary for the JSON (a serialized cuDNN execution plan with
+// its compiled kernel), one file each in a folder beside the store's file (<file minus .json>.
+// blobs/<16 hex digits of a hash of the key>.bin), so they share its context. Each file starts
+// with a header naming its key and ends with a checksum: a truncated or damaged file, or one of
+// another key, is not served.
 #pragma once
 
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 
@@ -56,6 +63,15 @@ class PlanCache {
 
   bool dirty() const;
   size_t size() const;
+
+  // The blob under `key` into *data: false when there is none (or no path), and, with a warning,
+  // when its file is damaged or holds another key.
+  bool read_blob(const std::string& key, std::vector<uint8_t>* data) const;
+  // Writes the blob under `key` (a temporary file renamed over the target). Without a path:
+  // nothing, ok.
+  Status write_blob(const std::string& key, const std::vector<uint8_t>& data) const;
+  // The file the blob under `key` lives in (empty without a path).
+  std::string blob_path(const std::string& key) const;
   const std::string& path() const { return path_; }
   const Context& context() const { return context_; }
 

@@ -21,6 +21,7 @@
 #endif
 #include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
+#include "engine/core/log.h"
 #include "engine/core/plan_cache.h"
 #include "engine/models/vae/planned_vae.h"
 #include "engine/models/vae/vae.h"
@@ -458,7 +459,8 @@ TEST(CudaPlanCache, FusedEngineChoicesAreSavedAndTakenAgain) {
   const Tensor hw = test::random_tensor({128, 128, 3, 3}, 22, -0.05f, 0.05f);
   const Tensor hb = test::random_tensor({128}, 23);
   auto run = [&](Tensor* out) {
-    auto backend = get_backend(BackendOptions{"cuda", "bf16"});
+    // A fresh backend each time (get_backend would return the first again, its plans in memory).
+    auto backend = create_cuda_backend(0, DType::kBF16);
     ASSERT_TRUE(backend.ok()) << backend.status().message();
     Backend& b = **backend;
     auto x = b.upload(hx);
@@ -493,6 +495,82 @@ TEST(CudaPlanCache, FusedEngineChoicesAreSavedAndTakenAgain) {
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.nbytes()), 0)
       << "the second backend's output differs from the first's: not the saved engine (" << e.dump()
       << ")";
+#endif
+}
+
+// LATENT_CUDNN_KEEP_COMPILED=1: a fused graph whose engine cuDNN compiles while planning (a
+// residual add) goes to the plan cache's blobs once its engine is settled, and a later backend
+// (a fresh one, as the next process makes) loads it instead of compiling it: the same bytes.
+// With the engines timed (this binary's LATENT_CUDNN_FUSED_TUNE=4): backend 1 times and saves
+// its choice, backend 2 builds that engine alone and keeps it, backend 3 loads it.
+TEST(CudaPlanCache, CompiledFusedPlansAreKeptAndLoaded) {
+#ifndef LATENT_HAVE_CUDA
+  GTEST_SKIP() << "built without the CUDA backend";
+#else
+  if (!cuda::ConvPlanCache::fusion_available())
+    GTEST_SKIP() << "built without cudnn-frontend: no fused convolutions";
+  setenv("LATENT_CUDNN_KEEP_COMPILED", "1", 1);  // read when a backend is made
+  struct Log {
+    std::vector<std::string> lines;
+  } log;
+  set_log_level(LogLevel::kInfo);
+  set_log_callback([](LogLevel, const char*, int, const char* message,
+                      void* user) { static_cast<Log*>(user)->lines.push_back(message); },
+                   &log);
+  const Tensor hx = test::random_tensor({1, 128, 37, 41}, 31);
+  const Tensor hw = test::random_tensor({128, 128, 3, 3}, 32, -0.05f, 0.05f);
+  const Tensor hb = test::random_tensor({128}, 33);
+  const Tensor hr = test::random_tensor({1, 128, 37, 41}, 34);
+  const std::string what =
+      "x[1, 128, 37, 41] * w[128, 128, 3, 3] stride 1 pad 1/1 + bias + residual";
+  auto run = [&](Tensor* out) {
+    auto backend = create_cuda_backend(0, DType::kBF16);  // a fresh backend: nothing in memory
+    ASSERT_TRUE(backend.ok()) << backend.status().message();
+    Backend& b = **backend;
+    auto x = b.upload(hx);
+    auto w = b.upload(hw);
+    auto bias = b.upload(hb);
+    auto r = b.upload(hr);
+    ASSERT_TRUE(x.ok() && w.ok() && bias.ok() && r.ok());
+    const int64_t before = cuda::ConvPlanCache::fused_calls();
+    auto y = b.conv2d(*x, *w, *bias, Conv2dParams::same(3), *r, Activation::kReLU);
+    ASSERT_TRUE(y.ok()) << y.status().message();
+    EXPECT_EQ(cuda::ConvPlanCache::fused_calls() - before, 1) << "not run as a fused graph";
+    auto host = b.download(*y);
+    ASSERT_TRUE(host.ok()) << host.status().message();
+    *out = *host;
+    Status st = b.save_plans();
+    ASSERT_TRUE(st.ok()) << st.message();
+  };
+  auto said = [&](const std::string& a, const std::string& b) {
+    for (const std::string& l : log.lines)
+      if (l.find(what) != std::string::npos && l.find(a) != std::string::npos &&
+          l.find(b) != std::string::npos)
+        return true;
+    return false;
+  };
+  Tensor first, second, third;
+  ASSERT_NO_FATAL_FAILURE(run(&first));
+  log.lines.clear();
+  ASSERT_NO_FATAL_FAILURE(run(&second));
+  const bool kept = said("compiled plan kept", "bytes in ");
+  log.lines.clear();
+  ASSERT_NO_FATAL_FAILURE(run(&third));
+  const bool loaded = said(": loaded in ", "the plan kept in");
+  std::string all;
+  for (const std::string& l : log.lines) all += l + "\n";
+  set_log_callback(nullptr, nullptr);
+  set_log_level(LogLevel::kWarning);
+  unsetenv("LATENT_CUDNN_KEEP_COMPILED");
+  ASSERT_EQ(first.nbytes(), second.nbytes());
+  ASSERT_EQ(first.nbytes(), third.nbytes());
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(first.data(), third.data(), first.nbytes()), 0)
+      << "the loaded plan's output differs from the compiled one's";
+  if (!kept)
+    GTEST_SKIP() << "cuDNN's engine for " << what << " is not compiled while planning here: "
+                 << "nothing to keep";
+  EXPECT_TRUE(loaded) << "the third backend did not load the kept plan; its log:\n" << all;
 #endif
 }
 

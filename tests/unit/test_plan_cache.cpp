@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/core/log.h"
 #include "engine/core/plan_cache.h"
@@ -171,6 +172,60 @@ TEST_F(PlanCacheTest, InMemoryOnlyWithoutPath) {
   EXPECT_TRUE(c.save().ok());
   Json v;
   EXPECT_TRUE(c.lookup("k", &v));
+}
+
+// Blobs beside the file: a round trip through a second store of the same context, none for
+// another key, nothing stored without a path; a truncated, damaged or foreign blob file is not
+// served (with a warning), and the next write replaces it.
+TEST_F(PlanCacheTest, BlobsRoundTripAndDamagedOnesAreNotServed) {
+  const std::string path = PlanCache::file_for(dir_, "cuda", context());
+  PlanCache a(path, context());
+  std::vector<uint8_t> data(100000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+  data[0] = 0;  // bytes, not text
+  const std::string key = "conv fused wan 3x3x3 96->96 | first";
+  ASSERT_TRUE(a.write_blob(key, data).ok());
+  const std::string file = a.blob_path(key);
+  EXPECT_EQ(file.rfind(path.substr(0, path.size() - 5) + ".blobs/", 0), 0u) << file;
+
+  PlanCache b(path, context());
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(b.read_blob(key, &got));
+  EXPECT_EQ(got, data);
+  EXPECT_FALSE(b.read_blob("conv fused other", &got));
+  EXPECT_TRUE(b.write_blob("empty", {}).ok());
+  ASSERT_TRUE(b.read_blob("empty", &got));
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(g_warnings, 0);
+
+  // Another key's file put where this key's belongs (a hash collision, a copied file).
+  const std::string other = slurp(b.blob_path("empty"));
+  write(file, other);
+  EXPECT_FALSE(b.read_blob(key, &got));
+  EXPECT_EQ(g_warnings, 1);
+  // Truncated, then one byte of the data changed.
+  ASSERT_TRUE(a.write_blob(key, data).ok());
+  const std::string whole = slurp(file);
+  write(file, whole.substr(0, whole.size() - 9));
+  EXPECT_FALSE(b.read_blob(key, &got));
+  EXPECT_EQ(g_warnings, 2);
+  std::string flipped = whole;
+  flipped[whole.size() / 2] ^= 0x40;
+  write(file, flipped);
+  EXPECT_FALSE(b.read_blob(key, &got));
+  EXPECT_EQ(g_warnings, 3);
+  write(file, "not a blob");
+  EXPECT_FALSE(b.read_blob(key, &got));
+  EXPECT_EQ(g_warnings, 4);
+  ASSERT_TRUE(a.write_blob(key, data).ok());
+  ASSERT_TRUE(b.read_blob(key, &got));
+  EXPECT_EQ(got, data);
+
+  // In memory only: nothing is written, nothing is found.
+  PlanCache memory("", context());
+  EXPECT_TRUE(memory.write_blob(key, data).ok());
+  EXPECT_FALSE(memory.read_blob(key, &got));
+  EXPECT_EQ(memory.blob_path(key), "");
 }
 
 TEST_F(PlanCacheTest, DefaultDirectoryFollowsEnvironment) {

@@ -87,11 +87,16 @@ class ConvPlanCache {
   // `runtime_compiled` false: only engines cuDNN ships compiled (no kernel built at plan time).
   // `tune_2d` / `tune_3d`: how many of cuDNN's candidate engines a 2-D / 3-D fused graph builds
   // and times on its first call (0 or 1: the heuristics' first alone; CudaBackend::Options).
-  void set_fusion(bool on, bool runtime_compiled = true, int tune_2d = 0, int tune_3d = 4) {
+  // `keep_compiled`: a fused graph whose engine cuDNN compiled while planning is serialized into
+  // the plan cache's blobs, and a later process loads it instead of compiling it again
+  // (LATENT_CUDNN_KEEP_COMPILED; needs the disk cache).
+  void set_fusion(bool on, bool runtime_compiled = true, int tune_2d = 0, int tune_3d = 4,
+                  bool keep_compiled = false) {
     fusion_ = on;
     fusion_runtime_compiled_ = runtime_compiled;
     fusion_tune_2d_ = tune_2d;
     fusion_tune_3d_ = tune_3d;
+    fusion_keep_compiled_ = keep_compiled;
   }
   // Whether this build has cuDNN's graph API (cudnn-frontend) to fuse with.
   static bool fusion_available();
@@ -130,6 +135,7 @@ class ConvPlanCache {
   bool fusion_ = false;              // conv fusion
   bool fusion_runtime_compiled_ = true;                   // conv fusion
   int fusion_tune_2d_ = 0, fusion_tune_3d_ = 4;           // conv fusion
+  bool fusion_keep_compiled_ = false;                     // conv fusion
   std::unique_ptr<FusedPlans, FusedPlansDeleter> fused_;  // conv fusion
 };
 

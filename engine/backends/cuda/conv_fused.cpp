@@ -82,6 +82,65 @@ std::string fused_plan_key(const ConvShape& s, const ConvEpilogue& e, bool runti
                  runtime_compiled ? "" : " (precompiled engines)");
 }
 
+// The plan cache's blob key for the serialized plan of a fused graph: the graph's key and its
+// engine (the heuristics' first, or the choice `want` saved by an earlier process). Empty where a
+// graph's engines are yet to be timed (tune > 1 and no choice saved): nothing is loaded then.
+std::string kept_plan_key(const ConvShape& s, const ConvEpilogue& e, bool runtime_compiled,
+                          int tune, const std::string& want) {
+  if (tune > 1 && want.empty()) return std::string();
+  return str_cat(fused_plan_key(s, e, runtime_compiled), " | ",
+                 want.empty() ? std::string("the heuristics' first") : str_cat("engine ", want));
+}
+
+// A plan serialized by an earlier process (LATENT_CUDNN_KEEP_COMPILED) into `plan`: true when
+// loaded (nothing to compile), false (and `plan` untouched) when there is none or cuDNN refuses
+// it (another cuDNN or GPU would be another plan-cache file; refused all the same, it is built).
+bool load_kept_plan(cudnnHandle_t handle, const PlanCache& disk, const std::string& key,
+                    FusedPlan* plan) {
+  std::vector<uint8_t> data;
+  if (!disk.read_blob(key, &data)) return false;
+  auto g = std::make_shared<fe::graph::Graph>();
+  fe::error_t rc = g->deserialize(handle, data, /*enforce_precompiled=*/false,
+                                  /*run_warmup=*/false);
+  int64_t workspace = 0;
+  if (rc.is_good()) rc = g->get_workspace_size(workspace);
+  if (rc.is_bad()) {
+    LATENT_WARN("conv fused: the plan kept in ", disk.blob_path(key), " for ", key,
+                " does not load (", rc.get_message(), "): building it");
+    return false;
+  }
+  plan->graph = std::move(g);
+  plan->workspace = workspace;
+  plan->tune = false;
+  plan->index = -1;
+  plan->built.clear();
+  return true;
+}
+
+// Serializes `plan` under `key` when cuDNN compiled its engine while planning (the only engines
+// it serializes, and the only ones worth it) and it is the graph's plan (not one of several
+// built to be timed). Failures are logged: the plan runs all the same.
+void keep_plan(const PlanCache& disk, const std::string& key, const FusedPlan& plan) {
+  if (!plan.graph || plan.built.size() > 1) return;
+  std::vector<fe::BehaviorNote_t> notes;
+  if (plan.graph->get_behavior_notes(notes).is_bad() ||
+      std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) == notes.end())
+    return;
+  std::vector<uint8_t> data;
+  fe::error_t rc = plan.graph->serialize(data, /*serialize_structure=*/false);
+  if (rc.is_bad()) {
+    LATENT_DEBUG("conv fused: ", key, ": cuDNN does not serialize its plan (", rc.get_message(),
+                 ")");
+    return;
+  }
+  if (Status st = disk.write_blob(key, data); !st.ok()) {
+    LATENT_WARN("conv fused: ", st.message(), " (the compiled plan is not kept)");
+    return;
+  }
+  LATENT_INFO("conv fused: ", key, ": compiled plan kept (", data.size(), " bytes in ",
+              disk.blob_path(key), ")");
+}
+
 // Builds `s` with epilogue `e` into `plan`: by the engine cuDNN's heuristics rank first, or
 // (`runtime_compiled` false) the first of those cuDNN ships compiled; `tune` > 1: that many
 // candidates, timed on the first call (plan->tune); `want`: that engine alone where it is among
@@ -205,7 +264,15 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
         disk_->lookup(fused_plan_key(s, e, fusion_runtime_compiled_), &saved) &&
         saved.is_object() && saved.contains("engine") && saved["engine"].is_string())
       want = saved["engine"].get<std::string>();
-    const std::string why = build_fused(handle_, s, e, fusion_runtime_compiled_, tune, want, &plan);
+    // LATENT_CUDNN_KEEP_COMPILED: a plan an earlier process compiled and kept is loaded instead.
+    const std::string kept_key = fusion_keep_compiled_ && disk_
+                                     ? kept_plan_key(s, e, fusion_runtime_compiled_, tune, want)
+                                     : std::string();
+    const bool loaded = !kept_key.empty() && load_kept_plan(handle_, *disk_, kept_key, &plan);
+    const std::string why =
+        loaded ? std::string()
+               : build_fused(handle_, s, e, fusion_runtime_compiled_, tune, want, &plan);
+    if (why.empty() && !loaded && !kept_key.empty()) keep_plan(*disk_, kept_key, plan);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!why.empty()) {
@@ -215,12 +282,14 @@ Result<bool> ConvPlanCache::forward_fused(const ConvShape& s, const void* x, con
                    " ms); the convolution and a separate epilogue pass run instead");
     } else {
       // What planning costs at start-up (engines compiled at plan time take the longest).
-      LATENT_INFO("conv fused: ", describe_fused(s, e.bias, e.residual, e.act), ": built in ", ms,
-                  " ms, ", plan.workspace, " bytes of workspace",
-                  plan.index >= 0 ? str_cat(", engine ", want, " (saved in ", disk_->path(), ")")
-                  : !want.empty() ? str_cat("; the saved engine ", want,
-                                            " is not among the candidates built here")
-                                  : std::string());
+      LATENT_INFO("conv fused: ", describe_fused(s, e.bias, e.residual, e.act),
+                  loaded ? ": loaded in " : ": built in ", ms, " ms, ", plan.workspace,
+                  " bytes of workspace",
+                  loaded ? str_cat(" (the plan kept in ", disk_->blob_path(kept_key), ")")
+                  : plan.index >= 0 ? str_cat(", engine ", want, " (saved in ", disk_->path(), ")")
+                  : !want.empty()   ? str_cat("; the saved engine ", want,
+                                              " is not among the candidates built here")
+                                    : std::string());
     }
     it = fused_->plans.emplace(key, std::move(plan)).first;
   }

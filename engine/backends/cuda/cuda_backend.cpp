@@ -40,6 +40,9 @@
 //                                  precompiled: fused by engines cuDNN ships compiled only (none
 //                                  compiled while planning: ~2 s less start-up at 1080p, slower
 //                                  residual-add convolutions)
+//   LATENT_CUDNN_KEEP_COMPILED=1   fused graphs whose engine cuDNN compiles while planning are
+//                                  serialized into the plan cache (blobs beside its file) and
+//                                  loaded by later processes instead of compiled again
 //   LATENT_CUDNN_PAD=copy          diffusers' downsampler padding (more at the bottom / right than
 //                                  at the top / left) as a padded copy of the input; graph (the
 //                                  default): as the fused graph's post-padding, no copy (the copy
@@ -162,6 +165,9 @@ class CudaBackend final : public Backend {
     // How many of cuDNN's candidate engines a 2-D / 3-D fused graph builds and times on its
     // first call (LATENT_CUDNN_FUSED_TUNE; fused_tune_counts()).
     int conv_fusion_tune_2d = 0, conv_fusion_tune_3d = 4;
+    // Fused graphs with an engine compiled while planning kept in the plan cache (serialized) and
+    // loaded by later processes instead of compiled again (LATENT_CUDNN_KEEP_COMPILED=1).
+    bool conv_fusion_keep_compiled = false;
     // Bottom / right padding beyond the top / left as the fused graph's post-padding instead of
     // a padded copy of the input (LATENT_CUDNN_PAD=copy turns it off).
     bool conv_pad_in_graph = true;
@@ -197,7 +203,8 @@ class CudaBackend final : public Backend {
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
     conv_plans_->set_disk_cache(disk_plans_);                       // plans
     conv_plans_->set_fusion(options.conv_fusion, options.conv_fusion_runtime_compiled,
-                            options.conv_fusion_tune_2d, options.conv_fusion_tune_3d);
+                            options.conv_fusion_tune_2d, options.conv_fusion_tune_3d,
+                            options.conv_fusion_keep_compiled);
     profile_.start(ctx_->label());
   }
 
@@ -1728,6 +1735,14 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
                   ": this build has no cudnn-frontend, so convolution epilogues run as a pass");
     options.conv_fusion = false;
   }
+  // LATENT_CUDNN_KEEP_COMPILED=1: fused graphs whose engine cuDNN compiles while planning (the
+  // residual-add convolutions: 0.1-0.8 s each) are serialized into the plan cache and loaded by
+  // later processes (conv_fused.cpp). Off by default until measured on a GPU.
+  options.conv_fusion_keep_compiled = env_is("LATENT_CUDNN_KEEP_COMPILED", "1");
+  if (const char* v = std::getenv("LATENT_CUDNN_KEEP_COMPILED");
+      v && *v && !env_is("LATENT_CUDNN_KEEP_COMPILED", "0") &&
+      !env_is("LATENT_CUDNN_KEEP_COMPILED", "1"))
+    LATENT_WARN("LATENT_CUDNN_KEEP_COMPILED=", v, " is not 0 or 1: using 0");
   options.conv_pad_in_graph = !env_is("LATENT_CUDNN_PAD", "copy");
   if (const char* v = std::getenv("LATENT_CUDNN_PAD");
       v && *v && !env_is("LATENT_CUDNN_PAD", "copy") && !env_is("LATENT_CUDNN_PAD", "graph"))
