@@ -509,14 +509,23 @@ TEST(CudaPlanCache, CompiledFusedPlansAreKeptAndLoaded) {
 #else
   if (!cuda::ConvPlanCache::fusion_available())
     GTEST_SKIP() << "built without cudnn-frontend: no fused convolutions";
-  setenv("LATENT_CUDNN_KEEP_COMPILED", "1", 1);  // read when a backend is made
+  // The log's lines and the setting, restored on every way out of the test (an ASSERT returns
+  // early; the callback must not outlive `log`).
   struct Log {
     std::vector<std::string> lines;
+    Log() {
+      setenv("LATENT_CUDNN_KEEP_COMPILED", "1", 1);  // read when a backend is made
+      set_log_level(LogLevel::kInfo);
+      set_log_callback([](LogLevel, const char*, int, const char* message,
+                          void* user) { static_cast<Log*>(user)->lines.push_back(message); },
+                       this);
+    }
+    ~Log() {
+      set_log_callback(nullptr, nullptr);
+      set_log_level(LogLevel::kWarning);
+      unsetenv("LATENT_CUDNN_KEEP_COMPILED");
+    }
   } log;
-  set_log_level(LogLevel::kInfo);
-  set_log_callback([](LogLevel, const char*, int, const char* message,
-                      void* user) { static_cast<Log*>(user)->lines.push_back(message); },
-                   &log);
   const Tensor hx = test::random_tensor({1, 128, 37, 41}, 31);
   const Tensor hw = test::random_tensor({128, 128, 3, 3}, 32, -0.05f, 0.05f);
   const Tensor hb = test::random_tensor({128}, 33);
@@ -559,9 +568,6 @@ TEST(CudaPlanCache, CompiledFusedPlansAreKeptAndLoaded) {
   const bool loaded = said(": loaded in ", "the plan kept in");
   std::string all;
   for (const std::string& l : log.lines) all += l + "\n";
-  set_log_callback(nullptr, nullptr);
-  set_log_level(LogLevel::kWarning);
-  unsetenv("LATENT_CUDNN_KEEP_COMPILED");
   ASSERT_EQ(first.nbytes(), second.nbytes());
   ASSERT_EQ(first.nbytes(), third.nbytes());
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.nbytes()), 0);
