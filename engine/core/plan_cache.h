@@ -22,6 +22,7 @@
 // another key, is not served.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
