@@ -444,6 +444,37 @@ TEST(CudaPlanCache, ConvChoicesAreSaved) {
   EXPECT_EQ(again.load(), j["entries"].size());
 }
 
+#ifdef LATENT_HAVE_CUDA
+// One 3x3 convolution (+ bias [+ residual `hr`], ReLU) through a fresh backend, as the next
+// process would make it (get_backend would return the first again, its plans in memory): it must
+// run as a fused graph; its output into *out, the backend's plan choices saved.
+void run_fused_on_fresh_backend(const Tensor& hx, const Tensor& hw, const Tensor& hb,
+                                const Tensor* hr, Tensor* out) {
+  auto backend = create_cuda_backend(0, DType::kBF16);
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  Backend& b = **backend;
+  auto x = b.upload(hx);
+  auto w = b.upload(hw);
+  auto bias = b.upload(hb);
+  ASSERT_TRUE(x.ok() && w.ok() && bias.ok());
+  Tensor residual;
+  if (hr) {
+    auto r = b.upload(*hr);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    residual = *r;
+  }
+  const int64_t before = cuda::ConvPlanCache::fused_calls();
+  auto y = b.conv2d(*x, *w, *bias, Conv2dParams::same(3), residual, Activation::kReLU);
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  EXPECT_EQ(cuda::ConvPlanCache::fused_calls() - before, 1) << "not run as a fused graph";
+  auto host = b.download(*y);
+  ASSERT_TRUE(host.ok()) << host.status().message();
+  *out = *host;
+  Status st = b.save_plans();
+  ASSERT_TRUE(st.ok()) << st.message();
+}
+#endif
+
 // The engine chosen by timing cuDNN's candidates for a fused convolution graph (conv_fused.cpp)
 // is saved in the plan cache, and a later backend (the next process) takes it without timing:
 // the same engine, so the same bytes. A shape no other test uses.
@@ -458,25 +489,7 @@ TEST(CudaPlanCache, FusedEngineChoicesAreSavedAndTakenAgain) {
   const Tensor hx = test::random_tensor({1, 128, 45, 52}, 21);
   const Tensor hw = test::random_tensor({128, 128, 3, 3}, 22, -0.05f, 0.05f);
   const Tensor hb = test::random_tensor({128}, 23);
-  auto run = [&](Tensor* out) {
-    // A fresh backend each time (get_backend would return the first again, its plans in memory).
-    auto backend = create_cuda_backend(0, DType::kBF16);
-    ASSERT_TRUE(backend.ok()) << backend.status().message();
-    Backend& b = **backend;
-    auto x = b.upload(hx);
-    auto w = b.upload(hw);
-    auto bias = b.upload(hb);
-    ASSERT_TRUE(x.ok() && w.ok() && bias.ok());
-    const int64_t before = cuda::ConvPlanCache::fused_calls();
-    auto y = b.conv2d(*x, *w, *bias, Conv2dParams::same(3), Tensor(), Activation::kReLU);
-    ASSERT_TRUE(y.ok()) << y.status().message();
-    EXPECT_EQ(cuda::ConvPlanCache::fused_calls() - before, 1) << "not run as a fused graph";
-    auto host = b.download(*y);
-    ASSERT_TRUE(host.ok()) << host.status().message();
-    *out = *host;
-    Status s = b.save_plans();
-    ASSERT_TRUE(s.ok()) << s.message();
-  };
+  auto run = [&](Tensor* out) { run_fused_on_fresh_backend(hx, hw, hb, nullptr, out); };
   Tensor first, second;
   ASSERT_NO_FATAL_FAILURE(run(&first));
   std::string file;
@@ -532,25 +545,7 @@ TEST(CudaPlanCache, CompiledFusedPlansAreKeptAndLoaded) {
   const Tensor hr = test::random_tensor({1, 128, 37, 41}, 34);
   const std::string what =
       "x[1, 128, 37, 41] * w[128, 128, 3, 3] stride 1 pad 1/1 + bias + residual";
-  auto run = [&](Tensor* out) {
-    auto backend = create_cuda_backend(0, DType::kBF16);  // a fresh backend: nothing in memory
-    ASSERT_TRUE(backend.ok()) << backend.status().message();
-    Backend& b = **backend;
-    auto x = b.upload(hx);
-    auto w = b.upload(hw);
-    auto bias = b.upload(hb);
-    auto r = b.upload(hr);
-    ASSERT_TRUE(x.ok() && w.ok() && bias.ok() && r.ok());
-    const int64_t before = cuda::ConvPlanCache::fused_calls();
-    auto y = b.conv2d(*x, *w, *bias, Conv2dParams::same(3), *r, Activation::kReLU);
-    ASSERT_TRUE(y.ok()) << y.status().message();
-    EXPECT_EQ(cuda::ConvPlanCache::fused_calls() - before, 1) << "not run as a fused graph";
-    auto host = b.download(*y);
-    ASSERT_TRUE(host.ok()) << host.status().message();
-    *out = *host;
-    Status st = b.save_plans();
-    ASSERT_TRUE(st.ok()) << st.message();
-  };
+  auto run = [&](Tensor* out) { run_fused_on_fresh_backend(hx, hw, hb, &hr, out); };
   auto said = [&](const std::string& a, const std::string& b) {
     for (const std::string& l : log.lines)
       if (l.find(what) != std::string::npos && l.find(a) != std::string::npos &&
