@@ -164,7 +164,7 @@ def ray_cli(argv, env, check=True) -> None:
         raise RuntimeError(f"ray {' '.join(argv)}: {(p.stderr or p.stdout)[-800:]}")
 
 
-def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) -> dict:
+def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2, per_gpu=1) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     # local-together: the local engine with its pipelines' first clips not staggered;
     # local-preroll / ray-preroll: with --preroll (clips prerolled while others stream)
@@ -172,7 +172,10 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
     # --head`, as a cluster that is already up; RAY_ADDRESS=auto), not one the job starts
     job_engine = "local" if engine in ("local-together", "local-preroll") else \
         "ray" if engine in ("ray-preroll", "ray-cluster") else engine
-    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", job_engine, "--workers", str(gpus),
+    # per_gpu > 1: that many workers (processes or actors, each with its own model, backend and
+    # CUDA stream) share each GPU, so one worker's host-bound launches leave the others' queued work
+    # to run
+    cmd = [os.path.join(ROOT, "scripts", "latent-precompute"), "--engine", job_engine, "--workers", str(gpus * per_gpu),
            "--model", model, "--input", clips_dir, "--output", out_dir, "--no-progress",
            "--pipelines-per-worker", str(pipelines)]
     summary = os.path.join(args.work, "summary.json")
@@ -180,14 +183,14 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
     if engine.endswith("-preroll"):
         cmd += ["--preroll"]
     if job_engine == "ray":
-        cmd += ["--gpus-per-worker", "1"]
+        cmd += ["--gpus-per-worker", f"{1 / per_gpu:g}"]
     else:  # one worker process per GPU, devices dealt in turn
         cmd += ["--device", ",".join(f"cuda:{i}" for i in range(gpus))]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
         cmd += ["--encoder-prop", p]
-    traced = trace_env(args, f"{engine}x{gpus}p{pipelines}")
+    traced = trace_env(args, f"{engine}x{gpus}{f'w{per_gpu}' if per_gpu > 1 else ''}p{pipelines}")
     env = traced
     if engine == "local-together":  # (the trace, when there is one, is still traced's file)
         env = dict(traced or os.environ, LATENT_PRECOMPUTE_STAGGER="0")
@@ -217,13 +220,16 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2) ->
     with open(summary) as f:
         job = json.load(f)
     inside = job.get("frames_per_s_per_worker_while_clips_ran")
+    if inside is not None:  # per GPU: the job's figure is per worker
+        inside = round(inside * per_gpu, 2)
     span = job.get("clips_ran") or [0.0, 0.0]
     failed = 0
     fpath = os.path.join(out_dir, "failures.jsonl")
     if os.path.exists(fpath):
         failed = sum(1 for _ in open(fpath))
     row = {"clips": len(files), "failed": failed, "frames": frames, "latent_frames": latents,
-            "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus, "pipelines_per_worker": pipelines,
+            "seconds": round(wall, 3), "gpu_busy": gpu.busy(), "gpus": gpus, "workers_per_gpu": per_gpu,
+            "pipelines_per_worker": pipelines,
             # from the first clip's start to the last one's end (no start-up, no shutdown)
             "gpu_busy_while_clips_ran": gpu.busy(*span) if span[1] > span[0] else None,
             # each GPU's own (issue 14: no GPU idle more than 5 % of the run)
@@ -486,6 +492,10 @@ def main():
                          "comma-separated list, run in that order (a name may repeat: alternation)")
     ap.add_argument("--pipelines", default="2",
                     help="the job's --pipelines-per-worker; a comma-separated list runs it once per value")
+    ap.add_argument("--workers-per-gpu", default="1",
+                    help="workers sharing each GPU (processes on the local engine, fractional-GPU actors on "
+                         "Ray), each with its own model and CUDA stream; a comma-separated list runs the job "
+                         "once per value (rows ENGINExGwWpK)")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--encoder-prop", action="append", default=[], help="NAME=VALUE for vaeencode")
     ap.add_argument("--skip-torch", action="store_true")
@@ -516,6 +526,9 @@ def main():
     counts = [int(g) for g in str(args.gpus).split(",") if g.strip()]
     counts = [g or gpu_count() for g in counts] or [gpu_count()]
     pipelines = [int(k) for k in str(args.pipelines).split(",") if k.strip()] or [2]
+    per_gpu = [int(w) for w in str(args.workers_per_gpu).split(",") if w.strip()] or [1]
+    if min(per_gpu) < 1:
+        raise SystemExit(f"--workers-per-gpu {args.workers_per_gpu}: each value must be at least 1")
     results = {"size": f"{W}x{H}", "clips": args.clips, "frames_per_clip": args.frames,
                "dtype": args.dtype, "encoder_props": args.encoder_prop, "rows": []}
 
@@ -526,9 +539,9 @@ def main():
                 json.dump(results, f, indent=1)
 
     for model in [m for m in args.models.split(",") if m]:
-        jobs = [(f"{eng}x{g}p{k}", lambda eng=eng, g=g, k=k: run_job(
-                    model, clips_dir, os.path.join(args.work, f"{eng}-out"), g, args, eng, k))
-                for eng in args.engine.split(",") for g in counts for k in pipelines]
+        jobs = [(f"{eng}x{g}{f'w{w}' if w > 1 else ''}p{k}", lambda eng=eng, g=g, k=k, w=w: run_job(
+                    model, clips_dir, os.path.join(args.work, f"{eng}-out"), g, args, eng, k, w))
+                for eng in args.engine.split(",") for g in counts for w in per_gpu for k in pipelines]
         if not args.skip_encoder:
             jobs.append(("encoder", lambda: run_encoder_alone(model, args, clip_paths)))
         if not args.skip_torch:
