@@ -1,19 +1,29 @@
 """One encoding pipeline on one device, reused clip after clip.
 
-    filesrc ! decodebin ! queue ! [videoconvert !] vaeencode device=D ! queue ! latentsink
+    filesrc ! parsebin ! DECODER ! queue ! [videoconvert !] vaeencode device=D ! queue ! latentsink
 
 The queues give the decoder and the file writer threads of their own: vaeencode's thread only
 encodes (it waits for each latent to be complete before it pushes it, and without the queues the
 GPU would also wait while the next frames are decoded and the last latent is written).
 
-decodebin picks the decoder. Its output goes straight to vaeencode whenever vaeencode takes what
-the decoder gives (NV12, I420 and the RGB orders, in system or CUDA memory): nvh264dec /
-nvh265dec then hand over frames in GPU memory (no download, no CPU conversion, vaeencode reads
-them in place), software decoders their planes as they are. Only other formats (grey, 10-bit,
-4:4:4, ...) go through videoconvert. Each result names the decoder and the memory its frames came
-in. The model is loaded once: an idle `vaeencode` with the same model, device and dtype stays
-started for the encoder's lifetime, and the stages of one process share a loaded model, so each
-clip's pipeline start finds it in memory.
+The decoder is picked as decodebin picks it (the highest-ranked decoder that takes the stream's
+caps) and is kept from clip to clip (`keep_decoders`, the default), out of the pipeline's state
+changes (locked in PLAYING, flushed before each clip). decodebin opened and closed nvh264dec for
+every clip (its NVDEC decoder and CUDA frame pool made and freed), which took 0.2 s of each
+clip's start and 0.1 s of its teardown, and while it did, the other pipelines' kernel launches on
+the same GPU stalled for 20-100 ms with the device empty (session 29's trace of the Wan 2.1 job;
+with the decoder kept the longest such gap is 6 ms). A decoder that fails a clip is dropped; the
+next clip gets a new one. `keep_decoders=False` puts decodebin in parsebin's and the decoder's
+place, made anew for every clip (the same bytes).
+
+The decoded frames go straight to vaeencode when a GPU decoder gives 8-bit 4:2:0 (nvh264dec /
+nvh265dec hand over NV12 frames in GPU memory: no download, no CPU conversion, vaeencode reads
+them in place); everything else goes through videoconvert, which passes through what vaeencode
+takes (I420, NV12, the RGB orders, in system or CUDA memory) and converts the rest (grey, 10-bit,
+4:4:4, ...). Each result names the decoder and the memory its frames came in. The model is loaded
+once: an idle `vaeencode` with the same model, device and dtype stays started for the encoder's
+lifetime, and the stages of one process share a loaded model, so each clip's pipeline start finds
+it in memory.
 """
 
 from __future__ import annotations
@@ -172,12 +182,13 @@ class ClipEncoder:
 
     def __init__(self, model: str = "", device: str = "auto", dtype: str = "",
                  clip_timeout: float = 0.0, extra_encoder_props: dict | None = None,
-                 latent_caps: str = "", hold_model: bool = True):
+                 latent_caps: str = "", hold_model: bool = True, keep_decoders: bool = True):
         """`extra_encoder_props`: more vaeencode properties, values as gst-launch strings;
         `latent_caps`: caps between vaeencode and latentsink (e.g. "application/x-latent" for
         system memory; empty: what they negotiate, CUDA memory on a GPU); `hold_model`: load
         the model now and keep it loaded until close() (False for the second and later
-        encoders of a process, which share the instance the first one holds)."""
+        encoders of a process, which share the instance the first one holds); `keep_decoders`:
+        keep the decoder from clip to clip (see the module's notes) instead of decodebin's."""
         Gst = gst()
         self.timeout = clip_timeout
         props = {"model": model, "device": device}
@@ -200,7 +211,12 @@ class ClipEncoder:
 
         self._pipeline = Gst.Pipeline.new(f"precompute{next(_PIPELINE_NUMBERS)}")
         self._src = self._make("filesrc", "src", {})
-        self._decode = self._make("decodebin", "decode", {})
+        # parsebin (demuxer and parsers, made anew for every clip) and the kept decoders; or
+        # decodebin, which makes its decoder anew for every clip
+        self.keep_decoders = keep_decoders
+        self._decode = self._make("parsebin" if keep_decoders else "decodebin", "decode", {})
+        self._decoders: dict[str, object] = {}  # factory name -> kept decoder (locked in PLAYING)
+        self._decoder = None  # the current clip's
         # Bounded by frames only (a 720p frame is 1.4-3.7 MB; time is meaningless for a file).
         bounded = {"max-size-buffers": QUEUE_FRAMES, "max-size-bytes": 0, "max-size-time": 0}
         self._frames = self._make("queue", "frames", bounded)
@@ -275,38 +291,119 @@ class ClipEncoder:
             decodebin.post_message(Gst.Message.new_error(decodebin, err, self._link_error))
 
     def _link_decoded(self, pad):
+        """Links a pad of decodebin (decoded frames) or parsebin (a parsed stream, which goes
+        through a kept decoder first; raw video goes on as it is) to vaeencode."""
         Gst = gst()
         caps = pad.get_current_caps() or pad.query_caps(None)
-        if caps is None or caps.is_empty() or not caps.get_structure(0).get_name().startswith("video/"):
+        if caps is None or caps.is_empty():
+            return
+        name = caps.get_structure(0).get_name()
+        if not (name.startswith("video/") or (self.keep_decoders and name.startswith("image/"))):
             return  # audio and other streams stay unlinked
         if self._video_linked:
             return  # a second video stream: the first one is encoded
         encode_sink = self._encode.get_static_pad("sink")
         frames_sink = self._frames.get_static_pad("sink")
         frames_src = self._frames.get_static_pad("src")
-        # Through the queue straight to vaeencode when it takes what the decoder gives (its
-        # current caps once it has them; a decoder that can give CUDA memory then renegotiates to
-        # it); else through videoconvert.
-        direct = caps.can_intersect(encode_sink.query_caps(None))
+        where = "decodebin" if not self.keep_decoders else "parsebin"
+        if not self.keep_decoders:
+            # Straight to vaeencode when it takes what the decoder gives (its current caps once
+            # it has them; a decoder that can give CUDA memory then renegotiates to it).
+            direct = caps.can_intersect(encode_sink.query_caps(None))
+            out = pad
+        elif name == "video/x-raw":
+            direct, out = False, pad  # no decoder; videoconvert passes through what fits
+        else:
+            decoder = self._kept_decoder(caps)
+            if decoder is None:
+                self._link_error = f"no decoder for {caps.to_string()}"
+                return
+            if pad.link(decoder.get_static_pad("sink")) != Gst.PadLinkReturn.OK:
+                self._link_error = f"cannot link {caps.to_string()} from parsebin to {decoder.get_name()}"
+                return
+            self._decoder = decoder
+            direct, out = self._gpu_frames(decoder, caps), decoder.get_static_pad("src")
         if direct and frames_src.link(encode_sink) == Gst.PadLinkReturn.OK:
             pass
         elif not (self._frames.link(self._convert) and self._convert.link(self._encode)):
-            self._link_error = f"cannot link {caps.to_string()} from decodebin to vaeencode"
+            self._link_error = f"cannot link {caps.to_string()} from {where} to vaeencode"
             return
-        if pad.link(frames_sink) == Gst.PadLinkReturn.OK:
+        if out.link(frames_sink) == Gst.PadLinkReturn.OK:
             self._video_linked = True
         else:
-            self._link_error = f"cannot link {caps.to_string()} from decodebin to vaeencode"
+            self._link_error = f"cannot link {caps.to_string()} from {where} to vaeencode"
+
+    def _kept_decoder(self, caps):
+        """The decoder for a parsed stream of `caps`: a kept one that accepts them (flushed of the
+        last clip), else the highest-ranked decoder that starts (as decodebin picks), then kept.
+        None when none does."""
+        Gst = gst()
+        for decoder in self._decoders.values():
+            sink = decoder.get_static_pad("sink")
+            if sink.query_accept_caps(caps):
+                # Flushed: the last clip's EOS (and anything else it left) is dropped
+                sink.send_event(Gst.Event.new_flush_start())
+                sink.send_event(Gst.Event.new_flush_stop(True))
+                return decoder
+        factories = Gst.ElementFactory.list_get_elements(
+            Gst.ELEMENT_FACTORY_TYPE_DECODER | Gst.ELEMENT_FACTORY_TYPE_MEDIA_VIDEO |
+            Gst.ELEMENT_FACTORY_TYPE_MEDIA_IMAGE, Gst.Rank.MARGINAL)
+        factories = Gst.ElementFactory.list_filter(factories, caps, Gst.PadDirection.SINK, False)
+        factories.sort(key=lambda f: (-f.get_rank(), f.get_name()))  # as decodebin orders them
+        for factory in factories:
+            if factory.get_name() in self._decoders:
+                continue  # kept, and refused these caps
+            decoder = factory.create(None)
+            # The templates only intersect; the decoder itself must take the caps (decodebin's
+            # check too: vp8alphadecodebin takes only VP8 with codec-alpha=true)
+            if decoder is None or not decoder.get_static_pad("sink").query_accept_caps(caps):
+                continue
+            decoder.set_locked_state(True)  # not taken to NULL with each clip's pipeline
+            self._pipeline.add(decoder)
+            if decoder.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
+                self._drop_decoder(decoder)
+                continue
+            self._decoders[factory.get_name()] = decoder
+            return decoder
+        return None
+
+    def _drop_decoder(self, decoder) -> None:
+        Gst = gst()
+        decoder.set_state(Gst.State.NULL)
+        self._decoders = {k: d for k, d in self._decoders.items() if d is not decoder}
+        if decoder.get_parent() is self._pipeline:
+            self._pipeline.remove(decoder)
+
+    @staticmethod
+    def _gpu_frames(decoder, caps) -> bool:
+        """Whether `decoder` hands this stream to vaeencode directly: it can give frames in CUDA
+        memory and the stream is 8-bit 4:2:0 (NV12 then; what the parsers say of other streams
+        goes through videoconvert, as do software decoders' frames)."""
+        src = decoder.get_static_pad("src").query_caps(None)
+        if not any(src.get_features(i).contains("memory:CUDAMemory") for i in range(src.get_size())):
+            return False
+        st = caps.get_structure(0)
+        ok, depth = st.get_uint("bit-depth-luma")
+        if ok and depth != 8:
+            return False
+        chroma = st.get_string("chroma-format")
+        return chroma in (None, "4:2:0")
 
     def _unlink_last_clip(self):
         """Undoes the last clip's links into the queue, videoconvert and vaeencode (decodebin's
-        pads go at NULL)."""
+        and parsebin's pads go at NULL, a kept decoder's sink with them)."""
         for sink in (self._frames.get_static_pad("sink"), self._encode.get_static_pad("sink"),
                      self._convert.get_static_pad("sink")):
             peer = sink.get_peer()
             if peer is not None:
                 peer.unlink(sink)
+        for decoder in self._decoders.values():
+            sink = decoder.get_static_pad("sink")
+            peer = sink.get_peer()
+            if peer is not None:
+                peer.unlink(sink)
         self._video_linked = False
+        self._decoder = None
 
     def encode(self, clip: str, output: str, source: str, first_latent=None) -> ClipResult:
         """Encodes `clip` into `output` (its folder must exist); `source` is recorded in the file.
@@ -367,7 +464,8 @@ class ClipEncoder:
             self._t_end = time.monotonic()
             if self._link_error and res.error:
                 res.error = f"{self._link_error}: {res.error}"
-            res.decoder = decoder_in(self._decode)
+            res.decoder = self._decoder.get_factory().get_name() if self._decoder is not None \
+                else decoder_in(self._decode)
             caps = self._encode.get_static_pad("sink").get_current_caps()
             if caps is not None and not caps.is_empty():
                 features = caps.get_features(0)
@@ -383,6 +481,9 @@ class ClipEncoder:
 
         Gst = gst()
         res, t0, t_end = self._res, self._t0, self._t_end
+        if res.error and self._decoder is not None:
+            self._drop_decoder(self._decoder)  # a clip that failed may have left it in any state
+            self._decoder = None
         self._pipeline.set_state(Gst.State.NULL)
         self._pipeline.get_bus().set_flushing(True)  # drop what is left of this clip
         self._pipeline.get_bus().set_flushing(False)
@@ -415,6 +516,8 @@ class ClipEncoder:
     def close(self):
         Gst = gst()
         self._pipeline.set_state(Gst.State.NULL)
+        for decoder in list(self._decoders.values()):
+            self._drop_decoder(decoder)
         if self._holder is not None:
             self._holder.set_state(Gst.State.NULL)
 

@@ -150,7 +150,8 @@ class Worker:
                     model=options["model"], device=options["device"], dtype=options["dtype"],
                     clip_timeout=options["clip_timeout"],
                     extra_encoder_props=options.get("encoder_props"),
-                    latent_caps=options.get("latent_caps", ""), hold_model=i == 0))
+                    latent_caps=options.get("latent_caps", ""), hold_model=i == 0,
+                    keep_decoders=options.get("keep_decoders", True)))
         except Exception:
             self.close()
             raise
@@ -502,6 +503,10 @@ def parse_args(argv=None):
                         "pipelines stream others, so a pipeline goes from one clip's end to the "
                         "next clip's stream without a start or teardown between (twice the "
                         "pipelines; default: $LATENT_PRECOMPUTE_PREROLL=1 turns it on, else off)")
+    p.add_argument("--keep-decoders", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep each pipeline's decoder from clip to clip (default) instead of "
+                        "decodebin's, made and closed for every clip (a hardware decoder's opening "
+                        "and closing takes ~0.3 s a clip and stalls the GPU's other pipelines)")
     p.add_argument("--dtype", default="", help="fp32, bf16 or fp16 (default: the device's)")
     p.add_argument("--encoder-prop", action="append", default=[], metavar="NAME=VALUE",
                    help="another vaeencode property, as in gst-launch (repeatable), e.g. "
@@ -626,7 +631,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
                "clip_timeout": args.clip_timeout, "output": output,
                "encoder_props": dict(p.split("=", 1) for p in args.encoder_prop),
                "latent_caps": args.latent_caps, "pipelines": args.pipelines_per_worker,
-               "preroll": preroll_wanted(args.preroll)}
+               "preroll": preroll_wanted(args.preroll), "keep_decoders": args.keep_decoders}
 
     from tqdm import tqdm
 

@@ -206,6 +206,51 @@ def test_covered_seconds_is_the_union_of_intervals():
     assert covered_seconds([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (1.5, 1.7), (3.0, 4.0)]) == 5.0
 
 
+def test_each_pipeline_keeps_its_decoder_from_clip_to_clip_with_the_same_bytes(clips, tmp_path):
+    # A hardware decoder opened and closed for every clip stalled the whole GPU, so a pipeline
+    # keeps its decoder (one per codec, flushed before each clip) out of its per-clip state
+    # changes. The files are byte for byte those of decodebin made anew for every clip; a clip
+    # that fails drops the decoder it used, and close() takes the kept ones to NULL.
+    from gst_latent.pipeline import ClipEncoder
+
+    Gst = __import__("gst_latent.pipeline", fromlist=["gst"]).gst()
+    order = ["a.webm", "sub/b.webm", "sub/img.png", "a.webm"]
+    kept = ClipEncoder(model=MODEL, device="cpu")
+    fresh = ClipEncoder(model=MODEL, device="cpu", keep_decoders=False)
+    decoders, results = [], []
+    try:
+        for i, rel in enumerate(order):
+            results.append(kept.encode(str(clips / rel), str(tmp_path / f"k{i}.safetensors"), rel))
+            decoders.append(dict(kept._decoders))
+            r = fresh.encode(str(clips / rel), str(tmp_path / f"f{i}.safetensors"), rel)
+            assert not r.error, r.error
+        bad = kept.encode(str(clips / "sub" / "corrupt.mp4"), str(tmp_path / "c.safetensors"), "c")
+        after_bad = dict(kept._decoders)
+        # a clip whose pipeline fails while the kept VP8 decoder is linked: it is dropped
+        real = kept._gpu_frames
+        kept._gpu_frames = lambda decoder, caps: (_ for _ in ()).throw(TypeError("broken on purpose"))
+        broken = kept.encode(str(clips / "a.webm"), str(tmp_path / "x.safetensors"), "a.webm")
+        kept._gpu_frames = real
+        again = kept.encode(str(clips / "a.webm"), str(tmp_path / "k9.safetensors"), "a.webm")
+        last = dict(kept._decoders)
+    finally:
+        kept.close()
+        fresh.close()
+    for i, r in enumerate(results):
+        assert not r.error, (order[i], r.error)
+        assert (tmp_path / f"k{i}.safetensors").read_bytes() == (tmp_path / f"f{i}.safetensors").read_bytes(), order[i]
+    assert [r.decoder for r in results] == ["vp8dec", "vp8dec", "pngdec", "vp8dec"]
+    vp8 = decoders[0]["vp8dec"]
+    assert decoders[1]["vp8dec"] is vp8 and decoders[3]["vp8dec"] is vp8, "the VP8 decoder was made anew"
+    assert set(decoders[2]) == {"vp8dec", "pngdec"}
+    assert bad.error and after_bad == decoders[3], "a clip that failed before any decoder dropped one"
+    assert "broken on purpose" in broken.error, broken
+    assert "vp8dec" not in last or last["vp8dec"] is not vp8, "the decoder of a failed clip was kept"
+    assert not again.error and again.decoder == "vp8dec", again
+    assert (tmp_path / "k9.safetensors").read_bytes() == (tmp_path / "k0.safetensors").read_bytes()
+    assert vp8.get_state(0)[1] == Gst.State.NULL and not kept._decoders
+
+
 def test_an_error_while_linking_the_decoded_stream_fails_the_clip(clips, tmp_path):
     # Whatever goes wrong in the pad-added callback fails that clip at once (an ERROR on the
     # bus) instead of leaving the pad unlinked and the clip waiting for its timeout; the next
