@@ -239,6 +239,8 @@ class ClipEncoder:
         self._link_error = ""
         self._video_linked = False
         self._decode.connect("pad-added", self._on_pad_added)
+        self._decode.connect("no-more-pads", self._on_no_more_pads)
+        self._streams: list[str] = []  # the current clip's streams (caps names), as exposed
         # When the current clip's first frame entered vaeencode and its first latent left it
         # (one-shot probes on its pads, added for each clip), and the event to set at the latter.
         self._first = {}
@@ -280,15 +282,29 @@ class ClipEncoder:
         self._first.setdefault("pad", time.monotonic())
         # An exception here would leave the pad unlinked and the clip waiting: fail the clip.
         try:
+            caps = pad.get_current_caps() or pad.query_caps(None)
+            if caps is not None and not caps.is_empty():
+                self._streams.append(caps.get_structure(0).get_name())
             self._link_decoded(pad)
         except Exception as e:  # noqa: BLE001 (anything PyGObject raises)
-            Gst = gst()
-            from gi.repository import GLib
-
             self._link_error = f"linking the decoded stream failed: {e}"
-            err = GLib.Error.new_literal(Gst.core_error_quark(), self._link_error,
-                                         int(Gst.CoreError.NEGOTIATION))
-            decodebin.post_message(Gst.Message.new_error(decodebin, err, self._link_error))
+            self._fail(decodebin, self._link_error)
+
+    def _on_no_more_pads(self, decodebin):
+        """Every stream is exposed: without a video stream linked the clip fails now (parsebin
+        would otherwise leave an audio-only file waiting for the clip's timeout)."""
+        if not self._video_linked:
+            streams = ", ".join(self._streams) or "none"
+            self._fail(decodebin, self._link_error or f"no video stream (its streams: {streams})")
+
+    @staticmethod
+    def _fail(element, text: str) -> None:
+        """Posts an ERROR for the clip from `element` (the run waits for it on the bus)."""
+        Gst = gst()
+        from gi.repository import GLib
+
+        err = GLib.Error.new_literal(Gst.core_error_quark(), text, int(Gst.CoreError.NEGOTIATION))
+        element.post_message(Gst.Message.new_error(element, err, ""))
 
     def _link_decoded(self, pad):
         """Links a pad of decodebin (decoded frames) or parsebin (a parsed stream, which goes
@@ -434,6 +450,7 @@ class ClipEncoder:
         self._sink.set_property("location", output)
         self._sink.set_property("source", source)
         self._link_error = ""
+        self._streams = []
         self._unlink_last_clip()
         self._first.pop("pad", None)
         self._first_event = None
@@ -462,8 +479,11 @@ class ClipEncoder:
             else:
                 res.error = _wait(self._pipeline, self.timeout)
             self._t_end = time.monotonic()
-            if self._link_error and res.error:
+            if self._link_error and res.error and not res.error.startswith(self._link_error):
                 res.error = f"{self._link_error}: {res.error}"
+            elif res.error and not self._video_linked and "no video stream" not in res.error:
+                streams = ", ".join(self._streams) or "none"
+                res.error = f"no video stream (its streams: {streams}): {res.error}"
             res.decoder = self._decoder.get_factory().get_name() if self._decoder is not None \
                 else decoder_in(self._decode)
             caps = self._encode.get_static_pad("sink").get_current_caps()

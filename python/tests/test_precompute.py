@@ -251,6 +251,29 @@ def test_each_pipeline_keeps_its_decoder_from_clip_to_clip_with_the_same_bytes(c
     assert vp8.get_state(0)[1] == Gst.State.NULL and not kept._decoders
 
 
+def test_a_file_without_video_fails_at_once_naming_its_streams(tmp_path):
+    # An audio-only file: the clip fails as soon as every stream is exposed, saying there is no
+    # video and what there is (parsebin once left such a file waiting for the clip's timeout),
+    # with the decoders kept and with decodebin; a video clip after it is fine.
+    from gst_latent.pipeline import ClipEncoder
+
+    gst_launch("audiotestsrc", "num-buffers=20", "!", "vorbisenc", "!", "oggmux", "!", "filesink",
+               f"location={tmp_path / 'audio.ogg'}")
+    gst_launch("videotestsrc", "num-buffers=3", "!", "video/x-raw,width=32,height=24", "!", "jpegenc",
+               "!", "avimux", "!", "filesink", f"location={tmp_path / 'v.avi'}")
+    for keep in (True, False):
+        enc = ClipEncoder(model=MODEL, device="cpu", clip_timeout=60.0, keep_decoders=keep)
+        try:
+            bad = enc.encode(str(tmp_path / "audio.ogg"), str(tmp_path / "a.safetensors"), "audio.ogg")
+            good = enc.encode(str(tmp_path / "v.avi"), str(tmp_path / "v.safetensors"), "v.avi")
+        finally:
+            enc.close()
+        assert "no video stream" in bad.error and "audio/x-" in bad.error, (keep, bad.error)
+        assert bad.seconds < 10, (keep, bad)
+        assert not (tmp_path / "a.safetensors").exists()
+        assert not good.error and good.frames == 3 and good.decoder == "jpegdec", (keep, good)
+
+
 def test_an_error_while_linking_the_decoded_stream_fails_the_clip(clips, tmp_path):
     # Whatever goes wrong in the pad-added callback fails that clip at once (an ERROR on the
     # bus) instead of leaving the pad unlinked and the clip waiting for its timeout; the next
