@@ -135,16 +135,17 @@ def gst_started() -> bool:
 
 
 def decoder_in(bin_) -> str:
-    """The factory name of the first decoder inside `bin_` (e.g. the one decodebin picked), ""
-    for none. Ask before the bin goes to NULL: decodebin drops its children then."""
+    """The factory name of the first video or image decoder inside `bin_` (e.g. the one decodebin
+    picked), "" for none. Ask before the bin goes to NULL: decodebin drops its children then."""
     it = bin_.iterate_recurse()
     while True:
         ok, el = it.next()
         if ok != gst().IteratorResult.OK:
             return ""
         factory = el.get_factory()
-        if factory and "Decoder" in (factory.get_metadata("klass") or ""):
-            return factory.get_name()
+        klass = (factory.get_metadata("klass") or "") if factory else ""
+        if "Decoder" in klass and ("Video" in klass or "Image" in klass):
+            return factory.get_name()  # (not an audio track's decoder)
 
 
 def _set_from_string(el, factory: str, name: str, text: str) -> None:
@@ -241,6 +242,7 @@ class ClipEncoder:
         self._decode.connect("pad-added", self._on_pad_added)
         self._decode.connect("no-more-pads", self._on_no_more_pads)
         self._streams: list[str] = []  # the current clip's streams (caps names), as exposed
+        self._said_no_video = False
         # When the current clip's first frame entered vaeencode and its first latent left it
         # (one-shot probes on its pads, added for each clip), and the event to set at the latter.
         self._first = {}
@@ -286,6 +288,20 @@ class ClipEncoder:
             if caps is not None and not caps.is_empty():
                 self._streams.append(caps.get_structure(0).get_name())
             self._link_decoded(pad)
+            if not pad.is_linked():
+                # A stream not encoded (audio, a second video, one with no decoder): its buffers
+                # are dropped. parsebin exposes every pad before any buffer flows (and, unlike
+                # decodebin, signals no no-more-pads), so the first one arriving here with no video
+                # linked means the clip has none to encode.
+                Gst = gst()
+
+                def unlinked(_pad, _info):
+                    if not self._video_linked and not self._said_no_video:
+                        self._said_no_video = True
+                        self._fail(decodebin, self._no_video())
+                    return Gst.PadProbeReturn.DROP
+
+                pad.add_probe(Gst.PadProbeType.BUFFER | Gst.PadProbeType.BUFFER_LIST, unlinked)
         except Exception as e:  # noqa: BLE001 (anything PyGObject raises)
             self._link_error = f"linking the decoded stream failed: {e}"
             self._fail(decodebin, self._link_error)
@@ -294,8 +310,12 @@ class ClipEncoder:
         """Every stream is exposed: without a video stream linked the clip fails now (parsebin
         would otherwise leave an audio-only file waiting for the clip's timeout)."""
         if not self._video_linked:
-            streams = ", ".join(self._streams) or "none"
-            self._fail(decodebin, self._link_error or f"no video stream (its streams: {streams})")
+            self._fail(decodebin, self._no_video())
+
+    def _no_video(self) -> str:
+        """Why the clip has nothing to encode: the link error, else its streams."""
+        return self._link_error or \
+            f"no video stream (its streams: {', '.join(self._streams) or 'none'})"
 
     @staticmethod
     def _fail(element, text: str) -> None:
@@ -451,6 +471,7 @@ class ClipEncoder:
         self._sink.set_property("source", source)
         self._link_error = ""
         self._streams = []
+        self._said_no_video = False
         self._unlink_last_clip()
         self._first.pop("pad", None)
         self._first_event = None
@@ -481,9 +502,9 @@ class ClipEncoder:
             self._t_end = time.monotonic()
             if self._link_error and res.error and not res.error.startswith(self._link_error):
                 res.error = f"{self._link_error}: {res.error}"
-            elif res.error and not self._video_linked and "no video stream" not in res.error:
-                streams = ", ".join(self._streams) or "none"
-                res.error = f"no video stream (its streams: {streams}): {res.error}"
+            elif res.error and not self._video_linked and self._streams and \
+                    "no video stream" not in res.error:
+                res.error = f"no video stream (its streams: {', '.join(self._streams)}): {res.error}"
             res.decoder = self._decoder.get_factory().get_name() if self._decoder is not None \
                 else decoder_in(self._decode)
             caps = self._encode.get_static_pad("sink").get_current_caps()

@@ -252,26 +252,47 @@ def test_each_pipeline_keeps_its_decoder_from_clip_to_clip_with_the_same_bytes(c
 
 
 def test_a_file_without_video_fails_at_once_naming_its_streams(tmp_path):
-    # An audio-only file: the clip fails as soon as every stream is exposed, saying there is no
-    # video and what there is (parsebin once left such a file waiting for the clip's timeout),
-    # with the decoders kept and with decodebin; a video clip after it is fine.
+    # An audio-only file: the clip fails as soon as its data flows, saying there is no video and
+    # what there is (parsebin once left such a file waiting for the clip's timeout), with the
+    # decoders kept and with decodebin; a video clip after it is fine.
     from gst_latent.pipeline import ClipEncoder
 
     gst_launch("audiotestsrc", "num-buffers=20", "!", "vorbisenc", "!", "oggmux", "!", "filesink",
                f"location={tmp_path / 'audio.ogg'}")
     gst_launch("videotestsrc", "num-buffers=3", "!", "video/x-raw,width=32,height=24", "!", "jpegenc",
                "!", "avimux", "!", "filesink", f"location={tmp_path / 'v.avi'}")
+    # and a clip with sound: its audio is left out, the decoder named is the video's
+    gst_launch("matroskamux", "name=m", "!", "filesink", f"location={tmp_path / 'av.mkv'}",
+               "videotestsrc", "num-buffers=5", "!", "video/x-raw,width=32,height=24,framerate=10/1",
+               "!", "vp8enc", "!", "m.", "audiotestsrc", "num-buffers=5", "!", "vorbisenc", "!", "m.")
     for keep in (True, False):
         enc = ClipEncoder(model=MODEL, device="cpu", clip_timeout=60.0, keep_decoders=keep)
         try:
             bad = enc.encode(str(tmp_path / "audio.ogg"), str(tmp_path / "a.safetensors"), "audio.ogg")
             good = enc.encode(str(tmp_path / "v.avi"), str(tmp_path / "v.safetensors"), "v.avi")
+            av = enc.encode(str(tmp_path / "av.mkv"), str(tmp_path / "av.safetensors"), "av.mkv")
         finally:
             enc.close()
         assert "no video stream" in bad.error and "audio/x-" in bad.error, (keep, bad.error)
         assert bad.seconds < 10, (keep, bad)
         assert not (tmp_path / "a.safetensors").exists()
         assert not good.error and good.frames == 3 and good.decoder == "jpegdec", (keep, good)
+        assert not av.error and av.frames == 5 and av.decoder == "vp8dec", (keep, av)
+    # No decoder for the stream (jpegdec ranked out): the clip fails at once, saying so.
+    Gst = __import__("gst_latent.pipeline", fromlist=["gst"]).gst()
+    jpegdec = Gst.Registry.get().lookup_feature("jpegdec")
+    rank = jpegdec.get_rank()
+    jpegdec.set_rank(Gst.Rank.NONE)
+    try:
+        for keep, says in ((True, "no decoder for image/jpeg"), (False, "missing a plug-in")):
+            enc = ClipEncoder(model=MODEL, device="cpu", clip_timeout=60.0, keep_decoders=keep)
+            try:
+                none = enc.encode(str(tmp_path / "v.avi"), str(tmp_path / "n.safetensors"), "v.avi")
+            finally:
+                enc.close()
+            assert says in none.error and none.seconds < 10, (keep, none)
+    finally:
+        jpegdec.set_rank(rank)
 
 
 def test_an_error_while_linking_the_decoded_stream_fails_the_clip(clips, tmp_path):
