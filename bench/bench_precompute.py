@@ -169,8 +169,11 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2, pe
     # local-together: the local engine with its pipelines' first clips not staggered;
     # local-preroll / ray-preroll: with --preroll (clips prerolled while others stream)
     # ray-cluster: the Ray engine joining a local cluster started before the row (`ray start
-    # --head`, as a cluster that is already up; RAY_ADDRESS=auto), not one the job starts
-    job_engine = "local" if engine in ("local-together", "local-preroll") else \
+    # --head`, as a cluster that is already up; RAY_ADDRESS=auto), not one the job starts;
+    # local-decodebin: decodebin made anew for every clip (--no-keep-decoders); local-cpudecode:
+    # the CPU's decoders (nvcodec's ranked out: GST_PLUGIN_FEATURE_RANK)
+    job_engine = "local" if engine in ("local-together", "local-preroll", "local-decodebin",
+                                       "local-cpudecode") else \
         "ray" if engine in ("ray-preroll", "ray-cluster") else engine
     # per_gpu > 1: that many workers (processes or actors, each with its own model, backend and
     # CUDA stream) share each GPU, so one worker's host-bound launches leave the others' queued work
@@ -182,6 +185,8 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2, pe
     cmd += ["--summary", summary]
     if engine.endswith("-preroll"):
         cmd += ["--preroll"]
+    if engine == "local-decodebin":
+        cmd += ["--no-keep-decoders"]
     if job_engine == "ray":
         cmd += ["--gpus-per-worker", f"{1 / per_gpu:g}"]
     else:  # one worker process per GPU, devices dealt in turn
@@ -194,6 +199,11 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2, pe
     env = traced
     if engine == "local-together":  # (the trace, when there is one, is still traced's file)
         env = dict(traced or os.environ, LATENT_PRECOMPUTE_STAGGER="0")
+    if engine == "local-cpudecode":
+        env = dict(traced or os.environ, GST_PLUGIN_FEATURE_RANK=",".join(
+            f"{d}:NONE" for d in ("nvh264dec", "nvh265dec", "nvh264sldec", "nvh265sldec", "nvvp8dec",
+                                  "nvvp9dec", "nvav1dec", "nvjpegdec", "nvmpeg2videodec",
+                                  "nvmpeg4videodec", "nvmpegvideodec")))
     cluster_s = None
     if engine == "ray-cluster":
         env = dict(env or os.environ, RAY_ADDRESS="auto")
@@ -487,7 +497,9 @@ def main():
                     help="workers, one a GPU (default: every GPU); a comma-separated list runs the job "
                          "once per count (scaling: 1,2)")
     ap.add_argument("--engine", default="ray", help="the job's engine(s): ray, local, local-together (the local engine with "
-                         "LATENT_PRECOMPUTE_STAGGER=0), local-preroll / ray-preroll (with --preroll), ray-cluster "
+                         "LATENT_PRECOMPUTE_STAGGER=0), local-preroll / ray-preroll (with --preroll), local-decodebin "
+                         "(--no-keep-decoders: decodebin made anew for every clip), local-cpudecode (the CPU's "
+                         "decoders: nvcodec's ranked out), ray-cluster "
                          "(joining a local cluster started before the row: `ray start --head`) or a "
                          "comma-separated list, run in that order (a name may repeat: alternation)")
     ap.add_argument("--pipelines", default="2",

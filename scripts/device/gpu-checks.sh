@@ -20,8 +20,11 @@
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
 #   pygi          builds PyGObject for the device's python3 (scripts/device/pygi-carry.sh, pygi-build.sh)  ~1 min
 #   precompute    bench_precompute.py: the precompute job on 720p H.264 clips (PRE_ENGINES=local|ray,local,
-#                 PRE_GPUS=1|1,2 for scaling; PRE_ARGS: more bench_precompute.py flags, e.g. --trace
-#                 --skip-torch) vs the encoder alone and a PyTorch loop  ~3 min
+#                 PRE_GPUS=1|1,2 for scaling; PRE_MODELS=wan21 for the Wan 2.1 VAE; PRE_ARGS: more
+#                 bench_precompute.py flags, e.g. --trace --skip-torch) vs the encoder alone and a PyTorch
+#                 loop  ~3 min. The decoders alternated (session 29): PRE_MODELS=wan21 PRE_CLIPS=24
+#                 PRE_ENGINES=local,local-cpudecode,local-decodebin,local,local-cpudecode
+#                 PRE_ARGS="--pipelines 4 --skip-torch --skip-encoder"  ~3 min
 #   raystart      bench_ray_start.py: ray.init of a local cluster as the job calls it and with one
 #                 setting changed (CPUs, node address, object store, metrics), each in a fresh process,
 #                 with each run's session logs read into a timeline (RS_REPS, default 2)  ~1-2 min
@@ -243,6 +246,9 @@ fi
 if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
   begin precompute; pyenv
   pygi_ready
+  # PRE_MODELS=wan21: the Wan 2.1 VAE (diffusers' default config, random weights, bf16), made here
+  [ "${PRE_MODELS:-}" = wan21 ] && PRE_MODELS=$(cd bench && python3 -c \
+    "from bench_stream_nvdec import ensure_wan; print(ensure_wan('/tmp/latent-bench'))" | tail -1)
   # Ray (2.60, cp312) where a first call unpacked it: .carry/ray-a.tar.xz to /tmp/ray-site.
   [ -d /tmp/ray-site/ray ] && export PYTHONPATH=$PYTHONPATH:/tmp/ray-site
   ( . /tmp/pygi/env.sh && LATENT_VENV=${LATENT_VENV:-$(dirname "$(dirname "$(command -v python3)")")} \
