@@ -307,9 +307,10 @@ class ClipEncoder:
             self._fail(decodebin, self._link_error)
 
     def _on_no_more_pads(self, decodebin):
-        """Every stream is exposed: without a video stream linked the clip fails now (parsebin
-        would otherwise leave an audio-only file waiting for the clip's timeout)."""
-        if not self._video_linked:
+        """decodebin has exposed every stream: without a video stream linked the clip fails now
+        (parsebin does not signal it; the first buffer of an unlinked stream tells instead)."""
+        if not self._video_linked and not self._said_no_video:
+            self._said_no_video = True
             self._fail(decodebin, self._no_video())
 
     def _no_video(self) -> str:
