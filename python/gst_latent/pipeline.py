@@ -236,7 +236,8 @@ class ClipEncoder:
         else:
             linked = self._encode.link(self._latents)
         if not (linked and self._latents.link(self._sink) and self._src.link(self._decode)):
-            raise PipelineError("cannot link filesrc ! decodebin, vaeencode ! queue ! latentsink")
+            raise PipelineError(f"cannot link filesrc ! {self._decode.get_factory().get_name()}, "
+                                "vaeencode ! queue ! latentsink")
         self._link_error = ""
         self._video_linked = False
         self._decode.connect("pad-added", self._on_pad_added)
@@ -296,9 +297,7 @@ class ClipEncoder:
                 Gst = gst()
 
                 def unlinked(_pad, _info):
-                    if not self._video_linked and not self._said_no_video:
-                        self._said_no_video = True
-                        self._fail(decodebin, self._no_video())
+                    self._fail_without_video(decodebin)
                     return Gst.PadProbeReturn.DROP
 
                 pad.add_probe(Gst.PadProbeType.BUFFER | Gst.PadProbeType.BUFFER_LIST, unlinked)
@@ -309,14 +308,16 @@ class ClipEncoder:
     def _on_no_more_pads(self, decodebin):
         """decodebin has exposed every stream: without a video stream linked the clip fails now
         (parsebin does not signal it; the first buffer of an unlinked stream tells instead)."""
-        if not self._video_linked and not self._said_no_video:
-            self._said_no_video = True
-            self._fail(decodebin, self._no_video())
+        self._fail_without_video(decodebin)
 
-    def _no_video(self) -> str:
-        """Why the clip has nothing to encode: the link error, else its streams."""
-        return self._link_error or \
-            f"no video stream (its streams: {', '.join(self._streams) or 'none'})"
+    def _fail_without_video(self, element) -> None:
+        """Fails the clip (once) when no video stream is linked, saying why: the link error, else
+        its streams."""
+        if self._video_linked or self._said_no_video:
+            return
+        self._said_no_video = True
+        self._fail(element, self._link_error or
+                   f"no video stream (its streams: {', '.join(self._streams) or 'none'})")
 
     @staticmethod
     def _fail(element, text: str) -> None:
@@ -342,7 +343,7 @@ class ClipEncoder:
         encode_sink = self._encode.get_static_pad("sink")
         frames_sink = self._frames.get_static_pad("sink")
         frames_src = self._frames.get_static_pad("src")
-        where = "decodebin" if not self.keep_decoders else "parsebin"
+        where = self._decode.get_factory().get_name()
         if not self.keep_decoders:
             # Straight to vaeencode when it takes what the decoder gives (its current caps once
             # it has them; a decoder that can give CUDA memory then renegotiates to it).
@@ -429,13 +430,8 @@ class ClipEncoder:
     def _unlink_last_clip(self):
         """Undoes the last clip's links into the queue, videoconvert and vaeencode (decodebin's
         and parsebin's pads go at NULL, a kept decoder's sink with them)."""
-        for sink in (self._frames.get_static_pad("sink"), self._encode.get_static_pad("sink"),
-                     self._convert.get_static_pad("sink")):
-            peer = sink.get_peer()
-            if peer is not None:
-                peer.unlink(sink)
-        for decoder in self._decoders.values():
-            sink = decoder.get_static_pad("sink")
+        for el in (self._frames, self._encode, self._convert, *self._decoders.values()):
+            sink = el.get_static_pad("sink")
             peer = sink.get_peer()
             if peer is not None:
                 peer.unlink(sink)
