@@ -164,6 +164,17 @@ def ray_cli(argv, env, check=True) -> None:
         raise RuntimeError(f"ray {' '.join(argv)}: {(p.stderr or p.stdout)[-800:]}")
 
 
+def row_name(engine: str, gpus: int, per_gpu: int, pipelines: int) -> str:
+    """A job row's name (and its trace's): ENGINExG[wW]pK."""
+    return f"{engine}x{gpus}{f'w{per_gpu}' if per_gpu > 1 else ''}p{pipelines}"
+
+
+def nvcodec_decoders() -> list[str]:
+    """The decoders GStreamer's nvcodec plugin registered here (none without it or a GPU)."""
+    p = subprocess.run(["gst-inspect-1.0", "nvcodec"], capture_output=True, text=True)
+    return sorted({m.group(1) for m in re.finditer(r"^\s*(nv\w*dec):", p.stdout, re.M)})
+
+
 def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2, per_gpu=1) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     # local-together: the local engine with its pipelines' first clips not staggered;
@@ -195,15 +206,13 @@ def run_job(model, clips_dir, out_dir, gpus, args, engine="ray", pipelines=2, pe
         cmd += ["--dtype", args.dtype]
     for p in args.encoder_prop:
         cmd += ["--encoder-prop", p]
-    traced = trace_env(args, f"{engine}x{gpus}{f'w{per_gpu}' if per_gpu > 1 else ''}p{pipelines}")
+    traced = trace_env(args, row_name(engine, gpus, per_gpu, pipelines))
     env = traced
     if engine == "local-together":  # (the trace, when there is one, is still traced's file)
         env = dict(traced or os.environ, LATENT_PRECOMPUTE_STAGGER="0")
     if engine == "local-cpudecode":
-        env = dict(traced or os.environ, GST_PLUGIN_FEATURE_RANK=",".join(
-            f"{d}:NONE" for d in ("nvh264dec", "nvh265dec", "nvh264sldec", "nvh265sldec", "nvvp8dec",
-                                  "nvvp9dec", "nvav1dec", "nvjpegdec", "nvmpeg2videodec",
-                                  "nvmpeg4videodec", "nvmpegvideodec")))
+        env = dict(traced or os.environ,
+                   GST_PLUGIN_FEATURE_RANK=",".join(f"{d}:NONE" for d in nvcodec_decoders()))
     cluster_s = None
     if engine == "ray-cluster":
         env = dict(env or os.environ, RAY_ADDRESS="auto")
@@ -551,7 +560,7 @@ def main():
                 json.dump(results, f, indent=1)
 
     for model in [m for m in args.models.split(",") if m]:
-        jobs = [(f"{eng}x{g}{f'w{w}' if w > 1 else ''}p{k}", lambda eng=eng, g=g, k=k, w=w: run_job(
+        jobs = [(row_name(eng, g, w, k), lambda eng=eng, g=g, k=k, w=w: run_job(
                     model, clips_dir, os.path.join(args.work, f"{eng}-out"), g, args, eng, k, w))
                 for eng in args.engine.split(",") for g in counts for w in per_gpu for k in pipelines]
         if not args.skip_encoder:
