@@ -18,6 +18,9 @@ PKGS=(
 # --- Python side: the precompute job (python/gst_latent, scripts/latent-precompute) ----------
 # PyGObject and GStreamer's introspection data from Debian; Ray goes into a venv (below).
 PKGS+=(python3-gi gir1.2-gstreamer-1.0 python3-tqdm python3-venv)
+# The parsers and decoders clips need (h264parse, h265parse, openh264dec; nvh264dec / nvh265dec
+# where a GPU driver is present) and the H.264 clips the tests make (openh264enc).
+PKGS+=(gstreamer1.0-plugins-bad)
 # --- end of the Python side's packages ------------------------------------------------------
 # Extras for the test command: clang + sanitizer/fuzzer runtimes.
 if [ "${1:-}" = "--test" ]; then

@@ -12,9 +12,11 @@ changes (locked in PLAYING, flushed before each clip). decodebin opened and clos
 every clip (its NVDEC decoder and CUDA frame pool made and freed), which took 0.2 s of each
 clip's start and 0.1 s of its teardown, and while it did, the other pipelines' kernel launches on
 the same GPU stalled for 20-100 ms with the device empty (session 29's trace of the Wan 2.1 job;
-with the decoder kept the longest such gap is 6 ms). A decoder that fails a clip is dropped; the
-next clip gets a new one. `keep_decoders=False` puts decodebin in parsebin's and the decoder's
-place, made anew for every clip (the same bytes).
+with the decoder kept the longest such gap is 6 ms). Its links down to vaeencode stay in place
+from clip to clip too: relinking sent it a RECONFIGURE, and its new ALLOCATION query swapped its
+CUDA frame pool at every clip's start. A decoder that fails a clip is dropped; the next clip gets
+a new one. `keep_decoders=False` puts decodebin in parsebin's and the decoder's place, made anew
+for every clip (the same bytes).
 
 The decoded frames go straight to vaeencode when a GPU decoder gives 8-bit 4:2:0 (nvh264dec /
 nvh265dec hand over NV12 frames in GPU memory: no download, no CPU conversion, vaeencode reads
@@ -148,6 +150,18 @@ def decoder_in(bin_) -> str:
             return factory.get_name()  # (not an audio track's decoder)
 
 
+def decoder_factories(caps) -> list:
+    """The decoders that may take a parsed stream of `caps`, in the order decodebin tries them
+    (rank, then name; the templates only intersect: a decoder must still accept the caps)."""
+    Gst = gst()
+    factories = Gst.ElementFactory.list_get_elements(
+        Gst.ELEMENT_FACTORY_TYPE_DECODER | Gst.ELEMENT_FACTORY_TYPE_MEDIA_VIDEO |
+        Gst.ELEMENT_FACTORY_TYPE_MEDIA_IMAGE, Gst.Rank.MARGINAL)
+    factories = Gst.ElementFactory.list_filter(factories, caps, Gst.PadDirection.SINK, False)
+    factories.sort(key=lambda f: (-f.get_rank(), f.get_name()))
+    return factories
+
+
 def _set_from_string(el, factory: str, name: str, text: str) -> None:
     """Sets a property from its gst-launch spelling (numbers, booleans, enums). A value that does
     not parse or is out of range raises PipelineError naming it: GLib and
@@ -218,6 +232,10 @@ class ClipEncoder:
         self._decode = self._make("parsebin" if keep_decoders else "decodebin", "decode", {})
         self._decoders: dict[str, object] = {}  # factory name -> kept decoder (locked in PLAYING)
         self._decoder = None  # the current clip's
+        # (kept decoder, straight to vaeencode) whose links down to vaeencode were left in place
+        # after the last clip: a relink would send the decoder a RECONFIGURE, and its new ALLOCATION
+        # query would swap its frame pool (for nvh264dec: 10 CUDA frames freed and allocated).
+        self._kept_path = None
         # Bounded by frames only (a 720p frame is 1.4-3.7 MB; time is meaningless for a file).
         bounded = {"max-size-buffers": QUEUE_FRAMES, "max-size-bytes": 0, "max-size-time": 0}
         self._frames = self._make("queue", "frames", bounded)
@@ -361,6 +379,10 @@ class ClipEncoder:
                 return
             self._decoder = decoder
             direct, out = self._gpu_frames(decoder, caps), decoder.get_static_pad("src")
+            if self._kept_path == (decoder, direct) and out.get_peer() == frames_sink:
+                self._video_linked = True  # the last clip's links, still in place
+                return
+        self._unlink_path()
         if direct and frames_src.link(encode_sink) == Gst.PadLinkReturn.OK:
             pass
         elif not (self._frames.link(self._convert) and self._convert.link(self._encode)):
@@ -368,6 +390,8 @@ class ClipEncoder:
             return
         if out.link(frames_sink) == Gst.PadLinkReturn.OK:
             self._video_linked = True
+            if self._decoder is not None:
+                self._kept_path = (self._decoder, direct)
         else:
             self._link_error = f"cannot link {caps.to_string()} from {where} to vaeencode"
 
@@ -377,24 +401,15 @@ class ClipEncoder:
         None when none does."""
         Gst = gst()
         for decoder in self._decoders.values():
-            sink = decoder.get_static_pad("sink")
-            if sink.query_accept_caps(caps):
-                # Flushed: the last clip's EOS (and anything else it left) is dropped
-                sink.send_event(Gst.Event.new_flush_start())
-                sink.send_event(Gst.Event.new_flush_stop(True))
-                return decoder
-        factories = Gst.ElementFactory.list_get_elements(
-            Gst.ELEMENT_FACTORY_TYPE_DECODER | Gst.ELEMENT_FACTORY_TYPE_MEDIA_VIDEO |
-            Gst.ELEMENT_FACTORY_TYPE_MEDIA_IMAGE, Gst.Rank.MARGINAL)
-        factories = Gst.ElementFactory.list_filter(factories, caps, Gst.PadDirection.SINK, False)
-        factories.sort(key=lambda f: (-f.get_rank(), f.get_name()))  # as decodebin orders them
-        for factory in factories:
+            if self._accepts(decoder, caps):
+                return decoder  # (flushed of the last clip by prepare())
+        for factory in decoder_factories(caps):
             if factory.get_name() in self._decoders:
                 continue  # kept, and refused these caps
             decoder = factory.create(None)
             # The templates only intersect; the decoder itself must take the caps (decodebin's
             # check too: vp8alphadecodebin takes only VP8 with codec-alpha=true)
-            if decoder is None or not decoder.get_static_pad("sink").query_accept_caps(caps):
+            if decoder is None or not self._accepts(decoder, caps):
                 continue
             decoder.set_locked_state(True)  # not taken to NULL with each clip's pipeline
             self._pipeline.add(decoder)
@@ -405,8 +420,38 @@ class ClipEncoder:
             return decoder
         return None
 
+    @staticmethod
+    def _accepts(decoder, caps) -> bool:
+        """Whether `decoder` takes a stream of `caps`: its ACCEPT_CAPS answer for fixed caps (the
+        query is defined for those only), else its sink template's."""
+        sink = decoder.get_static_pad("sink")
+        if caps.is_fixed():
+            return sink.query_accept_caps(caps)
+        return caps.can_intersect(sink.get_pad_template_caps())
+
+    def _flush_decoders(self) -> None:
+        """Flushes the kept decoders of the last clip (its EOS and anything else it left), with
+        the pipeline at NULL: the flush goes no further than the decoders' own pads."""
+        Gst = gst()
+        for decoder in self._decoders.values():
+            sink = decoder.get_static_pad("sink")
+            sink.send_event(Gst.Event.new_flush_start())
+            sink.send_event(Gst.Event.new_flush_stop(True))
+
+    def _unlink_path(self) -> None:
+        """Unlinks the frames' way into vaeencode (a kept decoder's src to the queue, the queue to
+        videoconvert or vaeencode, videoconvert to vaeencode)."""
+        for el in (self._frames, self._encode, self._convert):
+            sink = el.get_static_pad("sink")
+            peer = sink.get_peer()
+            if peer is not None:
+                peer.unlink(sink)
+        self._kept_path = None
+
     def _drop_decoder(self, decoder) -> None:
         Gst = gst()
+        if self._kept_path is not None and self._kept_path[0] is decoder:
+            self._unlink_path()
         decoder.set_state(Gst.State.NULL)
         self._decoders = {k: d for k, d in self._decoders.items() if d is not decoder}
         if decoder.get_parent() is self._pipeline:
@@ -428,13 +473,17 @@ class ClipEncoder:
         return chroma in (None, "4:2:0")
 
     def _unlink_last_clip(self):
-        """Undoes the last clip's links into the queue, videoconvert and vaeencode (decodebin's
-        and parsebin's pads go at NULL, a kept decoder's sink with them)."""
-        for el in (self._frames, self._encode, self._convert, *self._decoders.values()):
-            sink = el.get_static_pad("sink")
+        """Undoes the last clip's links: the kept decoders' sinks (parsebin's pads go at NULL, as do
+        decodebin's). The way from a kept decoder down to vaeencode stays linked (`_kept_path`)
+        until a clip needs another one. The kept decoders are flushed."""
+        for decoder in self._decoders.values():
+            sink = decoder.get_static_pad("sink")
             peer = sink.get_peer()
             if peer is not None:
                 peer.unlink(sink)
+        if self._kept_path is None:
+            self._unlink_path()
+        self._flush_decoders()
         self._video_linked = False
         self._decoder = None
 

@@ -251,6 +251,47 @@ def test_each_pipeline_keeps_its_decoder_from_clip_to_clip_with_the_same_bytes(c
     assert vp8.get_state(0)[1] == Gst.State.NULL and not kept._decoders
 
 
+def test_a_kept_decoder_negotiates_its_frame_pool_once_for_clips_of_one_stream(tmp_path):
+    # Relinking a kept decoder for each clip sent it a RECONFIGURE; its new ALLOCATION query
+    # swapped its frame pool, and for nvh264dec that freed and allocated CUDA memory at every
+    # clip's start, which stalled the GPU's other pipelines. Its links stay in place from clip to
+    # clip: an H.264 decoder (openh264dec here, which like nvh264dec keeps its configuration
+    # across a flush) asks downstream for a pool for the first clip and not again while the
+    # stream stays the same; a clip of another size asks again, as it must.
+    from gst_latent.pipeline import ClipEncoder
+
+    Gst = __import__("gst_latent.pipeline", fromlist=["gst"]).gst()
+    for size, name in (("64x48", "a.mp4"), ("48x32", "b.mp4")):
+        w, h = size.split("x")
+        gst_launch("videotestsrc", "num-buffers=5", "pattern=ball", "!",
+                   f"video/x-raw,width={w},height={h},framerate=10/1", "!", "openh264enc", "!",
+                   "h264parse", "!", "mp4mux", "!", "filesink", f"location={tmp_path / name}")
+    kept = ClipEncoder(model=MODEL, device="cpu")
+    asked = []
+
+    def allocation(_pad, info):
+        if info.get_query().type == Gst.QueryType.ALLOCATION:
+            asked.append(len(results))
+        return Gst.PadProbeReturn.OK
+
+    kept._frames.get_static_pad("sink").add_probe(Gst.PadProbeType.QUERY_DOWNSTREAM, allocation)
+    order = ["a.mp4", "a.mp4", "a.mp4", "b.mp4", "a.mp4"]
+    results = []
+    try:
+        for i, rel in enumerate(order):
+            results.append(kept.encode(str(tmp_path / rel), str(tmp_path / f"k{i}.safetensors"), rel))
+    finally:
+        kept.close()
+    for i, r in enumerate(results):
+        assert not r.error, (order[i], r.error)
+    assert [r.decoder for r in results] == ["openh264dec"] * len(order)
+    assert 0 in asked and 3 in asked and 4 in asked, f"ALLOCATION queries during clips {asked}"
+    assert 1 not in asked and 2 not in asked, f"the same stream renegotiated: {asked}"
+    first = (tmp_path / "k0.safetensors").read_bytes()
+    assert (tmp_path / "k2.safetensors").read_bytes() == first
+    assert (tmp_path / "k4.safetensors").read_bytes() == first
+
+
 def test_a_file_without_video_fails_at_once_naming_its_streams(tmp_path):
     # An audio-only file: the clip fails as soon as its data flows, saying there is no video and
     # what there is (parsebin once left such a file waiting for the clip's timeout), with the
