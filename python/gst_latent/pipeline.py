@@ -16,7 +16,9 @@ with the decoder kept the longest such gap is 6 ms). Its links down to vaeencode
 from clip to clip too: relinking sent it a RECONFIGURE, and its new ALLOCATION query swapped its
 CUDA frame pool at every clip's start. A decoder that fails a clip is dropped; the next clip gets
 a new one. `keep_decoders=False` puts decodebin in parsebin's and the decoder's place, made anew
-for every clip (the same bytes).
+for every clip (the same bytes). The first encoder of a process loads the plugins of the
+first-choice H.264 and H.265 decoders while its model loads (`preload_decoders`): nvcodec's load
+probes every GPU's decoders, which held the job's first frame back ~1.4 s on an H200.
 
 The decoded frames go straight to vaeencode when a GPU decoder gives 8-bit 4:2:0 (nvh264dec /
 nvh265dec hand over NV12 frames in GPU memory: no download, no CPU conversion, vaeencode reads
@@ -162,6 +164,29 @@ def decoder_factories(caps) -> list:
     return factories
 
 
+# The streams whose first-choice decoder's plugin is loaded while the model loads: the plugin
+# loads with the first decoder a process makes, and loading nvcodec (it probes every GPU's
+# decoders) kept the job's first clip from its first frame for ~1.4 s on an H200 (session 30).
+PRELOAD_CAPS = ("video/x-h264, stream-format=(string)byte-stream, alignment=(string)au",
+                "video/x-h265, stream-format=(string)byte-stream, alignment=(string)au")
+
+
+def preload_decoders() -> threading.Thread:
+    """Loads, in a thread of its own, the plugin of the decoder each of PRELOAD_CAPS would get
+    (decoder_factories' first); returns the thread. A plugin that does not load is left to
+    fail where the decoder is made, as it would have without this."""
+    Gst = gst()
+
+    def load():
+        for text in PRELOAD_CAPS:
+            for factory in decoder_factories(Gst.Caps.from_string(text))[:1]:
+                factory.load()
+
+    thread = threading.Thread(target=load, name="preload-decoders", daemon=True)
+    thread.start()
+    return thread
+
+
 def _set_from_string(el, factory: str, name: str, text: str) -> None:
     """Sets a property from its gst-launch spelling (numbers, booleans, enums). A value that does
     not parse or is out of range raises PipelineError naming it: GLib and
@@ -214,8 +239,11 @@ class ClipEncoder:
         self.model = model
 
         # The model holder: started once, never fed (none for an encoder that shares another's).
+        # The likely decoders' plugins load meanwhile (preload_decoders).
         self._holder = None
+        self.preloading = None
         if hold_model:
+            self.preloading = preload_decoders()
             self._holder = Gst.Pipeline.new("model-holder")
             self._holder.add(self._make("vaeencode", "holder", props))
             if self._holder.set_state(Gst.State.PAUSED) == Gst.StateChangeReturn.FAILURE:

@@ -292,6 +292,34 @@ def test_a_kept_decoder_negotiates_its_frame_pool_once_for_clips_of_one_stream(t
     assert (tmp_path / "k4.safetensors").read_bytes() == first
 
 
+def test_the_likely_decoders_plugins_load_while_the_model_loads():
+    # The plugin of a process's first decoder loaded with that decoder, at the first clip's
+    # start: nvcodec's load (it probes every GPU's decoders) held the job's first frame back
+    # ~1.4 s. The first encoder of a process loads the plugins of the first-choice H.264 and H.265
+    # decoders in a thread of its own while its model loads. A fresh process, so that nothing
+    # loaded them before.
+    code = f"""
+import json, sys; sys.path.insert(0, {PYTHON_DIR!r})
+from gst_latent.pipeline import ClipEncoder, PRELOAD_CAPS, decoder_factories, gst
+Gst = gst()
+firsts = [decoder_factories(Gst.Caps.from_string(c))[:1] for c in PRELOAD_CAPS]
+plugins = sorted({{f[0].get_plugin_name() for f in firsts if f}})
+reg = Gst.Registry.get()
+before = [reg.find_plugin(p).is_loaded() for p in plugins]
+enc = ClipEncoder(model={MODEL!r}, device="cpu")
+enc.preloading.join(60)
+after = [reg.find_plugin(p).is_loaded() for p in plugins]
+enc.close()
+print(json.dumps(dict(plugins=plugins, before=before, after=after)))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "openh264" in got["plugins"], f"no H.264 decoder plugin to preload: {got}"
+    assert not any(got["before"]), f"loaded before the encoder was made: {got}"
+    assert all(got["after"]), f"a first-choice decoder's plugin did not load: {got}"
+
+
 def test_a_file_without_video_fails_at_once_naming_its_streams(tmp_path):
     # An audio-only file: the clip fails as soon as its data flows, saying there is no video and
     # what there is (parsebin once left such a file waiting for the clip's timeout), with the
