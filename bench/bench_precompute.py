@@ -294,7 +294,8 @@ def trace_summary(path: str, t0=None, t1=None) -> dict:
     return {"file": path, "device_busy_share": r["busy_share"],
             "device_busy_share_max": r["busy_share_max"], "idle_s": r["idle_s"],
             "idle_by_state_s": r["idle_by_state_s"], "gaps_5ms": len(r["gaps"]),
-            "gaps_5ms_total_ms": round(sum(g["ms"] for g in r["gaps"]), 1), "longest_gaps": longest}
+            "gaps_5ms_total_ms": round(sum(g["ms"] for g in r["gaps"]), 1), "longest_gaps": longest,
+            "all_streaming": r["all_streaming"]}
 
 
 def decoded_clips(clip_paths, work: str) -> str:
@@ -648,7 +649,10 @@ def main():
               f"trace (the upper bound counts launches as busy); idle {t['idle_s'] * 1e3:.0f} ms "
               f"({why}); {t['gaps_5ms']} gaps >= 5 ms ({t['gaps_5ms_total_ms']:.0f} ms)"
               + (f"; some clip streaming {100 * r['streaming_share']:.1f} % of the time"
-                 if r.get("streaming_share") is not None else ""))
+                 if r.get("streaming_share") is not None else "")
+              + (f"; {t['all_streaming']['frames_per_s']:.1f} frames/s while every pipeline streamed "
+                 f"({t['all_streaming']['to_s'] - t['all_streaming']['from_s']:.1f} s)"
+                 if t.get("all_streaming") else ""))
     # Scaling efficiency: frames/s on N GPUs over N x frames/s on one (issue 14).
     for r in results["rows"]:
         m = re.fullmatch(r"(\w+)x(\d+)(p\d+)", r.get("run", ""))

@@ -111,6 +111,19 @@ def analyse(marks: list[dict], t0: float | None = None, t1: float | None = None,
     if cur is not None and cur[1] * 1e3 >= gap_ms:
         gaps.append(cur)
     span = end - start
+    # While every element streamed: from the last element's first `in` to the first element's
+    # last `out` reached, frames whose work the device finished in it per second (a job's rate
+    # without its start, its stagger and its tail; marks of one element per pipeline).
+    firsts = [min((m["queued"] for m in ms if m["label"] == "in"), default=None)
+              for ms in per_element.values()]
+    lasts = [max((m["reached"] for m in ms if m["label"] == "out"), default=None)
+             for ms in per_element.values()]
+    all_streaming = None
+    if None not in firsts and None not in lasts and min(lasts) > max(firsts):
+        w0, w1 = max(firsts), min(lasts)
+        done = sum(1 for m in marks if m["label"] == "out" and w0 <= m["reached"] < w1)
+        all_streaming = {"from_s": round(w0 - start, 4), "to_s": round(w1 - start, 4),
+                         "frames": done, "frames_per_s": round(done / (w1 - w0), 2)}
     return {
         "span_s": round(span, 4),
         "elements": sorted(per_element),
@@ -119,6 +132,7 @@ def analyse(marks: list[dict], t0: float | None = None, t1: float | None = None,
         "busy_share_max": round(1 - (idle - why["launching"]) / span, 4) if span > 0 else None,
         "idle_s": round(idle, 4),
         "idle_by_state_s": {k: round(why[k], 4) for k in order if why[k] > 0},
+        "all_streaming": all_streaming,
         "gaps_over_ms": gap_ms,
         "gaps": [{"at_s": round(g[0] - start, 4), "ms": round(g[1] * 1e3, 2), "states": g[2]}
                  for g in gaps],
@@ -138,6 +152,10 @@ def main(argv=None) -> int:
     print(f"{r['marks']} marks of {len(r['elements'])} elements over {r['span_s']:.3f} s: device busy "
           f"{100 * r['busy_share']:.1f} % (up to {100 * r['busy_share_max']:.1f} % if it ran while an "
           f"element launched), idle {r['idle_s'] * 1e3:.1f} ms")
+    a = r["all_streaming"]
+    if a:
+        print(f"  every element streaming from {a['from_s']:.2f} to {a['to_s']:.2f} s: {a['frames']} "
+              f"frames done, {a['frames_per_s']:.1f} frames/s")
     for k, v in r["idle_by_state_s"].items():
         print(f"  idle while the closest element was {k:>14}: {v * 1e3:9.1f} ms "
               f"({100 * v / r['span_s']:.1f} % of the span)")

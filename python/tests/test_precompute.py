@@ -195,6 +195,10 @@ def test_trace_gaps_finds_when_the_device_had_nothing_queued():
     # work the marks do not see: the upper bound counts it as busy.
     assert abs(by["launching"] - 1.3 * ms) < 1e-9, r
     assert abs(r["busy_share_max"] - (1 - (8.5 - 1.3) / 30)) < 1e-4, r
+    # Both streamed from B's first `in` (10 ms) to B's last `out` reached (20 ms): one frame (A's
+    # first, done at 10 ms) finished in it, 100 frames/s.
+    a = r["all_streaming"]
+    assert (a["from_s"], a["to_s"], a["frames"]) == (0.01, 0.02, 1) and abs(a["frames_per_s"] - 100) < 1e-6, a
 
 
 def test_covered_seconds_is_the_union_of_intervals():
