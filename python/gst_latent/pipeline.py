@@ -179,8 +179,11 @@ def preload_decoders() -> threading.Thread:
 
     def load():
         for text in PRELOAD_CAPS:
-            for factory in decoder_factories(Gst.Caps.from_string(text))[:1]:
-                factory.load()
+            try:
+                for factory in decoder_factories(Gst.Caps.from_string(text))[:1]:
+                    factory.load()
+            except Exception:  # noqa: BLE001 (the clip that needs the decoder reports it)
+                pass
 
     thread = threading.Thread(target=load, name="preload-decoders", daemon=True)
     thread.start()
