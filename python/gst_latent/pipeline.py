@@ -17,8 +17,9 @@ from clip to clip too: relinking sent it a RECONFIGURE, and its new ALLOCATION q
 CUDA frame pool at every clip's start. A decoder that fails a clip is dropped; the next clip gets
 a new one. `keep_decoders=False` puts decodebin in parsebin's and the decoder's place, made anew
 for every clip (the same bytes). The first encoder of a process loads the plugins of the
-first-choice H.264 and H.265 decoders while its model loads (`preload_decoders`): nvcodec's load
-probes every GPU's decoders, which held the job's first frame back ~1.4 s on an H200.
+first-choice H.264 and H.265 decoders with its model (`preload_decoders`): loaded with the first
+decoder instead, nvcodec's plugin (its init probes every GPU's decoders) held the job's first
+frame back ~1.4 s on an H200.
 
 The decoded frames go straight to vaeencode when a GPU decoder gives 8-bit 4:2:0 (nvh264dec /
 nvh265dec hand over NV12 frames in GPU memory: no download, no CPU conversion, vaeencode reads
@@ -164,7 +165,7 @@ def decoder_factories(caps) -> list:
     return factories
 
 
-# The streams whose first-choice decoder's plugin is loaded while the model loads: the plugin
+# The streams whose first-choice decoder's plugin is loaded with the model: otherwise the plugin
 # loads with the first decoder a process makes, and loading nvcodec (it probes every GPU's
 # decoders) kept the job's first clip from its first frame for ~1.4 s on an H200 (session 30).
 PRELOAD_CAPS = ("video/x-h264, stream-format=(string)byte-stream, alignment=(string)au",
