@@ -114,14 +114,18 @@ def analyse(marks: list[dict], t0: float | None = None, t1: float | None = None,
     # While every element streamed: from the last element's first `in` to the first element's
     # last `out` reached, frames whose work the device finished in it per second (a job's rate
     # without its start, its stagger and its tail; marks of one element per pipeline).
+    # Only the marks inside [start, end] (a window given by --from / --to).
+    inside = {w: [m for m in ms if m["queued"] >= start and m["reached"] <= end]
+              for w, ms in per_element.items()}
     firsts = [min((m["queued"] for m in ms if m["label"] == "in"), default=None)
-              for ms in per_element.values()]
+              for ms in inside.values()]
     lasts = [max((m["reached"] for m in ms if m["label"] == "out"), default=None)
-             for ms in per_element.values()]
+             for ms in inside.values()]
     all_streaming = None
     if None not in firsts and None not in lasts and min(lasts) > max(firsts):
         w0, w1 = max(firsts), min(lasts)
-        done = sum(1 for m in marks if m["label"] == "out" and w0 <= m["reached"] < w1)
+        done = sum(1 for ms in inside.values() for m in ms
+                   if m["label"] == "out" and w0 <= m["reached"] < w1)
         all_streaming = {"from_s": round(w0 - start, 4), "to_s": round(w1 - start, 4),
                          "frames": done, "frames_per_s": round(done / (w1 - w0), 2)}
     return {
