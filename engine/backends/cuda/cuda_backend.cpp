@@ -10,15 +10,18 @@
 // outputs and scratch from the stream-ordered pool in memory.h. A mutex serialises callers
 // (backends are shared between elements), which also keeps the cuDNN handle single-threaded.
 //
-// Environment (read when a backend is created):
+// Environment (read when a backend is created; a switch of named values takes those listed,
+// unset or empty is its default, and any other value is warned about and runs the default:
+// env_choice, engine/core/env.h):
 //   LATENT_CUDNN_SEARCH=heuristic  pick convolution algorithms without timing them (also the
 //                                  3-D fused graphs' engines, unless LATENT_CUDNN_FUSED_TUNE says)
 //   LATENT_CUDNN_FUSED_TUNE=N      time cuDNN's first N engines of each fused graph on its first
 //                                  call, the choice kept in the plan cache (default: 4 for the
 //                                  3-D graphs, 0 for the 2-D ones; 0: the heuristics' first;
 //                                  conv_fused.cpp)
-//   LATENT_CUDA_TF32=0             exact fp32 convolutions (no TF32 tensor cores)
-//   LATENT_CUDA_ATTENTION=simple   the CUDA-core attention kernel even for bf16/fp16
+//   LATENT_CUDA_TF32=0             exact fp32 convolutions (no TF32 tensor cores; 1: the default)
+//   LATENT_CUDA_ATTENTION=simple   the CUDA-core attention kernel even for bf16/fp16 (auto: the
+//                                  default)
 //   LATENT_CUDA_POISON=1           fill new buffers with NaN (tests: catches unwritten outputs)
 //   LATENT_CUDA_CONV3D=0           video: no conv3d_frames (video VAEs compose causal 3-D
 //                                  convolutions from one cuDNN 2-D convolution per temporal tap)
@@ -63,6 +66,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>  // plans
@@ -92,6 +96,7 @@
 #include "engine/backends/cuda/rms_norm.cuh"
 #include "engine/backends/cuda/upsample.cuh"
 #include "engine/backends/frames.h"  // gpu-elements: transfer counters
+#include "engine/core/env.h"
 #include "engine/core/log.h"
 
 namespace latent {
@@ -100,11 +105,6 @@ namespace {
 using cuda::DeviceContext;
 using cuda::DeviceGuard;
 using cuda::TempBuffer;
-
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
 
 bool valid_activation(Activation act) {
   return static_cast<int>(act) <= static_cast<int>(Activation::kTanh);
@@ -192,12 +192,7 @@ class CudaBackend final : public Backend {
         LATENT_WARN("LATENT_RMS_NORM_PACKS='", e,
                     "' is not a number from 1 to 6; using the default");
     }
-    if (const char* g = std::getenv("LATENT_FP8_GATED_ADD"); g && *g) {
-      if (std::strcmp(g, "0") == 0)
-        fp8_gated_add_ = false;
-      else if (std::strcmp(g, "1") != 0)
-        LATENT_WARN("LATENT_FP8_GATED_ADD='", g, "' is neither 0 nor 1; using 1");
-    }
+    fp8_gated_add_ = env_choice("LATENT_FP8_GATED_ADD", {{"1"}, {"0"}}, 0) == 0;
     launch_.smem_optin = ctx_->properties().sharedMemPerBlockOptin;
     dit_linear_ = std::make_unique<cuda::DitLinear>(options.tf32);  // cuda-dit
     disk_plans_ = cuda::open_plan_cache(*ctx_);                     // plans
@@ -1675,7 +1670,8 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   if (index < 0 || index >= count)
     return Status::errorf(device, ": no such CUDA device (", count, " found)");
 
-  auto made = DeviceContext::create(index, env_is("LATENT_CUDA_POISON", "1"));
+  auto made =
+      DeviceContext::create(index, env_choice("LATENT_CUDA_POISON", {{"0"}, {"1"}}, 0) == 1);
   if (!made.ok()) return made.status().with_context(str_cat(device, ": cannot set up the device"));
   std::shared_ptr<DeviceContext> ctx = std::move(made).value();
   const std::string& label = ctx->label();
@@ -1702,7 +1698,7 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   }
 
   CudaBackend::Options options;
-  options.tf32 = !env_is("LATENT_CUDA_TF32", "0");
+  options.tf32 = env_choice("LATENT_CUDA_TF32", {{"1"}, {"0"}}, 0) == 0;
   std::tie(options.conv_fusion_tune_2d, options.conv_fusion_tune_3d) =
       fused_tune_counts(std::getenv("LATENT_CUDNN_FUSED_TUNE"), std::getenv("LATENT_CUDNN_SEARCH"));
   // LATENT_CUDNN_SEARCH: "heuristic" (default: cuDNN's own ranking, the same choice, so the same
@@ -1711,24 +1707,23 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   // the two were as fast on every VAE measured, and timing cost 0.4-0.5 GiB of peak memory
   // (bench/NOTES.md, session 9), while timed choices made outputs differ between fresh runs.
   options.exhaustive_search =
-      env_is("LATENT_CUDNN_SEARCH", "timed") || env_is("LATENT_CUDNN_SEARCH", "exhaustive");
-  if (const char* v = std::getenv("LATENT_CUDNN_SEARCH");
-      v && *v && !env_is("LATENT_CUDNN_SEARCH", "heuristic") &&
-      !env_is("LATENT_CUDNN_SEARCH", "timed") && !env_is("LATENT_CUDNN_SEARCH", "exhaustive"))
-    LATENT_WARN("LATENT_CUDNN_SEARCH=", v, " is not one of heuristic, timed: using heuristic");
-  options.tensor_core_attention = !env_is("LATENT_CUDA_ATTENTION", "simple");
-  options.conv3d = !env_is("LATENT_CUDA_CONV3D", "0");
-  options.conv3d_taps = env_is("LATENT_CUDA_CONV3D", "taps");
+      env_choice("LATENT_CUDNN_SEARCH", {{"heuristic"}, {"timed", "exhaustive"}}, 0) == 1;
+  options.tensor_core_attention =
+      env_choice("LATENT_CUDA_ATTENTION", {{"auto"}, {"simple"}}, 0) == 0;
+  {
+    const int conv3d = env_choice("LATENT_CUDA_CONV3D", {{"1"}, {"0"}, {"taps"}}, 0);
+    options.conv3d = conv3d != 1;
+    options.conv3d_taps = conv3d == 2;
+  }
   // LATENT_CUDNN_FUSION: "on" (default) fuses the epilogues of cuDNN's convolutions (bias,
   // residual, ReLU / SiLU) into cuDNN operation graphs, "off" runs them as a separate pass,
   // "precompiled" fuses with cuDNN's precompiled engines only (no kernel compiled at plan time).
-  options.conv_fusion =
-      !env_is("LATENT_CUDNN_FUSION", "off") && !env_is("LATENT_CUDNN_FUSION", "0");
-  options.conv_fusion_runtime_compiled = !env_is("LATENT_CUDNN_FUSION", "precompiled");
-  if (const char* v = std::getenv("LATENT_CUDNN_FUSION");
-      v && *v && options.conv_fusion && !env_is("LATENT_CUDNN_FUSION", "on") &&
-      !env_is("LATENT_CUDNN_FUSION", "1") && !env_is("LATENT_CUDNN_FUSION", "precompiled"))
-    LATENT_WARN("LATENT_CUDNN_FUSION=", v, " is not one of on, off, precompiled: using on");
+  {
+    const int fusion =
+        env_choice("LATENT_CUDNN_FUSION", {{"on", "1"}, {"off", "0"}, {"precompiled"}}, 0);
+    options.conv_fusion = fusion != 1;
+    options.conv_fusion_runtime_compiled = fusion != 2;
+  }
   if (options.conv_fusion && !cuda::ConvPlanCache::fusion_available()) {
     if (std::getenv("LATENT_CUDNN_FUSION") && *std::getenv("LATENT_CUDNN_FUSION"))
       LATENT_WARN("LATENT_CUDNN_FUSION=", std::getenv("LATENT_CUDNN_FUSION"),
@@ -1737,24 +1732,13 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
   }
   // LATENT_CUDNN_KEEP_COMPILED=1: fused graphs whose engine cuDNN compiles while planning (the
   // residual-add convolutions: 0.1-0.8 s each) are serialized into the plan cache and loaded by
-  // later processes (conv_fused.cpp). Off by default until measured on a GPU.
-  options.conv_fusion_keep_compiled = env_is("LATENT_CUDNN_KEEP_COMPILED", "1");
-  if (const char* v = std::getenv("LATENT_CUDNN_KEEP_COMPILED");
-      v && *v && !env_is("LATENT_CUDNN_KEEP_COMPILED", "0") &&
-      !env_is("LATENT_CUDNN_KEEP_COMPILED", "1"))
-    LATENT_WARN("LATENT_CUDNN_KEEP_COMPILED=", v, " is not 0 or 1: using 0");
-  options.conv_pad_in_graph = !env_is("LATENT_CUDNN_PAD", "copy");
-  if (const char* v = std::getenv("LATENT_CUDNN_PAD");
-      v && *v && !env_is("LATENT_CUDNN_PAD", "copy") && !env_is("LATENT_CUDNN_PAD", "graph"))
-    LATENT_WARN("LATENT_CUDNN_PAD=", v, " is not one of copy, graph: using graph");
-  options.conv_narrow = !env_is("LATENT_CUDA_CONV_NARROW", "0");
-  options.conv_norm = !env_is("LATENT_CUDA_CONV_NORM", "0");
-  if (const char* v = std::getenv("LATENT_CUDA_CONV_NORM");
-      v && *v && !env_is("LATENT_CUDA_CONV_NORM", "0") && !env_is("LATENT_CUDA_CONV_NORM", "1"))
-    LATENT_WARN("LATENT_CUDA_CONV_NORM=", v, " is neither 0 nor 1: using 1");
-  if (const char* v = std::getenv("LATENT_CUDA_CONV_NARROW");
-      v && *v && !env_is("LATENT_CUDA_CONV_NARROW", "0") && !env_is("LATENT_CUDA_CONV_NARROW", "1"))
-    LATENT_WARN("LATENT_CUDA_CONV_NARROW=", v, " is neither 0 nor 1: using 1");
+  // later processes (conv_fused.cpp). Off by default: on an H200 the default model's plans
+  // compile nothing at run time any more (bench/NOTES.md, session 29).
+  options.conv_fusion_keep_compiled =
+      env_choice("LATENT_CUDNN_KEEP_COMPILED", {{"0"}, {"1"}}, 0) == 1;
+  options.conv_pad_in_graph = env_choice("LATENT_CUDNN_PAD", {{"graph"}, {"copy"}}, 0) == 0;
+  options.conv_narrow = env_choice("LATENT_CUDA_CONV_NARROW", {{"1"}, {"0"}}, 0) == 0;
+  options.conv_norm = env_choice("LATENT_CUDA_CONV_NORM", {{"1"}, {"0"}}, 0) == 0;
   {
     Result<cuda::ConvWgmmaTile> tile =
         cuda::parse_conv_wgmma_tile(std::getenv("LATENT_CONV_WGMMA_TILE"));
@@ -1763,13 +1747,9 @@ Result<std::shared_ptr<Backend>> create_cuda_backend(int index, DType dtype) {
     else
       LATENT_WARN(tile.status().message(), ": using the default tiles");
   }
-  options.conv_wgmma = env_is("LATENT_CUDA_CONV", "cudnn")   ? 0
-                       : env_is("LATENT_CUDA_CONV", "wgmma") ? 2
-                                                             : 1;
-  if (const char* v = std::getenv("LATENT_CUDA_CONV");
-      v && *v && !env_is("LATENT_CUDA_CONV", "cudnn") && !env_is("LATENT_CUDA_CONV", "wgmma") &&
-      !env_is("LATENT_CUDA_CONV", "auto"))
-    LATENT_WARN("LATENT_CUDA_CONV=", v, " is not one of auto, cudnn, wgmma: using auto");
+  // 0 cuDNN everywhere, 1 our kernel where it beat cuDNN (auto), 2 our kernel wherever it runs
+  options.conv_wgmma = std::array<int, 3>{
+      1, 0, 2}[env_choice("LATENT_CUDA_CONV", {{"auto"}, {"cudnn"}, {"wgmma"}}, 0)];
   LATENT_INFO("cuda backend: ", label, ", ", dtype_name(dtype), ", ",
               ctx->properties().multiProcessorCount, " SMs, cuDNN ", cudnnGetVersion(),
               options.tf32 ? "" : ", no TF32",

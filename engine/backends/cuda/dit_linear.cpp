@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "engine/backends/cuda/check.h"
+#include "engine/core/env.h"
 #include "engine/core/log.h"
 
 namespace latent::cuda {
@@ -60,18 +60,8 @@ DitLinear::DitLinear(bool tf32) : tf32_(tf32) {
   // FP8 accumulation: cuBLASLt's fast accumulation (the tensor cores' own, as PyTorch's
   // _scaled_mm(use_fast_accum=True) and Transformer Engine's forward pass use) unless
   // LATENT_FP8_FAST_ACCUM=0 asks for periodic promotion to fp32 (slower, closer to exact).
-  if (const char* v = std::getenv("LATENT_FP8_FAST_ACCUM")) {
-    if (std::strcmp(v, "0") == 0) {
-      fp8_fast_accum_ = false;
-    } else if (std::strcmp(v, "1") != 0) {
-      LATENT_WARN("LATENT_FP8_FAST_ACCUM='", v, "' is neither 0 nor 1; using 1");
-    }
-  }
-  if (const char* v = std::getenv("LATENT_FP8_GEMM_TUNE"); v && *v) {
-    fp8_tune_ = std::strcmp(v, "1") == 0;
-    if (!fp8_tune_ && std::strcmp(v, "0") != 0)
-      LATENT_WARN("LATENT_FP8_GEMM_TUNE='", v, "' is neither 0 nor 1; using 0");
-  }
+  fp8_fast_accum_ = env_choice("LATENT_FP8_FAST_ACCUM", {{"1"}, {"0"}}, 0) == 0;
+  fp8_tune_ = env_choice("LATENT_FP8_GEMM_TUNE", {{"0"}, {"1"}}, 0) == 1;
 }
 
 DitLinear::~DitLinear() {

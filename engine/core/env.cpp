@@ -1,0 +1,31 @@
+#include "engine/core/env.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "engine/core/log.h"
+
+namespace latent {
+
+int env_choice(const char* name, std::initializer_list<EnvSpellings> choices, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  int i = 0;
+  for (const EnvSpellings& spellings : choices) {
+    for (const char* s : spellings)
+      if (std::strcmp(v, s) == 0) return i;
+    ++i;
+  }
+  std::string names, fallback_name;
+  i = 0;
+  for (const EnvSpellings& spellings : choices) {
+    const char* first = spellings.size() ? *spellings.begin() : "";
+    names += (names.empty() ? "" : ", ") + std::string(first);
+    if (i++ == fallback) fallback_name = first;
+  }
+  LATENT_WARN(name, "=", v, " is not one of ", names, ": using ", fallback_name);
+  return fallback;
+}
+
+}  // namespace latent
