@@ -59,6 +59,14 @@
 //   LATENT_RMS_NORM_PACKS=N        the video VAEs' channel RMS norm with at most N (1-6) 16-byte
 //                                  packs of a pixel a lane (more lanes a pixel); unset: the
 //                                  default (rms_norm.cu: 3)
+//   LATENT_FP8_GATED_ADD=0         FP8 models: the gated residual add after an output layer as its
+//                                  own pass; 1 (the default): in that layer's FP8 GEMM
+//   LATENT_FP8_FAST_ACCUM=0        FP8 GEMMs promote their sums to fp32 periodically (slower,
+//                                  closer to exact); 1 (the default): the tensor cores' own
+//                                  accumulation, as PyTorch's use_fast_accum (dit_linear.cpp)
+//   LATENT_FP8_GEMM_TUNE=1         FP8 GEMMs time up to 16 of cuBLASLt's candidates per shape on
+//                                  first use; 0 (the default): its heuristic's first
+//                                  (dit_linear.cpp)
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
 #include "engine/backends/cuda/cuda_backend.h"
