@@ -32,6 +32,19 @@ from dataclasses import asdict
 from gst_latent import plans
 from gst_latent.latentfile import is_complete
 
+
+def process_started_at() -> float | None:
+    """When this process started (time.time(), ~10 ms resolution; Linux's /proc), else None."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # the fields after the command's closing parenthesis; starttime is field 22 of the line
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
 EXIT_FAILED_CLIPS = 3
 EXIT_USAGE = 2
 
@@ -191,7 +204,8 @@ class Worker:
     def _row(self, result) -> dict:
         """A clip's result row, with when this worker began and finished loading (every row of a
         Ray batch has the same keys)."""
-        row = dict(asdict(result), worker_init_start=self.init_span[0], worker_init_end=self.init_span[1])
+        row = dict(asdict(result), worker_init_start=self.init_span[0], worker_init_end=self.init_span[1],
+                   worker_process_start=process_started_at() or 0.0)
         if self.options.get("collect_plans"):  # the timed warm-up clip: its plan files travel back
             row["plan_files"] = json.dumps(plans.collect())
         return row
@@ -643,6 +657,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
               "stream_s": 0.0, "teardown_s": 0.0, "preroll_s": 0.0}
     span = [float("inf"), 0.0]  # the first written clip's start, the last one's end (time.time())
     workers_up = {}  # each worker's (start, end) of its load, from its rows (time.time())
+    workers_proc = {}  # each worker's load start -> its process's start (time.time())
     streaming = []  # (start, end) of each written clip's stream: first latent to EOS (time.time())
     t0, t0_wall = time.monotonic(), time.time()
     engine_timing = {}  # Ray's own start and shutdown (run_ray); the timed warm-up
@@ -664,6 +679,7 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
             for row in rows:
                 if row.get("worker_init_end"):
                     workers_up[float(row["worker_init_start"])] = float(row["worker_init_end"])
+                    workers_proc[float(row["worker_init_start"])] = float(row.get("worker_process_start") or 0.0)
                 if row.get("error"):
                     failed += 1
                     failures.write(json.dumps({"path": row["path"], "error": row["error"],
@@ -705,6 +721,13 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
         fixed.update({"worker_start_s": round(min(workers_up) - t0_wall, 3),
                       "worker_load_s": round(max(e - b for b, e in workers_up.items()), 3),
                       "first_dispatch_s": round(span[0] - min(workers_up.values()), 3)})
+        # When the first worker's process started, where that came after the job's start (a
+        # process of its own: a Ray actor, --workers >= 2): the engine's start splits into the
+        # time before that process (Ray: its start, Ray Data's plan and the actor's placement)
+        # and the process's own start-up to the worker's constructor (Python, Ray's worker).
+        proc = workers_proc.get(min(workers_up), 0.0)
+        if proc > t0_wall:
+            fixed["worker_process_start_s"] = round(proc - t0_wall, 3)
     while_running = frames / max(span[1] - span[0], 1e-9) / args.workers if done else 0.0
     print(f"latent-precompute: {done} written, {failed} failed, {skipped} skipped (complete); "
           f"{frames} frames in {elapsed:.1f} s ({frames / max(elapsed, 1e-9):.1f} frames/s)"
@@ -738,8 +761,11 @@ def _run(args, inputs, output) -> tuple[int, dict | None]:
                  if stream_share is not None else ""), file=sys.stderr)
         print(f"latent-precompute: the first clip started {fixed['before_first_clip_s']:.1f} s into the "
               f"job, the last ended {fixed['after_last_clip_s']:.1f} s before its end"
-              + (f" (a worker began loading {fixed['worker_start_s']:.1f} s in, loaded in "
-                 f"{fixed['worker_load_s']:.1f} s, the first clip {fixed['first_dispatch_s']:.1f} s after)"
+              + (f" (a worker began loading {fixed['worker_start_s']:.1f} s in"
+                 + (f" (its process started {fixed['worker_process_start_s']:.1f} s in)"
+                    if "worker_process_start_s" in fixed else "")
+                 + f", loaded in {fixed['worker_load_s']:.1f} s, the first clip "
+                 f"{fixed['first_dispatch_s']:.1f} s after)"
                  if "worker_start_s" in fixed else "")
               + (f" (Ray: {fixed['ray_init_s']:.1f} s to start, {fixed.get('ray_shutdown_s', 0.0):.1f} s "
                  "to shut down)" if "ray_init_s" in fixed else ""), file=sys.stderr)

@@ -597,6 +597,9 @@ def test_ray_engine_gives_the_same_bytes(clips, local_out, tmp_path):
     assert fixed["before_first_clip_s"] >= fixed["ray_init_s"], fixed
     assert fixed["worker_start_s"] >= fixed["ray_init_s"] and fixed["worker_load_s"] > 0, fixed
     assert "(Ray: " in r.stderr and " s to start" in r.stderr, r.stderr
+    # An actor runs in a process of Ray's, started during the job: when, said too.
+    assert 0 < fixed["worker_process_start_s"] <= fixed["worker_start_s"], fixed
+    assert "its process started " in r.stderr, r.stderr
 
 
 def test_ray_joins_a_running_cluster(clips, local_out, tmp_path):
