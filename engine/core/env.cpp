@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "engine/core/log.h"
 
@@ -23,6 +26,12 @@ int env_choice(const char* name, std::initializer_list<EnvSpellings> choices, in
     const char* first = spellings.size() ? *spellings.begin() : "";
     names += (names.empty() ? "" : ", ") + std::string(first);
     if (i++ == fallback) fallback_name = first;
+  }
+  static std::mutex mutex;
+  static std::set<std::pair<std::string, std::string>> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.emplace(name, v).second) return fallback;  // said already
   }
   LATENT_WARN(name, "=", v, " is not one of ", names, ": using ", fallback_name);
   return fallback;

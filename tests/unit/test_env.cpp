@@ -70,5 +70,17 @@ TEST_F(EnvChoice, AnyOtherValueWarnsAndFallsBack) {
   EXPECT_EQ(warnings_[0], "LATENT_TEST_SWITCH=x is not one of heuristic, timed: using timed");
 }
 
+// A switch read on every call (the attention's) warns once a process for each value, not on
+// every call; another wrong value is said again.
+TEST_F(EnvChoice, EachWrongValueIsSaidOnce) {
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(choose("twice"), 0);
+  EXPECT_EQ(warnings_.size(), 1u);
+  EXPECT_EQ(choose("thrice"), 0);
+  EXPECT_EQ(choose("thrice"), 0);
+  ASSERT_EQ(warnings_.size(), 2u);
+  EXPECT_EQ(warnings_[1], "LATENT_TEST_SWITCH=thrice is not one of on, off, precompiled: using on");
+  EXPECT_EQ(choose("off"), 1);  // a right value after them
+}
+
 }  // namespace
 }  // namespace latent

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "engine/backends/cpu/cpu_ops.h"
+#include "engine/core/env.h"
 #include "engine/core/log.h"
 
 namespace latent {
@@ -23,8 +24,7 @@ bool valid_activation(Activation act) {
 }  // namespace
 
 CpuBackend::CpuBackend(DType dtype) : dtype_(dtype), dnnl_(std::make_unique<cpu::DnnlContext>()) {
-  const char* c = std::getenv("LATENT_CPU_CONV3D");
-  conv3d_ = c && std::string(c) == "1";
+  conv3d_ = env_choice("LATENT_CPU_CONV3D", {{"0"}, {"1"}}, 0) == 1;
 }
 CpuBackend::~CpuBackend() = default;
 

@@ -36,6 +36,7 @@
 #include "engine/backends/cuda/attention_flash.cuh"
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/mma.cuh"
+#include "engine/core/env.h"
 #ifdef LATENT_ATTENTION_WGMMA
 #include "engine/backends/cuda/attention_wgmma.cuh"
 #endif
@@ -515,15 +516,13 @@ bool mma_head_size(int64_t d) {
 }  // namespace
 
 AttentionKernel attention_kernel_from_env() {
-  const char* e = std::getenv("LATENT_ATTENTION_KERNEL");
-  if (!e || !*e) return AttentionKernel::kDefault;
-  if (!std::strcmp(e, "mma16")) return AttentionKernel::kMma16;
-  if (!std::strcmp(e, "mma32")) return AttentionKernel::kMma32;
-  if (!std::strcmp(e, "wgmma")) return AttentionKernel::kWgmma;
-  if (!std::strcmp(e, "simple")) return AttentionKernel::kSimple;
-  if (!std::strcmp(e, "gemm")) return AttentionKernel::kGemm;
-  if (!std::strcmp(e, "mma")) return AttentionKernel::kMma32;
-  return AttentionKernel::kDefault;  // anything unknown
+  static constexpr AttentionKernel kinds[] = {AttentionKernel::kDefault, AttentionKernel::kMma32,
+                                              AttentionKernel::kMma16,   AttentionKernel::kMma32,
+                                              AttentionKernel::kWgmma,   AttentionKernel::kSimple,
+                                              AttentionKernel::kGemm};
+  return kinds[env_choice(
+      "LATENT_ATTENTION_KERNEL",
+      {{"auto"}, {"mma"}, {"mma16"}, {"mma32"}, {"wgmma"}, {"simple"}, {"gemm"}}, 0)];
 }
 
 const char* attention_kernel_name(AttentionKernel k) {

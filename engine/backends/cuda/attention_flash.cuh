@@ -49,6 +49,8 @@ inline AttentionArgs attention_args(const void* q, const void* k, const void* v,
 //   wgmma  the Hopper kernel (attention_wgmma.cu: sm_90a, d = 128, bf16/fp16, compute
 //          capability 9.0); anything else runs the default. Not the default until timed.
 //   simple CUDA cores, fp32 arithmetic (any dtype, d <= 512)
+//   auto   (or unset) the default: cuDNN's fused attention where it runs, else mma32; any other
+//          value is warned about (engine/core/env.h) and runs the default
 // A forced variant that cannot run the shape falls back to the next that can (a tensor-core
 // variant to the default, the default to simple). d > 128 on the tensor cores always uses the
 // channel-split configuration (16-query row groups x d / 128 warps, 32-key tiles).

@@ -69,6 +69,9 @@
 //                                  (dit_linear.cpp)
 //   LATENT_CUDA_PROFILE=1          time every op alone (synchronised) and print the slowest, by
 //                                  op and output shape, to stderr when the backend is destroyed
+// Read at every call instead (tests switch them), on env_choice too: LATENT_ATTENTION_KERNEL
+// (attention_flash.cuh), LATENT_CUDNN_SDPA=0 / LATENT_CUDNN_PADDING_MASK=0 (sdpa.cpp), and
+// LATENT_FP8_ATTENTION (dit_ops.cpp, with the DiT model).
 #include "engine/backends/cuda/cuda_backend.h"
 
 #include <cudnn.h>

@@ -13,6 +13,7 @@
 #include "engine/backends/cuda/fp8_quant.cuh"
 #include "engine/backends/cuda/sdpa.h"
 #include "engine/backends/frames.h"
+#include "engine/core/env.h"
 
 namespace latent::cuda {
 namespace {
@@ -670,9 +671,9 @@ Result<Fp8Matrix> dit_attention_fp8(DitEnv& env, const Tensor& q, const Tensor& 
   const int64_t b = q.dim(0), tq = q.dim(1), tk = k.dim(1), hd = q.dim(2);
   // cuDNN's FP8 graph takes no bias: a key mask without lengths stays in the compute dtype.
   const bool maskable = !key_mask.defined() || !key_lengths.empty();
-  const char* off = std::getenv("LATENT_FP8_ATTENTION");
-  if (maskable && !(off && std::strcmp(off, "0") == 0) && sdpa_compiled() &&
-      env.ctx->properties().major >= 9) {
+  // LATENT_FP8_ATTENTION=0: attention in the compute dtype (the model reads it too: codes / 1)
+  const bool off = env_choice("LATENT_FP8_ATTENTION", {{"codes"}, {"1"}, {"0"}}, 0) == 2;
+  if (maskable && !off && sdpa_compiled() && env.ctx->properties().major >= 9) {
     // Scratch: the three inputs' codes and the scalars; the output's codes and row scales are
     // the result's own.
     const int64_t nq = b * tq * hd, nkv = b * tk * hd;

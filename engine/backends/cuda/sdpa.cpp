@@ -16,9 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backends/cuda/attention_flash.cuh"
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/fp8_quant.cuh"
 #include "engine/backends/frames.h"
+#include "engine/core/env.h"
 #include "engine/core/log.h"
 
 #ifdef LATENT_HAVE_CUDNN_FRONTEND
@@ -131,10 +133,9 @@ bool fall_back(const ShapeKey& key, const std::string& why) {
   return false;
 }
 
-bool env_is(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e && std::strcmp(e, value) == 0;
-}
+// LATENT_CUDNN_SDPA=0, LATENT_CUDNN_PADDING_MASK=0: switched off (read at every call: tests
+// switch them)
+bool env_off(const char* name) { return env_choice(name, {{"1"}, {"0"}}, 0) == 1; }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -430,9 +431,10 @@ Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, co
   s.out_ld = out_ld == heads * d ? 0 : out_ld;
   s.mask = key_mask != nullptr ? MaskVariant::kBias : MaskVariant::kNone;
   if (!sdpa_compiled()) return fall_back(s, "built without cudnn-frontend");
-  if (env_is("LATENT_CUDNN_SDPA", "0")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
-  const char* forced = std::getenv("LATENT_ATTENTION_KERNEL");
-  if (forced && *forced) return fall_back(s, str_cat("LATENT_ATTENTION_KERNEL=", forced));
+  if (env_off("LATENT_CUDNN_SDPA")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
+  if (const AttentionKernel forced = attention_kernel_from_env();
+      forced != AttentionKernel::kDefault)
+    return fall_back(s, str_cat("LATENT_ATTENTION_KERNEL=", attention_kernel_name(forced)));
   if (dtype == DType::kF32) return fall_back(s, "fp32");
   if (d < 8 || d > 256 || d % 8 != 0) return fall_back(s, "head dim not a multiple of 8 <= 256");
   if (ctx.properties().major < 8) return fall_back(s, "below sm_80");
@@ -454,7 +456,7 @@ Result<bool> sdpa_attention(DeviceContext& ctx, const void* q, const void* k, co
                                              {kUidV, const_cast<void*>(v)},
                                              {kUidO, out}};
 
-  if (key_mask && key_lengths && !env_is("LATENT_CUDNN_PADDING_MASK", "0")) {
+  if (key_mask && key_lengths && !env_off("LATENT_CUDNN_PADDING_MASK")) {
     ShapeKey p = s;
     p.mask = MaskVariant::kPadding;
     Plan* plan = find_plan(ctx, *state, p, capturing);
@@ -504,7 +506,7 @@ Result<bool> sdpa_attention_fp8(DeviceContext& ctx, const void* q8, const void* 
   s.b = b, s.tq = tq, s.tk = tk, s.heads = heads, s.d = d, s.dtype = dtype, s.fp8 = true;
   s.mask = key_lengths ? MaskVariant::kPadding : MaskVariant::kNone;
   if (!sdpa_compiled()) return fall_back(s, "built without cudnn-frontend");
-  if (env_is("LATENT_CUDNN_SDPA", "0")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
+  if (env_off("LATENT_CUDNN_SDPA")) return fall_back(s, "LATENT_CUDNN_SDPA=0");
   if (ctx.properties().major < 9) return fall_back(s, "FP8 attention needs sm_90 or newer");
   if (d < 16 || d > 256 || d % 16 != 0)
     return fall_back(s, "head dim not a multiple of 16 <= 256 (FP8)");

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "engine/core/env.h"
 #include "engine/core/log.h"
 #include "engine/weights/binder.h"
 
@@ -20,15 +21,7 @@ constexpr int64_t kRopePositions = 4096;  // QwenEmbedRope precomputes positions
 
 // LATENT_LORA_FOLD=0 keeps every runtime LoRA's two GEMMs beside its layer (FoldedLoras below
 // is the default; the switch is for timing one against the other).
-bool lora_fold_enabled() {
-  const char* v = std::getenv("LATENT_LORA_FOLD");
-  if (!v || std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "0") == 0) return false;
-  static bool warned = false;
-  if (!warned) LATENT_WARN("LATENT_LORA_FOLD='", v, "' is neither 0 nor 1; using 1");
-  warned = true;
-  return true;
-}
+bool lora_fold_enabled() { return env_choice("LATENT_LORA_FOLD", {{"1"}, {"0"}}, 0) == 0; }
 
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
@@ -642,19 +635,12 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   // then after apply_loras).
   const bool quantize_early = fp8 && (loras.specs.empty() || loras.mode != LoraMode::kMerged);
   m->linear_format_ = linears;
-  // NAME=0 / 1 sets *flag; another value is refused with a warning and leaves it.
-  auto env_switch = [](const char* name, bool* flag, const char* what) {
-    const char* g = std::getenv(name);
-    if (!g || !*g) return;
-    const std::string v = g;
-    if (v == "0" || v == "1") {
-      *flag = v == "1";
-    } else {
-      LATENT_WARN(name, "=", v, " is not 0 or 1: ", what, *flag ? " on" : " off");
-    }
+  // NAME=0 / 1 sets *flag; another value is warned about and leaves it.
+  auto env_switch = [](const char* name, bool* flag) {
+    *flag = env_choice(name, {{"0"}, {"1"}}, *flag ? 1 : 0) == 1;
   };
-  env_switch("LATENT_DIT_GRAPHS", &m->graphs_enabled_, "forward graphs stay");
-  env_switch("LATENT_DIT_MOD_CACHE", &m->mod_cache_enabled_, "the modulation cache stays");
+  env_switch("LATENT_DIT_GRAPHS", &m->graphs_enabled_);
+  env_switch("LATENT_DIT_MOD_CACHE", &m->mod_cache_enabled_);
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     w.blocks.push_back(Block::bind(binder, str_cat("transformer_blocks.", i), cfg));
     if (quantize_early) LATENT_TRY(m->quantize_block(static_cast<size_t>(i)));
@@ -670,15 +656,8 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   // LATENT_FP8_ATTENTION: 0 attention in the compute dtype, 1 FP8 attention with q, k and v
   // quantised by their amax, codes (the default with FP8 layers) q and k coded by joint_qk with
   // static bounds: |x| <= sqrt(d) max|gamma| after an RMS norm with gamma and a rotation of pairs.
-  m->fp8_qk_codes_ = fp8;
-  if (const char* a = std::getenv("LATENT_FP8_ATTENTION"); a && *a) {
-    const std::string v = a;
-    if (v == "0" || v == "1") {
-      m->fp8_qk_codes_ = false;
-    } else if (v != "codes") {
-      LATENT_WARN("LATENT_FP8_ATTENTION=", v, " is not 0, 1 or codes: taken as codes");
-    }
-  }
+  // (The backend's dit_attention_fp8 reads the same switch, with the same spellings.)
+  m->fp8_qk_codes_ = fp8 && env_choice("LATENT_FP8_ATTENTION", {{"codes"}, {"1"}, {"0"}}, 0) == 0;
   if (m->fp8_qk_codes_) {
     // 0 where the gammas hold no finite nonzero value: that block's q and k are then scaled by
     // their amax (LATENT_FP8_ATTENTION=1's path; block_forward checks the bounds).
@@ -1187,10 +1166,7 @@ Status block_forward(Backend& be, const Block& w, const BlockContext& c, const T
   // v joined [image, text] (as the attention reads it): FP8 layers of one batch row write their
   // rows into it in place.
   // LATENT_FP8_JOIN_V=0: the two outputs concatenated after (the A/B of bench_img2img.py).
-  static const bool join_v = [] {
-    const char* e = std::getenv("LATENT_FP8_JOIN_V");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool join_v = env_choice("LATENT_FP8_JOIN_V", {{"1"}, {"0"}}, 0) == 0;
   Tensor v;
   if (join_v && img->dim(0) == 1 && img_q.defined() && txt_q.defined() && w.to_v.plain_fp8() &&
       w.add_v.plain_fp8()) {

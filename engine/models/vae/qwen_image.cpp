@@ -32,6 +32,7 @@
 #include <string>
 #include <variant>
 
+#include "engine/core/env.h"
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
 #include "engine/models/vae/vae_common.h"
@@ -62,22 +63,10 @@ Result<Tensor> zero_frames(Backend& b, int64_t n, const Tensor& x) {
   return b.zeros({n, x.dim(1), x.dim(2), x.dim(3)});
 }
 
-// A two-valued setting read once: `value_on` or `value_off` (unset or empty: `fallback`); any
-// other value is warned about and read as `fallback`.
-bool env_switch(const char* name, const char* value_off, const char* value_on, bool fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  if (std::string(e) == value_on) return true;
-  if (std::string(e) == value_off) return false;
-  LATENT_WARN(name, "=", e, " is neither ", value_off, " nor ", value_on, ": using ",
-              fallback ? value_on : value_off);
-  return fallback;
-}
-
 // LATENT_VIDEO_CACHE=copy: causal convs keep copies of their last 2 input frames, as before
 // session 10 (for A/B timing only; the results are the same); `views` (or unset) is the default.
 bool copy_cached_frames() {
-  static const bool copy = env_switch("LATENT_VIDEO_CACHE", "views", "copy", false);
+  static const bool copy = env_choice("LATENT_VIDEO_CACHE", {{"views"}, {"copy"}}, 0) == 1;
   return copy;
 }
 
@@ -85,7 +74,7 @@ bool copy_cached_frames() {
 // (views, read in place by CUDA's implicit-GEMM kernel or joined for cuDNN) instead of in a
 // frame ring (CausalConv below); for A/B timing and memory, the results are the same.
 bool frame_rings() {
-  static const bool on = env_switch("LATENT_VIDEO_RING", "0", "1", true);
+  static const bool on = env_choice("LATENT_VIDEO_RING", {{"1"}, {"0"}}, 0) == 0;
   return on;
 }
 

@@ -23,6 +23,7 @@
 #include <optional>
 #include <utility>
 
+#include "engine/core/env.h"
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
 #include "engine/models/vae/vae.h"
@@ -172,13 +173,7 @@ Result<Tensor> soft_clamp(Backend& be, const Tensor& in) {
 // Whether the decoder runs its TGrow layers folded into the closing convs (Layer::folded):
 // LATENT_TAEHV_FOLD_GROW=0 runs them as taehv.py does (1x1 conv, upsample, conv), for A/B runs.
 bool fold_grow() {
-  static const bool on = [] {
-    const char* v = std::getenv("LATENT_TAEHV_FOLD_GROW");
-    if (!v || !*v || std::strcmp(v, "1") == 0) return true;
-    if (std::strcmp(v, "0") == 0) return false;
-    LATENT_WARN("LATENT_TAEHV_FOLD_GROW='", v, "' is neither 0 nor 1; using 1");
-    return true;
-  }();
+  static const bool on = env_choice("LATENT_TAEHV_FOLD_GROW", {{"1"}, {"0"}}, 0) == 0;
   return on;
 }
 
