@@ -45,6 +45,7 @@ def process_started_at() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
 
+
 EXIT_FAILED_CLIPS = 3
 EXIT_USAGE = 2
 
@@ -147,6 +148,7 @@ class Worker:
         # When this worker began and finished loading (time.time()): the rows carry it, so the
         # job can say where its start went (the engine's start, the load, the first dispatch).
         self.init_span = (time.time(), 0.0)
+        self.process_start = process_started_at() or 0.0  # (0: not known)
         from gst_latent.pipeline import ClipEncoder
 
         self.options = options
@@ -205,7 +207,7 @@ class Worker:
         """A clip's result row, with when this worker began and finished loading (every row of a
         Ray batch has the same keys)."""
         row = dict(asdict(result), worker_init_start=self.init_span[0], worker_init_end=self.init_span[1],
-                   worker_process_start=process_started_at() or 0.0)
+                   worker_process_start=self.process_start)
         if self.options.get("collect_plans"):  # the timed warm-up clip: its plan files travel back
             row["plan_files"] = json.dumps(plans.collect())
         return row
