@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -208,6 +209,20 @@ def test_covered_seconds_is_the_union_of_intervals():
     assert covered_seconds([(1.0, 2.0)]) == 1.0
     # Overlapping, nested, touching and disjoint intervals, in any order.
     assert covered_seconds([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (1.5, 1.7), (3.0, 4.0)]) == 5.0
+
+
+def test_process_started_at_is_when_the_process_started():
+    """The start a worker's row carries (/proc/self/stat's starttime): a process made now says
+    it started between just before it was made and the moment it answers."""
+    before = time.time()
+    r = subprocess.run([sys.executable, "-c", "import time, sys; time.sleep(1.5); "
+                        "from gst_latent.precompute import process_started_at as p; "
+                        "print(p(), time.time())"],
+                       env=dict(os.environ, PYTHONPATH=PYTHON_DIR), capture_output=True, text=True,
+                       timeout=60, check=True)
+    started, answered = (float(x) for x in r.stdout.split())
+    # /proc counts in clock ticks (10 ms) from the boot, and /proc/uptime in 10 ms too
+    assert before - 0.05 <= started <= answered - 1.5 + 0.05, (before, started, answered)
 
 
 def test_each_pipeline_keeps_its_decoder_from_clip_to_clip_with_the_same_bytes(clips, tmp_path):
