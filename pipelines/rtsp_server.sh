@@ -40,10 +40,18 @@ case "$url" in rtsp://127.0.0.1:*) ;; *) cat "$work/server.log" >&2; echo "rtsp_
 
 # The bounded client: N frames, then EOS; at most 120 s.
 start=$(date +%s.%N)
+client=0
 timeout 120 gst-launch-1.0 -q rtspsrc location="$url" latency=100 protocols=tcp \
   ! rtpvp8depay ! vp8dec ! videoconvert ! identity eos-after="$((frames + 1))" \
-  ! pngenc ! multifilesink location="$work/frame-%03d.png"
+  ! pngenc ! multifilesink location="$work/frame-%03d.png" || client=$?
 end=$(date +%s.%N)
+if [ "$client" != 0 ]; then
+  # what the server said, and whether it is still there
+  cat "$work/server.log" >&2
+  kill -0 "$server_pid" 2>/dev/null && state="still running" || state="gone"
+  echo "rtsp_server: the client exited with $client (the server: $state)" >&2
+  exit 1
+fi
 got=$(ls "$work"/frame-*.png 2>/dev/null | wc -l)
 [ "$got" -ge "$frames" ] || { cat "$work/server.log" >&2; echo "rtsp_server: the client got $got of $frames frames" >&2; exit 1; }
 printf 'rtsp_server: %d frames of %s from %s in %.1f s\n' "$got" "$size" "$url" "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.10g", b - a }')"
