@@ -20,7 +20,7 @@
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
 #   pygi          builds PyGObject for the device's python3 (scripts/device/pygi-carry.sh, pygi-build.sh)  ~1 min
 #   precompute    bench_precompute.py: the precompute job on 720p H.264 clips (PRE_ENGINES=local|ray,local,
-#                 PRE_GPUS=1|1,2 for scaling; PRE_MODELS=wan21 for the Wan 2.1 VAE; PRE_ARGS: more
+#                 PRE_GPUS=1|1,2 for scaling; PRE_MODELS=wan21 for the Wan 2.1 VAE, or a list: wan21,$PWD/models/default; PRE_ARGS: more
 #                 bench_precompute.py flags, e.g. --trace --skip-torch) vs the encoder alone and a PyTorch
 #                 loop  ~3 min. The decoders alternated (session 29): PRE_MODELS=wan21 PRE_CLIPS=24
 #                 PRE_ENGINES=local,local-cpudecode,local-decodebin,local,local-cpudecode
@@ -246,14 +246,19 @@ fi
 if has precompute; then  # after pygi (the job needs PyGObject); the local engine unless Ray is carried
   begin precompute; pyenv
   pygi_ready
-  # PRE_MODELS=wan21: the Wan 2.1 VAE (diffusers' default config, random weights, bf16), made here
-  [ "${PRE_MODELS:-}" = wan21 ] && PRE_MODELS=$(cd bench && python3 -c \
-    "from bench_stream_nvdec import ensure_wan; print(ensure_wan('/tmp/latent-bench'))" | tail -1)
+  # PRE_MODELS: model paths, comma-separated (default: the built-in default model); wan21 among
+  # them names the Wan 2.1 VAE (diffusers' default config, random weights, bf16), made here
+  PRE_MODELS=${PRE_MODELS:-$PWD/models/default}
+  case ",$PRE_MODELS," in *,wan21,*)
+    wan=$(cd bench && python3 -c \
+      "from bench_stream_nvdec import ensure_wan; print(ensure_wan('/tmp/latent-bench'))" | tail -1)
+    PRE_MODELS=$(echo ",$PRE_MODELS," | sed "s|,wan21,|,$wan,|; s|^,||; s|,\$||") ;;
+  esac
   # Ray (2.60, cp312) where a first call unpacked it: .carry/ray-a.tar.xz to /tmp/ray-site.
   [ -d /tmp/ray-site/ray ] && export PYTHONPATH=$PYTHONPATH:/tmp/ray-site
   ( . /tmp/pygi/env.sh && LATENT_VENV=${LATENT_VENV:-$(dirname "$(dirname "$(command -v python3)")")} \
     PYTHONPATH=$PWD/python:$PYTHONPATH timeout ${PRE_TIMEOUT:-420} python3 bench/bench_precompute.py \
-    --models ${PRE_MODELS:-$PWD/models/default} --clips ${PRE_CLIPS:-8} --frames 81 --engine ${PRE_ENGINES:-local} \
+    --models $PRE_MODELS --clips ${PRE_CLIPS:-8} --frames 81 --engine ${PRE_ENGINES:-local} \
     --gpus ${PRE_GPUS:-1} ${PRE_ARGS:-} --out $OUT/bench-precompute.json ) > $OUT/precompute.log 2>&1
   rc=$?; grep -v "OpenH264\|XDG" $OUT/precompute.log | tail -8
   end precompute $rc "$(grep -v 'OpenH264\|XDG' $OUT/precompute.log | tail -6 | cut -c1-150)"
