@@ -477,12 +477,17 @@ class ClipEncoder:
     def _unlink_path(self) -> None:
         """Unlinks the frames' way into vaeencode (a kept decoder's src to the queue, the queue to
         videoconvert or vaeencode, videoconvert to vaeencode)."""
-        for el in (self._frames, self._encode, self._convert):
+        self._unlink_sinks((self._frames, self._encode, self._convert))
+        self._kept_path = None
+
+    @staticmethod
+    def _unlink_sinks(elements) -> None:
+        """Unlinks each element's sink pad from its peer, where it has one."""
+        for el in elements:
             sink = el.get_static_pad("sink")
             peer = sink.get_peer()
             if peer is not None:
                 peer.unlink(sink)
-        self._kept_path = None
 
     def _drop_decoder(self, decoder) -> None:
         Gst = gst()
@@ -512,11 +517,7 @@ class ClipEncoder:
         """Undoes the last clip's links: the kept decoders' sinks (parsebin's pads go at NULL, as do
         decodebin's). The way from a kept decoder down to vaeencode stays linked (`_kept_path`)
         until a clip needs another one. The kept decoders are flushed."""
-        for decoder in self._decoders.values():
-            sink = decoder.get_static_pad("sink")
-            peer = sink.get_peer()
-            if peer is not None:
-                peer.unlink(sink)
+        self._unlink_sinks(self._decoders.values())
         if self._kept_path is None:
             self._unlink_path()
         self._flush_decoders()
