@@ -79,7 +79,9 @@ def matmul_peak_tflops(n=8192):
 
 
 def conv_flops_per_frame(sd, width, height):
-    """FLOPs (2 x MACs) of our streams per video frame, from the weight shapes."""
+    """FLOPs (2 x MACs) of our streams per video frame, from the weight shapes (each upsample and
+    3x3 conv as its four output phases' 2x2 convolutions: 4 multiply-adds a pixel and channel
+    pair, not 9; engine/models/vae/upsample_conv.h)."""
     w = lambda k: sd[k].shape
     p = int(round((w("encoder.0.weight")[1] // 3) ** 0.5))
     # Encoder, per input frame: rate = frames at a layer per input frame, r = pixels.
@@ -108,7 +110,7 @@ def conv_flops_per_frame(sd, width, height):
         dec += 2 * c * s * c * r * f
         f *= s
         r *= 4
-        dec += 2 * 9 * c * n[j + 1] * r * f
+        dec += 2 * 4 * c * n[j + 1] * r * f  # upsample + 3x3 conv as 4 phases of 2x2 taps
     dec += 2 * 9 * n[3] * 3 * p * p * r * f
     return enc, dec / f
 

@@ -14,7 +14,10 @@ by both sides) and size (512x512, 1024x1024, 1280x720, 1920x1088) it times encod
     the graph's own); `ours_steady_extra_bytes` is counted as PyTorch's peak is (the most in use
     during the timed runs beyond what was resident before them); `ours_held_bytes` is what the
     engine holds from the driver after the runs;
-  - the floor: FLOPs counted by torch.utils.flop_counter over the measured matrix-unit peak.
+  - the floor: FLOPs counted by torch.utils.flop_counter over the measured matrix-unit peak, less
+    the work no output needs: the zero-padded temporal taps of the causal 3-D convolutions on one
+    frame, and 5/9 of each 3x3 convolution of a nearest-2x upsampled input (its four output
+    phases read 2x2 distinct input pixels each: engine/models/vae/upsample_conv.h).
 Writes JSON to --out after every row (a timeout still leaves the rows done) and prints a table.
 
   python3 bench/bench_vae.py --tool build/tools/latent-tool --out bench/results/vae.json
@@ -152,10 +155,22 @@ def ensure_model_dir(name, model_dir, dtype=torch.bfloat16, smoke=False):
     return m
 
 
+def is_upsampled2x(x):
+    """Whether x's last two dims are a nearest 2x upsampling (every 2x2 block one value)."""
+    if x.dim() < 2 or x.shape[-1] < 2 or x.shape[-2] < 2 or x.shape[-1] % 2 or x.shape[-2] % 2:
+        return False
+    a = x[..., 0::2, 0::2]
+    return all(torch.equal(a, x[..., i::2, j::2]) for i, j in ((0, 1), (1, 0), (1, 1)))
+
+
 def count_flops(fn, x, model):
-    """FLOPs of one call as torch.utils.flop_counter counts them, less the causal 3-D convs'
-    zero-padded temporal taps: for a single frame only the last of kt taps touches data (the
-    Qwen-Image / Wan VAE), so (kt - 1)/kt of each such conv is multiplication by zero padding.
+    """FLOPs of one call as torch.utils.flop_counter counts them, less the work no output needs:
+    - the causal 3-D convs' zero-padded temporal taps: for a single frame only the last of kt
+      taps touches data (the Qwen-Image / Wan VAE), so (kt - 1)/kt of each such conv is
+      multiplication by zero padding;
+    - 5/9 of each 3x3 convolution (stride 1, padding 1) of a nearest-2x upsampled input (the
+      upsamplers of every VAE here): each output pixel's 9 taps read 4 distinct input pixels, so
+      the same outputs take 4 multiply-adds per input channel (upsample_conv.h's phases).
     Returns (useful FLOPs, FLOPs PyTorch executes)."""
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -168,7 +183,15 @@ def count_flops(fn, x, model):
             full = 2 * b * co * t * h * w * mod.in_channels * kt * mod.kernel_size[1] * mod.kernel_size[2]
             padded[0] += full * (kt - 1) // kt
 
+    def up_hook(mod, inp, out):
+        if tuple(mod.kernel_size) == (3, 3) and tuple(mod.stride) == (1, 1) and \
+                tuple(mod.padding) == (1, 1) and mod.groups == 1 and is_upsampled2x(inp[0]):
+            full = 2 * out.numel() * mod.in_channels * 9
+            padded[0] += full * 5 // 9
+
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv3d)]
+    handles += [m.register_forward_hook(up_hook) for m in model.modules()
+                if isinstance(m, torch.nn.Conv2d)]
     try:
         with FlopCounterMode(display=False) as fc:
             fn(x)

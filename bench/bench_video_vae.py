@@ -18,7 +18,8 @@ of its 21 latent frames [1, 16, 21, H/8, W/8]:
     (--chunk 4; the decoder one latent frame a push): ~1,000 frames, peak device memory (does it
     stay at the 81-frame figure?);
   - the floor: FLOPs counted by torch.utils.flop_counter on the eager call, less the causal
-    convolutions' products with zero padding, over the measured bf16 matmul peak.
+    convolutions' products with zero padding and 5/9 of the upsamplers' 3x3 convolutions (their
+    input is nearest-2x upsampled: bench_vae.count_flops), over the measured bf16 matmul peak.
 Writes JSON to --out after every row and prints a table with ratios.
 
   python3 bench/bench_video_vae.py --tool /tmp/dev/bin/latent-tool --out bench/results/video_vae.json
@@ -89,7 +90,8 @@ def make_model(smoke, variant="wan2.1"):
 def count_flops(fn, x, model):
     """(useful FLOPs, FLOPs PyTorch executes): flop_counter's count less the products of the
     causal 3-D convolutions with their zero padding (no cache, or a cache shorter than 2 frames:
-    output frame t's tap k reads padding when t + k < pad)."""
+    output frame t's tap k reads padding when t + k < pad) and 5/9 of each 3x3 convolution of a
+    nearest-2x upsampled input (the resamplers' spatial convs; see bench_vae.count_flops)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -107,7 +109,13 @@ def count_flops(fn, x, model):
         pairs = sum(1 for o in range(t) for k in range(kt) if o * mod.stride[0] + k < pad)
         padded[0] += 2 * b * co * h * w * mod.in_channels * mod.kernel_size[1] * mod.kernel_size[2] * pairs
 
+    def up_hook(mod, inp, out):
+        if tuple(mod.kernel_size) == (3, 3) and tuple(mod.stride) == (1, 1) and \
+                tuple(mod.padding) == (1, 1) and mod.groups == 1 and bv.is_upsampled2x(inp[0]):
+            padded[0] += 2 * out.numel() * mod.in_channels * 9 * 5 // 9
+
     hs = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, WanCausalConv3d)]
+    hs += [m.register_forward_hook(up_hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     try:
         with FlopCounterMode(display=False) as fc:
             fn(x)

@@ -32,8 +32,23 @@ const char* op_name(OpKind op) {
       return "slice_channels";
     case OpKind::kSpatialAttention:
       return "spatial_attention";
+    case OpKind::kInterleavePhases2x:
+      return "interleave_phases2x";
   }
   return "unknown";
+}
+
+Status check_phases2x(const Tensor& z) {
+  if (!z.defined() || z.rank() != 4)
+    return Status::errorf("interleave_phases2x: expected z [N, 4C, H + 1, W + 1], got ",
+                          z.defined() ? shape_str(z.shape()) : "an undefined tensor");
+  if (z.dim(1) < 4 || z.dim(1) % 4 != 0)
+    return Status::errorf("interleave_phases2x: z ", shape_str(z.shape()), " has ", z.dim(1),
+                          " channels, not 4 phases of C >= 1 channels each");
+  if (z.dim(0) < 1 || z.dim(2) < 2 || z.dim(3) < 2)
+    return Status::errorf("interleave_phases2x: z ", shape_str(z.shape()),
+                          " is not [N, 4C, H + 1, W + 1] with N, H and W at least 1");
+  return ok_status();
 }
 
 bool Backend::supports(OpKind op, DType dtype, const Shape& shape) const {

@@ -43,8 +43,13 @@ enum class OpKind : uint8_t {
   kUpsampleNearest2x,
   kSliceChannels,
   kSpatialAttention,
+  kInterleavePhases2x,
 };
 const char* op_name(OpKind op);
+
+// Whether z can be Backend::interleave_phases2x()'s input: [N, 4C, H + 1, W + 1] with C, H and
+// W at least 1. The error names z's shape and what is wrong.
+Status check_phases2x(const Tensor& z);
 
 // === DiT (diffusion transformer) types ========================================================
 // Used by the DiT section of Backend below (Qwen-Image MMDiT; engine/models/dit/).
@@ -225,6 +230,12 @@ class Backend {
   virtual Result<Tensor> clamp(const Tensor& x, float lo, float hi) = 0;
   // [N, C, H, W] -> [N, C, 2H, 2W], nearest neighbour.
   virtual Result<Tensor> upsample_nearest2x(const Tensor& x) = 0;
+  // The second half of a nearest 2x upsampling followed by a 3x3 convolution (padding 1), run
+  // at the low resolution (engine/models/vae/vae_common.h, UpsampleConv): z [N, 4C, H + 1, W + 1]
+  // is the 2x2 convolution (padding 1) of the low-resolution input with the four output phases'
+  // kernels, phase (a, b) in channels [(2a + b) C, (2a + b + 1) C). Returns y [N, C, 2H, 2W] with
+  // y[n, c, 2i + a, 2j + b] = z[n, (2a + b) C + c, i + a, j + b]. Values move unchanged.
+  virtual Result<Tensor> interleave_phases2x(const Tensor& z) = 0;
   // Channels [start, start + count) of [N, C, H, W].
   virtual Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) = 0;
   // softmax(q k^T / sqrt(d)) v over the H*W spatial tokens of each image, `heads` heads of

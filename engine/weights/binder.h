@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backends/backend.h"
@@ -32,6 +33,11 @@ class WeightBinder {
   // Host copy of a tensor without uploading it (fp32), e.g. a weight to slice on the host.
   Tensor take_host(const std::string& name, const Shape& shape);
   bool has(const std::string& name) const;
+  // The backend take() uploads to.
+  Backend& backend() const { return backend_; }
+  // Records a problem of a taken tensor found by the model (e.g. an upload of a weight it made
+  // from one taken with take_host()); finish() reports it with the rest.
+  void note(std::string error) { errors_.push_back(std::move(error)); }
 
   // Marks store tensors matching `prefix` as deliberately unused (e.g. a decoder-only load).
   void ignore_prefix(const std::string& prefix);

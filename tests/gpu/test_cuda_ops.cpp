@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/backends/registry.h"
+#include "engine/models/vae/upsample_conv.h"
 #include "tests/util/test_util.h"
 #ifdef LATENT_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -858,6 +859,55 @@ TEST_P(CudaOps, UpsampleAndSlice) {
                       cpu_->slice_channels(on_cpu(x), start, count), 1e-7));
 }
 
+// interleave_phases2x moves values unchanged (exact), at widths that take each access width;
+// an upsampling convolution as phases on the GPU against the upsample and the 3x3 convolution
+// on the CPU, at the shapes of the models' upsamplers (Wan 2.1's 192 -> 96 and 384 -> 192,
+// FLUX.1's 512 -> 512, TAESD's 64 -> 64 without bias, with the ReLU TAEHV folds in) and odd
+// ones.
+TEST_P(CudaOps, UpsampleConvAsPhases) {
+  for (const Shape& s :
+       {Shape{1, 384, 9, 16}, Shape{2, 12, 5, 4}, Shape{1, 4, 3, 2}, Shape{1, 20, 6, 7}}) {
+    Tensor z = input(s, 1150);
+    EXPECT_TRUE(close(str_cat("interleave_phases2x ", shape_str(s)),
+                      gpu_->interleave_phases2x(on_gpu(z)), cpu_->interleave_phases2x(on_cpu(z)),
+                      1e-7));
+  }
+  struct Case {
+    Shape x;
+    int64_t cout;
+    bool bias;
+    Activation act;
+  };
+  const Case cases[] = {{{1, 192, 45, 80}, 96, true, Activation::kNone},
+                        {{1, 384, 23, 40}, 192, true, Activation::kNone},
+                        {{1, 512, 16, 16}, 512, true, Activation::kNone},
+                        {{1, 64, 33, 40}, 64, false, Activation::kNone},
+                        {{1, 64, 17, 30}, 64, false, Activation::kReLU},
+                        {{2, 8, 5, 7}, 3, true, Activation::kSiLU}};
+  uint64_t seed = 1160;
+  for (const Case& c : cases) {
+    const float ws = 1.f / std::sqrt(static_cast<float>(c.x[1] * 9));
+    Tensor x = input(c.x, seed++);
+    Tensor w = input({c.cout, c.x[1], 3, 3}, seed++, -ws, ws);
+    Tensor b = c.bias ? input({c.cout}, seed++) : Tensor();
+    // The way the models take (auto: phases from 128 input channels on a GPU) and phases.
+    Result<UpsampleConv> chosen = make_upsample_conv(*gpu_, w, b);
+    Result<UpsampleConv> phases = make_upsample_conv(*gpu_, w, b, UpsampleConvWay::kPhases);
+    ASSERT_TRUE(chosen.ok()) << chosen.status().message();
+    ASSERT_TRUE(phases.ok()) << phases.status().message();
+    EXPECT_EQ(chosen->phases, c.x[1] >= 128) << shape_str(c.x);
+    EXPECT_TRUE(phases->phases);
+    Result<Tensor> up = cpu_->upsample_nearest2x(on_cpu(x));
+    ASSERT_TRUE(up.ok()) << up.status().message();
+    const Result<Tensor> want =
+        cpu_->conv2d(*up, on_cpu(w), on_cpu(b), Conv2dParams::same(3), Tensor(), c.act);
+    for (const UpsampleConv* conv : {&chosen.value(), &phases.value()})
+      EXPECT_TRUE(close(str_cat("upsampling conv ", shape_str(c.x), " -> ", c.cout,
+                                conv->phases ? " as phases" : " upsampled"),
+                        (*conv)(*gpu_, on_gpu(x), c.act), want, conv_tol()));
+  }
+}
+
 TEST_P(CudaOps, SpatialAttention) {
   check_attention("attention [1,512,64,64] 1 head (d 512)", *gpu_, {1, 512, 64, 64}, 1, 1200);
   check_attention("attention [1,384,32,32] 1 head (d 384)", *gpu_, {1, 384, 32, 32}, 1, 1210);
@@ -936,7 +986,7 @@ TEST_P(CudaOps, SteadyStateAllocatesNothing) {
 }
 
 TEST_P(CudaOps, SupportsAndRejects) {
-  for (int op = 0; op <= static_cast<int>(OpKind::kSpatialAttention); ++op) {
+  for (int op = 0; op <= static_cast<int>(OpKind::kInterleavePhases2x); ++op) {
     EXPECT_TRUE(gpu_->supports(static_cast<OpKind>(op), dtype()))
         << op_name(static_cast<OpKind>(op));
     EXPECT_FALSE(gpu_->supports(static_cast<OpKind>(op),

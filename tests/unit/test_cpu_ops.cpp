@@ -10,6 +10,7 @@
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/backends/registry.h"
+#include "engine/models/vae/upsample_conv.h"
 #include "tests/util/backend_test_util.h"
 #include "tests/util/test_util.h"
 
@@ -370,7 +371,93 @@ TEST_P(CpuOps, UpsampleAndSliceAreExact) {
     for (int64_t c = 1; c < 4; ++c)
       for (int64_t i = 0; i < 12; ++i) sl.push_back(x.v[(b * 5 + c) * 12 + i]);
   expect_close(be(), be().slice_channels(x.dev, 1, 3), {2, 3, 3, 4}, sl, 0.0, "slice_channels");
+
+  // interleave_phases2x: y[n, c, 2i + a, 2j + b] = z[n, (2a + b) C + c, i + a, j + b], exact.
+  const Shape zs = {2, 12, 4, 5};  // C = 3, H = 3, W = 4
+  Arg z = make_arg(be(), zs, 32);
+  std::vector<double> il(static_cast<size_t>(2 * 3 * 6 * 8));
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t y = 0; y < 6; ++y)
+        for (int64_t xx = 0; xx < 8; ++xx) {
+          const int64_t a = y % 2, q = xx % 2, zc = b * 12 + (2 * a + q) * 3 + c;
+          il[((b * 3 + c) * 6 + y) * 8 + xx] = z.v[(zc * 4 + y / 2 + a) * 5 + xx / 2 + q];
+        }
+  expect_close(be(), be().interleave_phases2x(z.dev), {2, 3, 6, 8}, il, 0.0, "interleave_phases2x");
   expect_close(be(), be().slice_channels(x.dev, 0, 5), s, to_double(x.v), 0.0, "slice all");
+}
+
+// An upsampling convolution run as phases (upsample_conv.h) against the upsample and the 3x3
+// convolution it stands for (the reference: conv_ref of the upsampled input), with and without
+// bias and activation, square and odd sizes, one and several images.
+TEST_P(CpuOps, UpsampleConvAsPhasesMatchesUpsampleThenConv) {
+  struct Case {
+    Shape x;
+    int64_t cout;
+    bool bias;
+    Activation act;
+  };
+  const Case cases[] = {{{1, 4, 3, 3}, 5, true, Activation::kNone},
+                        {{2, 3, 5, 2}, 2, false, Activation::kReLU},
+                        {{1, 8, 1, 1}, 8, true, Activation::kSiLU},
+                        {{1, 16, 7, 9}, 24, true, Activation::kNone}};
+  uint64_t seed = 40;
+  for (const Case& c : cases) {
+    const int64_t cin = c.x[1];
+    Arg x = make_arg(be(), c.x, ++seed);
+    Tensor w = test::random_tensor({c.cout, cin, 3, 3}, ++seed, -0.5f, 0.5f);
+    Tensor b = c.bias ? test::random_tensor({c.cout}, ++seed) : Tensor();
+    // The reference sees the weights as the backend holds them (rounded to its dtype).
+    const std::vector<float> wv =
+        must(be().download(must(be().upload(w), "upload")), "w").to_floats();
+    std::vector<float> bv;
+    if (c.bias) bv = must(be().download(must(be().upload(b), "upload")), "b").to_floats();
+    std::vector<float> up(static_cast<size_t>(c.x[0] * cin * 4 * c.x[2] * c.x[3]));
+    const int64_t h = c.x[2], wd = c.x[3];
+    for (int64_t p = 0; p < c.x[0] * cin; ++p)
+      for (int64_t y = 0; y < 2 * h; ++y)
+        for (int64_t xx = 0; xx < 2 * wd; ++xx)
+          up[(p * 2 * h + y) * 2 * wd + xx] = x.v[(p * h + y / 2) * wd + xx / 2];
+    Shape out;
+    const std::vector<double> want =
+        conv_ref(up, {c.x[0], cin, 2 * h, 2 * wd}, wv, {c.cout, cin, 3, 3},
+                 c.bias ? bv.data() : nullptr, Conv2dParams::same(3), nullptr, c.act, &out);
+    Result<UpsampleConv> conv = make_upsample_conv(be(), w, b);
+    ASSERT_TRUE(conv.ok()) << conv.status().message();
+    EXPECT_TRUE(conv->phases) << "the CPU backend runs upsampling convolutions as phases";
+    Result<UpsampleConv> written = make_upsample_conv(be(), w, b, UpsampleConvWay::kUpsample);
+    ASSERT_TRUE(written.ok()) << written.status().message();
+    EXPECT_FALSE(written->phases);
+    expect_close(be(), (*written)(be(), x.dev, c.act), out, want, 3 * tol(),
+                 str_cat("upsampling conv ", shape_str(c.x), " -> ", c.cout, " upsampled"));
+    EXPECT_EQ(conv->w.shape(), (Shape{4 * c.cout, cin, 2, 2}));
+    // bf16 / fp16: the summed taps are rounded once, the reference's taps each: a little more
+    // than one op's rounding.
+    expect_close(be(), (*conv)(be(), x.dev, c.act), out, want, 3 * tol(),
+                 str_cat("upsampling conv ", shape_str(c.x), " -> ", c.cout));
+  }
+}
+
+TEST(UpsampleConvPhases, WeightsAreTheSumsOfTheTapsEachPhaseReads) {
+  // One input and output channel, taps 1, 2, 4, ..., 256 (row-major): every sum is distinct.
+  std::vector<float> taps(9);
+  for (int i = 0; i < 9; ++i) taps[i] = static_cast<float>(1 << i);
+  const Tensor p = upsample_conv_phase_weights(Tensor::from_floats({1, 1, 3, 3}, taps));
+  ASSERT_EQ(p.shape(), (Shape{4, 1, 2, 2}));
+  const std::vector<float> got = p.to_floats();
+  // Phase (a, b): rows {0}, {1, 2} for a = 0 and {0, 1}, {2} for a = 1; columns likewise.
+  auto sum = [&](std::initializer_list<int> rows, std::initializer_list<int> cols) {
+    float s = 0;
+    for (int r : rows)
+      for (int c : cols) s += taps[r * 3 + c];
+    return s;
+  };
+  const std::vector<float> want = {
+      sum({0}, {0}),       sum({0}, {1, 2}),    sum({1, 2}, {0}),    sum({1, 2}, {1, 2}),  // (0, 0)
+      sum({0}, {0, 1}),    sum({0}, {2}),       sum({1, 2}, {0, 1}), sum({1, 2}, {2}),     // (0, 1)
+      sum({0, 1}, {0}),    sum({0, 1}, {1, 2}), sum({2}, {0}),       sum({2}, {1, 2}),     // (1, 0)
+      sum({0, 1}, {0, 1}), sum({0, 1}, {2}),    sum({2}, {0, 1}),    sum({2}, {2})};       // (1, 1)
+  EXPECT_EQ(got, want);
 }
 
 TEST_P(CpuOps, SpatialAttention) {
@@ -396,7 +483,7 @@ TEST_P(CpuOps, SpatialAttention) {
 }
 
 TEST_P(CpuOps, SupportsItsOwnDtypeOnly) {
-  for (int op = 0; op <= static_cast<int>(OpKind::kSpatialAttention); ++op)
+  for (int op = 0; op <= static_cast<int>(OpKind::kInterleavePhases2x); ++op)
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
       EXPECT_EQ(be().supports(static_cast<OpKind>(op), dt), dt == GetParam())
           << op_name(static_cast<OpKind>(op)) << ' ' << dtype_name(dt);
@@ -528,6 +615,15 @@ TEST(CpuOpsErrors, ElementwiseAndAttention) {
   expect_error(be->activation(Tensor(), Activation::kSiLU), {"activation", "undefined"});
   expect_error(be->upsample_nearest2x(test::random_tensor({4, 3, 3}, 1)),
                {"upsample_nearest2x", "4-D"});
+  expect_error(be->interleave_phases2x(test::random_tensor({1, 6, 3, 3}, 1)),
+               {"interleave_phases2x", "[1, 6, 3, 3]", "4 phases"});
+  expect_error(be->interleave_phases2x(test::random_tensor({1, 8, 1, 3}, 1)),
+               {"interleave_phases2x", "[1, 8, 1, 3]"});
+  Result<UpsampleConv> one_by_one =
+      make_upsample_conv(*be, test::random_tensor({2, 4, 1, 1}, 1), Tensor());
+  ASSERT_FALSE(one_by_one.ok());
+  EXPECT_NE(one_by_one.status().message().find("[Cout, Cin, 3, 3]"), std::string::npos)
+      << one_by_one.status().message();
   expect_error(be->slice_channels(x, 2, 3), {"slice_channels", "[2, 5)", "[1, 4, 3, 3]"});
   expect_error(be->slice_channels(x, -1, 2), {"slice_channels"});
   expect_error(be->slice_channels(x, 0, 0), {"slice_channels"});
@@ -642,7 +738,8 @@ TEST(BackendRegistry, BadNames) {
 TEST(BackendRegistry, OpNames) {
   EXPECT_STREQ(op_name(OpKind::kConv2d), "conv2d");
   EXPECT_STREQ(op_name(OpKind::kSpatialAttention), "spatial_attention");
-  for (int op = 0; op <= static_cast<int>(OpKind::kSpatialAttention); ++op)
+  EXPECT_STREQ(op_name(OpKind::kInterleavePhases2x), "interleave_phases2x");
+  for (int op = 0; op <= static_cast<int>(OpKind::kInterleavePhases2x); ++op)
     EXPECT_STRNE(op_name(static_cast<OpKind>(op)), "unknown");
 }
 

@@ -125,6 +125,9 @@ class CountingBackend final : public Backend {
   Result<Tensor> upsample_nearest2x(const Tensor& x) override {
     return track(inner_->upsample_nearest2x(x));
   }
+  Result<Tensor> interleave_phases2x(const Tensor& z) override {
+    return track(inner_->interleave_phases2x(z));
+  }
   Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override {
     return track(inner_->slice_channels(x, start, count));
   }

@@ -41,7 +41,7 @@ Result<std::shared_ptr<Backend>> create_cpu_backend(DType dtype) {
 
 bool CpuBackend::supports(OpKind op, DType dtype) const {
   // Ops take tensors in the storage dtype only (upload() converts); all ops exist for it.
-  return static_cast<int>(op) <= static_cast<int>(OpKind::kSpatialAttention) && dtype == dtype_;
+  return static_cast<int>(op) <= static_cast<int>(OpKind::kInterleavePhases2x) && dtype == dtype_;
 }
 
 namespace {
@@ -277,6 +277,14 @@ Result<Tensor> CpuBackend::upsample_nearest2x(const Tensor& x) {
   return guarded("upsample_nearest2x", [&]() -> Result<Tensor> {
     LATENT_TRY(check_tensor("upsample_nearest2x", "input x", x, dtype_, 4));
     return cpu::upsample_nearest2x(x);  // moves elements unchanged, in any dtype
+  });
+}
+
+Result<Tensor> CpuBackend::interleave_phases2x(const Tensor& z) {
+  return guarded("interleave_phases2x", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("interleave_phases2x", "input z", z, dtype_, 4));
+    LATENT_TRY(check_phases2x(z));
+    return cpu::interleave_phases2x(z);  // moves elements unchanged, in any dtype
   });
 }
 

@@ -56,6 +56,7 @@ class CpuBackend final : public Backend {
                                 const std::vector<float>& shift) override;
   Result<Tensor> clamp(const Tensor& x, float lo, float hi) override;
   Result<Tensor> upsample_nearest2x(const Tensor& x) override;
+  Result<Tensor> interleave_phases2x(const Tensor& z) override;
   Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override;
   Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                    int heads) override;

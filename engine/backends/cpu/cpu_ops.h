@@ -114,6 +114,9 @@ Tensor channel_affine(const Tensor& x, const float* scale, const float* shift);
 Tensor clamp(const Tensor& x, float lo, float hi);
 // Any element type: [N, C, H, W] -> [N, C, 2H, 2W].
 Tensor upsample_nearest2x(const Tensor& x);
+// z [N, 4C, H + 1, W + 1] -> y [N, C, 2H, 2W], y[n, c, 2i + a, 2j + b] = z[n, (2a + b)C + c, i + a,
+// j + b] (Backend::interleave_phases2x); any dtype, elements moved unchanged.
+Tensor interleave_phases2x(const Tensor& z);
 // Any element type: channels [start, start + count) of [N, C, H, W].
 Tensor slice_channels(const Tensor& x, int64_t start, int64_t count);
 // Any element type: [1, C, T, H, W] <-> [T, C, H, W] (a clip and its frames; the same

@@ -169,6 +169,37 @@ Tensor upsample_nearest2x(const Tensor& x) {
   return y;
 }
 
+namespace {
+template <typename T>
+void interleave_phases(const T* z, T* y, int64_t n, int64_t c, int64_t h, int64_t w) {
+  // z: [n][4c][h + 1][w + 1] -> y: [n][c][2h][2w]
+  const int64_t zh = h + 1, zw = w + 1, planes = n * c;
+#pragma omp parallel for schedule(static) if (planes * h * w > kGrain)
+  for (int64_t pc = 0; pc < planes; ++pc) {
+    const int64_t b = pc / c, ch = pc % c;
+    T* out = y + pc * (2 * h) * (2 * w);
+    for (int a = 0; a < 2; ++a)
+      for (int64_t i = 0; i < h; ++i) {
+        T* row = out + (2 * i + a) * (2 * w);
+        for (int bb = 0; bb < 2; ++bb) {
+          const T* src = z + ((b * 4 + 2 * a + bb) * c + ch) * zh * zw + (i + a) * zw + bb;
+          for (int64_t j = 0; j < w; ++j) row[2 * j + bb] = src[j];
+        }
+      }
+  }
+}
+}  // namespace
+
+Tensor interleave_phases2x(const Tensor& z) {
+  const int64_t n = z.dim(0), c = z.dim(1) / 4, h = z.dim(2) - 1, w = z.dim(3) - 1;
+  Tensor y = Tensor::empty({n, c, 2 * h, 2 * w}, z.dtype());
+  if (dtype_size(z.dtype()) == 4)
+    interleave_phases(z.data_as<uint32_t>(), y.data_as<uint32_t>(), n, c, h, w);
+  else
+    interleave_phases(z.data_as<uint16_t>(), y.data_as<uint16_t>(), n, c, h, w);
+  return y;
+}
+
 Tensor slice_channels(const Tensor& x, int64_t start, int64_t count) {
   // x: [N, C, H, W] -> [N, count, H, W]
   const int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);

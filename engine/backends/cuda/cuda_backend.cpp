@@ -230,7 +230,7 @@ class CudaBackend final : public Backend {
   DType compute_dtype() const override { return dtype_; }
   using Backend::supports;
   bool supports(OpKind op, DType dtype) const override {
-    return static_cast<int>(op) <= static_cast<int>(OpKind::kSpatialAttention) && dtype == dtype_;
+    return static_cast<int>(op) <= static_cast<int>(OpKind::kInterleavePhases2x) && dtype == dtype_;
   }
   bool supports(OpKind op, DType dtype, const Shape& shape) const override {
     if (!Backend::supports(op, dtype, shape)) return false;
@@ -309,6 +309,7 @@ class CudaBackend final : public Backend {
                                 const std::vector<float>& shift) override;
   Result<Tensor> clamp(const Tensor& x, float lo, float hi) override;
   Result<Tensor> upsample_nearest2x(const Tensor& x) override;
+  Result<Tensor> interleave_phases2x(const Tensor& z) override;
   Result<Tensor> slice_channels(const Tensor& x, int64_t start, int64_t count) override;
   Result<Tensor> spatial_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                    int heads) override;
@@ -1312,6 +1313,22 @@ Result<Tensor> CudaBackend::upsample_nearest2x(const Tensor& x) {
                                                   dtype_, Layout::kNHWC));
     LATENT_TRY(cuda::launch_upsample_nearest2x(x.data(), y.data(), x.dim(0), x.dim(2), x.dim(3),
                                                x.dim(1), dtype_size(dtype_), launch_));
+    return y;
+  });
+}
+
+Result<Tensor> CudaBackend::interleave_phases2x(const Tensor& z) {
+  return run("interleave_phases2x", [&]() -> Result<Tensor> {
+    LATENT_TRY(check_tensor("input z", z, 4));
+    LATENT_TRY(check_phases2x(z));
+    if (z.layout() != Layout::kNHWC)
+      return Status::errorf("input z ", z.describe(),
+                            " is not in this backend's image layout (NHWC)");
+    const int64_t c = z.dim(1) / 4, h = z.dim(2) - 1, w = z.dim(3) - 1;
+    LATENT_ASSIGN_OR_RETURN(Tensor y,
+                            ctx_->empty({z.dim(0), c, 2 * h, 2 * w}, dtype_, Layout::kNHWC));
+    LATENT_TRY(cuda::launch_interleave_phases2x(z.data(), y.data(), z.dim(0), h, w, c,
+                                                dtype_size(dtype_), launch_));
     return y;
   });
 }

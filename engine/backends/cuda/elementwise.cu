@@ -194,23 +194,6 @@ Status unary(const void* x, void* y, int64_t n, F f, const Launch& l, const char
   return ok_status();
 }
 
-// Runs copy/pad kernels with the widest unit the layout allows.
-template <typename F>
-Status with_unit(size_t width, F&& f) {
-  switch (width) {
-    case 16:
-      return f(uint4{});
-    case 8:
-      return f(uint2{});
-    case 4:
-      return f(uint32_t{});
-    case 2:
-      return f(uint16_t{});
-    default:
-      return f(uint8_t{});
-  }
-}
-
 }  // namespace
 
 size_t access_width(std::initializer_list<uint64_t> values) {

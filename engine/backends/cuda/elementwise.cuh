@@ -47,4 +47,22 @@ Status launch_pad_channels(const void* x, void* y, int64_t pixels, int64_t c, in
 // pitches and addresses).
 size_t access_width(std::initializer_list<uint64_t> values);
 
+// Runs f(U{}) with U the unsigned unit of `width` bytes (access_width()'s answer): copy, pad and
+// permutation kernels move elements as the widest unit the layout allows.
+template <typename F>
+Status with_unit(size_t width, F&& f) {
+  switch (width) {
+    case 16:
+      return f(uint4{});
+    case 8:
+      return f(uint2{});
+    case 4:
+      return f(uint32_t{});
+    case 2:
+      return f(uint16_t{});
+    default:
+      return f(uint8_t{});
+  }
+}
+
 }  // namespace latent::cuda

@@ -13,6 +13,7 @@
 
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
+#include "engine/models/vae/upsample_conv.h"
 #include "engine/models/vae/vae_common.h"
 #include "engine/weights/binder.h"
 
@@ -85,6 +86,10 @@ class Params {
 
   Conv conv(const std::string& name, int64_t cout, int64_t cin, int k, Conv2dParams p) {
     return vae_common::load_conv(binder_, name, cout, cin, k, true, p);
+  }
+  // Upsample2D's conv (3x3, after the nearest 2x upsampling: upsample_conv.h).
+  UpsampleConv upsample_conv(const std::string& name, int64_t cout, int64_t cin) {
+    return load_upsample_conv(binder_, name, cout, cin, /*bias=*/true);
   }
   Norm norm(const std::string& name, int64_t channels) {
     Norm n;
@@ -285,7 +290,7 @@ struct Encoder {
 struct Decoder {
   struct Level {
     std::vector<ResnetBlock> resnets;
-    std::optional<Conv> upsample;  // Upsample2D: nearest 2x, then 3x3 conv
+    std::optional<UpsampleConv> upsample;  // Upsample2D: nearest 2x, then 3x3 conv
   };
   Conv conv_in;
   MidBlock mid;
@@ -307,8 +312,7 @@ struct Decoder {
             ResnetBlock::load(p, str_cat(name, ".resnets.", j), j == 0 ? cin : ch[i], ch[i]));
       }
       if (i + 1 < ch.size())
-        level.upsample =
-            p.conv(name + ".upsamplers.0.conv", ch[i], ch[i], 3, Conv2dParams::same(3));
+        level.upsample = p.upsample_conv(name + ".upsamplers.0.conv", ch[i], ch[i]);
       cin = ch[i];
       d.levels.push_back(std::move(level));
     }
@@ -326,7 +330,6 @@ struct Decoder {
         LATENT_ASSIGN_OR_RETURN(h, r.forward(be, h));
       }
       if (level.upsample) {
-        LATENT_ASSIGN_OR_RETURN(h, be.upsample_nearest2x(h));
         LATENT_ASSIGN_OR_RETURN(h, (*level.upsample)(be, h));
       }
     }

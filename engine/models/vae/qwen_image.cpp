@@ -35,6 +35,7 @@
 #include "engine/core/env.h"
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
+#include "engine/models/vae/upsample_conv.h"
 #include "engine/models/vae/vae_common.h"
 #include "engine/weights/binder.h"
 
@@ -389,6 +390,11 @@ class ParamLoader {
     return c;
   }
 
+  // The upsamplers' nn.Conv2d(in, out, 3, padding=1) after their nearest 2x upsampling.
+  UpsampleConv upsample_conv(const std::string& prefix, int64_t in, int64_t out) {
+    return load_upsample_conv(binder_, prefix, out, in, /*bias=*/true);
+  }
+
   // nn.Conv2d(in, out, k) with explicit padding/stride.
   Conv conv2d(const std::string& prefix, int64_t in, int64_t out, int k, Conv2dParams params) {
     return vae_common::load_conv(binder_, prefix, out, in, k, /*bias=*/true, params);
@@ -623,7 +629,8 @@ struct AttentionBlock {
 // a time_conv (see the top of this file).
 struct Resample {
   bool up = false;
-  Conv conv;
+  Conv conv;                            // downsample
+  UpsampleConv upconv;                  // upsample: nearest 2x, then the 3x3 conv
   std::optional<CausalConv> time_conv;  // upsample: (3,1,1) C -> 2C; downsample: C -> C, stride 2
   int slot = -1;                        // the "started" flag (and the downsampler's last frame)
   int64_t dim = 0;
@@ -635,8 +642,7 @@ struct Resample {
     r.up = up;
     r.dim = dim;
     if (up) {
-      r.conv = p.conv2d(prefix + ".resample.1", dim, up_out > 0 ? up_out : dim / 2, 3,
-                        Conv2dParams::same(3));
+      r.upconv = p.upsample_conv(prefix + ".resample.1", dim, up_out > 0 ? up_out : dim / 2);
       if (temporal) r.time_conv = p.causal_conv(prefix + ".time_conv", dim, dim * 2, 1, 3);
     } else {
       Conv2dParams params;
@@ -674,8 +680,7 @@ struct Resample {
           LATENT_ASSIGN_OR_RETURN(h, join_frames(b, frames));
         }
       }
-      LATENT_ASSIGN_OR_RETURN(Tensor u, b.upsample_nearest2x(h));
-      return conv(b, u);
+      return upconv(b, h);
     }
     LATENT_ASSIGN_OR_RETURN(Tensor h, conv(b, x));
     if (!time_conv || !cache) return h;

@@ -26,6 +26,7 @@
 #include "engine/core/env.h"
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
+#include "engine/models/vae/upsample_conv.h"
 #include "engine/models/vae/vae.h"
 #include "engine/models/vae/vae_common.h"
 #include "engine/weights/binder.h"
@@ -132,8 +133,9 @@ struct Layer {
   MemBlock mem;                 // kMemBlock
   std::vector<Conv> per_frame;  // kPool: the weight over input frame i; kGrow: output frame i
   // kGrow of the decoder: the closing conv two layers on (after the Upsample) composed with
-  // per_frame[i] (see load_decoder); empty where the layers do not follow that pattern.
-  std::vector<Conv> folded;
+  // per_frame[i] (see load_decoder), each an upsampling convolution (upsample_conv.h); empty
+  // where the layers do not follow that pattern.
+  std::vector<UpsampleConv> folded;
 };
 
 // One part (encoder or decoder) as the list of layers a frame flows through.
@@ -223,19 +225,26 @@ Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
           // layers follow (the full-resolution head): one upsample serves every grown frame.
           // Earlier, each grown frame runs the rest of the decoder before the next, and an
           // upsample kept alive meanwhile would add to the peak: one each.
+          // (Run as phases, no upsampled tensor is made at all.)
           const Layer& closing = net.layers[i + 2];
           const bool share = i + 1 == net.stateless_tail;
           Tensor up;
-          for (const Conv& c : l.folded) {
+          for (const UpsampleConv& c : l.folded) {
             if (share && st.drop > 0) {  // a trimmed frame
               --st.drop;
               continue;
             }
-            if (!up.defined()) {
-              LATENT_ASSIGN_OR_RETURN(up, be.upsample_nearest2x(x));
+            Tensor y;
+            if (c.phases) {
+              LATENT_ASSIGN_OR_RETURN(y, c(be, x, closing.act));
+            } else {
+              if (!up.defined()) {
+                LATENT_ASSIGN_OR_RETURN(up, be.upsample_nearest2x(x));
+              }
+              LATENT_ASSIGN_OR_RETURN(
+                  y, be.conv2d(up, c.w, c.b, Conv2dParams::same(3), Tensor(), closing.act));
+              if (!share) up = Tensor();
             }
-            LATENT_ASSIGN_OR_RETURN(Tensor y, c(be, up, Tensor(), closing.act));
-            if (!share) up = Tensor();
             LATENT_TRY(run_frame(be, net, st, std::move(y), i + 3, out));
           }
           return ok_status();
@@ -521,7 +530,12 @@ Net load_decoder(WeightBinder& b, Backend& be, const TaehvConfig& cfg, Status* s
               for (int t = 0; t < 9; ++t)
                 out[(co * c + ci) * 9 + t] += wp[(co * c + m) * 9 + t] * gv;
             }
-        grow.folded.push_back(upload_conv(be, wi, Conv2dParams::same(3), Tensor(), st));
+        Result<UpsampleConv> folded = make_upsample_conv(be, wi, Tensor());
+        if (!folded.ok()) {
+          if (st->ok()) *st = folded.status().with_context(str_cat("'", cname, "' folded"));
+          break;
+        }
+        grow.folded.push_back(std::move(folded).value());
       }
     }
     net.layers.push_back(std::move(grow));

@@ -16,6 +16,7 @@
 #include "engine/core/log.h"
 #include "engine/models/vae/architectures.h"
 #include "engine/models/vae/autoencoder_kl.h"
+#include "engine/models/vae/upsample_conv.h"
 #include "engine/models/vae/vae_common.h"
 #include "engine/weights/binder.h"
 
@@ -151,7 +152,8 @@ struct TinyEncoder {
 struct TinyDecoder {
   struct Stage {
     std::vector<TinyBlock> blocks;
-    std::optional<Conv> up;  // nearest 2x, then 3x3 conv without bias (all stages but the last)
+    // nearest 2x, then 3x3 conv without bias (all stages but the last)
+    std::optional<UpsampleConv> up;
   };
   Conv conv_in;
   Activation act = Activation::kReLU;
@@ -173,7 +175,7 @@ struct TinyDecoder {
         s.blocks.push_back(TinyBlock::load(binder, name(k++), ch[i], d.act, pool));
       if (i + 1 < ch.size()) {
         ++k;  // nn.Upsample
-        s.up = load_conv(binder, name(k++), ch[i], ch[i], 3, false, Conv2dParams::same(3));
+        s.up = load_upsample_conv(binder, name(k++), ch[i], ch[i], /*bias=*/false);
       } else {
         d.conv_out =
             load_conv(binder, name(k++), cfg.out_channels, ch[i], 3, true, Conv2dParams::same(3));
@@ -195,7 +197,6 @@ struct TinyDecoder {
         LATENT_ASSIGN_OR_RETURN(x, b.forward(be, x));
       }
       if (s.up) {
-        LATENT_ASSIGN_OR_RETURN(x, be.upsample_nearest2x(x));
         LATENT_ASSIGN_OR_RETURN(x, (*s.up)(be, x));
       }
     }
