@@ -2,8 +2,8 @@
 // padding 1, run at the low resolution.
 //
 // Output pixel (2i + a, 2j + b) of conv3x3(up(x)) reads up(x)'s rows 2i + a - 1 .. 2i + a + 1,
-// which are x's rows i - 1 + a and i + a (the middle tap on the row of its neighbour of the same
-// parity), and likewise for columns. So each of the four output phases (a, b) is a 2x2
+// which are only two distinct rows of x, i - 1 + a and i + a (the middle one repeats one of
+// them), and likewise for columns. So each of the four output phases (a, b) is a 2x2
 // convolution of x whose taps are sums of the 3x3 taps (a = 0: rows {0}, {1, 2}; a = 1: rows
 // {0, 1}, {2}), and the four are one 2x2 convolution of x with padding 1 to 4 Cout channels,
 // z [N, 4 Cout, H + 1, W + 1], whose phase (a, b) at (i + a, j + b) is output pixel
@@ -60,8 +60,7 @@ Result<UpsampleConv> make_upsample_conv(Backend& be, const Tensor& w, const Tens
 
 // The checkpoint's convolution `name` (`name`.weight [cout, cin, 3, 3], `name`.bias [cout] when
 // `bias`), taken through the binder (whose finish() reports a missing or misshaped tensor, or an
-// upload that failed, by name).
-// The binder's backend gets it.
+// upload that failed, by name), uploaded to the binder's backend.
 UpsampleConv load_upsample_conv(WeightBinder& binder, const std::string& name, int64_t cout,
                                 int64_t cin, bool bias);
 
