@@ -17,6 +17,19 @@ namespace latent::cuda {
 using bf16 = __nv_bfloat16;
 using f16 = __half;
 
+// Element i of an NHWC tensor [n][h][w][units] (a grid-stride loop's index over its units):
+// its image b, row y, column x and unit u of the pixel.
+struct NhwcIndex {
+  int64_t b, y, x, u;
+};
+__device__ __forceinline__ NhwcIndex nhwc_index(int64_t i, int64_t h, int64_t w, int64_t units) {
+  int64_t rest = i / units;
+  const int64_t u = i - rest * units;
+  const int64_t x = rest % w;
+  rest /= w;
+  return {rest / h, rest % h, x, u};
+}
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(f16 v) { return __half2float(v); }

@@ -153,15 +153,10 @@ __global__ void pad_kernel(const U* __restrict__ src, U* __restrict__ dst, int64
   const int64_t total = n * ho * wo * units;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t rest = i / units;
-    const int64_t u = i - rest * units;
-    const int64_t ox = rest % wo;
-    rest /= wo;
-    const int64_t oy = rest % ho;
-    const int64_t b = rest / ho;
-    const int64_t iy = oy - top, ix = ox - left;
+    const NhwcIndex o = nhwc_index(i, ho, wo, units);
+    const int64_t iy = o.y - top, ix = o.x - left;
     U v{};
-    if (iy >= 0 && iy < h && ix >= 0 && ix < w) v = src[((b * h + iy) * w + ix) * units + u];
+    if (iy >= 0 && iy < h && ix >= 0 && ix < w) v = src[((o.b * h + iy) * w + ix) * units + o.u];
     dst[i] = v;
   }
 }

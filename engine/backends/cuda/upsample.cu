@@ -15,14 +15,9 @@ __global__ void upsample2x_kernel(const U* __restrict__ x, U* __restrict__ y, in
   const int64_t row = 2 * w * units;  // one output row
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t rest = i / units;
-    const int64_t u = i - rest * units;
-    const int64_t ix = rest % w;
-    rest /= w;
-    const int64_t iy = rest % h;
-    const int64_t b = rest / h;
+    const NhwcIndex in = nhwc_index(i, h, w, units);
     const U v = x[i];
-    U* o = y + ((b * 2 * h + 2 * iy) * 2 * w + 2 * ix) * units + u;
+    U* o = y + ((in.b * 2 * h + 2 * in.y) * 2 * w + 2 * in.x) * units + in.u;
     o[0] = v;
     o[units] = v;
     o[row] = v;
@@ -38,15 +33,10 @@ __global__ void interleave_phases2x_kernel(const U* __restrict__ z, U* __restric
   const int64_t wo = 2 * w, total = n * 2 * h * wo * units;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t rest = i / units;
-    const int64_t u = i - rest * units;
-    const int64_t ox = rest % wo;
-    rest /= wo;
-    const int64_t oy = rest % (2 * h);
-    const int64_t b = rest / (2 * h);
-    const int64_t a = oy & 1, q = ox & 1;
-    const int64_t zy = (oy >> 1) + a, zx = (ox >> 1) + q;
-    y[i] = z[((b * (h + 1) + zy) * (w + 1) + zx) * 4 * units + (2 * a + q) * units + u];
+    const NhwcIndex o = nhwc_index(i, 2 * h, wo, units);
+    const int64_t a = o.y & 1, q = o.x & 1;
+    const int64_t zy = (o.y >> 1) + a, zx = (o.x >> 1) + q;
+    y[i] = z[((o.b * (h + 1) + zy) * (w + 1) + zx) * 4 * units + (2 * a + q) * units + o.u];
   }
 }
 
