@@ -241,8 +241,7 @@ Status run_frame(Backend& be, const Net& net, NetState& st, Tensor x, size_t i,
               if (!up.defined()) {
                 LATENT_ASSIGN_OR_RETURN(up, be.upsample_nearest2x(x));
               }
-              LATENT_ASSIGN_OR_RETURN(
-                  y, be.conv2d(up, c.w, c.b, Conv2dParams::same(3), Tensor(), closing.act));
+              LATENT_ASSIGN_OR_RETURN(y, c.on_upsampled(be, up, closing.act));
               if (!share) up = Tensor();
             }
             LATENT_TRY(run_frame(be, net, st, std::move(y), i + 3, out));

@@ -8,13 +8,19 @@
 
 namespace latent {
 
-bool upsample_conv_phases(const Backend& be, int64_t in_channels) {
-  enum { kAuto, kPhases, kUpsample };
-  static const int choice =
-      env_choice("LATENT_UPSAMPLE_CONV", {{"auto"}, {"phases"}, {"upsample"}}, kAuto);
-  if (choice == kUpsample || !be.supports(OpKind::kInterleavePhases2x, be.compute_dtype()))
+bool upsample_conv_phases(const Backend& be, int64_t in_channels, UpsampleConvWay way) {
+  if (way == UpsampleConvWay::kChosen) {
+    // auto stays kChosen: the rule below
+    static constexpr UpsampleConvWay kSpelled[] = {
+        UpsampleConvWay::kChosen, UpsampleConvWay::kPhases, UpsampleConvWay::kUpsample};
+    static const UpsampleConvWay chosen =
+        kSpelled[env_choice("LATENT_UPSAMPLE_CONV", {{"auto"}, {"phases"}, {"upsample"}}, 0)];
+    way = chosen;
+  }
+  if (way == UpsampleConvWay::kUpsample ||
+      !be.supports(OpKind::kInterleavePhases2x, be.compute_dtype()))
     return false;
-  return choice == kPhases || be.device().is_cpu() || in_channels >= 128;
+  return way == UpsampleConvWay::kPhases || be.device().is_cpu() || in_channels >= 128;
 }
 
 Tensor upsample_conv_phase_weights(const Tensor& w) {
@@ -56,17 +62,7 @@ Result<UpsampleConv> make_upsample_conv(Backend& be, const Tensor& w, const Tens
     return Status::errorf("an upsampling convolution's bias must be a host fp32 [", w.dim(0),
                           "], got ", bias.describe());
   UpsampleConv c;
-  switch (way) {
-    case UpsampleConvWay::kChosen:
-      c.phases = upsample_conv_phases(be, w.dim(1));
-      break;
-    case UpsampleConvWay::kPhases:
-      c.phases = be.supports(OpKind::kInterleavePhases2x, be.compute_dtype());
-      break;
-    case UpsampleConvWay::kUpsample:
-      c.phases = false;
-      break;
-  }
+  c.phases = upsample_conv_phases(be, w.dim(1), way);
   if (!c.phases) {
     LATENT_ASSIGN_OR_RETURN(c.w, be.upload(w));
     if (bias.defined()) {
@@ -99,10 +95,15 @@ UpsampleConv load_upsample_conv(WeightBinder& binder, const std::string& name, i
   return std::move(c).value();
 }
 
+Result<Tensor> UpsampleConv::on_upsampled(Backend& be, const Tensor& up, Activation act) const {
+  if (phases) return Status::errorf("an upsampling convolution held as phases takes x, not up(x)");
+  return be.conv2d(up, w, b, Conv2dParams::same(3), Tensor(), act);
+}
+
 Result<Tensor> UpsampleConv::operator()(Backend& be, const Tensor& x, Activation act) const {
   if (!phases) {
     LATENT_ASSIGN_OR_RETURN(Tensor u, be.upsample_nearest2x(x));
-    return be.conv2d(u, w, b, Conv2dParams::same(3), Tensor(), act);
+    return on_upsampled(be, u, act);
   }
   // Padding 1 on every side: z's row p reads x's rows p - 1 and p (p = 0 .. H).
   Conv2dParams pad;

@@ -39,19 +39,24 @@ struct UpsampleConv {
   bool defined() const { return w.defined(); }
   // x: [N, Cin, H, W] -> act(conv3x3(up(x)) + bias): [N, Cout, 2H, 2W]
   Result<Tensor> operator()(Backend& be, const Tensor& x, Activation act = Activation::kNone) const;
+  // Not as phases only: the 3x3 convolution of an input already upsampled (up(x), which a caller
+  // may share between several such convolutions of one x).
+  Result<Tensor> on_upsampled(Backend& be, const Tensor& up,
+                              Activation act = Activation::kNone) const;
 };
 
+// How make_upsample_conv() runs it: as LATENT_UPSAMPLE_CONV chooses (above), or (tests) as
+// phases wherever the backend can, or as written.
+enum class UpsampleConvWay { kChosen, kPhases, kUpsample };
+
 // Whether `be` runs an upsampling convolution of `in_channels` input channels as phases
-// (interleave_phases2x in its compute dtype, and LATENT_UPSAMPLE_CONV's choice above).
-bool upsample_conv_phases(const Backend& be, int64_t in_channels);
+// (interleave_phases2x in its compute dtype, and `way`).
+bool upsample_conv_phases(const Backend& be, int64_t in_channels,
+                          UpsampleConvWay way = UpsampleConvWay::kChosen);
 
 // The four phases' 2x2 kernels of a 3x3 kernel: w [Cout, Cin, 3, 3] (host, fp32) ->
 // [4 Cout, Cin, 2, 2] (host, fp32), phase (a, b) in rows [(2a + b) Cout, (2a + b + 1) Cout).
 Tensor upsample_conv_phase_weights(const Tensor& w);
-
-// How make_upsample_conv() runs it: as upsample_conv_phases() says, or (tests) as phases
-// wherever the backend can, or as written.
-enum class UpsampleConvWay { kChosen, kPhases, kUpsample };
 
 // From host fp32 weights w [Cout, Cin, 3, 3] and bias [Cout] (or undefined): uploaded to `be` as
 // phases or as they are (`way`).
