@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/core/env.h"
 #include "engine/weights/fp8.h"
 
 namespace latent {
@@ -36,6 +37,12 @@ const char* op_name(OpKind op) {
       return "interleave_phases2x";
   }
   return "unknown";
+}
+
+Fp8Attention fp8_attention_from_env() {
+  static constexpr Fp8Attention kSpelled[] = {Fp8Attention::kCodes, Fp8Attention::kAmax,
+                                              Fp8Attention::kOff};
+  return kSpelled[env_choice("LATENT_FP8_ATTENTION", {{"codes"}, {"1"}, {"0"}}, 0)];
 }
 
 Status check_phases2x(const Tensor& z) {

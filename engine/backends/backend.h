@@ -58,6 +58,12 @@ Status check_phases2x(const Tensor& z);
 // approximate="tanh" form, which DiT MLPs use; Activation::kGELU above is the exact erf form.
 enum class DitActivation : uint8_t { kNone, kSiLU, kGELUTanh };
 
+// LATENT_FP8_ATTENTION, read by the DiT model (how q and k are coded) and by the backend's FP8
+// attention alike: `codes` (the default: q and k coded with static bounds), `1` (q, k and v
+// scaled by their amax), `0` (attention in the compute dtype).
+enum class Fp8Attention : uint8_t { kCodes, kAmax, kOff };
+Fp8Attention fp8_attention_from_env();
+
 enum class DitOp : uint8_t {
   kUploadFp32,
   kLinear,

@@ -13,7 +13,6 @@
 #include "engine/backends/cuda/fp8_quant.cuh"
 #include "engine/backends/cuda/sdpa.h"
 #include "engine/backends/frames.h"
-#include "engine/core/env.h"
 
 namespace latent::cuda {
 namespace {
@@ -672,7 +671,7 @@ Result<Fp8Matrix> dit_attention_fp8(DitEnv& env, const Tensor& q, const Tensor& 
   // cuDNN's FP8 graph takes no bias: a key mask without lengths stays in the compute dtype.
   const bool maskable = !key_mask.defined() || !key_lengths.empty();
   // LATENT_FP8_ATTENTION=0: attention in the compute dtype (the model reads it too: codes / 1)
-  const bool off = env_choice("LATENT_FP8_ATTENTION", {{"codes"}, {"1"}, {"0"}}, 0) == 2;
+  const bool off = fp8_attention_from_env() == Fp8Attention::kOff;
   if (maskable && !off && sdpa_compiled() && env.ctx->properties().major >= 9) {
     // Scratch: the three inputs' codes and the scalars; the output's codes and row scales are
     // the result's own.

@@ -656,8 +656,8 @@ Result<std::unique_ptr<QwenImageMmdit>> QwenImageMmdit::load(const ModelSource& 
   // LATENT_FP8_ATTENTION: 0 attention in the compute dtype, 1 FP8 attention with q, k and v
   // quantised by their amax, codes (the default with FP8 layers) q and k coded by joint_qk with
   // static bounds: |x| <= sqrt(d) max|gamma| after an RMS norm with gamma and a rotation of pairs.
-  // (The backend's dit_attention_fp8 reads the same switch, with the same spellings.)
-  m->fp8_qk_codes_ = fp8 && env_choice("LATENT_FP8_ATTENTION", {{"codes"}, {"1"}, {"0"}}, 0) == 0;
+  // (The backend's dit_attention_fp8 reads the same switch: fp8_attention_from_env.)
+  m->fp8_qk_codes_ = fp8 && fp8_attention_from_env() == Fp8Attention::kCodes;
   if (m->fp8_qk_codes_) {
     // 0 where the gammas hold no finite nonzero value: that block's q and k are then scaled by
     // their amax (LATENT_FP8_ATTENTION=1's path; block_forward checks the bounds).
