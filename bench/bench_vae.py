@@ -163,6 +163,16 @@ def is_upsampled2x(x):
     return all(torch.equal(a, x[..., i::2, j::2]) for i, j in ((0, 1), (1, 0), (1, 1)))
 
 
+def upsampled_conv_repeats(mod, inp, out):
+    """A forward hook's count for an nn.Conv2d: 5/9 of its FLOPs where it is a 3x3 convolution
+    (stride 1, padding 1) of a nearest-2x upsampled input (each output pixel's 9 taps read 4
+    distinct input pixels), else 0."""
+    if tuple(mod.kernel_size) == (3, 3) and tuple(mod.stride) == (1, 1) and \
+            tuple(mod.padding) == (1, 1) and mod.groups == 1 and is_upsampled2x(inp[0]):
+        return 2 * out.numel() * mod.in_channels * 9 * 5 // 9
+    return 0
+
+
 def count_flops(fn, x, model):
     """FLOPs of one call as torch.utils.flop_counter counts them, less the work no output needs:
     - the causal 3-D convs' zero-padded temporal taps: for a single frame only the last of kt
@@ -184,10 +194,7 @@ def count_flops(fn, x, model):
             padded[0] += full * (kt - 1) // kt
 
     def up_hook(mod, inp, out):
-        if tuple(mod.kernel_size) == (3, 3) and tuple(mod.stride) == (1, 1) and \
-                tuple(mod.padding) == (1, 1) and mod.groups == 1 and is_upsampled2x(inp[0]):
-            full = 2 * out.numel() * mod.in_channels * 9
-            padded[0] += full * 5 // 9
+        padded[0] += upsampled_conv_repeats(mod, inp, out)
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv3d)]
     handles += [m.register_forward_hook(up_hook) for m in model.modules()

@@ -110,9 +110,7 @@ def count_flops(fn, x, model):
         padded[0] += 2 * b * co * h * w * mod.in_channels * mod.kernel_size[1] * mod.kernel_size[2] * pairs
 
     def up_hook(mod, inp, out):
-        if tuple(mod.kernel_size) == (3, 3) and tuple(mod.stride) == (1, 1) and \
-                tuple(mod.padding) == (1, 1) and mod.groups == 1 and bv.is_upsampled2x(inp[0]):
-            padded[0] += 2 * out.numel() * mod.in_channels * 9 * 5 // 9
+        padded[0] += bv.upsampled_conv_repeats(mod, inp, out)
 
     hs = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, WanCausalConv3d)]
     hs += [m.register_forward_hook(up_hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
