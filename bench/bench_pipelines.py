@@ -2,6 +2,8 @@
 """Streaming throughput of whole gst-launch pipelines (frames/s), on the GPU machine:
 
   videotestsrc ! video/x-raw,format=RGBA,WxH ! vaeencode ! vaedecode ! fakesink      (system memory)
+  videotestsrc ! ... ! queue ! vaeencode ! vaedecode ! fakesink   (system-queue: the source draws
+                                                 on its own thread, as a decoder's output would)
   videotestsrc ! ... ! cudaupload ! vaeencode ! vaedecode ! cudadownload ! fakesink   (CUDA memory)
 
 for each model and size, and variants: system memory with the default `prefetch-depth` and with
@@ -139,7 +141,9 @@ def main():
     ap.add_argument("--models", required=True, help="comma-separated model paths, or 'qwen'")
     ap.add_argument("--qwen-dir", default="/tmp/latent-bench/qwen")
     ap.add_argument("--sizes", default=",".join(SIZES))
-    ap.add_argument("--memory", default="system,cuda")
+    ap.add_argument("--memory", default="system,system-queue,cuda",
+                    help="rows: system (the source on the elements' thread), system-queue (a queue "
+                         "after the source; the element's default prefetch depth and graphs only), cuda")
     ap.add_argument("--frames", type=int, default=300,
                     help="frames of the long run (the short one has a tenth); 60 was too few at 100+ frames/s: "
                          "start-up jitter swamped the 0.5 s difference")
@@ -203,6 +207,8 @@ def main():
                     depths = args.prefetch_depths.split(",") if mem == "system" else ["default"]
                     for d in depths:  # cuda-graphs rows only at the element's default depth
                         for gr in (graphs if d == "default" else [None]):
+                            if mem == "system-queue" and gr not in (graphs[0], None):
+                                continue
                             variants.append((mem, d, gr))
                 for mem, depth, gr in variants:
                     if over_budget():
@@ -221,6 +227,8 @@ def main():
                     stages = f"{enc} ! {dec}"
                     if mem == "cuda":
                         desc = f"videotestsrc num-buffers=NUM ! {caps} ! cudaupload ! video/x-raw(memory:CUDAMemory) ! {stages} ! cudadownload ! fakesink sync=false"
+                    elif mem == "system-queue":
+                        desc = f"videotestsrc num-buffers=NUM ! {caps} ! queue max-size-buffers=4 ! {stages} ! fakesink sync=false"
                     else:
                         desc = f"videotestsrc num-buffers=NUM ! {caps} ! {stages} ! fakesink sync=false"
                     row = {"kind": "gst-launch", "model": os.path.basename(model.rstrip("/")), "size": size,
@@ -270,11 +278,11 @@ def main():
     dump()
     nan = float("nan")
     if any(r["kind"] == "gst-launch" for r in rows):
-        print(f"\n{'model':16} {'size':10} {'memory':7} {'prefetch':>8} {'graphs':>6} {'frames/s':>9} {'start s':>7} {'source-only':>12}")
+        print(f"\n{'model':16} {'size':10} {'memory':12} {'prefetch':>8} {'graphs':>6} {'frames/s':>9} {'start s':>7} {'source-only':>12}")
     for r in rows:
         if r["kind"] != "gst-launch":
             continue
-        print(f"{r['model'][:16]:16} {r['size']:10} {r['memory']:7} {r['prefetch_depth']:>8} {str(r['cuda_graphs'] or '-'):>6} "
+        print(f"{r['model'][:16]:16} {r['size']:10} {r['memory']:12} {r['prefetch_depth']:>8} {str(r['cuda_graphs'] or '-'):>6} "
               f"{r.get('fps', nan):9.1f} {r.get('startup_s', nan):7.1f} {r.get('source_only_fps', nan):12.1f}"
               + (f"  ERROR {r['error'][:200]}" if "error" in r else ""))
     srows = [r for r in rows if r["kind"] == "latent-tool stream"]

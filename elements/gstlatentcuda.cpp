@@ -454,24 +454,22 @@ bool gst_latent_memory_is_pinned(GstMemory* mem) {
   return mem && gst_memory_is_type(mem, GST_LATENT_PINNED_MEMORY_TYPE);
 }
 
-bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
-  GstCaps* caps = nullptr;
-  gst_query_parse_allocation(query, &caps, nullptr);
-  if (!caps || gst_latent_caps_is_cuda(caps) || !cuda->active()) return false;
+bool gst_latent_buffer_is_pinned(GstBuffer* buffer) {
+  return buffer && gst_buffer_n_memory(buffer) == 1 &&
+         gst_latent_memory_is_pinned(gst_buffer_peek_memory(buffer, 0));
+}
+
+// A video pool of page-locked buffers of `cuda`'s device for raw video `caps` (null where the
+// caps are no raw video or the pool refuses its configuration). `*size`: a buffer's bytes.
+static GstBufferPool* new_pinned_pool(GstLatentCuda* cuda, GstCaps* caps, guint min, guint max,
+                                      guint* size) {
   GstVideoInfo info;
-  if (!gst_video_info_from_caps(&info, caps)) return false;
-  GstBufferPool* theirs = nullptr;
-  guint size = 0, min = 0, max = 0;
-  if (gst_query_get_n_allocation_pools(query) > 0)
-    gst_query_parse_nth_allocation_pool(query, 0, &theirs, &size, &min, &max);
-  const bool replace = generic_pool(theirs);
-  if (theirs) gst_object_unref(theirs);
-  if (!replace) return false;  // downstream's own kind of pool (its memory) wins
+  if (!gst_video_info_from_caps(&info, caps)) return nullptr;
   GstAllocator* allocator = gst_latent_pinned_allocator_new(cuda->device().index);
   GstBufferPool* pool = gst_video_buffer_pool_new();
   GstStructure* config = gst_buffer_pool_get_config(pool);
-  size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
-  gst_buffer_pool_config_set_params(config, caps, size, min, max);
+  *size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
+  gst_buffer_pool_config_set_params(config, caps, *size, min, max);
   gst_buffer_pool_config_add_option(config, GST_BUFFER_POOL_OPTION_VIDEO_META);
   GstAllocationParams params;
   gst_allocation_params_init(&params);
@@ -479,11 +477,54 @@ bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
   gst_object_unref(allocator);  // the config holds it
   if (!gst_buffer_pool_set_config(pool, config)) {
     gst_object_unref(pool);
-    return false;
+    return nullptr;
   }
+  return pool;
+}
+
+bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
+  GstCaps* caps = nullptr;
+  gst_query_parse_allocation(query, &caps, nullptr);
+  if (!caps || gst_latent_caps_is_cuda(caps) || !cuda->active()) return false;
+  GstBufferPool* theirs = nullptr;
+  guint size = 0, min = 0, max = 0;
+  if (gst_query_get_n_allocation_pools(query) > 0)
+    gst_query_parse_nth_allocation_pool(query, 0, &theirs, &size, &min, &max);
+  const bool replace = generic_pool(theirs);
+  if (theirs) gst_object_unref(theirs);
+  if (!replace) return false;  // downstream's own kind of pool (its memory) wins
+  GstBufferPool* pool = new_pinned_pool(cuda, caps, min, max, &size);
+  if (!pool) return false;
   gst_latent_query_set_pool(query, pool, size, min, max);
   gst_object_unref(pool);
   GST_DEBUG("frames in page-locked system memory of cuda:%d (%u bytes a buffer)",
             cuda->device().index, size);
+  return true;
+}
+
+bool gst_latent_cuda_propose_pinned_pool(GstLatentCuda* cuda, GstQuery* query, guint min) {
+  GstCaps* caps = nullptr;
+  gboolean need_pool = FALSE;
+  gst_query_parse_allocation(query, &caps, &need_pool);
+  if (!caps || gst_latent_caps_is_cuda(caps) || !cuda->active() ||
+      gst_query_get_n_allocation_pools(query) > 0)
+    return false;
+  GstVideoInfo info;
+  if (!gst_video_info_from_caps(&info, caps)) return false;
+  guint size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
+  if (need_pool) {
+    GstBufferPool* pool = new_pinned_pool(cuda, caps, min, 0, &size);
+    if (!pool) return false;
+    gst_query_add_allocation_pool(query, pool, size, min, 0);
+    gst_object_unref(pool);
+  }
+  // The allocator too, for producers that allocate their own buffers.
+  GstAllocator* allocator = gst_latent_pinned_allocator_new(cuda->device().index);
+  GstAllocationParams params;
+  gst_allocation_params_init(&params);
+  gst_query_add_allocation_param(query, allocator, &params);
+  gst_object_unref(allocator);
+  GST_DEBUG("offered upstream page-locked frames of cuda:%d (%u bytes a buffer, at least %u)",
+            cuda->device().index, size, min);
   return true;
 }

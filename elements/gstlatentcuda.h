@@ -120,8 +120,16 @@ bool gst_latent_cuda_decide_latent_pool(GstLatentCuda* cuda, GstQuery* query);
 // kind of memory is kept: false, the caller takes the default path).
 #define GST_LATENT_PINNED_MEMORY_TYPE "LatentPinnedHost"
 bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query);
+// propose_allocation for a video sink pad with system-memory caps while the element runs on a
+// GPU: offers upstream a pool of such page-locked buffers (at least `min`) and their allocator,
+// so that a producer on the CPU (a source, a software decoder) writes its frames where the GPU's
+// copy engine reads them in place (FrameDesc::pinned), with no copy on the streaming thread.
+// False (nothing added) for other caps, off a GPU, or when an earlier answer offered a pool.
+bool gst_latent_cuda_propose_pinned_pool(GstLatentCuda* cuda, GstQuery* query, guint min);
 // Whether `mem` is such page-locked memory.
 bool gst_latent_memory_is_pinned(GstMemory* mem);
+// Whether all of `buffer` is one such memory (every plane of a frame in it is page-locked).
+bool gst_latent_buffer_is_pinned(GstBuffer* buffer);
 // The allocator behind that pool, for CUDA device `device` (a new reference). Where page-locked
 // memory cannot be had (no CUDA, none left) it hands out plain system memory instead.
 GstAllocator* gst_latent_pinned_allocator_new(int device);

@@ -496,8 +496,7 @@ static GstFlowReturn gst_vae_decode_transform(GstBaseTransform* trans, GstBuffer
     // pinned slot that generate_output() copies into `outbuf`.
     Pending p{nullptr, 0, 0, false, {}};
     latent::FrameDesc direct;
-    if (gst_buffer_n_memory(outbuf) == 1 &&
-        gst_latent_memory_is_pinned(gst_buffer_peek_memory(outbuf, 0)) &&
+    if (gst_latent_buffer_is_pinned(outbuf) &&
         gst_video_frame_map(&p.frame, &n.out_info, outbuf, GST_MAP_WRITE)) {
       p.direct = true;
       direct = output_desc(n, p.frame);

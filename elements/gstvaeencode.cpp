@@ -36,7 +36,10 @@
  *
  * On a GPU the encoder is planned when caps are negotiated (warm-up, then a CUDA graph that each
  * frame replays; `cuda-graphs=false` keeps the plain forward); system-memory frames are uploaded
- * through pinned memory `prefetch-depth` frames ahead.
+ * through pinned memory `prefetch-depth` frames ahead. Upstream is offered a pool of page-locked
+ * buffers for them (ALLOCATION query): frames a source or software decoder writes there go up
+ * in place, with no copy on the streaming thread; frames in other memory are copied into the
+ * stager's page-locked slots first.
  *
  * Video mode (`mode=video`, the default for AutoencoderKLWan and TAEW models) streams a clip
  * through the causal video VAE:
@@ -147,6 +150,7 @@ struct VideoEncode {
 struct Pending {
   GstBuffer* buffer = nullptr;  // owned until handed to the base class
   uint64_t ticket = 0;
+  bool pinned = false;  // uploaded from the buffer itself: it must live until its conversion
 };
 
 // Prefetch state; touched by the streaming thread only (and stop(), after streaming ended).
@@ -456,6 +460,14 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
     if (pool && gst_video_info_from_caps(&info, caps))
       gst_query_add_allocation_pool(query, pool, GST_VIDEO_INFO_SIZE(&info), 0, 0);
     if (pool) gst_object_unref(pool);
+  } else if (caps && !gst_latent_caps_is_cuda(caps)) {
+    // Frames in system memory on a GPU with prefetching: upstream may write them into
+    // page-locked buffers, which the stager uploads in place (no copy on the streaming thread).
+    // Enough for the frames held back, the one converted and the one upstream fills.
+    const guint depth = gst_latent_base_prefetch_depth(GST_LATENT_BASE(trans));
+    if (depth > 0)
+      gst_latent_cuda_propose_pinned_pool(gst_latent_base_cuda(GST_LATENT_BASE(trans)), query,
+                                          depth + 2);
   }
   return TRUE;
 }
@@ -498,6 +510,9 @@ static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negot
     desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
     desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
   }
+  // Our page-locked buffers (propose_allocation) upload in place; convert() below waits for
+  // that copy, and the caller keeps `inbuf` until then.
+  desc.pinned = !on_device && gst_latent_buffer_is_pinned(inbuf);
   if (stager) {
     latent::Result<uint64_t> ticket = stager->stage(desc);
     gst_video_frame_unmap(&frame);
@@ -949,9 +964,11 @@ static bool video_mode(GstVaeEncode* self, Negotiated* n) {
 static void drop_prefetch(GstLatentBase* base) {
   GstVaeEncode* self = GST_VAE_ENCODE(base);
   Prefetch& pf = self->impl->prefetch;
+  // The stager first: it waits for its copies and kernels (events), then frees its slots; only
+  // then may the frames it uploaded in place go back upstream.
+  pf.stager.reset();
   for (Pending& p : pf.pending) gst_buffer_unref(p.buffer);
   pf.pending.clear();
-  pf.stager.reset();  // waits for its copies and kernels (events), then frees its slots
   pf.checked = false;
   pf.has_current = false;
   video_drop(self);
@@ -1022,6 +1039,7 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
     desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
     desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
   }
+  desc.pinned = gst_latent_buffer_is_pinned(input);  // our pool's: uploaded in place
   auto ticket = stager->stage(desc);
   gst_video_frame_unmap(&frame);
   if (!ticket.ok()) {
@@ -1032,7 +1050,7 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-  self->impl->prefetch.pending.push_back(Pending{input, *ticket});
+  self->impl->prefetch.pending.push_back(Pending{input, *ticket, desc.pinned});
   return GST_FLOW_OK;
 }
 
@@ -1070,8 +1088,12 @@ static GstFlowReturn gst_vae_encode_generate_output(GstBaseTransform* trans, Gst
   pf.has_current = true;
   pf.current_converted = false;
   trans->queued_buf = pf.current.buffer;  // the base class takes it over
+  // A frame uploaded in place is read by the copy engine until its conversion: keep it until
+  // then, also when the base class drops it first (QoS) and release_staged() converts it.
+  GstBuffer* keep = pf.current.pinned ? gst_buffer_ref(pf.current.buffer) : nullptr;
   const GstFlowReturn ret = GST_BASE_TRANSFORM_CLASS(parent_class)->generate_output(trans, outbuf);
   if (!pf.current_converted) release_staged(self, pf.current.ticket);
+  if (keep) gst_buffer_unref(keep);
   pf.has_current = false;
   return ret;
 }

@@ -56,10 +56,16 @@ struct FrameDesc {
   size_t strides[3] = {0, 0, 0};
   Device device;
   YuvColor color;  // NV12/I420 only
+  // Host planes in page-locked memory (alloc_pinned_host(), registry.h, or any other
+  // cudaHostAlloc'd memory of the backend's device): a FrameStager uploads them in place,
+  // with no copy on the caller's thread, and the frame must then stay valid until the stager's
+  // convert() of its ticket has returned (see FrameStager::stage). Ignored elsewhere.
+  bool pinned = false;
 };
 
 // Uploads host frames ahead of their conversion on GPU backends: stage() copies a frame into a
-// pinned host slot and queues its upload on a separate copy stream, so the upload overlaps the
+// pinned host slot (or takes a `pinned` frame's own page-locked planes) and queues its upload on
+// a separate copy stream, so the upload overlaps the
 // work queued for earlier frames; convert() makes the model tensor from a staged frame, the
 // compute stream waiting on the upload's event (the host does not wait). depth + 1 slots are
 // reused round-robin and only grow, so frames of a steady size allocate nothing. At most
@@ -71,7 +77,10 @@ struct FrameDesc {
 class FrameStager {
  public:
   virtual ~FrameStager() = default;
-  // The frame may be freed or reused once this returns. Returns the frame's ticket.
+  // The frame may be freed or reused once this returns, but for a `pinned` host frame, which
+  // the copy engine reads after this returns: that one must stay valid until convert() of its
+  // ticket has returned (convert() waits for the copy first; the stager's destruction waits
+  // for every copy). Returns the frame's ticket.
   virtual Result<uint64_t> stage(const FrameDesc& frame) = 0;
   // The staged frame `ticket` -> backend tensor, as frame_to_tensor() would make it (written
   // into `into` where given: an image tensor of the backend as frame_to_tensor() makes, e.g. a

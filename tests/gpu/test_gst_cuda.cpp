@@ -1,10 +1,11 @@
 // The GPU frame path: engine/backends/frames.h on the CUDA backend against the CPU backend
-// (packed, NV12 and I420 input under every size policy, host and device frames, the way back,
-// transfer counts), and vaeencode ! vaedecode with device=cuda against device=cpu (RGB, NV12,
-// I420 input; LATENCY answers); latents and frames in CUDA memory between the elements and
-// GStreamer's CUDA elements (cudaupload, cudadownload), with the engine's host<->device copies
-// counted; with two or more GPUs, one pipeline with a branch per device (each element on its own
-// device's context). Exits 77 (skipped) without a GPU.
+// (packed, NV12 and I420 input under every size policy, host, page-locked host and device frames,
+// the way back, transfer counts), and vaeencode ! vaedecode with device=cuda against device=cpu
+// (RGB, NV12, I420 input; LATENCY answers; the page-locked frames vaeencode offers upstream);
+// latents and frames in CUDA memory between the elements and GStreamer's CUDA elements (cudaupload,
+// cudadownload), with the engine's host<->device copies counted; with two or more GPUs, one
+// pipeline with a branch per device (each element on its own device's context). Exits 77 (skipped)
+// without a GPU.
 #include <gst/gst.h>
 #include <gtest/gtest.h>
 
@@ -314,6 +315,73 @@ TEST(CudaFrames, StagedDeviceFramesMayBeReusedAtOnce) {
   EXPECT_EQ(converted, 8);
   for (void* p : planes) cudaFree(p);
 }
+
+// Host frames in page-locked memory (FrameDesc::pinned) are uploaded from where they are: the
+// same tensors as frame_to_tensor, one host-to-device copy a frame, and the frame may be
+// overwritten as soon as convert() returns (large frames, converted at once as video mode does
+// and `depth` frames later as image mode does: a convert() that did not wait for the copy would
+// let it read the overwritten bytes).
+TEST(CudaFrames, PinnedFramesUploadInPlaceAndAreFreeOnceConverted) {
+  auto cuda = backend("cuda");
+  ASSERT_TRUE(cuda);
+  const int w = 1920, h = 1080;
+  const FrameGeometry g = plan(w, h, SizePolicy::kPad);
+  for (FrameFormat f : {FrameFormat::kRGBA, FrameFormat::kNV12, FrameFormat::kI420}) {
+    for (int ahead : {0, 2}) {
+      SCOPED_TRACE(str_cat(frame_format_name(f), ", converted ", ahead, " frames later"));
+      std::unique_ptr<FrameStager> stager = made(create_frame_stager(*cuda, 2));
+      ASSERT_TRUE(stager);
+      const std::vector<HostFrame> frames = host_frames(5, f, w, h, 300);
+      // Each frame's planes copied into one page-locked block, as a pool's buffer holds them.
+      struct Pinned {
+        void* block = nullptr;
+        FrameDesc desc;
+      };
+      std::vector<Pinned> pinned(frames.size());
+      for (size_t i = 0; i < frames.size(); ++i) {
+        size_t total = 0;
+        for (const auto& pl : frames[i].planes) total += pl.size();
+        auto block = alloc_pinned_host(0, total);
+        ASSERT_TRUE(block.ok()) << block.status().message();
+        pinned[i].block = *block;
+        pinned[i].desc = frames[i].desc;
+        pinned[i].desc.pinned = true;
+        auto* at = static_cast<uint8_t*>(*block);
+        for (int p = 0; p < 3 && !frames[i].planes[p].empty(); ++p) {
+          std::memcpy(at, frames[i].planes[p].data(), frames[i].planes[p].size());
+          pinned[i].desc.planes[p] = at;
+          at += frames[i].planes[p].size();
+        }
+      }
+      std::deque<std::pair<uint64_t, size_t>> tickets;
+      auto convert_front = [&] {
+        const auto [ticket, i] = tickets.front();
+        tickets.pop_front();
+        auto staged = stager->convert(ticket, g);
+        ASSERT_TRUE(staged.ok()) << staged.status().message();
+        // Free once convert() returned: the producer writes its next frame there.
+        for (int p = 0; p < 3; ++p)
+          if (pinned[i].desc.planes[p])
+            std::memset(pinned[i].desc.planes[p], 0xa5, frames[i].planes[p].size());
+        auto direct = frame_to_tensor(*cuda, frames[i].desc, g);
+        ASSERT_TRUE(direct.ok()) << direct.status().message();
+        auto a = cuda->download(*staged), b = cuda->download(*direct);
+        ASSERT_TRUE(a.ok() && b.ok());
+        EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame " << i;
+      };
+      for (size_t i = 0; i < frames.size(); ++i) {
+        reset_transfer_counts();
+        auto t = stager->stage(pinned[i].desc);
+        ASSERT_TRUE(t.ok()) << t.status().message();
+        EXPECT_EQ(transfer_counts().host_to_device, 1);  // the frame's planes in one copy
+        tickets.emplace_back(*t, i);
+        if (tickets.size() > static_cast<size_t>(ahead)) convert_front();
+      }
+      while (!tickets.empty()) convert_front();
+      for (Pinned& p : pinned) free_pinned_host(0, p.block);
+    }
+  }
+}
 #endif  // LATENT_HAVE_CUDA
 
 // ---- the elements ---------------------------------------------------------------------------
@@ -351,6 +419,73 @@ TEST(GstCuda, PrefetchingChangesNoByte) {
   ASSERT_TRUE(b.ok) << b.error;
   ASSERT_EQ(a.frames.size(), 3u);  // EOS drains the frames held back
   EXPECT_EQ(a.frames, b.frames);
+}
+
+// With prefetching on a GPU, vaeencode offers upstream page-locked buffers (its ALLOCATION
+// answer): videotestsrc draws every frame into one, the stager uploads it in place, and the
+// frames out are byte for byte those of a run without prefetching (whose frames stay in plain
+// system memory), also with the source on its own thread (a queue: the producer refills a
+// buffer as soon as vaeencode lets it go).
+struct MemorySeen {
+  std::mutex lock;
+  std::vector<std::string> types;
+};
+
+GstPadProbeReturn note_memory(GstPad*, GstPadProbeInfo* info, gpointer data) {
+  auto* seen = static_cast<MemorySeen*>(data);
+  GstBuffer* b = GST_PAD_PROBE_INFO_BUFFER(info);
+  GstMemory* mem = gst_buffer_n_memory(b) == 1 ? gst_buffer_peek_memory(b, 0) : nullptr;
+  std::lock_guard<std::mutex> hold(seen->lock);
+  seen->types.emplace_back(mem && mem->allocator && mem->allocator->mem_type
+                               ? mem->allocator->mem_type
+                               : "(several memories)");
+  return GST_PAD_PROBE_OK;
+}
+
+// The memory of each frame that reached vaeencode (named enc) in `line`, played to EOS.
+std::vector<std::string> memory_into_encoder(const std::string& line) {
+  GstElement* p = gst_parse_launch(line.c_str(), nullptr);
+  EXPECT_NE(p, nullptr) << line;
+  if (!p) return {};
+  MemorySeen seen;
+  GstElement* enc = gst_bin_get_by_name(GST_BIN(p), "enc");
+  GstPad* sink = gst_element_get_static_pad(enc, "sink");
+  gst_pad_add_probe(sink, GST_PAD_PROBE_TYPE_BUFFER, note_memory, &seen, nullptr);
+  EXPECT_EQ(test::play_to_end(p, 120 * GST_SECOND), "") << line;
+  gst_object_unref(sink);
+  gst_object_unref(enc);
+  gst_object_unref(p);
+  return seen.types;
+}
+
+TEST(GstCuda, UpstreamDrawsIntoPageLockedFramesThatUploadInPlace) {
+  for (const char* format : {"RGBA", "NV12", "I420"}) {
+    SCOPED_TRACE(format);
+    auto line = [&](const char* queue, const char* depth) {
+      return str_cat("videotestsrc num-buffers=9 pattern=ball ! video/x-raw,format=", format,
+                     ",width=100,height=60,framerate=30/1 ! ", queue,
+                     "vaeencode name=enc model=", model(), " device=cuda ", depth,
+                     " ! vaedecode model=", model(),
+                     " device=cuda ! video/x-raw,format=RGB ! fakesink name=out sync=false");
+    };
+    const std::vector<std::string> pinned = memory_into_encoder(line("", ""));
+    ASSERT_EQ(pinned.size(), 9u);
+    for (size_t i = 0; i < pinned.size(); ++i)
+      EXPECT_EQ(pinned[i], "LatentPinnedHost") << "frame " << i;
+    const std::vector<std::string> plain = memory_into_encoder(line("", "prefetch-depth=0"));
+    ASSERT_EQ(plain.size(), 9u);
+    EXPECT_NE(plain[0], "LatentPinnedHost") << "no pool is offered without prefetching";
+
+    PipelineRun in_place = run_pipeline(line("", ""));
+    PipelineRun threaded = run_pipeline(line("queue max-size-buffers=2 ! ", ""));
+    PipelineRun unstaged = run_pipeline(line("", "prefetch-depth=0"));
+    ASSERT_TRUE(in_place.ok) << in_place.error;
+    ASSERT_TRUE(threaded.ok) << threaded.error;
+    ASSERT_TRUE(unstaged.ok) << unstaged.error;
+    ASSERT_EQ(unstaged.frames.size(), 9u);
+    EXPECT_EQ(in_place.frames, unstaged.frames);
+    EXPECT_EQ(threaded.frames, unstaged.frames);
+  }
 }
 
 // QoS is on by default: a frame dropped as late after its upload was staged (prefetch-depth 2)

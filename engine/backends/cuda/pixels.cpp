@@ -262,6 +262,7 @@ class PinnedFrameQueue : public Interface {
 // A host frame on its way up: copied = uploaded, computed = converted (the device bytes read).
 struct StagingSlot : PinnedSlot {
   FrameKernelSource src;  // planes point into `device`
+  bool in_place = false;  // uploaded from the frame's own page-locked planes (FrameDesc::pinned)
 };
 
 class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> {
@@ -292,8 +293,10 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
       if (!frame.planes[i] || frame.strides[i] < row[i])
         return Status::errorf(frame_format_name(frame.format), " plane ", i,
                               " is missing or its stride ", frame.strides[i], " is below ", row[i]);
-    LATENT_TRY(s.reserve(total, /*with_host=*/!on_device));
+    const bool in_place = !on_device && frame.pinned;
+    LATENT_TRY(s.reserve(total, /*with_host=*/!on_device && !in_place));
     s.src = kernel_source(frame);
+    s.in_place = in_place;
     if (on_device) {
       // Device to device on the copy stream, waited for here: the frame's buffer may go back
       // to its pool on return, while the compute stream may still be busy with earlier work.
@@ -308,6 +311,19 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
       LATENT_CUDA_CHECK(cudaEventSynchronize(s.copied));
       s.busy = true;
       s.ticket = ticket;
+      return ticket;
+    }
+    if (in_place) {
+      // Page-locked planes: the copy engine reads them where they are, with no copy on this
+      // thread; convert() waits for it before the caller may let the frame go.
+      for (int i = 0; i < planes; ++i) {
+        LATENT_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<uint8_t*>(s.device) + offset[i], row[i],
+                                            frame.planes[i], frame.strides[i], row[i], rows[i],
+                                            cudaMemcpyHostToDevice, ring_.copy_stream()));
+        s.src.planes[i] = static_cast<const uint8_t*>(s.device) + offset[i];
+        s.src.strides[i] = row[i];
+      }
+      LATENT_TRY(ring_.copied(s, total, /*upload=*/true, ticket));
       return ticket;
     }
     for (int i = 0; i < planes; ++i) {
@@ -327,13 +343,16 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
     StagingSlot& s = ring_[ticket];
     if (!s.busy || s.ticket != ticket) return Status::errorf("frame ", ticket, " is not staged");
     s.busy = false;
+    DeviceContext& ctx = ring_.ctx();
+    DeviceGuard guard;
+    LATENT_TRY(guard.set(ctx.device()));
+    // A frame uploaded in place is free again once this returns, whatever happens below. Its
+    // copy was queued `depth` frames ago on a stream of uploads only: long done, as a rule.
+    if (s.in_place) LATENT_CUDA_CHECK(cudaEventSynchronize(s.copied));
     if (s.src.width != g.frame_width() || s.src.height != g.frame_height())
       return Status::errorf("staged frame of ", s.src.width, "x", s.src.height,
                             " does not match the planned frame size ", g.frame_width(), "x",
                             g.frame_height());
-    DeviceContext& ctx = ring_.ctx();
-    DeviceGuard guard;
-    LATENT_TRY(guard.set(ctx.device()));
     LATENT_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), s.copied, 0));
     LATENT_ASSIGN_OR_RETURN(Tensor out, image_target(ctx, backend_, g, into));
     LATENT_TRY(launch_frame_to_nhwc(s.src, g, out.data(), out.dtype(), launch_));
