@@ -459,6 +459,13 @@ std::vector<std::string> memory_into_encoder(const std::string& line) {
 }
 
 TEST(GstCuda, UpstreamDrawsIntoPageLockedFramesThatUploadInPlace) {
+  // Off by default until measured (LATENT_PINNED_INPUT); read at each ALLOCATION query.
+  EXPECT_NE(memory_into_encoder(str_cat("videotestsrc num-buffers=2 ! video/x-raw,format=RGBA,"
+                                        "width=64,height=64 ! vaeencode name=enc model=",
+                                        model(), " device=cuda ! fakesink"))
+                .at(0),
+            "LatentPinnedHost");
+  g_setenv("LATENT_PINNED_INPUT", "1", TRUE);
   for (const char* format : {"RGBA", "NV12", "I420"}) {
     SCOPED_TRACE(format);
     auto line = [&](const char* queue, const char* depth) {
@@ -486,6 +493,7 @@ TEST(GstCuda, UpstreamDrawsIntoPageLockedFramesThatUploadInPlace) {
     EXPECT_EQ(in_place.frames, unstaged.frames);
     EXPECT_EQ(threaded.frames, unstaged.frames);
   }
+  g_unsetenv("LATENT_PINNED_INPUT");
 }
 
 // QoS is on by default: a frame dropped as late after its upload was staged (prefetch-depth 2)
@@ -507,7 +515,18 @@ GstPadProbeReturn declare_late(GstPad*, GstPadProbeInfo* info, gpointer user_dat
   return GST_PAD_PROBE_OK;
 }
 
+void frames_dropped_by_qos_free_their_staged_uploads();
+
 TEST(GstCuda, FramesDroppedByQosFreeTheirStagedUploads) {
+  for (const char* pinned : {"0", "1"}) {  // frames copied into the slots, and uploaded in place
+    SCOPED_TRACE(str_cat("LATENT_PINNED_INPUT=", pinned));
+    g_setenv("LATENT_PINNED_INPUT", pinned, TRUE);
+    frames_dropped_by_qos_free_their_staged_uploads();
+  }
+  g_unsetenv("LATENT_PINNED_INPUT");
+}
+
+void frames_dropped_by_qos_free_their_staged_uploads() {
   const std::string line =
       "videotestsrc num-buffers=24 ! video/x-raw,format=RGB,width=256,height=256,framerate=30/1 ! "
       "vaeencode name=enc device=cuda prefetch-depth=2 ! fakesink name=out sync=false";
