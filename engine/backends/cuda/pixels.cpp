@@ -297,44 +297,37 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
     LATENT_TRY(s.reserve(total, /*with_host=*/!on_device && !in_place));
     s.src = kernel_source(frame);
     s.in_place = in_place;
-    if (on_device) {
-      // Device to device on the copy stream, waited for here: the frame's buffer may go back
-      // to its pool on return, while the compute stream may still be busy with earlier work.
-      for (int i = 0; i < planes; ++i) {
-        LATENT_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<uint8_t*>(s.device) + offset[i], row[i],
-                                            frame.planes[i], frame.strides[i], row[i], rows[i],
-                                            cudaMemcpyDeviceToDevice, ring_.copy_stream()));
-        s.src.planes[i] = static_cast<const uint8_t*>(s.device) + offset[i];
-        s.src.strides[i] = row[i];
+    for (int i = 0; i < planes; ++i) {
+      auto* dst = static_cast<uint8_t*>(s.device) + offset[i];
+      if (on_device || in_place) {
+        // Straight from the frame's planes on the copy stream: device to device, or host to
+        // device from page-locked planes, which the copy engine reads where they are.
+        LATENT_CUDA_CHECK(cudaMemcpy2DAsync(
+            dst, row[i], frame.planes[i], frame.strides[i], row[i], rows[i],
+            on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice, ring_.copy_stream()));
+      } else {
+        // Pageable host planes: packed into the slot's page-locked copy on this thread first.
+        auto* host = static_cast<uint8_t*>(s.host) + offset[i];
+        const auto* src = static_cast<const uint8_t*>(frame.planes[i]);
+        for (size_t r = 0; r < rows[i]; ++r)
+          std::memcpy(host + r * row[i], src + r * frame.strides[i], row[i]);
       }
+      s.src.planes[i] = dst;
+      s.src.strides[i] = row[i];
+    }
+    if (on_device) {
+      // Waited for here: the frame's buffer may go back to its pool on return, while the
+      // compute stream may still be busy with earlier work.
       LATENT_CUDA_CHECK(cudaEventRecord(s.copied, ring_.copy_stream()));
       LATENT_CUDA_CHECK(cudaEventSynchronize(s.copied));
       s.busy = true;
       s.ticket = ticket;
       return ticket;
     }
-    if (in_place) {
-      // Page-locked planes: the copy engine reads them where they are, with no copy on this
-      // thread; convert() waits for it before the caller may let the frame go.
-      for (int i = 0; i < planes; ++i) {
-        LATENT_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<uint8_t*>(s.device) + offset[i], row[i],
-                                            frame.planes[i], frame.strides[i], row[i], rows[i],
-                                            cudaMemcpyHostToDevice, ring_.copy_stream()));
-        s.src.planes[i] = static_cast<const uint8_t*>(s.device) + offset[i];
-        s.src.strides[i] = row[i];
-      }
-      LATENT_TRY(ring_.copied(s, total, /*upload=*/true, ticket));
-      return ticket;
-    }
-    for (int i = 0; i < planes; ++i) {
-      auto* dst = static_cast<uint8_t*>(s.host) + offset[i];
-      const auto* src = static_cast<const uint8_t*>(frame.planes[i]);
-      for (size_t r = 0; r < rows[i]; ++r)
-        std::memcpy(dst + r * row[i], src + r * frame.strides[i], row[i]);
-      s.src.planes[i] = static_cast<const uint8_t*>(s.device) + offset[i];
-      s.src.strides[i] = row[i];
-    }
-    LATENT_TRY(ring_.copy(s, total, /*upload=*/true, ticket));
+    // A page-locked frame's copy is queued already (convert() waits for it before the caller
+    // may let the frame go); the slot's page-locked copy goes up now.
+    LATENT_TRY(in_place ? ring_.copied(s, total, /*upload=*/true, ticket)
+                        : ring_.copy(s, total, /*upload=*/true, ticket));
     return ticket;
   }
 
