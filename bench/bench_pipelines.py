@@ -35,11 +35,12 @@ import time
 SIZES = ["1024x1024", "1920x1080"]
 
 
-def run(desc, frames, timeout):
+def run(desc, frames, timeout, env=None):
     cmd = ["gst-launch-1.0", "-q"] + desc.replace("NUM", str(frames)).split()
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, **env) if env else None)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"timed out after {timeout} s: {' '.join(cmd)[:300]}")
     dt = time.perf_counter() - t0
@@ -159,6 +160,10 @@ def main():
     ap.add_argument("--stream-frames", type=int, default=100)
     ap.add_argument("--stream-depths", default="2,0")
     ap.add_argument("--repeat", type=int, default=1, help="pairs of runs per row; frames/s is their median")
+    ap.add_argument("--ab-env", default="", metavar="NAME=V1,V2",
+                    help="each gst-launch row once per value of environment variable NAME, the "
+                         "values alternated within each repeat (an A/B in one run), e.g. "
+                         "LATENT_PINNED_INPUT=0,1")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per gst-launch")
     ap.add_argument("--budget-s", type=float, default=0, help="start no new row after this; 0: no cap")
     ap.add_argument("--device", default="cuda", help="element device; cpu (system-memory rows only) for a dry run")
@@ -166,6 +171,12 @@ def main():
     ap.add_argument("--out", default="bench/results/pipelines.json")
     args = ap.parse_args()
     t_start = time.time()
+    ab_name, ab_values = "", [None]
+    if args.ab_env:
+        if "=" not in args.ab_env or not args.ab_env.split("=", 1)[0]:
+            ap.error(f"--ab-env {args.ab_env}: expected NAME=V1,V2")
+        ab_name, values = args.ab_env.split("=", 1)
+        ab_values = values.split(",")
 
     stream_ok, stream_why = (True, "") if args.dry_run else tool_has_stream(args.tool)
     if args.stream_only and not stream_ok:  # nothing to run: do not make the Qwen folder
@@ -178,7 +189,7 @@ def main():
     props = element_properties("vaeencode") if not args.dry_run else {"prefetch-depth", "cuda-graphs"}
     dprops = element_properties("vaedecode") if not args.dry_run else {"cuda-graphs"}
     graphs = ["true", "false"] if args.cuda_graphs == "auto" and "cuda-graphs" in props else [None]
-    env = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "frames": args.frames,
+    env = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "frames": args.frames, "ab_env": args.ab_env,
            "vaeencode_properties": sorted(props), "cuda_graphs_rows": graphs != [None]}
     if not props:
         env["note"] = "gst-inspect-1.0 vaeencode listed no properties (plugin not found?)"
@@ -231,30 +242,41 @@ def main():
                         desc = f"videotestsrc num-buffers=NUM ! {caps} ! queue max-size-buffers=4 ! {stages} ! fakesink sync=false"
                     else:
                         desc = f"videotestsrc num-buffers=NUM ! {caps} ! {stages} ! fakesink sync=false"
-                    row = {"kind": "gst-launch", "model": os.path.basename(model.rstrip("/")), "size": size,
-                           "memory": mem, "prefetch_depth": depth, "frames": [n1, n2], "cuda_graphs": gr, "pipeline": desc}
+                    base = {"kind": "gst-launch", "model": os.path.basename(model.rstrip("/")), "size": size,
+                            "memory": mem, "prefetch_depth": depth, "frames": [n1, n2], "cuda_graphs": gr,
+                            "pipeline": desc}
                     if args.dry_run:
                         print("gst-launch-1.0 -q " + desc.replace("NUM", str(n2)))
                         continue
+                    variant_rows = [dict(base, **({"env": {ab_name: v}} if v is not None else {}))
+                                    for v in ab_values]
+                    fps = {i: [] for i in range(len(ab_values))}
+                    starts = {i: [] for i in range(len(ab_values))}
                     try:
-                        fps, starts = [], []
                         for _ in range(args.repeat):
-                            t1, t2 = run(desc, n1, args.timeout), run(desc, n2, args.timeout)
-                            fps.append((n2 - n1) / (t2 - t1))
-                            starts.append(t1 - n1 / fps[-1])
-                        row["fps_runs"] = [round(f, 2) for f in fps]
-                        row["fps"] = sorted(fps)[len(fps) // 2]
-                        row["startup_s"] = round(sorted(starts)[len(starts) // 2], 2)
+                            for i, v in enumerate(ab_values):  # alternated within each repeat
+                                env_v = {ab_name: v} if v is not None else None
+                                t1 = run(desc, n1, args.timeout, env_v)
+                                t2 = run(desc, n2, args.timeout, env_v)
+                                fps[i].append((n2 - n1) / (t2 - t1))
+                                starts[i].append(t1 - n1 / fps[i][-1])
+                        for i, row in enumerate(variant_rows):
+                            row["fps_runs"] = [round(f, 2) for f in fps[i]]
+                            row["fps"] = sorted(fps[i])[len(fps[i]) // 2]
+                            row["startup_s"] = round(sorted(starts[i])[len(starts[i]) // 2], 2)
                         if size not in src_fps:
                             src = f"videotestsrc num-buffers=NUM ! {caps} ! fakesink sync=false"
                             s1, s2 = run(src, 10, args.timeout), run(src, 60, args.timeout)
                             src_fps[size] = 50 / (s2 - s1) if s2 > s1 else float("nan")
-                        row["source_only_fps"] = src_fps[size]
+                        for row in variant_rows:
+                            row["source_only_fps"] = src_fps[size]
                     except RuntimeError as e:
-                        row["error"] = str(e)
-                    rows.append(row)
+                        for row in variant_rows:
+                            row["error"] = str(e)
+                    for row in variant_rows:
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
                     dump()
-                    print(json.dumps(row), flush=True)
 
     if args.stream or args.stream_only:
         if not stream_ok:
@@ -278,12 +300,14 @@ def main():
     dump()
     nan = float("nan")
     if any(r["kind"] == "gst-launch" for r in rows):
-        print(f"\n{'model':16} {'size':10} {'memory':12} {'prefetch':>8} {'graphs':>6} {'frames/s':>9} {'start s':>7} {'source-only':>12}")
+        print(f"\n{'model':16} {'size':10} {'memory':12} {'prefetch':>8} {'graphs':>6} {'frames/s':>9} {'start s':>7} {'source-only':>12}"
+              + (f"  {ab_name}" if ab_name else ""))
     for r in rows:
         if r["kind"] != "gst-launch":
             continue
         print(f"{r['model'][:16]:16} {r['size']:10} {r['memory']:12} {r['prefetch_depth']:>8} {str(r['cuda_graphs'] or '-'):>6} "
               f"{r.get('fps', nan):9.1f} {r.get('startup_s', nan):7.1f} {r.get('source_only_fps', nan):12.1f}"
+              + (f"  {r['env'][ab_name]}" if "env" in r else "")
               + (f"  ERROR {r['error'][:200]}" if "error" in r else ""))
     srows = [r for r in rows if r["kind"] == "latent-tool stream"]
     if srows:

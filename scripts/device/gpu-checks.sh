@@ -15,6 +15,10 @@
 #   vae-default   same for the built-in default model (models/default, its own weights)  ~2 min
 #   pipelines     bench_pipelines.py: default + Qwen VAE, 1024^2 and 1080p, system/CUDA memory,
 #                 prefetch-depth default/0, cuda-graphs true/false if the property exists  ~5 min
+#   pinned        test_gst_cuda, then bench_pipelines.py's system-memory rows (default model, 1080p, the
+#                 source on the elements' thread and behind a queue) with LATENT_PINNED_INPUT=0 and 1
+#                 alternated, PINNED_REPEAT times (default 3): vaeencode's page-locked frames offered
+#                 upstream, A/B  ~2 min
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
 #   pipes         the GPU pipelines/ scripts (cuda_memory, gpu_prefetch, latents_cuda_memory)  ~1 min
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
@@ -158,6 +162,20 @@ if has pipelines; then
     --qwen-dir /tmp/latent-bench/qwen --budget-s ${PIPE_BUDGET:-400} --repeat ${PIPE_REPEAT:-1} --out $OUT/bench-pipelines.json > $OUT/pipelines.log 2>&1
   rc=$?; tail -25 $OUT/pipelines.log
   end pipelines $rc "$(table $OUT/pipelines.log 'model ')"
+fi
+
+if has pinned; then
+  begin pinned; pyenv
+  timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/pinned-tests.log 2>&1
+  trc=$?
+  timeout ${PINNED_TIMEOUT:-300} python3 bench/bench_pipelines.py --models $PWD/models/default \
+    --sizes ${PINNED_SIZES:-1920x1080} --memory system,system-queue --prefetch-depths default \
+    --cuda-graphs off --repeat ${PINNED_REPEAT:-3} --ab-env LATENT_PINNED_INPUT=0,1 \
+    --out $OUT/bench-pipelines-pinned-ab.json > $OUT/pinned.log 2>&1
+  rc=$?; tail -8 $OUT/pinned.log
+  [ $rc = 0 ] && rc=$trc
+  end pinned $rc "test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/pinned-tests.log | tr '\n' ' ')" \
+    "$(table $OUT/pinned.log 'model ')"
 fi
 
 if has stream; then
