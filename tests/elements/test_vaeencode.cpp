@@ -220,6 +220,25 @@ TEST(VaeEncode, ReadsStridedFramesThroughVideoMeta) {
   gst_harness_teardown(hs);
 }
 
+// Page-locked frames are offered upstream only on a GPU (LATENT_PINNED_INPUT=1 there; the GPU
+// side is test_gst_cuda's UpstreamDrawsIntoPageLockedFramesThatUploadInPlace): on the CPU the
+// ALLOCATION answer holds no pool and no allocator, only the video meta (strided frames).
+TEST(VaeEncode, OffersNoPageLockedFramesOnTheCpu) {
+  g_setenv("LATENT_PINNED_INPUT", "1", TRUE);
+  GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}, {"device", "cpu"}});
+  GstCaps* caps = video_caps(64, 64, "RGBA");
+  gst_harness_set_src_caps(hs, gst_caps_ref(caps));
+  GstQuery* q = gst_query_new_allocation(caps, TRUE);
+  ASSERT_TRUE(gst_pad_peer_query(hs->srcpad, q));
+  EXPECT_EQ(gst_query_get_n_allocation_pools(q), 0u);
+  EXPECT_EQ(gst_query_get_n_allocation_params(q), 0u);
+  EXPECT_TRUE(gst_query_find_allocation_meta(q, GST_VIDEO_META_API_TYPE, nullptr));
+  gst_query_unref(q);
+  gst_caps_unref(caps);
+  gst_harness_teardown(hs);
+  g_unsetenv("LATENT_PINNED_INPUT");
+}
+
 TEST(VaeEncode, KeepsTimestampsDurationsOffsetsAndFlags) {
   GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}});
   gst_harness_set_src_caps(hs, video_caps(32, 24, "RGBx", 25, 1));
