@@ -65,11 +65,12 @@ struct FrameDesc {
 
 // Uploads host frames ahead of their conversion on GPU backends: stage() copies a frame into a
 // pinned host slot (or takes a `pinned` frame's own page-locked planes) and queues its upload on
-// a separate copy stream, so the upload overlaps the
-// work queued for earlier frames; convert() makes the model tensor from a staged frame, the
-// compute stream waiting on the upload's event (the host does not wait). depth + 1 slots are
-// reused round-robin and only grow, so frames of a steady size allocate nothing. At most
-// `depth` + 1 frames may be staged and not yet converted; convert() takes them in stage order.
+// a separate copy stream, so the upload overlaps the work queued for earlier frames; convert()
+// makes the model tensor from a staged frame, the compute stream waiting on the upload's event
+// (the host does not wait, but for a `pinned` frame's own upload, long done by then). depth + 1
+// slots are reused round-robin and only grow, so frames of a steady size allocate nothing. At
+// most `depth` + 1 frames may be staged and not yet converted; convert() takes them in stage
+// order.
 // A frame already in the backend's device memory is copied device to device on the copy
 // stream, and stage() waits for that copy only: the frame's buffer can go back to its producer
 // (a decoder's pool) at once, without waiting behind the work queued on the compute stream.
