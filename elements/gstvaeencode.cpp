@@ -476,6 +476,25 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
   return TRUE;
 }
 
+// The input frame `frame` (mapped from `buffer`; its planes host pointers, or device pointers
+// on `device`) as the engine's FrameDesc, `pinned` where the host planes lie in one of our
+// page-locked buffers (propose_allocation), which a stager uploads in place.
+static latent::FrameDesc input_desc(const Negotiated& n, const GstVideoFrame& frame,
+                                    GstBuffer* buffer, latent::Device device = latent::Device()) {
+  latent::FrameDesc desc;
+  desc.format = n.frame_format;
+  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
+  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
+  desc.color = n.color;
+  desc.device = device;
+  for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame) && i < 3; ++i) {
+    desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
+    desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
+  }
+  desc.pinned = device.is_cpu() && gst_latent_buffer_is_pinned(buffer);
+  return desc;
+}
+
 // A frame -> model input [1, 3, H, W] on the model's backend: its planes go
 // to the device as raw bytes and are converted there (engine/backends/frames.h).
 // Frames in CUDA memory of our context are read in place on the device (no host copy); any
@@ -504,19 +523,10 @@ static latent::Result<latent::Tensor> read_frame(GstVaeEncode* self, const Negot
                                   latent::frame_format_name(n.frame_format), " frame (",
                                   GST_VIDEO_INFO_SIZE(&n.in_info), " bytes)");
   }
-  latent::FrameDesc desc;
-  desc.format = n.frame_format;
-  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
-  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
-  desc.color = n.color;
-  if (on_device) desc.device = cuda->device();
-  for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame) && i < 3; ++i) {
-    desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
-    desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
-  }
-  // Our page-locked buffers (propose_allocation) upload in place; convert() below waits for
-  // that copy, and the caller keeps `inbuf` until then.
-  desc.pinned = !on_device && gst_latent_buffer_is_pinned(inbuf);
+  // A frame in our page-locked buffers uploads in place; convert() below waits for that copy,
+  // and the caller keeps `inbuf` until then.
+  const latent::FrameDesc desc =
+      input_desc(n, frame, inbuf, on_device ? cuda->device() : latent::Device());
   if (stager) {
     latent::Result<uint64_t> ticket = stager->stage(desc);
     gst_video_frame_unmap(&frame);
@@ -1034,16 +1044,7 @@ static GstFlowReturn gst_vae_encode_submit_input_buffer(GstBaseTransform* trans,
     trans->queued_buf = input;
     return GST_FLOW_OK;
   }
-  latent::FrameDesc desc;
-  desc.format = n.frame_format;
-  desc.width = GST_VIDEO_FRAME_WIDTH(&frame);
-  desc.height = GST_VIDEO_FRAME_HEIGHT(&frame);
-  desc.color = n.color;
-  for (guint i = 0; i < GST_VIDEO_FRAME_N_PLANES(&frame) && i < 3; ++i) {
-    desc.planes[i] = GST_VIDEO_FRAME_PLANE_DATA(&frame, i);
-    desc.strides[i] = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, i);
-  }
-  desc.pinned = gst_latent_buffer_is_pinned(input);  // our pool's: uploaded in place
+  const latent::FrameDesc desc = input_desc(n, frame, input);  // pinned: uploaded in place
   auto ticket = stager->stage(desc);
   gst_video_frame_unmap(&frame);
   if (!ticket.ok()) {
