@@ -459,17 +459,20 @@ bool gst_latent_buffer_is_pinned(GstBuffer* buffer) {
          gst_latent_memory_is_pinned(gst_buffer_peek_memory(buffer, 0));
 }
 
-// A video pool of page-locked buffers of `cuda`'s device for raw video `caps` (null where the
-// caps are no raw video or the pool refuses its configuration). `*size`: a buffer's bytes.
-static GstBufferPool* new_pinned_pool(GstLatentCuda* cuda, GstCaps* caps, guint min, guint max,
-                                      guint* size) {
+// A frame's bytes in a pool for raw video `caps`; 0 for caps that are no raw video.
+static guint video_frame_size(GstCaps* caps) {
   GstVideoInfo info;
-  if (!gst_video_info_from_caps(&info, caps)) return nullptr;
+  return gst_video_info_from_caps(&info, caps) ? static_cast<guint>(GST_VIDEO_INFO_SIZE(&info)) : 0;
+}
+
+// A video pool of page-locked buffers of `cuda`'s device for raw video `caps`, `size` bytes a
+// buffer (null where the pool refuses its configuration).
+static GstBufferPool* new_pinned_pool(GstLatentCuda* cuda, GstCaps* caps, guint size, guint min,
+                                      guint max) {
   GstAllocator* allocator = gst_latent_pinned_allocator_new(cuda->device().index);
   GstBufferPool* pool = gst_video_buffer_pool_new();
   GstStructure* config = gst_buffer_pool_get_config(pool);
-  *size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
-  gst_buffer_pool_config_set_params(config, caps, *size, min, max);
+  gst_buffer_pool_config_set_params(config, caps, size, min, max);
   gst_buffer_pool_config_add_option(config, GST_BUFFER_POOL_OPTION_VIDEO_META);
   GstAllocationParams params;
   gst_allocation_params_init(&params);
@@ -493,7 +496,8 @@ bool gst_latent_cuda_decide_pinned_pool(GstLatentCuda* cuda, GstQuery* query) {
   const bool replace = generic_pool(theirs);
   if (theirs) gst_object_unref(theirs);
   if (!replace) return false;  // downstream's own kind of pool (its memory) wins
-  GstBufferPool* pool = new_pinned_pool(cuda, caps, min, max, &size);
+  size = video_frame_size(caps);
+  GstBufferPool* pool = size ? new_pinned_pool(cuda, caps, size, min, max) : nullptr;
   if (!pool) return false;
   gst_latent_query_set_pool(query, pool, size, min, max);
   gst_object_unref(pool);
@@ -509,11 +513,10 @@ bool gst_latent_cuda_propose_pinned_pool(GstLatentCuda* cuda, GstQuery* query, g
   if (!caps || gst_latent_caps_is_cuda(caps) || !cuda->active() ||
       gst_query_get_n_allocation_pools(query) > 0)
     return false;
-  GstVideoInfo info;
-  if (!gst_video_info_from_caps(&info, caps)) return false;
-  guint size = static_cast<guint>(GST_VIDEO_INFO_SIZE(&info));
+  const guint size = video_frame_size(caps);
+  if (size == 0) return false;
   if (need_pool) {
-    GstBufferPool* pool = new_pinned_pool(cuda, caps, min, 0, &size);
+    GstBufferPool* pool = new_pinned_pool(cuda, caps, size, min, 0);
     if (!pool) return false;
     gst_query_add_allocation_pool(query, pool, size, min, 0);
     gst_object_unref(pool);
