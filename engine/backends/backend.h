@@ -136,8 +136,10 @@ class CapturedGraph {
 // === end of graph capture types ==============================================================
 
 // A point in the work queued on a backend's stream (Backend::fence(),
-// queue_tensor_to_device_latent()): wait() returns once everything queued before it has run. Waiting needs no lock: other threads
-// may queue work on the same backend meanwhile.
+// queue_tensor_to_device_latent()): wait() returns once everything queued before it has run.
+// Waiting needs no lock: other threads may queue work on the same backend meanwhile. A backend
+// can also order its own later work after a fence without the host waiting
+// (Backend::queue_wait: a CUDA stream waits on the fence's event).
 class DeviceFence {
  public:
   virtual ~DeviceFence() = default;
@@ -348,6 +350,12 @@ class Backend {
   // memory the caller must not hand back before it has been read). Backends that run ops
   // synchronously return one that is already passed.
   virtual Result<std::unique_ptr<DeviceFence>> fence();
+  // Orders the work queued on this backend from now on after `fence` (another backend's, e.g. a
+  // latent written on another stream, or read there before its buffer is written again), on the
+  // device where it can: the CUDA backend makes its stream wait on the fence's event and the host
+  // goes on. The default, and a fence the backend cannot order on its device, waits on the host.
+  // The caller holds the backend's run lock, as for any work it queues.
+  virtual Status queue_wait(DeviceFence& fence) { return fence.wait(); }
   // === end of frame, latent and staging I/O =================================================
 
   // === Graph capture and plan persistence (plans) ===========================================

@@ -264,6 +264,7 @@ class CudaBackend final : public Backend {
     return cuda::tensor_to_device_latent(io(), latent, data, dtype);
   }
   Result<std::unique_ptr<DeviceFence>> fence() override { return cuda::stream_fence(io()); }
+  Status queue_wait(DeviceFence& fence) override { return cuda::queue_wait(io(), fence); }
   Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(const Tensor& latent,
                                                                      void* data,
                                                                      DType dtype) override {

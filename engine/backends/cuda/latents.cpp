@@ -57,6 +57,7 @@ Status launch_tensor_to_device_latent(const BackendIo& io, const Tensor& t, void
 class EventFence final : public DeviceFence {
  public:
   EventFence(int device, cudaEvent_t event) : device_(device), event_(event) {}
+  cudaEvent_t event() const { return event_; }
   ~EventFence() override {
     DeviceGuard guard;
     if (guard.set(device_).ok()) LATENT_CUDA_WARN(cudaEventDestroy(event_));
@@ -99,6 +100,16 @@ Result<std::unique_ptr<DeviceFence>> stream_fence(const BackendIo& io) {
   auto fence = std::make_unique<EventFence>(io.ctx->device(), event);
   LATENT_CUDA_CHECK(cudaEventRecord(event, io.ctx->stream()));
   return std::unique_ptr<DeviceFence>(std::move(fence));
+}
+
+Status queue_wait(const BackendIo& io, DeviceFence& fence) {
+  auto* event = dynamic_cast<EventFence*>(&fence);
+  if (!event) return fence.wait();  // not a CUDA event: on the host
+  DeviceGuard guard;
+  LATENT_TRY(guard.set(io.ctx->device()));
+  // (An event of another device is fine: the stream waits for it all the same.)
+  LATENT_CUDA_CHECK(cudaStreamWaitEvent(io.ctx->stream(), event->event(), 0));
+  return ok_status();
 }
 
 }  // namespace latent::cuda

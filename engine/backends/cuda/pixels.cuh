@@ -64,6 +64,9 @@ Result<Tensor> device_latent_to_tensor(const BackendIo& io, const void* data, DT
 Status tensor_to_device_latent(const BackendIo& io, const Tensor& latent, void* data, DType dtype);
 // An event recorded on the backend's stream now, as a fence.
 Result<std::unique_ptr<DeviceFence>> stream_fence(const BackendIo& io);
+// The backend's stream waits on `fence` (one of stream_fence's events; any other fence is
+// waited for on the host).
+Status queue_wait(const BackendIo& io, DeviceFence& fence);
 // The conversion queued on the backend's stream, with an event recorded after it as the fence.
 Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(const BackendIo& io,
                                                                    const Tensor& latent, void* data,
