@@ -625,10 +625,16 @@ static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::B
   }
   latent::Result<latent::Tensor> x = latent::Status::error("unset");
   if (on_device) {
-    // Queued on the backend's stream, which the loop and write_latent() follow: the input
-    // buffer is read before this frame's transform returns.
-    x = latent::device_latent_to_tensor(backend, map.data, info.dtype, info.channels, info.height,
-                                        info.width);
+    // Queued on the backend's stream after the latent's write, and before the buffer's next
+    // write (GstLatentFenceMeta).
+    if (latent::Status st = gst_latent_buffer_order_read(inbuf, backend); !st.ok())
+      x = st;
+    else
+      x = latent::device_latent_to_tensor(backend, map.data, info.dtype, info.channels, info.height,
+                                          info.width);
+    if (x.ok()) {
+      if (latent::Status st = gst_latent_buffer_add_read(inbuf, backend); !st.ok()) x = st;
+    }
   } else {
     // host: [1, 16, h, w] fp32, normalised
     latent::Tensor host = latent::Tensor::empty({1, c, h, w}, latent::DType::kF32);
@@ -641,7 +647,8 @@ static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::B
 }
 
 // Normalised backend latent [1, C, h, w] -> `outbuf`: written on the device when it is CUDA
-// memory of our context, else downloaded once.
+// memory of our context (after the buffer's last reads, with the write's fence on it; waited
+// for on the host unless every reader downstream orders its reads by it), else downloaded once.
 static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend,
                                    const GstLatentInfo& info, const latent::Tensor& result,
                                    GstBuffer* outbuf) {
@@ -656,7 +663,17 @@ static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend
   }
   latent::Status st = latent::ok_status();
   if (on_device) {
-    st = latent::tensor_to_device_latent(backend, result, map.data, info.dtype);
+    st = gst_latent_buffer_order_write(outbuf, backend);
+    if (st.ok()) {
+      auto fence = latent::queue_tensor_to_device_latent(backend, result, map.data, info.dtype);
+      if (fence.ok()) {
+        std::shared_ptr<latent::DeviceFence> done = std::move(*fence);
+        gst_latent_buffer_set_written(outbuf, done);
+        if (!gst_latent_base_downstream_orders_reads(GST_LATENT_BASE(self))) st = done->wait();
+      } else {
+        st = fence.status();
+      }
+    }
   } else {
     auto host = backend.download(result);  // [1, C, h, w] fp32
     if (host.ok())

@@ -220,6 +220,8 @@ struct GstLatentBasePrivate {
     LatencyStats latency;
     Stats stats;  // under latency_lock
     GstLatentCuda cuda;
+    // decide_allocation: every reader downstream orders its reads by the latents' fences.
+    std::atomic<bool> downstream_orders_reads{false};
     GstLatentStage* stage = nullptr;  // the subclass's, deleted in finalize
     std::mutex refusal_lock;
     std::string last_refusal;  // posted once (gst_latent_base_refuse_caps) until new caps or stop
@@ -727,8 +729,9 @@ static gboolean gst_latent_base_propose_allocation(GstBaseTransform* trans, GstQ
 }
 
 static gboolean gst_latent_base_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
-  if (gst_latent_cuda_decide_latent_pool(&impl_of(GST_LATENT_BASE(trans))->cuda, query))
-    return TRUE;
+  auto* impl = impl_of(GST_LATENT_BASE(trans));
+  impl->downstream_orders_reads = gst_latent_query_orders_reads(query);
+  if (gst_latent_cuda_decide_latent_pool(&impl->cuda, query)) return TRUE;
   return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
 }
 
@@ -1133,6 +1136,10 @@ gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
     *othersize = GST_VIDEO_INFO_SIZE(&vinfo);
   }
   return TRUE;
+}
+
+bool gst_latent_base_downstream_orders_reads(GstLatentBase* self) {
+  return impl_of(self)->downstream_orders_reads;
 }
 
 GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self) { return &impl_of(self)->cuda; }

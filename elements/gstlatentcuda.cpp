@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <map>
+#include <vector>
 
 #include "elements/gstlatentcaps.h"
 #include "engine/backends/registry.h"
@@ -303,6 +304,9 @@ bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
   if (!caps || !gst_latent_caps_is_cuda(caps) || !cuda->active()) return false;
   auto info = gst_latent_info_from_caps(caps);
   if (!info.ok()) return false;
+  // We order our reads by the latents' fences: upstream need not wait for its writes.
+  if (!gst_query_find_allocation_meta(query, GST_LATENT_FENCE_META_API_TYPE, nullptr))
+    gst_query_add_allocation_meta(query, GST_LATENT_FENCE_META_API_TYPE, nullptr);
   GstBufferPool* pool = cuda->new_latent_pool(info->frame_bytes(), 0, 0);
   if (!pool) return false;
   gst_query_add_allocation_pool(query, pool, static_cast<guint>(info->frame_bytes()), 0, 0);
@@ -530,4 +534,141 @@ bool gst_latent_cuda_propose_pinned_pool(GstLatentCuda* cuda, GstQuery* query, g
   GST_DEBUG("offered upstream page-locked frames of cuda:%d (%u bytes a buffer, at least %u)",
             cuda->device().index, size, min);
   return true;
+}
+
+// ---- latents ordered on the device between stages --------------------------------------------
+
+namespace {
+
+// What a latent buffer's meta holds; shared by the copies of the buffer.
+struct FenceState {
+  std::mutex lock;
+  std::shared_ptr<latent::DeviceFence> written;
+  std::vector<std::shared_ptr<latent::DeviceFence>> reads;
+};
+
+struct GstLatentFenceMeta {
+  GstMeta meta;
+  std::shared_ptr<FenceState>* state;
+};
+
+const GstMetaInfo* fence_meta_info();
+
+gboolean fence_meta_init(GstMeta* meta, gpointer, GstBuffer*) {
+  reinterpret_cast<GstLatentFenceMeta*>(meta)->state =
+      new std::shared_ptr<FenceState>(std::make_shared<FenceState>());
+  return TRUE;
+}
+
+void fence_meta_free(GstMeta* meta, GstBuffer*) {
+  auto* m = reinterpret_cast<GstLatentFenceMeta*>(meta);
+  delete m->state;
+  m->state = nullptr;
+}
+
+// A copy of the buffer (same memory, or a copy of it made on the host after mapping it, which
+// waited for nothing: the meta only adds order) shares the state.
+gboolean fence_meta_transform(GstBuffer* dest, GstMeta* meta, GstBuffer*, GQuark type, gpointer) {
+  if (!GST_META_TRANSFORM_IS_COPY(type)) return FALSE;
+  auto* from = reinterpret_cast<GstLatentFenceMeta*>(meta);
+  auto* to = reinterpret_cast<GstLatentFenceMeta*>(
+      gst_buffer_get_meta(dest, GST_LATENT_FENCE_META_API_TYPE));
+  if (!to)
+    to = reinterpret_cast<GstLatentFenceMeta*>(
+        gst_buffer_add_meta(dest, fence_meta_info(), nullptr));
+  if (!to) return FALSE;
+  *to->state = *from->state;
+  return TRUE;
+}
+
+const GstMetaInfo* fence_meta_info() {
+  static const GstMetaInfo* info = nullptr;
+  if (g_once_init_enter(&info)) {
+    const GstMetaInfo* i = gst_meta_register(GST_LATENT_FENCE_META_API_TYPE, "GstLatentFenceMeta",
+                                             sizeof(GstLatentFenceMeta), fence_meta_init,
+                                             fence_meta_free, fence_meta_transform);
+    g_once_init_leave(&info, i);
+  }
+  return info;
+}
+
+std::shared_ptr<FenceState> fence_state(GstBuffer* buffer) {
+  auto* m = buffer ? reinterpret_cast<GstLatentFenceMeta*>(
+                         gst_buffer_get_meta(buffer, GST_LATENT_FENCE_META_API_TYPE))
+                   : nullptr;
+  return m ? *m->state : nullptr;
+}
+
+}  // namespace
+
+GType gst_latent_fence_meta_api_get_type(void) {
+  static GType type = 0;
+  if (g_once_init_enter(&type)) {
+    // Tied to the buffer's memory: an element that replaces the memory drops it.
+    static const gchar* tags[] = {GST_META_TAG_MEMORY_STR, nullptr};
+    const GType t = gst_meta_api_type_register("GstLatentFenceMetaAPI", tags);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+bool gst_latent_query_orders_reads(GstQuery* query) {
+  return query && gst_query_find_allocation_meta(query, GST_LATENT_FENCE_META_API_TYPE, nullptr);
+}
+
+latent::Status gst_latent_buffer_order_write(GstBuffer* buffer, latent::Backend& backend) {
+  std::shared_ptr<FenceState> st = fence_state(buffer);
+  if (!st) return latent::ok_status();
+  std::vector<std::shared_ptr<latent::DeviceFence>> reads;
+  {
+    std::lock_guard<std::mutex> lock(st->lock);
+    reads.swap(st->reads);
+  }
+  for (const auto& r : reads) LATENT_TRY(backend.queue_wait(*r));
+  return latent::ok_status();
+}
+
+void gst_latent_buffer_set_written(GstBuffer* buffer,
+                                   std::shared_ptr<latent::DeviceFence> written) {
+  std::shared_ptr<FenceState> st = fence_state(buffer);
+  if (!st && gst_buffer_is_writable(buffer)) {
+    GstMeta* meta = gst_buffer_add_meta(buffer, fence_meta_info(), nullptr);
+    if (!meta) return;
+    // Kept when the buffer goes back to its pool: the reads recorded meanwhile reach the next
+    // write.
+    meta->flags = static_cast<GstMetaFlags>(meta->flags | GST_META_FLAG_POOLED);
+    st = *reinterpret_cast<GstLatentFenceMeta*>(meta)->state;
+  }
+  if (!st) return;
+  std::lock_guard<std::mutex> lock(st->lock);
+  st->written = std::move(written);
+  st->reads.clear();
+}
+
+latent::Status gst_latent_buffer_order_read(GstBuffer* buffer, latent::Backend& backend) {
+  std::shared_ptr<FenceState> st = fence_state(buffer);
+  if (!st) return latent::ok_status();
+  std::shared_ptr<latent::DeviceFence> written;
+  {
+    std::lock_guard<std::mutex> lock(st->lock);
+    written = st->written;
+  }
+  return written ? backend.queue_wait(*written) : latent::ok_status();
+}
+
+latent::Status gst_latent_buffer_add_read(GstBuffer* buffer, latent::Backend& backend) {
+  std::shared_ptr<FenceState> st = fence_state(buffer);
+  if (!st) return latent::ok_status();
+  latent::Result<std::unique_ptr<latent::DeviceFence>> fence = backend.fence();
+  if (!fence.ok()) return fence.status();
+  std::lock_guard<std::mutex> lock(st->lock);
+  st->reads.push_back(std::move(*fence));
+  return latent::ok_status();
+}
+
+size_t gst_latent_buffer_reads_pending(GstBuffer* buffer) {
+  std::shared_ptr<FenceState> st = fence_state(buffer);
+  if (!st) return 0;
+  std::lock_guard<std::mutex> lock(st->lock);
+  return st->reads.size();
 }

@@ -17,8 +17,16 @@
 // Latents in CUDA memory: application/x-latent(memory:CUDAMemory) buffers hold one GstCudaMemory
 // with the latent [C, h, w] contiguous in the caps' dtype at its start. GstCudaBufferPool
 // allocates from video caps only, so the latent pool is configured with one RGBA row holding the
-// latent's bytes (the buffer may be longer: pitched). Producers synchronise their stream before
-// pushing, so a consumer on another stream reads a complete latent.
+// latent's bytes (the buffer may be longer: pitched).
+//
+// Ordering on the device (GstLatentFenceMeta, below): our stages queue a latent's write and its
+// reads on their backends' CUDA streams, which differ between backends (one per device and
+// dtype). A producer attaches to each latent it writes a fence after the write; a reader of ours
+// makes its stream wait on that fence before reading and records a fence after its read, which
+// the producer's stream waits on before it writes into the same pool buffer again. A producer
+// whose readers downstream all say so in their ALLOCATION answers (tee passes on only what every
+// branch says) pushes at once; for anyone else (cudadownload, an encoder, latentsink) it waits on
+// the host until the latent is complete, as GStreamer 1.22's CUDA memory carries no stream.
 //
 // Without GStreamer's CUDA library (the CPU build), everything here reports "no CUDA" and the
 // stages stay on system memory.
@@ -27,8 +35,10 @@
 #include <gst/gst.h>
 #include <gst/video/video.h>
 
+#include <memory>
 #include <mutex>
 
+#include "engine/backends/backend.h"
 #include "engine/core/dtype.h"
 
 #define GST_LATENT_CUDA_FEATURE "memory:CUDAMemory"
@@ -105,7 +115,8 @@ bool gst_latent_caps_is_cuda(const GstCaps* caps);
 void gst_latent_query_set_pool(GstQuery* query, GstBufferPool* pool, guint size, guint min,
                                guint max);
 // propose_allocation for an application/x-latent sink pad: with CUDA-memory caps, offers a
-// latent pool on `cuda`'s context. True when it added a pool.
+// latent pool on `cuda`'s context and says that the stage orders its reads by the latents'
+// fences (GstLatentFenceMeta). True when it added a pool.
 bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query);
 // decide_allocation for an application/x-latent src pad with CUDA-memory caps: keeps
 // downstream's pool when it is a CUDA pool of our context, else makes one. False when the caps
@@ -133,3 +144,30 @@ bool gst_latent_buffer_is_pinned(GstBuffer* buffer);
 // The allocator behind that pool, for CUDA device `device` (a new reference). Where page-locked
 // memory cannot be had (no CUDA, none left) it hands out plain system memory instead.
 GstAllocator* gst_latent_pinned_allocator_new(int device);
+
+// ---- latents ordered on the device between stages (see the top of this file) ----------------
+// The meta a latent buffer in CUDA memory carries once one of our stages has written it: the
+// fence after its write and those after its readers' reads. It stays on the pool's buffer
+// (GST_META_FLAG_POOLED) so that the reads recorded on it reach the next write; a copy of the
+// buffer shares it.
+GType gst_latent_fence_meta_api_get_type(void);
+#define GST_LATENT_FENCE_META_API_TYPE (gst_latent_fence_meta_api_get_type())
+// decide_allocation of a stage writing latents in CUDA memory: whether every reader downstream
+// orders its reads by the meta (its ALLOCATION answer lists it), so the stage may push a latent
+// before its write has run.
+bool gst_latent_query_orders_reads(GstQuery* query);
+// The writer, with the backend's run lock held, before queuing the write into `buffer`
+// (writable): makes `backend` wait for the reads recorded on it since its last write.
+latent::Status gst_latent_buffer_order_write(GstBuffer* buffer, latent::Backend& backend);
+// The writer, after queuing the write: `written` (passed once the latent is complete) goes on the
+// buffer's meta, added on its first write.
+void gst_latent_buffer_set_written(GstBuffer* buffer, std::shared_ptr<latent::DeviceFence> written);
+// A reader, with its backend's run lock held, before queuing its read of `buffer`: makes
+// `backend` wait for the write (nothing without the meta: a foreign writer's latent is complete
+// when pushed).
+latent::Status gst_latent_buffer_order_read(GstBuffer* buffer, latent::Backend& backend);
+// A reader, after queuing its read: a fence of `backend` goes on the meta (nothing without it),
+// for the buffer's next write.
+latent::Status gst_latent_buffer_add_read(GstBuffer* buffer, latent::Backend& backend);
+// The reads recorded on `buffer` since its last write (0 without the meta).
+size_t gst_latent_buffer_reads_pending(GstBuffer* buffer);

@@ -352,8 +352,9 @@ static latent::Result<latent::Tensor> read_latent_sysmem(const GstLatentInfo& in
 }
 
 // A latent buffer -> normalised latent [1, C, h, w] on the model's backend: CUDA memory of our
-// context is copied device-to-device, anything else is read on the host and uploaded. The
-// caller holds model.run_lock.
+// context is copied device-to-device, after the latent's write and before its next one
+// (GstLatentFenceMeta), anything else is read on the host and uploaded. The caller holds
+// model.run_lock.
 static latent::Result<latent::Tensor> read_latent(GstVaeDecode* self, const GstLatentInfo& info,
                                                   bool cuda_in, GstBuffer* inbuf,
                                                   GstLatentModel& model) {
@@ -365,9 +366,14 @@ static latent::Result<latent::Tensor> read_latent(GstVaeDecode* self, const GstL
       t = latent::Status::errorf("latent buffer has ", gst_buffer_get_size(inbuf),
                                  " bytes, expected ", want, " for ", latent::dtype_name(info.dtype),
                                  "[", info.channels, ", ", info.height, ", ", info.width, "]");
+    else if (latent::Status st = gst_latent_buffer_order_read(inbuf, *model.backend); !st.ok())
+      t = st;
     else
       t = latent::device_latent_to_tensor(*model.backend, map.data, info.dtype, info.channels,
                                           info.height, info.width);
+    if (t.ok()) {
+      if (latent::Status st = gst_latent_buffer_add_read(inbuf, *model.backend); !st.ok()) t = st;
+    }
     gst_buffer_unmap(inbuf, &map);
     return t;
   }

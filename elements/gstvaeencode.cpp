@@ -571,12 +571,14 @@ static latent::Result<latent::Tensor> encode_frame(GstVaeEncode* self, GstLatent
 
 // Latent [1, C, h, w] on the backend -> `outbuf`: in place on the device when it is CUDA memory
 // of our context, else downloaded and converted to the caps' dtype on the host. The caller holds
-// model.run_lock. Returns a message on failure. A latent in CUDA memory is complete once *done's
-// wait() returns (call it after releasing the run lock: the other stages on the backend keep
-// the device busy meanwhile); one in system memory is complete on return (*done stays null).
+// model.run_lock. Returns a message on failure. A latent in CUDA memory is queued after the reads
+// of the buffer's last latent and carries its write's fence (GstLatentFenceMeta); it is complete
+// once *done's wait() returns, which the caller calls (after releasing the run lock: the other
+// stages on the backend keep the device busy meanwhile) unless every reader downstream orders
+// its reads by the fence. One in system memory is complete on return (*done stays null).
 static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLatentModel& model,
                                 const latent::Tensor& latents, GstBuffer* outbuf,
-                                std::unique_ptr<latent::DeviceFence>* done) {
+                                std::shared_ptr<latent::DeviceFence>* done) {
   const size_t bytes = n.out_info.frame_bytes();
   GstMapInfo map;
   if (n.cuda_out && gst_latent_base_cuda(GST_LATENT_BASE(self))->map(outbuf, &map, GST_MAP_WRITE)) {
@@ -584,13 +586,18 @@ static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLate
     if (map.size < bytes) {
       problem = latent::str_cat("output buffer of ", map.size, " bytes is smaller than a latent (",
                                 bytes, ")");
+    } else if (latent::Status st = gst_latent_buffer_order_write(outbuf, *model.backend);
+               !st.ok()) {
+      problem = st.message();
     } else {
       auto fence = latent::queue_tensor_to_device_latent(*model.backend, latents, map.data,
                                                          n.out_info.dtype);
-      if (fence.ok())
+      if (fence.ok()) {
         *done = std::move(*fence);
-      else
+        gst_latent_buffer_set_written(outbuf, *done);
+      } else {
         problem = fence.status().message();
+      }
     }
     gst_buffer_unmap(outbuf, &map);
     return problem;  // the buffer keeps the pool's (pitched) size, see gstlatentcuda.h
@@ -608,6 +615,15 @@ static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLate
   gst_buffer_unmap(outbuf, &map);
   gst_buffer_set_size(outbuf, bytes);
   return std::string();
+}
+
+// After write_latent(), without the run lock: waits on the host for a latent written in CUDA
+// memory unless every reader downstream orders its reads by the buffer's fence (our stages: the
+// latent is then pushed with its write still queued, and the streaming thread goes on).
+static latent::Status wait_unless_ordered(GstVaeEncode* self, latent::DeviceFence* done) {
+  if (!done || gst_latent_base_downstream_orders_reads(GST_LATENT_BASE(self)))
+    return latent::ok_status();
+  return done->wait();
 }
 
 static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer* inbuf,
@@ -684,10 +700,10 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
                       (nullptr));
     return GST_FLOW_ERROR;
   }
-  std::unique_ptr<latent::DeviceFence> done;
+  std::shared_ptr<latent::DeviceFence> done;
   std::string problem = write_latent(self, n, *model, *latents, outbuf, &done);
   release();
-  if (latent::Status st = done ? done->wait() : latent::ok_status(); !st.ok() && problem.empty())
+  if (latent::Status st = wait_unless_ordered(self, done.get()); !st.ok() && problem.empty())
     problem = st.message();
   if (!problem.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
@@ -913,13 +929,13 @@ static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
     return ret;
   }
   std::string problem;
-  std::unique_ptr<latent::DeviceFence> done;
+  std::shared_ptr<latent::DeviceFence> done;
   {
     std::lock_guard<std::mutex> run(*model->run_lock);
     problem = write_latent(self, n, *model, l.latent, out, &done);
     l.latent = latent::Tensor();
   }
-  if (latent::Status st = done ? done->wait() : latent::ok_status(); !st.ok() && problem.empty())
+  if (latent::Status st = wait_unless_ordered(self, done.get()); !st.ok() && problem.empty())
     problem = st.message();
   if (!problem.empty()) {
     gst_buffer_unref(out);

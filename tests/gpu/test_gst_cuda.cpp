@@ -709,6 +709,94 @@ TEST(CudaFrames, QueuedLatentWritesAndFences) {
 }
 #endif
 
+#ifdef LATENT_HAVE_CUDA
+// ||a - b|| / ||b|| of two fp32 host tensors of one size.
+double host_rel_l2(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.numel(), b.numel());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
+    const double d = a.data_as<float>()[i] - b.data_as<float>()[i];
+    num += d * d;
+    den += double(b.data_as<float>()[i]) * b.data_as<float>()[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Backend::queue_wait: a latent written on one backend's stream (bf16) and read on another's
+// (fp16; backends are per device and dtype, each with its stream) is read whole when the reader
+// waits on the write's fence on the device, and a read queued behind other work still sees the
+// old latent when the writer waits on the read's fence before writing again. Each side's own
+// stream is kept busy first, so without the waits the other side would run ahead.
+TEST(CudaFrames, QueueWaitOrdersAnotherBackendsStream) {
+  BackendOptions ob, oh;
+  ob.device = oh.device = "cuda";
+  ob.dtype = "bf16";
+  oh.dtype = "fp16";
+  auto writer_r = get_backend(ob), reader_r = get_backend(oh);
+  ASSERT_TRUE(writer_r.ok() && reader_r.ok());
+  Backend& writer = **writer_r;
+  Backend& reader = **reader_r;
+  ASSERT_NE(&writer, &reader);
+  const Shape shape{1, 16, 45, 80};
+  const size_t count = static_cast<size_t>(shape_numel(shape)), bytes = count * 2;
+  auto latent_of = [&](float phase) {
+    Tensor host = Tensor::empty(shape, DType::kF32);
+    for (size_t i = 0; i < count; ++i)
+      host.data_as<float>()[i] = std::sin(0.01f * static_cast<float>(i) + phase);
+    return host;
+  };
+  // Busy work queued on `b`'s stream (a few big additions, ~ms on an H100).
+  auto busy = [](Backend& b) {
+    auto big = b.zeros({1, 64, 1080, 1920});
+    EXPECT_TRUE(big.ok());
+    Tensor sum = *big;
+    for (int i = 0; i < 12; ++i) sum = *b.add(sum, *big);
+  };
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(buf, 0, bytes), cudaSuccess);
+  const Tensor first = latent_of(0.0f), second = latent_of(1.0f);
+  auto first_w = writer.upload(first), second_w = writer.upload(second);
+  ASSERT_TRUE(first_w.ok() && second_w.ok());
+  ASSERT_TRUE(writer.synchronize().ok());
+
+  // Write behind busy work on the writer's stream; the reader waits on its fence.
+  busy(writer);
+  auto written = queue_tensor_to_device_latent(writer, *first_w, buf, DType::kBF16);
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  ASSERT_TRUE(reader.queue_wait(**written).ok());
+  auto read1 = device_latent_to_tensor(reader, buf, DType::kBF16, 16, 45, 80);
+  ASSERT_TRUE(read1.ok()) << read1.status().message();
+  auto host1 = reader.download(*read1);
+  ASSERT_TRUE(host1.ok());
+  // bf16 values read into fp16: within bf16's rounding of the source.
+  EXPECT_LT(host_rel_l2(*host1, first), 1e-2);
+
+  // A read behind busy work on the reader's stream; the writer waits on its fence.
+  busy(reader);
+  auto read2 = device_latent_to_tensor(reader, buf, DType::kBF16, 16, 45, 80);
+  ASSERT_TRUE(read2.ok());
+  auto read_done = reader.fence();
+  ASSERT_TRUE(read_done.ok());
+  ASSERT_TRUE(writer.queue_wait(**read_done).ok());
+  auto rewritten = queue_tensor_to_device_latent(writer, *second_w, buf, DType::kBF16);
+  ASSERT_TRUE(rewritten.ok());
+  auto host2 = reader.download(*read2);
+  ASSERT_TRUE(host2.ok());
+  EXPECT_LT(host_rel_l2(*host2, first), 1e-2) << "the read saw the next write";
+  ASSERT_TRUE((*rewritten)->wait().ok());
+  auto read3 = device_latent_to_tensor(reader, buf, DType::kBF16, 16, 45, 80);
+  ASSERT_TRUE(read3.ok());
+  auto host3 = reader.download(*read3);
+  ASSERT_TRUE(host3.ok());
+  EXPECT_LT(host_rel_l2(*host3, second), 1e-2);
+  read1 = read2 = read3 = Status::error("freed");
+  first_w = second_w = Status::error("freed");
+  ASSERT_TRUE(writer.synchronize().ok() && reader.synchronize().ok());
+  cudaFree(buf);
+}
+#endif
+
 // The download stager against tensor_to_frame(): same bytes, one device-to-host copy a frame,
 // Plays `p` from NULL to EOS and back to NULL; the frames of its fakesink "out".
 std::vector<std::vector<uint8_t>> play_once(GstElement* p) {
@@ -1060,6 +1148,123 @@ TEST(GstCudaDevices, EachBranchRunsOnItsOwnDeviceInOnePipeline) {
       EXPECT_LE(mean_abs_diff(frames[d][i], alone.frames[i]), 1.0) << "frame " << i;
     }
   }
+}
+#endif  // LATENT_HAVE_GST_CUDA
+
+// ---- latents ordered on the device between stages (GstLatentFenceMeta, gstlatentcuda.h) -------
+
+#ifdef LATENT_HAVE_GST_CUDA
+// The meta's API type, registered by the plugin (not linked here: one registration a process).
+GType fence_meta_api() { return g_type_from_name("GstLatentFenceMetaAPI"); }
+
+struct LatentsSeen {
+  std::mutex lock;
+  int buffers = 0, with_fence = 0;
+};
+
+GstPadProbeReturn record_fence(GstPad*, GstPadProbeInfo* info, gpointer data) {
+  auto* seen = static_cast<LatentsSeen*>(data);
+  GstBuffer* buf = GST_PAD_PROBE_INFO_BUFFER(info);
+  const GType api = fence_meta_api();
+  std::lock_guard<std::mutex> l(seen->lock);
+  ++seen->buffers;
+  if (api && gst_buffer_get_meta(buf, api)) ++seen->with_fence;
+  return GST_PAD_PROBE_OK;
+}
+
+// Plays `description` with a probe on enc's src pad; the frames of every fakesink named in
+// `sinks`, in that order.
+std::vector<std::vector<std::vector<uint8_t>>> play_probed(const std::string& description,
+                                                           const std::vector<std::string>& sinks,
+                                                           LatentsSeen* seen) {
+  std::vector<std::vector<std::vector<uint8_t>>> frames(sinks.size());
+  GError* err = nullptr;
+  GstElement* p = gst_parse_launch(description.c_str(), &err);
+  EXPECT_TRUE(p) << (err ? err->message : "parse failed");
+  if (!p) return frames;
+  GstElement* enc = gst_bin_get_by_name(GST_BIN(p), "enc");
+  GstPad* pad = gst_element_get_static_pad(enc, "src");
+  gst_pad_add_probe(pad, GST_PAD_PROBE_TYPE_BUFFER, record_fence, seen, nullptr);
+  gst_object_unref(pad);
+  gst_object_unref(enc);
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    GstElement* sink = gst_bin_get_by_name(GST_BIN(p), sinks[i].c_str());
+    g_object_set(sink, "signal-handoffs", TRUE, nullptr);
+    g_signal_connect(sink, "handoff", G_CALLBACK(collect_frame), &frames[i]);
+    gst_object_unref(sink);
+  }
+  EXPECT_EQ(test::play_to_end(p, 120 * GST_SECOND), "");
+  gst_object_unref(p);
+  return frames;
+}
+
+constexpr int kFenceFrames = 24, kFenceW = 1280, kFenceH = 720;
+
+std::string fence_source() {
+  return str_cat("videotestsrc num-buffers=", kFenceFrames,
+                 " pattern=ball ! video/x-raw,format=RGBA,", "width=", kFenceW, ",height=", kFenceH,
+                 ",framerate=30/1 ! ");
+}
+
+// vaeencode (fp16) ! latents ! vaedecode (bf16): two backends, two streams, on one GPU. Latents in
+// CUDA memory are pushed as soon as their write is queued (the decoder orders its read after it)
+// and the pool's buffers come back while the decoder's reads may still be queued (the encoder
+// orders its next write after them): every frame is the one the same stages give with latents
+// in system memory (complete on the host both ways), byte for byte.
+TEST(GstCudaMemory, StagesOfTwoDtypesOnOneGpuReadEveryLatentWhole) {
+  ASSERT_NE(fence_meta_api(), G_TYPE_INVALID) << "the plugin registers the fence meta";
+  auto link = [&](const char* caps) {
+    return str_cat(
+        fence_source(), "vaeencode name=enc model=", model(), " device=cuda dtype=fp16 ! ", caps,
+        " ! vaedecode model=", model(),
+        " device=cuda dtype=bf16 ! video/x-raw,format=RGBA ! fakesink name=out sync=false");
+  };
+  LatentsSeen dev_seen, sys_seen;
+  auto dev = play_probed(link("application/x-latent(memory:CUDAMemory)"), {"out"}, &dev_seen);
+  auto sys = play_probed(link("application/x-latent(memory:SystemMemory)"), {"out"}, &sys_seen);
+  ASSERT_EQ(dev[0].size(), size_t(kFenceFrames));
+  ASSERT_EQ(sys[0].size(), size_t(kFenceFrames));
+  for (int i = 0; i < kFenceFrames; ++i)
+    EXPECT_TRUE(dev[0][i] == sys[0][i])
+        << "frame " << i << ": mean abs difference " << mean_abs_diff(dev[0][i], sys[0][i]);
+  // Every latent in CUDA memory carries its write's fence; none in system memory.
+  EXPECT_EQ(dev_seen.with_fence, kFenceFrames);
+  EXPECT_EQ(sys_seen.with_fence, 0);
+}
+
+// A reader that does not order its reads by the fence (fakesink mapping the latent through
+// GStreamer's CUDA memory, as cudadownload or latentsink would) beside one that does, behind a
+// tee: tee's ALLOCATION answer keeps only what every branch says, so vaeencode waits for each
+// write on the host again, and the outside reader gets each latent whole (the same bytes as
+// latents written to system memory), while vaedecode's frames are those of a run without the tee.
+TEST(GstCudaMemory, ReadersOutsideTheStagesGetCompleteLatents) {
+  const std::string enc =
+      str_cat(fence_source(), "vaeencode name=enc model=", model(), " device=cuda ! ");
+  const std::string dec =
+      str_cat("vaedecode model=", model(),
+              " device=cuda ! video/x-raw,format=RGBA ! fakesink name=out sync=false");
+  LatentsSeen seen, plain_seen, sys_seen;
+  auto both = play_probed(enc + "application/x-latent(memory:CUDAMemory) ! tee name=t ! queue ! " +
+                              dec + " t. ! queue ! fakesink name=latents sync=false",
+                          {"out", "latents"}, &seen);
+  auto plain =
+      play_probed(enc + "application/x-latent(memory:CUDAMemory) ! " + dec, {"out"}, &plain_seen);
+  auto sys = play_probed(
+      enc + "application/x-latent(memory:SystemMemory) ! fakesink name=latents sync=false",
+      {"latents"}, &sys_seen);
+  ASSERT_EQ(both[0].size(), size_t(kFenceFrames));
+  ASSERT_EQ(both[1].size(), size_t(kFenceFrames));
+  ASSERT_EQ(plain[0].size(), size_t(kFenceFrames));
+  ASSERT_EQ(sys[0].size(), size_t(kFenceFrames));
+  for (int i = 0; i < kFenceFrames; ++i) {
+    SCOPED_TRACE(str_cat("frame ", i));
+    // The CUDA buffer may be longer than the latent (pitched): the latent is at its start.
+    ASSERT_GE(both[1][i].size(), sys[0][i].size());
+    EXPECT_TRUE(std::equal(sys[0][i].begin(), sys[0][i].end(), both[1][i].begin()));
+    EXPECT_EQ(both[0][i], plain[0][i]);
+  }
+  EXPECT_EQ(seen.with_fence, kFenceFrames);
+  EXPECT_EQ(plain_seen.with_fence, kFenceFrames);
 }
 #endif  // LATENT_HAVE_GST_CUDA
 
