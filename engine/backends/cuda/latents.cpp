@@ -2,6 +2,10 @@
 // GStreamer stages hand latents over in GPU memory and nothing goes through the host.
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <mutex>
+#include <vector>
+
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/convert.cuh"
 #include "engine/backends/cuda/memory.h"
@@ -53,15 +57,57 @@ Status launch_tensor_to_device_latent(const BackendIo& io, const Tensor& t, void
   return ok_status();
 }
 
-// An event recorded on the backend's stream; destroyed with the fence.
+// Events of fences that are gone, per device, for the next fences: a stage makes one or two
+// fences a frame (a latent's write, its reads), and these cost no driver object a frame. Never
+// freed (the list would otherwise be destroyed at exit, after the driver's teardown); at most
+// kKept a device stay, the rest are destroyed.
+class SpareEvents {
+ public:
+  static SpareEvents& get() {
+    static SpareEvents* spare = new SpareEvents();
+    return *spare;
+  }
+  // The caller has set `device` current.
+  Result<cudaEvent_t> take(int device) {
+    {
+      std::lock_guard<std::mutex> lock(lock_);
+      std::vector<cudaEvent_t>& list = free_[device];
+      if (!list.empty()) {
+        cudaEvent_t e = list.back();
+        list.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return event;
+  }
+  void give(int device, cudaEvent_t event) {
+    {
+      std::lock_guard<std::mutex> lock(lock_);
+      std::vector<cudaEvent_t>& list = free_[device];
+      if (list.size() < kKept) {
+        list.push_back(event);
+        return;
+      }
+    }
+    DeviceGuard guard;
+    if (guard.set(device).ok()) LATENT_CUDA_WARN(cudaEventDestroy(event));
+  }
+
+ private:
+  static constexpr size_t kKept = 64;
+  std::mutex lock_;
+  std::map<int, std::vector<cudaEvent_t>> free_;
+};
+
+// An event recorded on the backend's stream; given back to SpareEvents with the fence (a stream
+// still waiting on it keeps what it was recorded for: a new record affects later waits only).
 class EventFence final : public DeviceFence {
  public:
   EventFence(int device, cudaEvent_t event) : device_(device), event_(event) {}
   cudaEvent_t event() const { return event_; }
-  ~EventFence() override {
-    DeviceGuard guard;
-    if (guard.set(device_).ok()) LATENT_CUDA_WARN(cudaEventDestroy(event_));
-  }
+  ~EventFence() override { SpareEvents::get().give(device_, event_); }
   Status wait() override {
     DeviceGuard guard;
     LATENT_TRY(guard.set(device_));
@@ -95,8 +141,7 @@ Result<std::unique_ptr<DeviceFence>> queue_tensor_to_device_latent(const Backend
 Result<std::unique_ptr<DeviceFence>> stream_fence(const BackendIo& io) {
   DeviceGuard guard;
   LATENT_TRY(guard.set(io.ctx->device()));
-  cudaEvent_t event = nullptr;
-  LATENT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  LATENT_ASSIGN_OR_RETURN(cudaEvent_t event, SpareEvents::get().take(io.ctx->device()));
   auto fence = std::make_unique<EventFence>(io.ctx->device(), event);
   LATENT_CUDA_CHECK(cudaEventRecord(event, io.ctx->stream()));
   return std::unique_ptr<DeviceFence>(std::move(fence));
