@@ -22,6 +22,7 @@
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
 #   pipes         the GPU pipelines/ scripts (cuda_memory, gpu_prefetch, latents_cuda_memory)  ~1 min
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
+#   gsttests      test_gst_cuda, test_gst_dit_cuda, test_gst_video_cuda (the elements' GPU tests)  ~1-2 min
 #   pygi          builds PyGObject for the device's python3 (scripts/device/pygi-carry.sh, pygi-build.sh)  ~1 min
 #   precompute    bench_precompute.py: the precompute job on 720p H.264 clips (PRE_ENGINES=local|ray,local,
 #                 PRE_GPUS=1|1,2 for scaling; PRE_MODELS=wan21 for the Wan 2.1 VAE, or a list: wan21,$PWD/models/default; PRE_ARGS: more
@@ -164,18 +165,38 @@ if has pipelines; then
   end pipelines $rc "$(table $OUT/pipelines.log 'model ')"
 fi
 
+if has gsttests; then  # the elements' GPU tests alone (what a change to the elements needs)
+  begin gsttests
+  for t in test_gst_cuda test_gst_dit_cuda test_gst_video_cuda; do
+    timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
+    echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' $OUT/$t.log | tr '\n' ' ')" | tee -a $OUT/gsttests.log
+  done
+  grep -hE "^\[  FAILED  \] [A-Za-z]" $OUT/test_gst_*.log 2>/dev/null | cut -c1-160 | sort -u | tee -a $OUT/gsttests.log
+  end gsttests 0 "$(cat $OUT/gsttests.log)"
+fi
+
 if has pinned; then
   begin pinned; pyenv
-  timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/pinned-tests.log 2>&1
-  trc=$?
+  trc=0  # test_gst_cuda, unless the gsttests step ran it
+  if ! has gsttests; then
+    timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/pinned-tests.log 2>&1
+    trc=$?
+  fi
   timeout ${PINNED_TIMEOUT:-300} python3 bench/bench_pipelines.py --models $PWD/models/default \
     --sizes ${PINNED_SIZES:-1920x1080} --memory system,system-queue --prefetch-depths default \
     --cuda-graphs off --repeat ${PINNED_REPEAT:-3} --ab-env LATENT_PINNED_INPUT=0,1 \
     --out $OUT/bench-pipelines-pinned-ab.json > $OUT/pinned.log 2>&1
   rc=$?; tail -8 $OUT/pinned.log
+  if [ -n "${FENCE_AB:-}" ]; then  # latents pushed before their write has run, or waited for
+    LATENT_PINNED_INPUT=${FENCE_AB_PINNED:-1} timeout ${PINNED_TIMEOUT:-300} python3 bench/bench_pipelines.py \
+      --models $PWD/models/default --sizes ${PINNED_SIZES:-1920x1080} --memory ${FENCE_AB_MEMORY:-system,system-queue} \
+      --prefetch-depths default --cuda-graphs off --repeat ${FENCE_AB_REPEAT:-2} \
+      --ab-env LATENT_FENCED_LATENTS=0,1 --out $OUT/bench-pipelines-fence-ab.json > $OUT/fence.log 2>&1
+    tail -8 $OUT/fence.log
+  fi
   [ $rc = 0 ] && rc=$trc
   end pinned $rc "test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/pinned-tests.log | tr '\n' ' ')" \
-    "$(table $OUT/pinned.log 'model ')"
+    "$(table $OUT/pinned.log 'model ')" "$(table $OUT/fence.log 'model ')"
 fi
 
 if has stream; then
