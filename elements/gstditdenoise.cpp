@@ -613,6 +613,9 @@ static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::B
   const size_t expected = info.frame_bytes();
   GstMapInfo map;
   const bool on_device = gst_latent_base_cuda(GST_LATENT_BASE(self))->map(inbuf, &map, GST_MAP_READ);
+  // CUDA memory we cannot read in place (another device's) is downloaded by GStreamer, which
+  // knows nothing of the write still queued on its writer's stream.
+  if (!on_device) LATENT_TRY(gst_latent_buffer_wait_written(inbuf));
   if (!on_device && !gst_buffer_map(inbuf, &map, GST_MAP_READ))
     return latent::Status::error("cannot map the input buffer");
   const gsize got = on_device ? gst_buffer_get_size(inbuf) : map.size;

@@ -656,6 +656,17 @@ latent::Status gst_latent_buffer_order_read(GstBuffer* buffer, latent::Backend& 
   return written ? backend.queue_wait(*written) : latent::ok_status();
 }
 
+latent::Status gst_latent_buffer_wait_written(GstBuffer* buffer) {
+  std::shared_ptr<FenceState> st = fence_state(buffer);
+  if (!st) return latent::ok_status();
+  std::shared_ptr<latent::DeviceFence> written;
+  {
+    std::lock_guard<std::mutex> lock(st->lock);
+    written = st->written;
+  }
+  return written ? written->wait() : latent::ok_status();
+}
+
 latent::Status gst_latent_buffer_add_read(GstBuffer* buffer, latent::Backend& backend) {
   std::shared_ptr<FenceState> st = fence_state(buffer);
   if (!st) return latent::ok_status();

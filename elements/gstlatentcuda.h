@@ -166,6 +166,9 @@ void gst_latent_buffer_set_written(GstBuffer* buffer, std::shared_ptr<latent::De
 // `backend` wait for the write (nothing without the meta: a foreign writer's latent is complete
 // when pushed).
 latent::Status gst_latent_buffer_order_read(GstBuffer* buffer, latent::Backend& backend);
+// A reader that maps the buffer on the host instead (CUDA memory of another device or context,
+// through GStreamer's download), before mapping it: waits on the host for the write.
+latent::Status gst_latent_buffer_wait_written(GstBuffer* buffer);
 // A reader, after queuing its read: a fence of `backend` goes on the meta (nothing without it),
 // for the buffer's next write.
 latent::Status gst_latent_buffer_add_read(GstBuffer* buffer, latent::Backend& backend);

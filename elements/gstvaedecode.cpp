@@ -377,6 +377,9 @@ static latent::Result<latent::Tensor> read_latent(GstVaeDecode* self, const GstL
     gst_buffer_unmap(inbuf, &map);
     return t;
   }
+  // CUDA memory we cannot read in place (another device's) is downloaded by GStreamer, which
+  // knows nothing of the write still queued on its writer's stream.
+  LATENT_TRY(gst_latent_buffer_wait_written(inbuf));
   LATENT_ASSIGN_OR_RETURN(latent::Tensor host, read_latent_sysmem(info, inbuf));
   return model.backend->upload(host);
 }

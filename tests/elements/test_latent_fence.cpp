@@ -99,6 +99,17 @@ TEST_F(LatentFence, TheWritesFenceStaysWithThePoolsBufferAndOrdersReadsAndTheNex
   gst_object_unref(pool);
 }
 
+TEST_F(LatentFence, AReaderOnTheHostWaitsForTheWrite) {
+  GstBuffer* buf = gst_buffer_new_allocate(nullptr, 64, nullptr);
+  EXPECT_TRUE(gst_latent_buffer_wait_written(buf).ok()) << "no meta: nothing to wait for";
+  int waits = 0;
+  gst_latent_buffer_set_written(buf, std::make_shared<CountingFence>(&waits));
+  EXPECT_TRUE(gst_latent_buffer_wait_written(buf).ok());
+  EXPECT_EQ(waits, 1);
+  EXPECT_EQ(gst_latent_buffer_reads_pending(buf), 0u) << "a read on the host is done on return";
+  gst_buffer_unref(buf);
+}
+
 TEST_F(LatentFence, CopiesOfTheBufferShareItsFences) {
   GstBuffer* buf = gst_buffer_new_allocate(nullptr, 64, nullptr);
   int waits = 0;
