@@ -23,7 +23,6 @@
 
 #include "elements/gstlatentcaps.h"
 #include "engine/backends/registry.h"
-#include "engine/core/env.h"
 #include "engine/core/log.h"
 #include "engine/weights/model_source.h"
 
@@ -731,11 +730,7 @@ static gboolean gst_latent_base_propose_allocation(GstBaseTransform* trans, GstQ
 
 static gboolean gst_latent_base_decide_allocation(GstBaseTransform* trans, GstQuery* query) {
   auto* impl = impl_of(GST_LATENT_BASE(trans));
-  // LATENT_FENCED_LATENTS=0 (an A/B switch): wait on the host for every latent written in CUDA
-  // memory, as before the fences were on the buffers (the fences still order the two streams).
-  const bool fenced =
-      latent::env_choice("LATENT_FENCED_LATENTS", {{"0", "off"}, {"1", "on"}}, 1) == 1;
-  impl->downstream_orders_reads = fenced && gst_latent_query_orders_reads(query);
+  impl->downstream_orders_reads = gst_latent_fences_on() && gst_latent_query_orders_reads(query);
   if (gst_latent_cuda_decide_latent_pool(&impl->cuda, query)) return TRUE;
   return GST_BASE_TRANSFORM_CLASS(parent_class)->decide_allocation(trans, query);
 }

@@ -7,6 +7,7 @@
 
 #include "elements/gstlatentcaps.h"
 #include "engine/backends/registry.h"
+#include "engine/core/env.h"
 
 #ifdef LATENT_HAVE_GST_CUDA
 #ifndef GST_USE_UNSTABLE_API
@@ -305,7 +306,8 @@ bool gst_latent_cuda_propose_latent_pool(GstLatentCuda* cuda, GstQuery* query) {
   auto info = gst_latent_info_from_caps(caps);
   if (!info.ok()) return false;
   // We order our reads by the latents' fences: upstream need not wait for its writes.
-  if (!gst_query_find_allocation_meta(query, GST_LATENT_FENCE_META_API_TYPE, nullptr))
+  if (gst_latent_fences_on() &&
+      !gst_query_find_allocation_meta(query, GST_LATENT_FENCE_META_API_TYPE, nullptr))
     gst_query_add_allocation_meta(query, GST_LATENT_FENCE_META_API_TYPE, nullptr);
   GstBufferPool* pool = cuda->new_latent_pool(info->frame_bytes(), 0, 0);
   if (!pool) return false;
@@ -612,6 +614,10 @@ GType gst_latent_fence_meta_api_get_type(void) {
   return type;
 }
 
+bool gst_latent_fences_on(void) {
+  return latent::env_choice("LATENT_FENCED_LATENTS", {{"0", "off"}, {"1", "on"}}, 0) == 1;
+}
+
 bool gst_latent_query_orders_reads(GstQuery* query) {
   return query && gst_query_find_allocation_meta(query, GST_LATENT_FENCE_META_API_TYPE, nullptr);
 }
@@ -631,7 +637,7 @@ latent::Status gst_latent_buffer_order_write(GstBuffer* buffer, latent::Backend&
 void gst_latent_buffer_set_written(GstBuffer* buffer,
                                    std::shared_ptr<latent::DeviceFence> written) {
   std::shared_ptr<FenceState> st = fence_state(buffer);
-  if (!st && gst_buffer_is_writable(buffer)) {
+  if (!st && gst_latent_fences_on() && gst_buffer_is_writable(buffer)) {
     GstMeta* meta = gst_buffer_add_meta(buffer, fence_meta_info(), nullptr);
     if (!meta) return;
     // Kept when the buffer goes back to its pool: the reads recorded meanwhile reach the next

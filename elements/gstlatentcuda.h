@@ -27,6 +27,8 @@
 // whose readers downstream all say so in their ALLOCATION answers (tee passes on only what every
 // branch says) pushes at once; for anyone else (cudadownload, an encoder, latentsink) it waits on
 // the host until the latent is complete, as GStreamer 1.22's CUDA memory carries no stream.
+// Behind LATENT_FENCED_LATENTS=1 until a GPU has run it (gst_latent_fences_on()); off, no meta is
+// offered or attached and every writer waits on the host, as before.
 //
 // Without GStreamer's CUDA library (the CPU build), everything here reports "no CUDA" and the
 // stages stay on system memory.
@@ -151,6 +153,9 @@ GstAllocator* gst_latent_pinned_allocator_new(int device);
 // (GST_META_FLAG_POOLED) so that the reads recorded on it reach the next write; a copy of the
 // buffer shares it.
 GType gst_latent_fence_meta_api_get_type(void);
+// LATENT_FENCED_LATENTS=1: the stages offer and attach the meta (read when asked: a test may set
+// it). Off by default until a GPU has run it.
+bool gst_latent_fences_on(void);
 #define GST_LATENT_FENCE_META_API_TYPE (gst_latent_fence_meta_api_get_type())
 // decide_allocation of a stage writing latents in CUDA memory: whether every reader downstream
 // orders its reads by the meta (its ALLOCATION answer lists it), so the stage may push a latent
@@ -160,7 +165,7 @@ bool gst_latent_query_orders_reads(GstQuery* query);
 // (writable): makes `backend` wait for the reads recorded on it since its last write.
 latent::Status gst_latent_buffer_order_write(GstBuffer* buffer, latent::Backend& backend);
 // The writer, after queuing the write: `written` (passed once the latent is complete) goes on the
-// buffer's meta, added on its first write.
+// buffer's meta, added on its first write (with the fences on; nothing otherwise).
 void gst_latent_buffer_set_written(GstBuffer* buffer, std::shared_ptr<latent::DeviceFence> written);
 // A reader, with its backend's run lock held, before queuing its read of `buffer`: makes
 // `backend` wait for the write (nothing without the meta: a foreign writer's latent is complete

@@ -3,6 +3,7 @@
 // that stays with the pool's buffer, a reader waits for it, the reads recorded on it reach the
 // buffer's next write, copies of the buffer share it, and ALLOCATION answers say who orders
 // their reads by it. (On a GPU, tests/gpu/test_gst_cuda.cpp runs it between two CUDA streams.)
+// All of it is behind LATENT_FENCED_LATENTS=1 for now, which these tests set.
 #include <gst/gst.h>
 #include <gtest/gtest.h>
 
@@ -17,12 +18,15 @@ class LatentFence : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { gst_init(nullptr, nullptr); }
   void SetUp() override {
+    // The fences are behind this switch until a GPU has run them (read on every call).
+    g_setenv("LATENT_FENCED_LATENTS", "1", TRUE);
     latent::BackendOptions o;
     o.device = "cpu";
     auto b = latent::get_backend(o);
     ASSERT_TRUE(b.ok()) << b.status().message();
     cpu_ = *b;
   }
+  void TearDown() override { g_unsetenv("LATENT_FENCED_LATENTS"); }
   std::shared_ptr<latent::Backend> cpu_;
 };
 
@@ -97,6 +101,22 @@ TEST_F(LatentFence, TheWritesFenceStaysWithThePoolsBufferAndOrdersReadsAndTheNex
   gst_buffer_pool_release_buffer(pool, again);
   EXPECT_TRUE(gst_buffer_pool_set_active(pool, FALSE));
   gst_object_unref(pool);
+}
+
+TEST_F(LatentFence, OffByDefaultNothingIsAttachedOrOffered) {
+  g_unsetenv("LATENT_FENCED_LATENTS");
+  EXPECT_FALSE(gst_latent_fences_on());
+  GstBuffer* buf = gst_buffer_new_allocate(nullptr, 64, nullptr);
+  int waits = 0;
+  gst_latent_buffer_set_written(buf, std::make_shared<CountingFence>(&waits));
+  EXPECT_EQ(fence_meta(buf), nullptr);
+  EXPECT_TRUE(gst_latent_buffer_order_read(buf, *cpu_).ok());
+  EXPECT_EQ(waits, 0);
+  gst_buffer_unref(buf);
+  g_setenv("LATENT_FENCED_LATENTS", "0", TRUE);
+  EXPECT_FALSE(gst_latent_fences_on());
+  g_setenv("LATENT_FENCED_LATENTS", "on", TRUE);
+  EXPECT_TRUE(gst_latent_fences_on());
 }
 
 TEST_F(LatentFence, AReaderOnTheHostWaitsForTheWrite) {

@@ -46,6 +46,13 @@ using test::PipelineRun;
 using test::run_pipeline;
 using test::same_frame_sizes;
 
+// Sets an environment variable for a scope (the elements read their switches when asked).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { g_setenv(n, value, TRUE); }
+  ~ScopedEnv() { g_unsetenv(name); }
+};
+
 std::shared_ptr<Backend> backend(const char* device) {
   BackendOptions o;
   o.device = device;
@@ -965,7 +972,7 @@ std::string latent_link(const char* latent_caps) {
                  " device=cuda ! video/x-raw,format=RGBA ! fakesink name=out sync=false");
 }
 
-TEST(GstCudaMemory, LatentsStayOnTheGpuBetweenTheStages) {
+void latents_stay_on_the_gpu() {
   PipelineRun dev = run_counted(latent_link("application/x-latent(memory:CUDAMemory)"));
   PipelineRun sys = run_counted(latent_link("application/x-latent(memory:SystemMemory)"));
   ASSERT_TRUE(dev.ok) << dev.error;
@@ -982,6 +989,15 @@ TEST(GstCudaMemory, LatentsStayOnTheGpuBetweenTheStages) {
   // System-memory latents: one latent download and one upload more per frame.
   EXPECT_EQ(sys.counts.host_to_device, 2 * kFrames);
   EXPECT_EQ(sys.counts.device_to_host, 2 * kFrames);
+}
+
+TEST(GstCudaMemory, LatentsStayOnTheGpuBetweenTheStages) {
+  // Latents pushed after a host wait, and with their write's fence (GstLatentFenceMeta).
+  for (const char* fenced : {"0", "1"}) {
+    SCOPED_TRACE(str_cat("LATENT_FENCED_LATENTS=", fenced));
+    ScopedEnv env("LATENT_FENCED_LATENTS", fenced);
+    latents_stay_on_the_gpu();
+  }
 }
 
 TEST(GstCudaMemory, CudaFramesInAndOutMatchSystemMemoryFrames) {
@@ -1027,7 +1043,7 @@ std::string dit_link(const char* latent_caps, const std::string& prompt) {
                  " device=cuda ! video/x-raw,format=RGBA ! fakesink name=out sync=false");
 }
 
-TEST(GstCudaMemory, DitDenoiseTakesAndGivesCudaLatents) {
+void dit_denoise_takes_and_gives_cuda_latents() {
   const std::string prompt = dit_prompt_file();
   PipelineRun dev = run_counted(dit_link("application/x-latent(memory:CUDAMemory)", prompt));
   PipelineRun sys = run_counted(dit_link("application/x-latent(memory:SystemMemory)", prompt));
@@ -1043,6 +1059,15 @@ TEST(GstCudaMemory, DitDenoiseTakesAndGivesCudaLatents) {
   // same in both runs.
   EXPECT_EQ(sys.counts.device_to_host - dev.counts.device_to_host, 2 * 2);
   EXPECT_EQ(sys.counts.host_to_device - dev.counts.host_to_device, 2 * 2);
+}
+
+TEST(GstCudaMemory, DitDenoiseTakesAndGivesCudaLatents) {
+  // Latents pushed after a host wait, and with their write's fence (GstLatentFenceMeta).
+  for (const char* fenced : {"0", "1"}) {
+    SCOPED_TRACE(str_cat("LATENT_FENCED_LATENTS=", fenced));
+    ScopedEnv env("LATENT_FENCED_LATENTS", fenced);
+    dit_denoise_takes_and_gives_cuda_latents();
+  }
 }
 
 // ---- several devices in one process (issue 14) ------------------------------------------------
@@ -1212,6 +1237,7 @@ std::string fence_source() {
 // orders its next write after them): every frame is the one the same stages give with latents
 // in system memory (complete on the host both ways), byte for byte.
 TEST(GstCudaMemory, StagesOfTwoDtypesOnOneGpuReadEveryLatentWhole) {
+  ScopedEnv env("LATENT_FENCED_LATENTS", "1");
   ASSERT_NE(fence_meta_api(), G_TYPE_INVALID) << "the plugin registers the fence meta";
   auto link = [&](const char* caps) {
     return str_cat(
@@ -1238,6 +1264,7 @@ TEST(GstCudaMemory, StagesOfTwoDtypesOnOneGpuReadEveryLatentWhole) {
 // write on the host again, and the outside reader gets each latent whole (the same bytes as
 // latents written to system memory), while vaedecode's frames are those of a run without the tee.
 TEST(GstCudaMemory, ReadersOutsideTheStagesGetCompleteLatents) {
+  ScopedEnv env("LATENT_FENCED_LATENTS", "1");
   const std::string enc =
       str_cat(fence_source(), "vaeencode name=enc model=", model(), " device=cuda ! ");
   const std::string dec =
