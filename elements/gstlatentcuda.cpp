@@ -568,8 +568,9 @@ void fence_meta_free(GstMeta* meta, GstBuffer*) {
   m->state = nullptr;
 }
 
-// A copy of the buffer (same memory, or a copy of it made on the host after mapping it, which
-// waited for nothing: the meta only adds order) shares the state.
+// A copy of the buffer shares the state: a copy that shares the memory needs its reads ordered
+// the same way. (A deep copy, which GStreamer's CUDA memory makes without waiting for the write,
+// is not ordered by this; no stage of ours makes one.)
 gboolean fence_meta_transform(GstBuffer* dest, GstMeta* meta, GstBuffer*, GQuark type, gpointer) {
   if (!GST_META_TRANSFORM_IS_COPY(type)) return FALSE;
   auto* from = reinterpret_cast<GstLatentFenceMeta*>(meta);
