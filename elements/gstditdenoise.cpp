@@ -630,14 +630,8 @@ static latent::Result<latent::Tensor> read_latent(GstDitDenoise* self, latent::B
   if (on_device) {
     // Queued on the backend's stream after the latent's write, and before the buffer's next
     // write (GstLatentFenceMeta).
-    if (latent::Status st = gst_latent_buffer_order_read(inbuf, backend); !st.ok())
-      x = st;
-    else
-      x = latent::device_latent_to_tensor(backend, map.data, info.dtype, info.channels, info.height,
-                                          info.width);
-    if (x.ok()) {
-      if (latent::Status st = gst_latent_buffer_add_read(inbuf, backend); !st.ok()) x = st;
-    }
+    x = gst_latent_buffer_read_latent(inbuf, backend, map.data, info.dtype, info.channels,
+                                      info.height, info.width);
   } else {
     // host: [1, 16, h, w] fp32, normalised
     latent::Tensor host = latent::Tensor::empty({1, c, h, w}, latent::DType::kF32);
@@ -666,17 +660,9 @@ static latent::Status write_latent(GstDitDenoise* self, latent::Backend& backend
   }
   latent::Status st = latent::ok_status();
   if (on_device) {
-    st = gst_latent_buffer_order_write(outbuf, backend);
-    if (st.ok()) {
-      auto fence = latent::queue_tensor_to_device_latent(backend, result, map.data, info.dtype);
-      if (fence.ok()) {
-        std::shared_ptr<latent::DeviceFence> done = std::move(*fence);
-        gst_latent_buffer_set_written(outbuf, done);
-        if (!gst_latent_base_downstream_orders_reads(GST_LATENT_BASE(self))) st = done->wait();
-      } else {
-        st = fence.status();
-      }
-    }
+    auto written = gst_latent_buffer_write_latent(outbuf, backend, result, map.data, info.dtype);
+    st = written.ok() ? gst_latent_base_wait_unless_ordered(GST_LATENT_BASE(self), written->get())
+                      : written.status();
   } else {
     auto host = backend.download(result);  // [1, C, h, w] fp32
     if (host.ok())

@@ -1138,8 +1138,10 @@ gboolean gst_latent_base_transform_size(GstLatentBase* self, GstCaps* othercaps,
   return TRUE;
 }
 
-bool gst_latent_base_downstream_orders_reads(GstLatentBase* self) {
-  return impl_of(self)->downstream_orders_reads;
+latent::Status gst_latent_base_wait_unless_ordered(GstLatentBase* self,
+                                                   latent::DeviceFence* written) {
+  if (!written || impl_of(self)->downstream_orders_reads) return latent::ok_status();
+  return written->wait();
 }
 
 GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self) { return &impl_of(self)->cuda; }

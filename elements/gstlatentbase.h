@@ -308,7 +308,10 @@ latent::Tensor gst_latent_base_plan_input(GstLatentBase* self, latent::VaePart p
 // downstream's pool when it is a CUDA pool of our context, else makes one. A stage whose pad
 // carries video overrides that query and chains up for the rest.
 GstLatentCuda* gst_latent_base_cuda(GstLatentBase* self);
-// Whether every reader downstream orders its reads of latents in CUDA memory by their fences
-// (GstLatentFenceMeta, as the latent stages do; from the last ALLOCATION answer): a latent
-// written there may then be pushed before its write has run, without waiting on the host.
-bool gst_latent_base_downstream_orders_reads(GstLatentBase* self);
+// After a latent's write into CUDA memory was queued (`written`: its fence; null: nothing to wait
+// for): waits on the host until it has run, unless every reader downstream orders its reads by
+// the latent's fence (GstLatentFenceMeta, as the latent stages do; from the last ALLOCATION
+// answer), in which case the latent may be pushed at once. Call it without the run lock where
+// the caller can, so the other stages on the backend keep the device busy meanwhile.
+latent::Status gst_latent_base_wait_unless_ordered(GstLatentBase* self,
+                                                   latent::DeviceFence* written);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "elements/gstlatentcaps.h"
+#include "engine/backends/frames.h"
 #include "engine/backends/registry.h"
 #include "engine/core/env.h"
 
@@ -602,6 +603,14 @@ std::shared_ptr<FenceState> fence_state(GstBuffer* buffer) {
   return m ? *m->state : nullptr;
 }
 
+// The fence of the buffer's last write (null: no meta, or none written yet).
+std::shared_ptr<latent::DeviceFence> written_fence(GstBuffer* buffer) {
+  std::shared_ptr<FenceState> st = fence_state(buffer);
+  if (!st) return nullptr;
+  std::lock_guard<std::mutex> lock(st->lock);
+  return st->written;
+}
+
 }  // namespace
 
 GType gst_latent_fence_meta_api_get_type(void) {
@@ -653,24 +662,12 @@ void gst_latent_buffer_set_written(GstBuffer* buffer,
 }
 
 latent::Status gst_latent_buffer_order_read(GstBuffer* buffer, latent::Backend& backend) {
-  std::shared_ptr<FenceState> st = fence_state(buffer);
-  if (!st) return latent::ok_status();
-  std::shared_ptr<latent::DeviceFence> written;
-  {
-    std::lock_guard<std::mutex> lock(st->lock);
-    written = st->written;
-  }
+  std::shared_ptr<latent::DeviceFence> written = written_fence(buffer);
   return written ? backend.queue_wait(*written) : latent::ok_status();
 }
 
 latent::Status gst_latent_buffer_wait_written(GstBuffer* buffer) {
-  std::shared_ptr<FenceState> st = fence_state(buffer);
-  if (!st) return latent::ok_status();
-  std::shared_ptr<latent::DeviceFence> written;
-  {
-    std::lock_guard<std::mutex> lock(st->lock);
-    written = st->written;
-  }
+  std::shared_ptr<latent::DeviceFence> written = written_fence(buffer);
   return written ? written->wait() : latent::ok_status();
 }
 
@@ -682,6 +679,28 @@ latent::Status gst_latent_buffer_add_read(GstBuffer* buffer, latent::Backend& ba
   std::lock_guard<std::mutex> lock(st->lock);
   st->reads.push_back(std::move(*fence));
   return latent::ok_status();
+}
+
+latent::Result<latent::Tensor> gst_latent_buffer_read_latent(GstBuffer* buffer,
+                                                             latent::Backend& backend,
+                                                             const void* data, latent::DType dtype,
+                                                             int channels, int height, int width) {
+  LATENT_TRY(gst_latent_buffer_order_read(buffer, backend));
+  LATENT_ASSIGN_OR_RETURN(latent::Tensor t, latent::device_latent_to_tensor(
+                                                backend, data, dtype, channels, height, width));
+  LATENT_TRY(gst_latent_buffer_add_read(buffer, backend));
+  return t;
+}
+
+latent::Result<std::shared_ptr<latent::DeviceFence>> gst_latent_buffer_write_latent(
+    GstBuffer* buffer, latent::Backend& backend, const latent::Tensor& latent, void* data,
+    latent::DType dtype) {
+  LATENT_TRY(gst_latent_buffer_order_write(buffer, backend));
+  LATENT_ASSIGN_OR_RETURN(std::unique_ptr<latent::DeviceFence> fence,
+                          latent::queue_tensor_to_device_latent(backend, latent, data, dtype));
+  std::shared_ptr<latent::DeviceFence> written = std::move(fence);
+  gst_latent_buffer_set_written(buffer, written);
+  return written;
 }
 
 size_t gst_latent_buffer_reads_pending(GstBuffer* buffer) {

@@ -177,5 +177,17 @@ latent::Status gst_latent_buffer_wait_written(GstBuffer* buffer);
 // A reader, after queuing its read: a fence of `backend` goes on the meta (nothing without it),
 // for the buffer's next write.
 latent::Status gst_latent_buffer_add_read(GstBuffer* buffer, latent::Backend& backend);
+// What the stages call: a latent [C, h, w] (`dtype`) at `data`, the device memory of `buffer`,
+// read into a tensor on `backend` after its write, with the read recorded (order_read,
+// device_latent_to_tensor, add_read); and `latent` written there after the buffer's last reads,
+// the write's fence attached and returned (order_write, queue_tensor_to_device_latent,
+// set_written). The caller holds the backend's run lock.
+latent::Result<latent::Tensor> gst_latent_buffer_read_latent(GstBuffer* buffer,
+                                                             latent::Backend& backend,
+                                                             const void* data, latent::DType dtype,
+                                                             int channels, int height, int width);
+latent::Result<std::shared_ptr<latent::DeviceFence>> gst_latent_buffer_write_latent(
+    GstBuffer* buffer, latent::Backend& backend, const latent::Tensor& latent, void* data,
+    latent::DType dtype);
 // The reads recorded on `buffer` since its last write (0 without the meta).
 size_t gst_latent_buffer_reads_pending(GstBuffer* buffer);

@@ -366,14 +366,9 @@ static latent::Result<latent::Tensor> read_latent(GstVaeDecode* self, const GstL
       t = latent::Status::errorf("latent buffer has ", gst_buffer_get_size(inbuf),
                                  " bytes, expected ", want, " for ", latent::dtype_name(info.dtype),
                                  "[", info.channels, ", ", info.height, ", ", info.width, "]");
-    else if (latent::Status st = gst_latent_buffer_order_read(inbuf, *model.backend); !st.ok())
-      t = st;
     else
-      t = latent::device_latent_to_tensor(*model.backend, map.data, info.dtype, info.channels,
-                                          info.height, info.width);
-    if (t.ok()) {
-      if (latent::Status st = gst_latent_buffer_add_read(inbuf, *model.backend); !st.ok()) t = st;
-    }
+      t = gst_latent_buffer_read_latent(inbuf, *model.backend, map.data, info.dtype, info.channels,
+                                        info.height, info.width);
     gst_buffer_unmap(inbuf, &map);
     return t;
   }

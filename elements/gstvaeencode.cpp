@@ -586,18 +586,13 @@ static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLate
     if (map.size < bytes) {
       problem = latent::str_cat("output buffer of ", map.size, " bytes is smaller than a latent (",
                                 bytes, ")");
-    } else if (latent::Status st = gst_latent_buffer_order_write(outbuf, *model.backend);
-               !st.ok()) {
-      problem = st.message();
     } else {
-      auto fence = latent::queue_tensor_to_device_latent(*model.backend, latents, map.data,
-                                                         n.out_info.dtype);
-      if (fence.ok()) {
-        *done = std::move(*fence);
-        gst_latent_buffer_set_written(outbuf, *done);
-      } else {
-        problem = fence.status().message();
-      }
+      auto written = gst_latent_buffer_write_latent(outbuf, *model.backend, latents, map.data,
+                                                    n.out_info.dtype);
+      if (written.ok())
+        *done = std::move(*written);
+      else
+        problem = written.status().message();
     }
     gst_buffer_unmap(outbuf, &map);
     return problem;  // the buffer keeps the pool's (pitched) size, see gstlatentcuda.h
@@ -615,15 +610,6 @@ static std::string write_latent(GstVaeEncode* self, const Negotiated& n, GstLate
   gst_buffer_unmap(outbuf, &map);
   gst_buffer_set_size(outbuf, bytes);
   return std::string();
-}
-
-// After write_latent(), without the run lock: waits on the host for a latent written in CUDA
-// memory unless every reader downstream orders its reads by the buffer's fence (our stages: the
-// latent is then pushed with its write still queued, and the streaming thread goes on).
-static latent::Status wait_unless_ordered(GstVaeEncode* self, latent::DeviceFence* done) {
-  if (!done || gst_latent_base_downstream_orders_reads(GST_LATENT_BASE(self)))
-    return latent::ok_status();
-  return done->wait();
 }
 
 static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer* inbuf,
@@ -703,7 +689,8 @@ static GstFlowReturn gst_vae_encode_transform(GstBaseTransform* trans, GstBuffer
   std::shared_ptr<latent::DeviceFence> done;
   std::string problem = write_latent(self, n, *model, *latents, outbuf, &done);
   release();
-  if (latent::Status st = wait_unless_ordered(self, done.get()); !st.ok() && problem.empty())
+  if (latent::Status st = gst_latent_base_wait_unless_ordered(GST_LATENT_BASE(self), done.get());
+      !st.ok() && problem.empty())
     problem = st.message();
   if (!problem.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("vaeencode: %s", problem.c_str()), (nullptr));
@@ -935,7 +922,8 @@ static GstFlowReturn video_generate(GstVaeEncode* self, GstBuffer** outbuf) {
     problem = write_latent(self, n, *model, l.latent, out, &done);
     l.latent = latent::Tensor();
   }
-  if (latent::Status st = wait_unless_ordered(self, done.get()); !st.ok() && problem.empty())
+  if (latent::Status st = gst_latent_base_wait_unless_ordered(GST_LATENT_BASE(self), done.get());
+      !st.ok() && problem.empty())
     problem = st.message();
   if (!problem.empty()) {
     gst_buffer_unref(out);
