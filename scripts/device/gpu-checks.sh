@@ -66,7 +66,10 @@ trap finish EXIT
 trap 'echo "killed (TERM/INT) during step ${CUR:-?}" >> $SUMMARY; exit 143' TERM INT
 STEPS=${STEPS:-tests gst fixtures bench pipelines}
 export PYTHONUNBUFFERED=1
-tar xJf .carry/dev.tar.xz -C /tmp && . /tmp/dev/env.sh
+# A call on a warm machine may leave the build carry out and use the one an earlier call unpacked.
+if [ -f .carry/dev.tar.xz ]; then tar xJf .carry/dev.tar.xz -C /tmp || exit 1; fi
+[ -f /tmp/dev/env.sh ] || { echo "no build carry: carry .carry/dev.tar.xz (scripts/device/build-carry.sh)"; exit 1; }
+. /tmp/dev/env.sh
 NV=$(python3 -c "import nvidia,glob,os;print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d+'/**/lib*.so*',recursive=True)})))" 2>/dev/null)
 export LD_LIBRARY_PATH=$LD_LIBRARY_PATH${NV:+:$NV}
 export LATENT_FIXTURES=$PWD/tests/fixtures LATENT_DEFAULT_MODEL=$PWD/models/default
