@@ -96,6 +96,11 @@ def list_inputs(spec: str) -> list[tuple[str, str]]:
             pairs[rel] = path
     else:
         raise ValueError(f"--input {spec}: no such folder or list file")
+    if not pairs:  # a wrong path, or clips with an extension not listed: not a job that did nothing
+        if os.path.isdir(spec):
+            raise ValueError(f"--input {spec}: no media files in this folder or below (looked for "
+                             f"{' '.join(sorted(MEDIA_EXTENSIONS))}; names starting with '.' are skipped)")
+        raise ValueError(f"--input {spec}: the list file names no clips (blank lines and # comments only)")
     return sorted(pairs.items())
 
 

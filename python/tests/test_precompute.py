@@ -898,6 +898,16 @@ def test_bad_arguments(tmp_path):
     binary.write_bytes(b"\x82\xff\x00")
     r = run_job("--input", str(binary), "--output", str(tmp_path / "o"))
     assert r.returncode == 2 and f"--input {binary} is not a list file" in r.stderr, r.stderr
+    # A folder without media files and a list without entries: no job that writes nothing.
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "sub" / "notes.txt").write_text("not a clip\n")
+    r = run_job("--input", str(tmp_path / "empty"), "--output", str(tmp_path / "o"))
+    assert r.returncode == 2 and "no media files in this folder or below (looked for" in r.stderr, r.stderr
+    assert ".mp4" in r.stderr
+    blank = tmp_path / "blank.lst"
+    blank.write_text("# nothing yet\n\n")
+    r = run_job("--input", str(blank), "--output", str(tmp_path / "o"))
+    assert r.returncode == 2 and "the list file names no clips" in r.stderr, r.stderr
     r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--workers", "0")
     assert r.returncode == 2 and "--workers must be at least 1" in r.stderr
     r = run_job("--input", str(tmp_path), "--output", str(tmp_path / "o"), "--pipelines-per-worker", "0")
