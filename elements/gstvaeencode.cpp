@@ -36,10 +36,10 @@
  *
  * On a GPU the encoder is planned when caps are negotiated (warm-up, then a CUDA graph that each
  * frame replays; `cuda-graphs=false` keeps the plain forward); system-memory frames are uploaded
- * through pinned memory `prefetch-depth` frames ahead. With LATENT_PINNED_INPUT=1 (off until
- * measured on a GPU) upstream is offered a pool of page-locked buffers for them (ALLOCATION
- * query): frames a source or software decoder writes there go up in place, with no copy on the
- * streaming thread; frames in other memory are copied into the stager's page-locked slots first.
+ * through pinned memory `prefetch-depth` frames ahead: upstream is offered a pool of page-locked
+ * buffers for them (ALLOCATION query; LATENT_PINNED_INPUT=0 turns the offer off, for A/Bs):
+ * frames a source or software decoder writes there go up in place, with no copy on the streaming
+ * thread; frames in other memory are copied into the stager's page-locked slots first.
  *
  * Video mode (`mode=video`, the default for AutoencoderKLWan and TAEW models) streams a clip
  * through the causal video VAE:
@@ -465,10 +465,11 @@ static gboolean gst_vae_encode_propose_allocation(GstBaseTransform* trans, GstQu
     // Frames in system memory on a GPU with prefetching: upstream may write them into
     // page-locked buffers, which the stager uploads in place (no copy on the streaming thread).
     // Enough for the frames held back, the one converted and the one upstream fills.
-    // Off by default until measured on a GPU: LATENT_PINNED_INPUT=1 offers the pool.
+    // On by default (H100, 1080p, default model, source behind a queue: 163-179 -> 209-233
+    // frames/s, bench/NOTES.md session 35); LATENT_PINNED_INPUT=0 offers no pool, for A/Bs.
     const guint depth = gst_latent_base_prefetch_depth(GST_LATENT_BASE(trans));
     const bool offer =
-        latent::env_choice("LATENT_PINNED_INPUT", {{"0", "off"}, {"1", "on"}}, 0) == 1;
+        latent::env_choice("LATENT_PINNED_INPUT", {{"0", "off"}, {"1", "on"}}, 1) == 1;
     if (depth > 0 && offer)
       gst_latent_cuda_propose_pinned_pool(gst_latent_base_cuda(GST_LATENT_BASE(trans)), query,
                                           depth + 2);

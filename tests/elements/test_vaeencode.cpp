@@ -220,11 +220,11 @@ TEST(VaeEncode, ReadsStridedFramesThroughVideoMeta) {
   gst_harness_teardown(hs);
 }
 
-// Page-locked frames are offered upstream only on a GPU (LATENT_PINNED_INPUT=1 there; the GPU
-// side is test_gst_cuda's UpstreamDrawsIntoPageLockedFramesThatUploadInPlace): on the CPU the
+// Page-locked frames are offered upstream only on a GPU (the default there; the GPU side is
+// test_gst_cuda's UpstreamDrawsIntoPageLockedFramesThatUploadInPlace): on the CPU the
 // ALLOCATION answer holds no pool and no allocator, only the video meta (strided frames).
 TEST(VaeEncode, OffersNoPageLockedFramesOnTheCpu) {
-  g_setenv("LATENT_PINNED_INPUT", "1", TRUE);
+  g_setenv("LATENT_PINNED_INPUT", "1", TRUE);  // the switch on, as by default
   GstHarness* hs = harness_for("vaeencode", {{"model", taesd_model()}, {"device", "cpu"}});
   GstCaps* caps = video_caps(64, 64, "RGBA");
   gst_harness_set_src_caps(hs, gst_caps_ref(caps));

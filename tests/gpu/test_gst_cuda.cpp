@@ -466,13 +466,14 @@ std::vector<std::string> memory_into_encoder(const std::string& line) {
 }
 
 TEST(GstCuda, UpstreamDrawsIntoPageLockedFramesThatUploadInPlace) {
-  // Off by default until measured (LATENT_PINNED_INPUT); read at each ALLOCATION query.
+  // On by default; LATENT_PINNED_INPUT=0 turns the offer off (read at each ALLOCATION query).
+  g_setenv("LATENT_PINNED_INPUT", "0", TRUE);
   EXPECT_NE(memory_into_encoder(str_cat("videotestsrc num-buffers=2 ! video/x-raw,format=RGBA,"
                                         "width=64,height=64 ! vaeencode name=enc model=",
                                         model(), " device=cuda ! fakesink"))
                 .at(0),
             "LatentPinnedHost");
-  g_setenv("LATENT_PINNED_INPUT", "1", TRUE);
+  g_unsetenv("LATENT_PINNED_INPUT");
   for (const char* format : {"RGBA", "NV12", "I420"}) {
     SCOPED_TRACE(format);
     auto line = [&](const char* queue, const char* depth) {
@@ -500,7 +501,6 @@ TEST(GstCuda, UpstreamDrawsIntoPageLockedFramesThatUploadInPlace) {
     EXPECT_EQ(in_place.frames, unstaged.frames);
     EXPECT_EQ(threaded.frames, unstaged.frames);
   }
-  g_unsetenv("LATENT_PINNED_INPUT");
 }
 
 // QoS is on by default: a frame dropped as late after its upload was staged (prefetch-depth 2)
