@@ -389,6 +389,84 @@ TEST(CudaFrames, PinnedFramesUploadInPlaceAndAreFreeOnceConverted) {
     }
   }
 }
+
+void staged_slot_is_refilled_only_after_its_conversion_has_read();
+
+// A slot of the stager's ring is refilled (depth + 1 frames later) only after the conversion
+// that read it has run, whether stage() waits for it on the host (LATENT_STAGE_ORDER=host, the
+// default) or makes the copy stream wait (device): here the conversion sits behind ~ms of work
+// on the compute stream when the slot's next frame is staged, so an unordered upload would land
+// first and the conversion would read the newer frame.
+TEST(CudaFrames, AStagedSlotIsRefilledOnlyAfterItsConversionHasRead) {
+  for (const char* order : {"host", "device"}) {
+    SCOPED_TRACE(str_cat("LATENT_STAGE_ORDER=", order));
+    g_setenv("LATENT_STAGE_ORDER", order, TRUE);  // read when a stager is made
+    staged_slot_is_refilled_only_after_its_conversion_has_read();
+  }
+  g_unsetenv("LATENT_STAGE_ORDER");
+}
+
+void staged_slot_is_refilled_only_after_its_conversion_has_read() {
+  auto cuda = backend("cuda");
+  ASSERT_TRUE(cuda);
+  const int w = 1920, h = 1080;
+  const FrameGeometry g = plan(w, h, SizePolicy::kPad);
+  const std::vector<HostFrame> frames = host_frames(3, FrameFormat::kRGBA, w, h, 400);
+  auto busy = [&] {  // a few big additions on the compute stream
+    auto big = cuda->zeros({1, 64, 1080, 1920});
+    ASSERT_TRUE(big.ok());
+    Tensor sum = *big;
+    for (int i = 0; i < 16; ++i) sum = *cuda->add(sum, *big);
+  };
+  for (bool pinned : {true, false}) {
+    SCOPED_TRACE(pinned ? "page-locked frames, uploaded in place" : "pageable frames, copied");
+    std::unique_ptr<FrameStager> stager = made(create_frame_stager(*cuda, 1));  // 2 slots
+    ASSERT_TRUE(stager);
+    std::vector<void*> blocks;
+    std::vector<FrameDesc> descs;
+    for (const HostFrame& f : frames) {
+      FrameDesc d = f.desc;
+      if (pinned) {
+        auto block = alloc_pinned_host(0, f.planes[0].size());
+        ASSERT_TRUE(block.ok()) << block.status().message();
+        std::memcpy(*block, f.planes[0].data(), f.planes[0].size());
+        blocks.push_back(*block);
+        d.planes[0] = *block;
+        d.pinned = true;
+      }
+      descs.push_back(d);
+    }
+    // Frame 0 staged, then converted behind busy work; frame 1 staged; frame 2 takes frame 0's
+    // slot while frame 0's conversion has not run yet.
+    auto t0 = stager->stage(descs[0]);
+    ASSERT_TRUE(t0.ok()) << t0.status().message();
+    ASSERT_TRUE(cuda->synchronize().ok());  // frame 0's upload done
+    busy();
+    auto first = stager->convert(*t0, g);
+    ASSERT_TRUE(first.ok()) << first.status().message();
+    auto t1 = stager->stage(descs[1]);
+    ASSERT_TRUE(t1.ok()) << t1.status().message();
+    auto t2 = stager->stage(descs[2]);
+    ASSERT_TRUE(t2.ok()) << t2.status().message();
+    auto direct = frame_to_tensor(*cuda, frames[0].desc, g);
+    ASSERT_TRUE(direct.ok());
+    auto a = cuda->download(*first), b = cuda->download(*direct);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame 0's conversion read another frame";
+    // The later frames convert to themselves.
+    for (auto [ticket, i] : {std::pair{*t1, 1}, std::pair{*t2, 2}}) {
+      auto staged = stager->convert(ticket, g);
+      ASSERT_TRUE(staged.ok()) << staged.status().message();
+      auto want = frame_to_tensor(*cuda, frames[i].desc, g);
+      ASSERT_TRUE(want.ok());
+      auto x = cuda->download(*staged), y = cuda->download(*want);
+      ASSERT_TRUE(x.ok() && y.ok());
+      EXPECT_EQ(x->to_floats(), y->to_floats()) << "frame " << i;
+    }
+    stager.reset();
+    for (void* p : blocks) free_pinned_host(0, p);
+  }
+}
 #endif  // LATENT_HAVE_CUDA
 
 // ---- the elements ---------------------------------------------------------------------------

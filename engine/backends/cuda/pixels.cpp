@@ -9,6 +9,7 @@
 #include "engine/backends/cuda/check.h"
 #include "engine/backends/cuda/memory.h"
 #include "engine/backends/frames.h"
+#include "engine/core/env.h"
 
 namespace latent::cuda {
 namespace {
@@ -157,8 +158,11 @@ struct PinnedSlot {
   // Room for `bytes` in both buffers (contents lost; `with_host` false: the device buffer
   // only, for frames copied device to device); grows once per larger frame size, steady
   // streams never reallocate. The slot's last copy and kernel must be done.
+  bool fits(size_t bytes, bool with_host) const {
+    return device && bytes <= capacity && (host || !with_host);
+  }
   Status reserve(size_t bytes, bool with_host = true) {
-    if (bytes <= capacity && (host || !with_host)) return ok_status();
+    if (fits(bytes, with_host)) return ok_status();
     if (host) LATENT_CUDA_CHECK(cudaFreeHost(host));
     if (device) LATENT_CUDA_CHECK(cudaFree(device));
     host = device = nullptr;
@@ -269,6 +273,13 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
  public:
   using PinnedFrameQueue::PinnedFrameQueue;
 
+ private:
+  // How stage() makes sure the conversion that read a slot has run before refilling it:
+  // LATENT_STAGE_ORDER=host (the default) waits on the host; `device` makes the copy stream
+  // wait for it (written in session 35, not yet run on a GPU: off until measured).
+  const bool host_order_ = env_choice("LATENT_STAGE_ORDER", {{"device"}, {"host"}}, 1) == 1;
+
+ public:
   Result<uint64_t> stage(const FrameDesc& frame) override {
     const bool on_device = !frame.device.is_cpu();
     if (on_device && frame.device != backend_.device())
@@ -283,9 +294,6 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
                             " earlier frames wait for conversion (prefetch depth ", depth_, ")");
     DeviceGuard guard;
     LATENT_TRY(guard.set(ring_.ctx().device()));
-    // The slot's last frame: its upload and the kernel that read it are done.
-    LATENT_CUDA_CHECK(cudaEventSynchronize(s.computed));
-    LATENT_CUDA_CHECK(cudaEventSynchronize(s.copied));
     const int planes = frame_format_planes(frame.format);
     size_t row[3] = {}, rows[3] = {}, offset[3] = {};
     const size_t total = packed_planes(frame, row, rows, offset);
@@ -294,7 +302,21 @@ class CudaFrameStager final : public PinnedFrameQueue<FrameStager, StagingSlot> 
         return Status::errorf(frame_format_name(frame.format), " plane ", i,
                               " is missing or its stride ", frame.strides[i], " is below ", row[i]);
     const bool in_place = !on_device && frame.pinned;
-    LATENT_TRY(s.reserve(total, /*with_host=*/!on_device && !in_place));
+    const bool with_host = !on_device && !in_place;
+    // The slot's last frame: its upload is done (this thread may refill the slot's page-locked
+    // copy, and the event is recorded again below).
+    LATENT_CUDA_CHECK(cudaEventSynchronize(s.copied));
+    if (s.fits(total, with_host) && !host_order_) {
+      // The kernel that read the slot's device bytes (the conversion of the frame `depth` + 1
+      // back, queued with the previous frame) runs before this copy overwrites them: ordered on
+      // the device, so the thread does not wait here for the compute stream to get that far.
+      LATENT_CUDA_CHECK(cudaStreamWaitEvent(ring_.copy_stream(), s.computed, 0));
+    } else {
+      // On the host (and always for new buffers, a larger frame: the old ones are freed only
+      // once that kernel has run).
+      LATENT_CUDA_CHECK(cudaEventSynchronize(s.computed));
+    }
+    LATENT_TRY(s.reserve(total, with_host));
     s.src = kernel_source(frame);
     s.in_place = in_place;
     for (int i = 0; i < planes; ++i) {
