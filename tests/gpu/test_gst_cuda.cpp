@@ -61,6 +61,16 @@ std::shared_ptr<Backend> backend(const char* device) {
   return b.ok() ? *b : nullptr;
 }
 
+// `converted` (a stager's tensor) holds `frame` converted: the values frame_to_tensor() makes.
+void expect_conversion_of(Backend& cuda, const Tensor& converted, const FrameDesc& frame,
+                          const FrameGeometry& g, const std::string& what) {
+  auto direct = frame_to_tensor(cuda, frame, g);
+  ASSERT_TRUE(direct.ok()) << direct.status().message();
+  auto a = cuda.download(converted), b = cuda.download(*direct);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->to_floats(), b->to_floats()) << what;
+}
+
 std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::vector<uint8_t> v(n);
@@ -220,11 +230,7 @@ TEST(CudaFrames, StagedFramesMatchDirectConversion) {
     auto staged = stager->convert(tickets.front(), g);
     tickets.pop_front();
     ASSERT_TRUE(staged.ok()) << staged.status().message();
-    auto direct = frame_to_tensor(*cuda, frames[converted].desc, g);
-    ASSERT_TRUE(direct.ok());
-    auto a = cuda->download(*staged), b = cuda->download(*direct);
-    ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame " << converted;
+    expect_conversion_of(*cuda, *staged, frames[converted].desc, g, str_cat("frame ", converted));
     ++converted;
   }
   EXPECT_EQ(converted, 6);
@@ -292,11 +298,8 @@ TEST(CudaFrames, StagedDeviceFramesMayBeReusedAtOnce) {
   auto convert_front = [&] {
     auto staged = stager->convert(tickets.front().first, g);
     ASSERT_TRUE(staged.ok()) << staged.status().message();
-    auto direct = frame_to_tensor(*cuda, frames[tickets.front().second].desc, g);
-    ASSERT_TRUE(direct.ok());
-    auto a = cuda->download(*staged), b = cuda->download(*direct);
-    ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame " << tickets.front().second;
+    expect_conversion_of(*cuda, *staged, frames[tickets.front().second].desc, g,
+                         str_cat("frame ", tickets.front().second));
     tickets.pop_front();
     ++converted;
   };
@@ -370,11 +373,7 @@ TEST(CudaFrames, PinnedFramesUploadInPlaceAndAreFreeOnceConverted) {
         for (int p = 0; p < 3; ++p)
           if (pinned[i].desc.planes[p])
             std::memset(pinned[i].desc.planes[p], 0xa5, frames[i].planes[p].size());
-        auto direct = frame_to_tensor(*cuda, frames[i].desc, g);
-        ASSERT_TRUE(direct.ok()) << direct.status().message();
-        auto a = cuda->download(*staged), b = cuda->download(*direct);
-        ASSERT_TRUE(a.ok() && b.ok());
-        EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame " << i;
+        expect_conversion_of(*cuda, *staged, frames[i].desc, g, str_cat("frame ", i));
       };
       for (size_t i = 0; i < frames.size(); ++i) {
         reset_transfer_counts();
@@ -388,6 +387,15 @@ TEST(CudaFrames, PinnedFramesUploadInPlaceAndAreFreeOnceConverted) {
       for (Pinned& p : pinned) free_pinned_host(0, p.block);
     }
   }
+}
+
+// Work queued on `b`'s stream that keeps it busy a while (`additions` additions of a
+// [1, 64, 1080, 1920] tensor, ~0.25 ms each on an H100), so that what is queued after it runs late.
+void queue_busy_work(Backend& b, int additions) {
+  auto big = b.zeros({1, 64, 1080, 1920});
+  ASSERT_TRUE(big.ok()) << big.status().message();
+  Tensor sum = *big;
+  for (int i = 0; i < additions; ++i) sum = *b.add(sum, *big);
 }
 
 void staged_slot_is_refilled_only_after_its_conversion_has_read();
@@ -412,12 +420,6 @@ void staged_slot_is_refilled_only_after_its_conversion_has_read() {
   const int w = 1920, h = 1080;
   const FrameGeometry g = plan(w, h, SizePolicy::kPad);
   const std::vector<HostFrame> frames = host_frames(3, FrameFormat::kRGBA, w, h, 400);
-  auto busy = [&] {  // a few big additions on the compute stream
-    auto big = cuda->zeros({1, 64, 1080, 1920});
-    ASSERT_TRUE(big.ok());
-    Tensor sum = *big;
-    for (int i = 0; i < 16; ++i) sum = *cuda->add(sum, *big);
-  };
   for (bool pinned : {true, false}) {
     SCOPED_TRACE(pinned ? "page-locked frames, uploaded in place" : "pageable frames, copied");
     std::unique_ptr<FrameStager> stager = made(create_frame_stager(*cuda, 1));  // 2 slots
@@ -441,27 +443,20 @@ void staged_slot_is_refilled_only_after_its_conversion_has_read() {
     auto t0 = stager->stage(descs[0]);
     ASSERT_TRUE(t0.ok()) << t0.status().message();
     ASSERT_TRUE(cuda->synchronize().ok());  // frame 0's upload done
-    busy();
+    queue_busy_work(*cuda, 16);  // on the compute stream
     auto first = stager->convert(*t0, g);
     ASSERT_TRUE(first.ok()) << first.status().message();
     auto t1 = stager->stage(descs[1]);
     ASSERT_TRUE(t1.ok()) << t1.status().message();
     auto t2 = stager->stage(descs[2]);
     ASSERT_TRUE(t2.ok()) << t2.status().message();
-    auto direct = frame_to_tensor(*cuda, frames[0].desc, g);
-    ASSERT_TRUE(direct.ok());
-    auto a = cuda->download(*first), b = cuda->download(*direct);
-    ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_EQ(a->to_floats(), b->to_floats()) << "frame 0's conversion read another frame";
+    expect_conversion_of(*cuda, *first, frames[0].desc, g,
+                         "frame 0's conversion read another frame");
     // The later frames convert to themselves.
     for (auto [ticket, i] : {std::pair{*t1, 1}, std::pair{*t2, 2}}) {
       auto staged = stager->convert(ticket, g);
       ASSERT_TRUE(staged.ok()) << staged.status().message();
-      auto want = frame_to_tensor(*cuda, frames[i].desc, g);
-      ASSERT_TRUE(want.ok());
-      auto x = cuda->download(*staged), y = cuda->download(*want);
-      ASSERT_TRUE(x.ok() && y.ok());
-      EXPECT_EQ(x->to_floats(), y->to_floats()) << "frame " << i;
+      expect_conversion_of(*cuda, *staged, frames[i].desc, g, str_cat("frame ", i));
     }
     stager.reset();
     for (void* p : blocks) free_pinned_host(0, p);
@@ -830,13 +825,6 @@ TEST(CudaFrames, QueueWaitOrdersAnotherBackendsStream) {
       host.data_as<float>()[i] = std::sin(0.01f * static_cast<float>(i) + phase);
     return host;
   };
-  // Busy work queued on `b`'s stream (a few big additions, ~ms on an H100).
-  auto busy = [](Backend& b) {
-    auto big = b.zeros({1, 64, 1080, 1920});
-    EXPECT_TRUE(big.ok());
-    Tensor sum = *big;
-    for (int i = 0; i < 12; ++i) sum = *b.add(sum, *big);
-  };
   void* buf = nullptr;
   ASSERT_EQ(cudaMalloc(&buf, bytes), cudaSuccess);
   ASSERT_EQ(cudaMemset(buf, 0, bytes), cudaSuccess);
@@ -846,7 +834,7 @@ TEST(CudaFrames, QueueWaitOrdersAnotherBackendsStream) {
   ASSERT_TRUE(writer.synchronize().ok());
 
   // Write behind busy work on the writer's stream; the reader waits on its fence.
-  busy(writer);
+  queue_busy_work(writer, 12);
   auto written = queue_tensor_to_device_latent(writer, *first_w, buf, DType::kBF16);
   ASSERT_TRUE(written.ok()) << written.status().message();
   ASSERT_TRUE(reader.queue_wait(**written).ok());
@@ -858,7 +846,7 @@ TEST(CudaFrames, QueueWaitOrdersAnotherBackendsStream) {
   EXPECT_LT(host_rel_l2(*host1, first), 1e-2);
 
   // A read behind busy work on the reader's stream; the writer waits on its fence.
-  busy(reader);
+  queue_busy_work(reader, 12);
   auto read2 = device_latent_to_tensor(reader, buf, DType::kBF16, 16, 45, 80);
   ASSERT_TRUE(read2.ok());
   auto read_done = reader.fence();
