@@ -56,7 +56,7 @@
 #        DIT_CASES DIT_LAYERS DIT_COMPILE DIT_TIMEOUT DIT_ACC_TIMEOUT DIT_REF_MODE ATTN_ARGS ATTN_TIMEOUT
 set -uo pipefail
 FINAL=${OUT:-/tmp/out}
-OUT=/tmp/res; mkdir -p $OUT
+OUT=/tmp/res; rm -rf $OUT; mkdir -p $OUT  # an earlier call on a warm machine left its results there
 SUMMARY=$OUT/summary.txt; : > $SUMMARY
 finish() {
   echo; echo "==== summary ($(date -u +%H:%M:%S), $SECONDS s) ===="; cat $SUMMARY
@@ -180,10 +180,11 @@ fi
 
 if has pinned; then
   begin pinned; pyenv
-  trc=0  # test_gst_cuda, unless the gsttests step ran it
+  trc=0 tline=""  # test_gst_cuda, unless the gsttests step ran it (and reports it)
   if ! has gsttests; then
     timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/pinned-tests.log 2>&1
     trc=$?
+    tline="test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/pinned-tests.log | tr '\n' ' ')"
   fi
   timeout ${PINNED_TIMEOUT:-300} python3 bench/bench_pipelines.py --models $PWD/models/default \
     --sizes ${PINNED_SIZES:-1920x1080} --memory system,system-queue --prefetch-depths default \
@@ -198,8 +199,7 @@ if has pinned; then
     tail -8 $OUT/fence.log
   fi
   [ $rc = 0 ] && rc=$trc
-  end pinned $rc "test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/pinned-tests.log | tr '\n' ' ')" \
-    "$(table $OUT/pinned.log 'model ')" "$(table $OUT/fence.log 'model ')"
+  end pinned $rc "$tline" "$(table $OUT/pinned.log 'model ')" "$(table $OUT/fence.log 'model ')"
 fi
 
 if has stream; then
