@@ -19,6 +19,10 @@
 #                 source on the elements' thread and behind a queue) with LATENT_PINNED_INPUT=0 and 1
 #                 alternated, PINNED_REPEAT times (default 3): vaeencode's page-locked frames offered
 #                 upstream, A/B  ~2 min
+#   stageorder    test_gst_cuda (unless gsttests/pinned ran it), bench/pipeline_thread_times.py (the one-thread
+#                 pipeline's frame split: LATENT_STAGE_ORDER=host|device x LATENT_FENCED_LATENTS, and a queued
+#                 row), then bench_pipelines.py's system-memory rows A/B LATENT_STAGE_ORDER=host,device with the
+#                 fences STAGE_FENCES (default 1; "0 1" both), STAGE_REPEAT times (default 2)  ~2-3 min
 #   stream        latent-tool stream at 1080p (copy/compute/serial/overlapped), skipped if absent  ~1 min
 #   pipes         the GPU pipelines/ scripts (cuda_memory, gpu_prefetch, latents_cuda_memory)  ~1 min
 #   taehv         bench_taehv.py: TAEW2.1 720p vs taehv.py (.carry/ref/taehv.py)  ~3 min
@@ -200,6 +204,32 @@ if has pinned; then
   fi
   [ $rc = 0 ] && rc=$trc
   end pinned $rc "$tline" "$(table $OUT/pinned.log 'model ')" "$(table $OUT/fence.log 'model ')"
+fi
+
+if has stageorder; then  # issue 13's one-thread row: where the frame time goes, and the stager's slot order
+  begin stageorder; pyenv
+  trc=0 tline=""  # test_gst_cuda, unless an earlier step of this call ran it
+  if ! has gsttests && ! has pinned; then
+    timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/stageorder-tests.log 2>&1
+    trc=$?
+    tline="test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/stageorder-tests.log | tr '\n' ' ')"
+  fi
+  timeout 120 python3 bench/pipeline_thread_times.py --frames 400 --out $OUT/thread-times.json \
+    host:LATENT_STAGE_ORDER=host device:LATENT_STAGE_ORDER=device \
+    host-fenced:LATENT_STAGE_ORDER=host,LATENT_FENCED_LATENTS=1 \
+    device-fenced:LATENT_STAGE_ORDER=device,LATENT_FENCED_LATENTS=1 queued:queue > $OUT/thread-times.log 2>&1
+  rc=$?; tail -8 $OUT/thread-times.log
+  for f in ${STAGE_FENCES:-1}; do  # the A/B with the latent fences on (1), off (0) or both ("0 1")
+    LATENT_FENCED_LATENTS=$f timeout 150 python3 bench/bench_pipelines.py --models $PWD/models/default \
+      --sizes 1920x1080 --memory system,system-queue --prefetch-depths default --cuda-graphs off \
+      --repeat ${STAGE_REPEAT:-2} --ab-env LATENT_STAGE_ORDER=host,device \
+      --out $OUT/bench-pipelines-stage-order-fenced$f.json > $OUT/stageorder-fenced$f.log 2>&1
+    frc=$?; tail -8 $OUT/stageorder-fenced$f.log; [ $rc = 0 ] && rc=$frc
+  done
+  [ $rc = 0 ] && rc=$trc
+  end stageorder $rc "$tline" "$(grep -E '^\[  FAILED  \] [A-Z]' $OUT/stageorder-tests.log 2>/dev/null | sort -u | head -8)" \
+    "$(tail -7 $OUT/thread-times.log)" \
+    "$(for f in ${STAGE_FENCES:-1}; do table $OUT/stageorder-fenced$f.log 'model '; done)"
 fi
 
 if has stream; then
