@@ -93,6 +93,18 @@ pyenv() {  # diffusers (carried wheel) for the Python benches, installed once
 }
 # PyGObject for the device's python3, built once (the pygi step, or the first step that needs it)
 pygi_ready() { [ -f /tmp/pygi/env.sh ] || timeout 240 bash scripts/device/pygi-build.sh > $OUT/pygi.log 2>&1; }
+# test_gst_cuda once a call: the first step that wants it runs it into $OUT/$1 and reports it
+# (trc: its exit status, tline: a summary line); after that, or after the gsttests step (which
+# reports it itself), trc=0 and tline is empty
+GST_CUDA_RAN=
+gst_cuda_once() {
+  trc=0 tline=""
+  [ -n "$GST_CUDA_RAN" ] && return 0
+  GST_CUDA_RAN=1
+  timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/$1 2>&1
+  trc=$?
+  tline="test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/$1 | tr '\n' ' ')"
+}
 T=0
 begin() { CUR=$1; T=$SECONDS; echo; echo "==== $1 ($(date -u +%H:%M:%S)) ===="; }
 # end STEP RC [summary lines...]: one line per step in the summary, plus what the step adds
@@ -173,7 +185,7 @@ if has pipelines; then
 fi
 
 if has gsttests; then  # the elements' GPU tests alone (what a change to the elements needs)
-  begin gsttests
+  begin gsttests; GST_CUDA_RAN=1
   for t in test_gst_cuda test_gst_dit_cuda test_gst_video_cuda; do
     timeout 300 /tmp/dev/bin/$t --gtest_color=no > $OUT/$t.log 2>&1
     echo "$t: exit $? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' $OUT/$t.log | tr '\n' ' ')" | tee -a $OUT/gsttests.log
@@ -184,12 +196,7 @@ fi
 
 if has pinned; then
   begin pinned; pyenv
-  trc=0 tline=""  # test_gst_cuda, unless the gsttests step ran it (and reports it)
-  if ! has gsttests; then
-    timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/pinned-tests.log 2>&1
-    trc=$?
-    tline="test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/pinned-tests.log | tr '\n' ' ')"
-  fi
+  gst_cuda_once pinned-tests.log
   timeout ${PINNED_TIMEOUT:-300} python3 bench/bench_pipelines.py --models $PWD/models/default \
     --sizes ${PINNED_SIZES:-1920x1080} --memory system,system-queue --prefetch-depths default \
     --cuda-graphs off --repeat ${PINNED_REPEAT:-3} --ab-env LATENT_PINNED_INPUT=0,1 \
@@ -208,12 +215,7 @@ fi
 
 if has stageorder; then  # issue 13's one-thread row: where the frame time goes, and the stager's slot order
   begin stageorder; pyenv
-  trc=0 tline=""  # test_gst_cuda, unless an earlier step of this call ran it
-  if ! has gsttests && ! has pinned; then
-    timeout 300 /tmp/dev/bin/test_gst_cuda --gtest_color=no > $OUT/stageorder-tests.log 2>&1
-    trc=$?
-    tline="test_gst_cuda: exit $trc $(grep -E '^\[  (PASSED|FAILED)  \]' $OUT/stageorder-tests.log | tr '\n' ' ')"
-  fi
+  gst_cuda_once stageorder-tests.log
   timeout 120 python3 bench/pipeline_thread_times.py --frames 400 --out $OUT/thread-times.json \
     host:LATENT_STAGE_ORDER=host device:LATENT_STAGE_ORDER=device \
     host-fenced:LATENT_STAGE_ORDER=host,LATENT_FENCED_LATENTS=1 \
