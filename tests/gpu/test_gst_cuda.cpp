@@ -398,22 +398,7 @@ void queue_busy_work(Backend& b, int additions) {
   for (int i = 0; i < additions; ++i) sum = *b.add(sum, *big);
 }
 
-void staged_slot_is_refilled_only_after_its_conversion_has_read();
-
-// A slot of the stager's ring is refilled (depth + 1 frames later) only after the conversion
-// that read it has run, whether stage() waits for it on the host (LATENT_STAGE_ORDER=host, the
-// default) or makes the copy stream wait (device): here the conversion sits behind ~ms of work
-// on the compute stream when the slot's next frame is staged, so an unordered upload would land
-// first and the conversion would read the newer frame.
-TEST(CudaFrames, AStagedSlotIsRefilledOnlyAfterItsConversionHasRead) {
-  for (const char* order : {"host", "device"}) {
-    SCOPED_TRACE(str_cat("LATENT_STAGE_ORDER=", order));
-    g_setenv("LATENT_STAGE_ORDER", order, TRUE);  // read when a stager is made
-    staged_slot_is_refilled_only_after_its_conversion_has_read();
-  }
-  g_unsetenv("LATENT_STAGE_ORDER");
-}
-
+// The test below, for the LATENT_STAGE_ORDER in the environment.
 void staged_slot_is_refilled_only_after_its_conversion_has_read() {
   auto cuda = backend("cuda");
   ASSERT_TRUE(cuda);
@@ -462,6 +447,21 @@ void staged_slot_is_refilled_only_after_its_conversion_has_read() {
     for (void* p : blocks) free_pinned_host(0, p);
   }
 }
+
+// A slot of the stager's ring is refilled (depth + 1 frames later) only after the conversion
+// that read it has run, whether stage() waits for it on the host (LATENT_STAGE_ORDER=host, the
+// default) or makes the copy stream wait (device): here the conversion sits behind ~ms of work
+// on the compute stream when the slot's next frame is staged, so an unordered upload would land
+// first and the conversion would read the newer frame.
+TEST(CudaFrames, AStagedSlotIsRefilledOnlyAfterItsConversionHasRead) {
+  for (const char* order : {"host", "device"}) {
+    SCOPED_TRACE(str_cat("LATENT_STAGE_ORDER=", order));
+    g_setenv("LATENT_STAGE_ORDER", order, TRUE);  // read when a stager is made
+    staged_slot_is_refilled_only_after_its_conversion_has_read();
+  }
+  g_unsetenv("LATENT_STAGE_ORDER");
+}
+
 #endif  // LATENT_HAVE_CUDA
 
 // ---- the elements ---------------------------------------------------------------------------
